@@ -1,0 +1,74 @@
+"""``fdlib.decode_attention``: the one entry point that reaches every method.
+
+Data flow: validate -> lengths -> choose splits (cost model, or forced) -> launch kernel(s) -> out (, lse).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import runtime
+from .reference import naive_attention
+from .validate import check
+
+
+def _lengths(p, k_cache, cache_seqlens):
+    """int32 lengths on the device, and L_cap: the longest length the launch must cover (host int)."""
+    if cache_seqlens is None:
+        return torch.full((p.B,), p.L_max, dtype=torch.int32, device=p.q.device), p.L_max
+    return cache_seqlens.to(torch.int32), None
+
+
+def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, method="auto", num_splits=None,
+                     return_lse=False, validate=True):
+    r"""Attention of one query token per sequence against its KV cache.
+
+    .. math::  O_{b,h} = \sum_{j < L_b} \operatorname{softmax}_j(\text{scale}\; q_{b,h}\cdot k_{b,j,h_{kv}})\; v_{b,j,h_{kv}},
+               \qquad h_{kv} = \lfloor h/\text{group}\rfloor,\ \text{group} = H_q/H_{kv}
+
+    Args:
+        q: ``[B, H_q, D]`` (or ``[B, 1, H_q, D]``; the answer has q's shape).
+        k_cache, v_cache: ``[B, L_max, H_kv, D]``, token-major; any strides with a contiguous last dim.
+        cache_seqlens: int32/int64 ``[B]``, the valid length of each sequence (default: all L_max).
+        scale: multiplies q·k (default 1/√D).
+        method: ``"auto"`` (unified kernel, splits from the cost model), ``"unified"``, ``"split"``
+            (stage 1 + stage 2 kernels), or ``"naive"`` (PyTorch matmul-softmax-matmul).
+        num_splits: force the number of KV splits (1..256) instead of letting fdlib choose.
+        return_lse: also return lse ``[B, H_q]`` float32 (natural log).
+        validate: check ``cache_seqlens`` values (needs a device-to-host copy); pass False inside CUDA-graph
+            capture, where splits are then chosen for the cache's full capacity L_max.
+
+    A sequence of length 0 gives out = 0 and lse = -inf. A NaN in a sequence's q, K or V makes that
+    sequence's output NaN (for the query heads that read it) and leaves every other sequence untouched.
+    """
+    p = check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, validate)
+    if method == "naive":
+        out, lse = naive_attention(p.q, k_cache, v_cache, cache_seqlens, p.scale)
+    else:
+        out, lse = _triton(p, k_cache, v_cache, cache_seqlens, method, num_splits, validate)
+    if p.q_was_4d:
+        out = out[:, None]
+    return (out, lse) if return_lse else out
+
+
+def _triton(p, k_cache, v_cache, cache_seqlens, method, num_splits, validate):
+    from .kernels.config import chunk_for, tile_config
+    from .splits import choose_splits
+    runtime.smoke_check()
+    lens, L_cap = _lengths(p, k_cache, cache_seqlens)
+    if L_cap is None:
+        L_cap = int(cache_seqlens.max()) if validate else p.L_max
+    cfg = tile_config()
+    if num_splits is None:
+        num_splits = choose_splits(p, L_cap, lens if validate else None, method)
+    chunk, splits = chunk_for(L_cap, num_splits, cfg.BLOCK_N)
+    out = torch.empty_like(p.q)
+    lse = torch.empty((p.B, p.H_q), dtype=torch.float32, device=p.q.device)
+    if method == "split":
+        from .kernels.stage1 import run_stage1
+        from .kernels.stage2 import run_stage2
+        o_part, lse_part = run_stage1(p.q, k_cache, v_cache, lens, p.scale, chunk, splits, cfg)
+        run_stage2(o_part, lse_part, out, lse)
+    else:
+        from .kernels.unified import run_unified
+        run_unified(p.q, k_cache, v_cache, lens, p.scale, chunk, splits, cfg, out, lse)
+    return out, lse

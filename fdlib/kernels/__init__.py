@@ -1,0 +1,1 @@
+"""Triton kernels. Import :mod:`fdlib` (which decides the runtime) before these modules."""

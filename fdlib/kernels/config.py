@@ -1,0 +1,51 @@
+"""Launch parameters shared by the kernels: tile sizes and the work split.
+
+``chunk`` is the number of keys per split, a multiple of BLOCK_N: :math:`\\text{chunk} =
+\\lceil \\lceil L_{cap}/\\text{splits}\\rceil / N \\rceil \\cdot N`, where L_cap is the longest sequence the launch
+must cover. Split i of sequence b covers keys [i·chunk, min((i+1)·chunk, L_b)).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+from .. import runtime
+
+MAX_SPLITS = 256
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    BLOCK_N: int
+    num_warps: int
+    num_stages: int
+
+
+# Compiled kernels stream 64-key tiles with 3-stage software pipelining; the interpreter, where each
+# tile costs NumPy calls, uses small tiles so that lab-sized problems still cross tile boundaries.
+GPU_CONFIG = TileConfig(BLOCK_N=64, num_warps=4, num_stages=3)
+INTERPRETER_CONFIG = TileConfig(BLOCK_N=16, num_warps=1, num_stages=1)
+
+
+def tile_config() -> TileConfig:
+    return INTERPRETER_CONFIG if runtime.INTERPRET else GPU_CONFIG
+
+
+def block_sizes(group: int, D: int) -> tuple[int, int]:
+    """(BLOCK_G, BLOCK_D): the group padded to >= 16 rows (tl.dot's smallest M) and D to a power of two >= 16."""
+    return max(16, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(D))
+
+
+def chunk_for(L_cap: int, splits: int, block_n: int) -> tuple[int, int]:
+    """(chunk, splits actually needed) for covering L_cap keys with at most ``splits`` splits."""
+    L_cap = max(int(L_cap), 1)
+    splits = max(1, min(int(splits), triton.cdiv(L_cap, block_n)))
+    chunk = triton.cdiv(triton.cdiv(L_cap, splits), block_n) * block_n
+    return chunk, triton.cdiv(L_cap, chunk)
+
+
+def fp32_dot(dtype) -> bool:
+    """Exact float32 products for float32 inputs, and for bfloat16 in the interpreter (see tile_update)."""
+    import torch
+    return dtype == torch.float32 or (runtime.INTERPRET and dtype == torch.bfloat16)

@@ -1,0 +1,76 @@
+r"""Stage 1 of Flash-Decoding: each program attends over one split of one sequence's KV cache.
+
+Grid ``(B, H_kv, splits)``. Program (b, h_kv, i) covers keys
+:math:`[i\cdot\text{chunk},\ \min((i+1)\cdot\text{chunk},\ L_b))` of sequence b, for all ``group`` query
+heads :math:`h = h_{kv}\cdot\text{group} + g` at once (GQA: each K/V tile is loaded once for the group),
+and writes the split's partial result
+
+.. math::  O_{b,h,i} = \tilde O/\ell \ \ (\text{float32}),\qquad \text{lse}_{b,h,i} = m + \log \ell
+
+A split that starts past the sequence's end writes the empty state O = 0, lse = -inf. Stage 2
+(:mod:`fdlib.kernels.stage2`) merges the splits.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .tile import attend_slice, state_to_partial
+
+
+@triton.jit
+def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART,
+                  stride_qb, stride_qh,
+                  stride_kb, stride_kl, stride_kh,
+                  stride_vb, stride_vl, stride_vh,
+                  stride_pb, stride_ph, stride_ps,
+                  stride_lb, stride_lh,
+                  qk_scale, chunk,
+                  GROUP: tl.constexpr, D: tl.constexpr,
+                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr):
+    b = tl.program_id(0)
+    h_kv = tl.program_id(1)
+    split = tl.program_id(2)
+    L = tl.load(LENS + b)
+    start = split * chunk
+    end = tl.minimum(start + chunk, L)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < D
+    heads = h_kv * GROUP + offs_g
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
+    v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
+    m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
+                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT)
+    o, lse = state_to_partial(m, l, acc)
+    p_ptrs = O_PART + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
+    tl.store(p_ptrs, o, mask=mask_g[:, None] & mask_d[None, :])
+    tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
+
+
+def run_stage1(q, k_cache, v_cache, lens, scale, chunk, splits, cfg):
+    """Launch stage 1; returns the partials (O_part [B, H_q, splits, D] float32, lse_part [B, H_q, splits])."""
+    from .config import block_sizes, fp32_dot
+    from .tile import LOG2E
+    B, H_q, D = q.shape
+    H_kv = k_cache.shape[2]
+    group = H_q // H_kv
+    BLOCK_G, BLOCK_D = block_sizes(group, D)
+    o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
+    lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
+    stage1_kernel[(B, H_kv, splits)](
+        q, k_cache, v_cache, lens, o_part, lse_part,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1),
+        scale * LOG2E, chunk,
+        GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
+        FP32_DOT=fp32_dot(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return o_part, lse_part

@@ -1,0 +1,39 @@
+r"""Stage 2 of Flash-Decoding: merge each query head's split partials with log-sum-exp weights.
+
+Grid ``(B, H_q)``. For row (b, h) with partials :math:`(O_i, \text{lse}_i)`, i < splits:
+
+.. math::  \text{lse} = \log\sum_i e^{\text{lse}_i},\qquad O = \sum_i e^{\text{lse}_i-\text{lse}}\,O_i
+
+written to ``out`` in q's dtype and ``lse`` (float32). The arithmetic is :func:`fdlib.kernels.tile.combine_head`,
+the same function the unified kernel's last program calls.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tile import combine_head
+
+
+@triton.jit
+def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
+                  stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                  stride_ob, stride_oh, stride_sb, stride_sh,
+                  D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    combine_head(O_PART + b * stride_pb + h * stride_ph, LSE_PART + b * stride_lb + h * stride_lh,
+                 n_splits, stride_ps, OUT + b * stride_ob + h * stride_oh, LSE + b * stride_sb + h * stride_sh,
+                 BLOCK_S, BLOCK_D, D, False)
+
+
+def run_stage2(o_part, lse_part, out, lse):
+    """Merge partials into ``out [B, H_q, D]`` (any float dtype) and ``lse [B, H_q]`` float32, in place."""
+    B, H_q, splits, D = o_part.shape
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    BLOCK_S = min(16, triton.next_power_of_2(splits))
+    stage2_kernel[(B, H_q)](
+        o_part, lse_part, out, lse, splits,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        D=D, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, num_warps=4 if BLOCK_D >= 128 else 2)

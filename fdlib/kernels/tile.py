@@ -1,0 +1,114 @@
+r"""The two pieces of arithmetic every decode kernel shares, written once as Triton functions.
+
+``tile_update`` - online softmax over one K/V tile for the query heads of one group.
+For query rows :math:`q_g` (g < group) and a tile of keys :math:`k_j, v_j` (j in the tile):
+
+.. math::
+    s_{gj} = \text{scale}\,\log_2 e\; q_g\cdot k_j \quad(-\infty \text{ for keys outside the slice})\\
+    m' = \max(m, \max_j s_{gj}),\quad \alpha = 2^{m - m'},\quad p_{gj} = 2^{s_{gj} - m'}\\
+    \ell' = \alpha\,\ell + \sum_j p_{gj},\qquad \tilde O' = \alpha\,\tilde O + \sum_j p_{gj} v_j
+
+The kernels keep m in base-2 units (``exp2`` is one hardware instruction); the natural-log value is
+``lse = (m + log2 ℓ) · ln 2``. All state is float32 whatever the input dtype.
+
+``combine_head`` - the stage-2 merge of one query head's partials :math:`(O_i, \text{lse}_i)`:
+
+.. math::
+    \text{lse} = \log\sum_i e^{\text{lse}_i},\qquad O = \sum_i e^{\text{lse}_i - \text{lse}}\, O_i
+
+streamed over the splits in blocks with the same running-max rescale as the tile update, so any number
+of splits fits in registers. Empty splits (lse = -inf) weigh 0; all empty gives O = 0, lse = -inf.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr):
+    """(m, ℓ, Õ) ← state after one more tile. q [G, D]; k, v [N, D]; valid [N]; m, ℓ [G]; Õ [G, D].
+
+    FP32_DOT: do both products in exact float32 (float32 inputs, and bfloat16 in the interpreter, whose
+    NumPy has no bfloat16 matrix product). Otherwise the tensor cores multiply fp16/bf16 and accumulate fp32.
+    """
+    if FP32_DOT:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)        # whole tile masked: nothing to rescale
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
+    l = l * alpha + tl.sum(p, 1)
+    if FP32_DOT:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l, acc
+
+
+@triton.jit
+def state_to_partial(m, l, acc):
+    """(m, ℓ, Õ) in base 2  ->  (O = Õ/ℓ, natural lse); an empty state gives (0, -inf)."""
+    empty = l == 0.0
+    o = acc / tl.where(empty, 1.0, l)[:, None]
+    lse = tl.where(empty, float("-inf"), (m + tl.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
+    return o, lse
+
+
+@triton.jit
+def combine_head(o_ptr, lse_ptr, n_splits, stride_os, out_ptr, lse_out_ptr,
+                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, CACHE_CG: tl.constexpr):
+    """Merge one head's partials O_i [n_splits, D] (row stride stride_os) and lse_i [n_splits]; store O, lse."""
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    m = tl.full([], float("-inf"), tl.float32)
+    den = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        mask_s = offs_s < n_splits
+        if CACHE_CG:   # partials written by other programs of this launch: read them from L2, not L1
+            lse_i = tl.load(lse_ptr + offs_s, mask=mask_s, other=float("-inf"), cache_modifier=".cg")
+            o_i = tl.load(o_ptr + offs_s[:, None] * stride_os + offs_d[None, :],
+                          mask=mask_s[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
+        else:
+            lse_i = tl.load(lse_ptr + offs_s, mask=mask_s, other=float("-inf"))
+            o_i = tl.load(o_ptr + offs_s[:, None] * stride_os + offs_d[None, :],
+                          mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_i, 0))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_ref)
+        w = tl.exp(lse_i - m_ref)
+        den = den * alpha + tl.sum(w, 0)
+        acc = acc * alpha + tl.sum(w[:, None] * o_i, 0)
+        m = m_new
+    empty = den == 0.0
+    o = acc / tl.where(empty, 1.0, den)
+    lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den)))
+    tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
+    tl.store(lse_out_ptr, lse)
+
+
+@triton.jit
+def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
+                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr):
+    """Stream keys [start, end) of one sequence and KV head through on-chip memory, one BLOCK_N tile at a
+    time, and return the group's state (m, ℓ, Õ). ``k_ptrs``/``v_ptrs`` point at key 0, dims ``offs_d``."""
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        valid = pos < end
+        k = tl.load(k_ptrs + pos[:, None] * stride_kl, mask=valid[:, None] & mask_d[None, :], other=0.0)
+        v = tl.load(v_ptrs + pos[:, None] * stride_vl, mask=valid[:, None] & mask_d[None, :], other=0.0)
+        m, l, acc = tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
+    return m, l, acc

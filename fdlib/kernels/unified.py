@@ -1,0 +1,119 @@
+r"""The unified Flash-Decoding kernel: map and reduce in one launch.
+
+Grid ``(B, H_kv, max_splits)``. Sequence b uses :math:`n_b = \max(1, \lceil L_b/\text{chunk}\rceil)` splits,
+computed on the device from ``cache_seqlens`` (so a short sequence in a long batch is not over-split and a
+captured CUDA graph stays right when lengths change); programs with i >= n_b exit at once.
+
+* :math:`n_b = 1`: the program owns the whole row, and writes :math:`O=\tilde O/\ell` and lse directly.
+* otherwise each program stores its partial :math:`(O_i, \text{lse}_i)` (the map), then takes a ticket
+  ``t = atomic_add(counter[b, h_kv], 1)`` with acquire-release ordering. The program that draws
+  :math:`t = n_b - 1` is the last of its row: every other partial is already visible to it, so it
+  resets the counter to 0 (ready for the next call or graph replay) and merges the n_b partials of each
+  query head of the group with :func:`~fdlib.kernels.tile.combine_head` (the reduce). Nobody waits for
+  anybody, so no program relies on others being resident at the same time.
+
+In the interpreter the programs run one after another; the ticket still decides who merges.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .tile import attend_slice, combine_head, state_to_partial
+
+
+@triton.jit
+def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
+                   stride_qb, stride_qh,
+                   stride_kb, stride_kl, stride_kh,
+                   stride_vb, stride_vl, stride_vh,
+                   stride_pb, stride_ph, stride_ps,
+                   stride_lb, stride_lh,
+                   stride_ob, stride_oh, stride_sb, stride_sh,
+                   qk_scale, chunk, H_KV,
+                   GROUP: tl.constexpr, D: tl.constexpr,
+                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr):
+    b = tl.program_id(0)
+    h_kv = tl.program_id(1)
+    split = tl.program_id(2)
+    L = tl.load(LENS + b)
+    n_splits = tl.maximum(tl.cdiv(L, chunk), 1)
+    if split < n_splits:
+        start = split * chunk
+        end = tl.minimum(start + chunk, L)
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_g = offs_g < GROUP
+        mask_d = offs_d < D
+        mask_gd = mask_g[:, None] & mask_d[None, :]
+        heads = h_kv * GROUP + offs_g
+        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=mask_gd, other=0.0)
+        k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
+        v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
+        m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
+                                 BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT)
+        o, lse = state_to_partial(m, l, acc)
+        if n_splits == 1:
+            tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                     o.to(OUT.dtype.element_ty), mask=mask_gd)
+            tl.store(LSE + b * stride_sb + heads * stride_sh, lse, mask=mask_g)
+        else:
+            tl.store(O_PART + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
+                     o, mask=mask_gd)
+            tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
+            tl.debug_barrier()   # every thread's partial is stored before the ticket is taken
+            ticket = tl.atomic_add(COUNTERS + b * H_KV + h_kv, 1, sem="acq_rel", scope="gpu")
+            if ticket == n_splits - 1:
+                tl.atomic_xchg(COUNTERS + b * H_KV + h_kv, 0, sem="relaxed", scope="gpu")
+                for g in range(0, GROUP):
+                    h = h_kv * GROUP + g
+                    combine_head(O_PART + b * stride_pb + h * stride_ph, LSE_PART + b * stride_lb + h * stride_lh,
+                                 n_splits, stride_ps, OUT + b * stride_ob + h * stride_oh,
+                                 LSE + b * stride_sb + h * stride_sh, BLOCK_S, BLOCK_D, D, True)
+
+
+_COUNTERS: dict = {}
+
+
+def ticket_counters(n: int, device) -> torch.Tensor:
+    """Zeroed int32 ticket counters, one per (b, h_kv) row, kept between calls (the kernel resets them)."""
+    key = str(device)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"unified decode: the ticket counters must exist before CUDA-graph capture; need {n}, have "
+                f"{0 if buf is None else buf.numel()}. Run one eager call with the same shape before capturing.")
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse):
+    """One launch: partials, tickets and the merge. Writes ``out`` and ``lse`` in place."""
+    from .config import block_sizes, fp32_dot
+    from .tile import LOG2E
+    B, H_q, D = q.shape
+    H_kv = k_cache.shape[2]
+    group = H_q // H_kv
+    BLOCK_G, BLOCK_D = block_sizes(group, D)
+    counters = ticket_counters(B * H_kv, q.device)
+    if splits > 1:
+        o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
+        lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
+    else:   # one split per row: the program writes out/lse itself and never touches the workspace
+        o_part, lse_part = out, lse
+    unified_kernel[(B, H_kv, splits)](
+        q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2) if splits > 1 else 0,
+        lse_part.stride(0), lse_part.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        scale * LOG2E, chunk, H_kv,
+        GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
+        BLOCK_S=min(16, triton.next_power_of_2(splits)),
+        FP32_DOT=fp32_dot(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -1,0 +1,103 @@
+"""Where fdlib's Triton kernels run: compiled for a CUDA GPU, or Triton's interpreter on the CPU.
+
+The choice is made once, when fdlib is imported, before any kernel is defined, because Triton reads
+``TRITON_INTERPRET`` when a kernel is decorated:
+
+* a CUDA GPU is visible and ``FDLIB_INTERPRET`` is not ``1``  ->  mode ``"gpu"``: kernels are compiled;
+* otherwise (no GPU, or ``FDLIB_INTERPRET=1`` to debug on a GPU machine)  ->  mode ``"interpreter"``:
+  every program of the grid runs, one after another, in NumPy on the CPU. Same kernels, same results,
+  thousands of times slower, so labs use small shapes there.
+
+``describe()`` gives the one-line summary that every notebook prints first.
+"""
+from __future__ import annotations
+
+import os
+
+FORCE_ENV = "FDLIB_INTERPRET"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:  # pragma: no cover - torch missing is reported by the import below anyway
+        return False
+
+
+def _decide() -> str:
+    forced = os.environ.get(FORCE_ENV, "0") == "1"
+    if forced or os.environ.get("TRITON_INTERPRET", "0") == "1" or not _cuda_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+        return "interpreter"
+    return "gpu"
+
+
+MODE: str = _decide()
+INTERPRET: bool = MODE == "interpreter"
+
+import torch  # noqa: E402  (after the decision on purpose)
+import triton  # noqa: E402
+
+DEVICE: str = "cuda" if MODE == "gpu" else "cpu"
+"""Where fdlib puts tensors it creates for its kernels by default (labs and tests use it too)."""
+
+
+def device_name() -> str:
+    if MODE == "gpu":
+        return torch.cuda.get_device_name()
+    import platform
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
+def sm_count() -> int | None:
+    """Streaming multiprocessors of the live GPU; None in interpreter mode without a GPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).multi_processor_count
+    return None
+
+
+def describe() -> str:
+    """One line: mode, device, SM count, torch and triton versions."""
+    sms = sm_count()
+    sm_txt = f"{sms} SMs" if sms is not None else "no GPU SMs"
+    mode = "GPU (compiled Triton)" if MODE == "gpu" else "Triton interpreter on the CPU"
+    return (f"fdlib runtime: {mode} | device: {device_name()} | {sm_txt} | "
+            f"torch {torch.__version__} | triton {triton.__version__}")
+
+
+class InterpreterBroken(RuntimeError):
+    pass
+
+
+_SMOKE_DONE = False
+
+
+def smoke_check() -> None:
+    """Run a tiny kernel once and make sure it really computes.
+
+    Some triton/numpy combinations make the interpreter return zeros silently. This check runs
+    ``y = 2x + 1`` on a few numbers and raises :class:`InterpreterBroken` with the fix if it does not.
+    """
+    global _SMOKE_DONE
+    if _SMOKE_DONE:
+        return
+    import triton.language as tl
+
+    @triton.jit
+    def _twice_plus_one(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+        tl.store(y_ptr + offs, 2.0 * x + 1.0, mask=offs < n)
+
+    x = torch.arange(1, 9, dtype=torch.float32, device=DEVICE)
+    y = torch.zeros_like(x)
+    _twice_plus_one[(1,)](x, y, 8, BLOCK=8)
+    if not torch.equal(y.cpu(), 2 * x.cpu() + 1):
+        import numpy
+        raise InterpreterBroken(
+            f"Triton ({MODE}) computed {y.cpu().tolist()} for 2x+1 with x=1..8: kernels return wrong values "
+            f"(triton {triton.__version__}, numpy {numpy.__version__}, torch {torch.__version__}). "
+            "Reinstall the pinned versions with the README's set-up command (pip install -e '.[course]' "
+            "in the course's .venv), which pins a triton/numpy pair known to work.")
+    _SMOKE_DONE = True

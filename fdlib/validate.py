@@ -1,0 +1,121 @@
+"""Checks on the arguments of :func:`fdlib.decode_attention`; every failure names the argument, what was
+expected and what came. Checks that need the values of ``cache_seqlens`` (a device-to-host copy, which a
+CUDA graph cannot capture) run only with ``validate=True``, the default."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+METHODS = ("auto", "naive", "split", "unified")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+class Problem(NamedTuple):
+    """A validated call: q as [B, H_q, D], and the sizes every method needs."""
+    q: torch.Tensor
+    B: int
+    H_q: int
+    H_kv: int
+    group: int
+    D: int
+    L_max: int
+    scale: float
+    q_was_4d: bool
+
+
+def _shape(t) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def _tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+
+
+def check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, validate) -> Problem:
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _tensor(name, t)
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"method: expected one of {', '.join(repr(m) for m in METHODS)}, got {method!r}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate: expected a bool, got {type(validate).__name__}")
+
+    q_was_4d = q.dim() == 4
+    if q.dim() == 4:
+        if q.shape[1] != 1:
+            raise ValueError(f"q: a 4-D q must be [B, 1, H_q, D] (one query token per sequence), got {_shape(q)}")
+        q3 = q[:, 0]
+    elif q.dim() == 3:
+        q3 = q
+    else:
+        raise ValueError(f"q: expected [B, H_q, D] or [B, 1, H_q, D], got {q.dim()}-D tensor of shape {_shape(q)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected [B, L_max, H_kv, D], got {t.dim()}-D tensor of shape {_shape(t)}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"v_cache: expected the shape of k_cache {_shape(k_cache)}, got {_shape(v_cache)}")
+    B, H_q, D = q3.shape
+    Bk, L_max, H_kv, Dk = k_cache.shape
+    if Bk != B:
+        raise ValueError(f"k_cache: batch size {Bk} does not match q's batch size {B}")
+    if Dk != D:
+        raise ValueError(f"k_cache: head dim {Dk} does not match q's head dim D={D}")
+    if D < 1 or D > MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim D must be between 1 and {MAX_HEAD_DIM}, got {D}")
+    if H_kv < 1 or H_q < 1 or H_q % H_kv:
+        raise ValueError(f"q: H_q={H_q} query heads must be a positive multiple of the cache's H_kv={H_kv} KV heads")
+    if B < 1:
+        raise ValueError(f"q: batch size must be at least 1, got {B}")
+
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32, got {t.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"k_cache/v_cache: dtype must match q ({q.dtype}), got k_cache {k_cache.dtype}, "
+                        f"v_cache {v_cache.dtype}")
+    if k_cache.device != q.device or v_cache.device != q.device:
+        raise ValueError(f"k_cache/v_cache: must be on q's device ({q.device}), got k_cache on {k_cache.device}, "
+                         f"v_cache on {v_cache.device}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name}: the last (head) dimension must be contiguous (stride 1), got strides "
+                             f"{tuple(t.stride())}; call .contiguous() first")
+
+    if cache_seqlens is not None:
+        _tensor("cache_seqlens", cache_seqlens)
+        if cache_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cache_seqlens: dtype must be torch.int32 or torch.int64, got {cache_seqlens.dtype}")
+        if tuple(cache_seqlens.shape) != (B,):
+            raise ValueError(f"cache_seqlens: expected shape [{B}] (one length per sequence), got {_shape(cache_seqlens)}")
+        if cache_seqlens.device != q.device:
+            raise ValueError(f"cache_seqlens: must be on q's device ({q.device}), got {cache_seqlens.device}")
+        if validate:
+            lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+            if lo < 0:
+                raise ValueError(f"cache_seqlens: lengths must be >= 0, got a minimum of {lo}")
+            if hi > L_max:
+                raise ValueError(f"cache_seqlens: lengths must be <= the cache's L_max={L_max}, got a maximum of {hi}")
+
+    if num_splits is not None:
+        from .kernels.config import MAX_SPLITS
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+            raise TypeError(f"num_splits: expected an int or None, got {type(num_splits).__name__}")
+        if not 1 <= num_splits <= MAX_SPLITS:
+            raise ValueError(f"num_splits: expected 1 <= num_splits <= {MAX_SPLITS}, got {num_splits}")
+        if method == "naive":
+            raise ValueError("num_splits: method='naive' does not split the sequence; pass num_splits=None")
+
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    else:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale: expected a finite number, got {scale}")
+        scale = float(scale)
+    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, scale, q_was_4d)
