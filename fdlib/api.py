@@ -15,7 +15,7 @@ def _lengths(p, k_cache, cache_seqlens):
     """int32 lengths on the device, and L_cap: the longest length the launch must cover (host int)."""
     if cache_seqlens is None:
         return torch.full((p.B,), p.L_max, dtype=torch.int32, device=p.q.device), p.L_max
-    return cache_seqlens.to(torch.int32), None
+    return cache_seqlens.to(torch.int32).contiguous(), None   # kernels read LENS + b: dense int32
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, method="auto", num_splits=None,
