@@ -39,7 +39,9 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
     h_kv = tl.program_id(1)
     split = tl.program_id(2)
     L = tl.load(LENS + b)
-    n_splits = tl.maximum(tl.cdiv(L, chunk), 1)
+    # at most the launched splits, so that the ticket count always reaches n_splits - 1 and the counter
+    # is reset, even if a length exceeds the launch's L_cap (possible with validate=False)
+    n_splits = tl.minimum(tl.maximum(tl.cdiv(L, chunk), 1), tl.num_programs(2))
     if split < n_splits:
         start = split * chunk
         end = tl.minimum(start + chunk, L)
