@@ -35,12 +35,15 @@ def _scores(q, k_cache, lengths, scale, dtype):
     return s.masked_fill(~keep[:, None, None, :], float("-inf"))
 
 
-def _softmax_av(s, v_cache, dtype):
-    """O and lse from masked scores; rows with no key give O = 0, lse = -inf."""
+def _softmax_av(s, v_cache, dtype, lengths):
+    """O and lse from masked scores; rows with no key give O = 0, lse = -inf. Values past a sequence's
+    length are never read (zeroed), so garbage there (NaN, inf in an unused cache slot) cannot leak in as 0·NaN."""
     B, H_kv, group, L_max = s.shape
     lse = torch.logsumexp(s, dim=-1)                      # -inf for empty rows
     p = torch.exp(s - torch.where(torch.isinf(lse) & (lse < 0), torch.zeros_like(lse), lse)[..., None])
     v = v_cache.to(dtype).permute(0, 2, 1, 3)            # [B, H_kv, L_max, D]
+    past = torch.arange(L_max, device=v.device)[None, :] >= lengths.to(v.device)[:, None]
+    v = v.masked_fill(past[:, None, :, None], 0)
     o = torch.matmul(p, v)                                # [B, H_kv, group, D]
     return o.reshape(B, H_kv * group, -1), lse.reshape(B, H_kv * group)
 
@@ -59,7 +62,7 @@ def reference_attention(q, k_cache, v_cache, cache_seqlens=None, scale=None):
     lengths = _lengths(k_cache, cache_seqlens)
     q64, k64, v64 = (t.detach().to("cpu", torch.float64) for t in (q, k_cache, v_cache))
     s = _scores(q64, k64, lengths, scale, torch.float64)
-    return _softmax_av(s, v64, torch.float64)
+    return _softmax_av(s, v64, torch.float64, lengths)
 
 
 def naive_attention(q, k_cache, v_cache, cache_seqlens, scale):
@@ -67,5 +70,5 @@ def naive_attention(q, k_cache, v_cache, cache_seqlens, scale):
     lengths = (torch.full((q.shape[0],), k_cache.shape[1], device=q.device)
                if cache_seqlens is None else cache_seqlens)
     s = _scores(q, k_cache, lengths, scale, torch.float32)
-    o, lse = _softmax_av(s, v_cache, torch.float32)
+    o, lse = _softmax_av(s, v_cache, torch.float32, lengths)
     return o.to(q.dtype), lse
