@@ -61,14 +61,29 @@ def _triton(p, k_cache, v_cache, cache_seqlens, method, num_splits, validate):
     if num_splits is None:
         num_splits = choose_splits(p, L_cap, lens if validate else None, method)
     chunk, splits = chunk_for(L_cap, num_splits, cfg.BLOCK_N)
-    out = torch.empty_like(p.q)
-    lse = torch.empty((p.B, p.H_q), dtype=torch.float32, device=p.q.device)
-    if method == "split":
-        from .kernels.stage1 import run_stage1
-        from .kernels.stage2 import run_stage2
-        o_part, lse_part = run_stage1(p.q, k_cache, v_cache, lens, p.scale, chunk, splits, cfg)
-        run_stage2(o_part, lse_part, out, lse)
-    else:
-        from .kernels.unified import run_unified
-        run_unified(p.q, k_cache, v_cache, lens, p.scale, chunk, splits, cfg, out, lse)
+    try:
+        out = torch.empty_like(p.q)
+        lse = torch.empty((p.B, p.H_q), dtype=torch.float32, device=p.q.device)
+        if method == "split":
+            from .kernels.stage1 import run_stage1
+            from .kernels.stage2 import run_stage2
+            o_part, lse_part = run_stage1(p.q, k_cache, v_cache, lens, p.scale, chunk, splits, cfg)
+            run_stage2(o_part, lse_part, out, lse)
+        else:
+            from .kernels.unified import run_unified
+            run_unified(p.q, k_cache, v_cache, lens, p.scale, chunk, splits, cfg, out, lse)
+    except _OOM as e:
+        raise _OOM(f"decode_attention: out of memory on {p.q.device} allocating out, lse and the split workspace, "
+                   f"{_workspace_bytes(p, splits)} bytes in all (B={p.B}, H_q={p.H_q}, D={p.D}, splits={splits}); "
+                   f"fewer splits (num_splits) or a smaller batch needs less. {e}") from e
     return out, lse
+
+
+_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+def _workspace_bytes(p, splits):
+    """Bytes a Triton call allocates: out (q's dtype), lse, and float32 partials O_i, lse_i when splits > 1."""
+    rows = p.B * p.H_q
+    partials = rows * splits * (p.D + 1) * 4 if splits > 1 else 0
+    return rows * p.D * p.q.element_size() + rows * 4 + partials
