@@ -1,0 +1,22 @@
+"""Grading for the course's exercises.
+
+In a notebook::
+
+    from fdlib.grading import *
+
+    @exercise("lab01.naive_attention")
+    def naive_attention(q, k_cache, v_cache, cache_seqlens, scale):
+        todo("lab01.naive_attention")
+
+    check("lab01.naive_attention")        # ✅/❌ per check, or a TODO line for a stub
+    attn = use("lab01.naive_attention")   # yours if it passes, else the reference
+    show_solution("lab01.naive_attention")
+
+The checks of lab NN live in ``fdlib/grading/labNN.py``; pytest runs the same checks (``tests/test_graders_*.py``).
+"""
+from .core import (  # noqa: F401
+    CheckFailure, GuardedBuffer, Result, TodoError, check, exercise, exercises, reference, run_checks,
+    show_solution, solution, solution_source, todo, use,
+)
+
+__all__ = ["exercise", "check", "use", "todo", "show_solution", "solution_source", "Result"]

@@ -1,0 +1,425 @@
+r"""The grading machinery: exercises, checks, and a runner that never breaks.
+
+Vocabulary
+----------
+* An **exercise** is a function the learner writes in a notebook cell, registered by name with
+  ``@exercise("lab01.naive_attention")``. Its stub body calls :func:`todo` (or raises ``NotImplementedError``).
+* A **solution** is the reference implementation of an exercise (``labsolutions/labNN_topic.py``), registered
+  with ``@solution(name)``.
+* A **check** is a small function ``check_fn(impl)`` written once in ``fdlib/grading/labNN.py`` with
+  ``@check_case(name, "what it checks")``. It builds fresh inputs (seeded per check), calls the implementation
+  through :func:`call` and compares with :func:`assert_close` / :func:`expect_tensor`. A check fails by raising
+  :class:`CheckFailure` with a useful message.
+
+Running checks (:func:`run_checks`): every check runs in its own thread with a timeout; anything it raises
+(learner exceptions, wrong types, grader bugs) becomes a ❌ line, never a traceback. A Python thread cannot be
+killed: a check that times out keeps running in the background until it returns (it is a daemon thread, so it
+does not stop the interpreter from exiting). The result of a timed-out check is ignored.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import threading
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class TodoError(NotImplementedError):
+    """Raised by :func:`todo` in an exercise stub."""
+
+
+class CheckFailure(AssertionError):
+    """A check found something wrong; the message is shown to the learner after ❌."""
+
+
+class LearnerError(CheckFailure):
+    """The learner's function raised an exception."""
+
+
+def todo(name: str = "this exercise"):
+    """Call this in an exercise stub: the grader then prints a TODO line instead of a failure."""
+    raise TodoError(f"implement {name}")
+
+
+# ---------------------------------------------------------------------------------------------- registries
+_LEARNER: dict[str, Callable] = {}
+_SOLUTIONS: dict[str, Callable] = {}
+_CHECKS: dict[str, list["Check"]] = {}
+_LAST: dict[str, "Result"] = {}
+
+
+@dataclass
+class Check:
+    exercise: str
+    name: str
+    fn: Callable
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @property
+    def seed(self) -> int:
+        """A seed of its own for every check (stable from run to run, distinct between checks)."""
+        return zlib.crc32(f"{self.exercise}/{self.name}".encode())
+
+
+def exercise(name: str):
+    """Decorator for a learner's exercise function: ``@exercise("lab01.naive_attention")``."""
+    def deco(fn):
+        fn.__exercise__ = name
+        _LEARNER[name] = fn
+        _LAST.pop(name, None)
+        return fn
+    return deco
+
+
+def solution(name: str):
+    """Decorator for a reference solution (used in ``labsolutions/``)."""
+    def deco(fn):
+        fn.__exercise__ = name
+        fn.__solution__ = True
+        _SOLUTIONS[name] = fn
+        return fn
+    return deco
+
+
+def check_case(name: str, title: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """Decorator for one check of exercise ``name``; the check receives ``(impl, gen)`` with a seeded generator."""
+    def deco(fn):
+        lst = _CHECKS.setdefault(name, [])
+        lst[:] = [c for c in lst if c.name != title]
+        lst.append(Check(name, title, fn, timeout_s))
+        return fn
+    return deco
+
+
+def _lab(name: str) -> str:
+    lab = name.split(".", 1)[0]
+    if not (lab.startswith("lab") and lab[3:].isdigit()):
+        raise ValueError(f"exercise names look like 'lab01.naive_attention', got {name!r}")
+    return lab
+
+
+def load_checks(name: str) -> list[Check]:
+    """The checks of exercise ``name`` (imports ``fdlib.grading.labNN`` on first use)."""
+    if name not in _CHECKS:
+        try:
+            importlib.import_module(f"fdlib.grading.{_lab(name)}")
+        except ModuleNotFoundError:
+            pass
+    if name not in _CHECKS:
+        raise KeyError(f"no checks for exercise {name!r}; known: {sorted(_CHECKS)}")
+    return list(_CHECKS[name])
+
+
+def exercises(lab: str | None = None) -> list[str]:
+    """Names of the exercises that have checks (of one lab, e.g. ``"lab01"``, or of all labs found)."""
+    import fdlib.grading as pkg
+    for m in pkgutil.iter_modules(pkg.__path__):
+        if m.name.startswith("lab") and (lab is None or m.name == lab):
+            importlib.import_module(f"fdlib.grading.{m.name}")
+    return sorted(n for n in _CHECKS if lab is None or n.startswith(lab + "."))
+
+
+def reference(name: str) -> Callable:
+    """The reference solution of ``name`` from the ``labsolutions`` package."""
+    if name not in _SOLUTIONS:
+        import labsolutions
+        lab = _lab(name)
+        for m in pkgutil.iter_modules(labsolutions.__path__):
+            if m.name.startswith(lab + "_") or m.name == lab:
+                importlib.import_module(f"labsolutions.{m.name}")
+    if name not in _SOLUTIONS:
+        raise KeyError(f"no reference solution for {name!r} in labsolutions/")
+    return _SOLUTIONS[name]
+
+
+def learner(name: str) -> Callable | None:
+    return _LEARNER.get(name)
+
+
+# ---------------------------------------------------------------------------------------------- helpers for checks
+def _describe_value(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor of shape {list(x.shape)}, dtype {x.dtype}, device {x.device}"
+    return f"{type(x).__name__}"
+
+
+def call(fn: Callable, args: dict, kwargs: dict | None = None):
+    """Call the learner's ``fn(*args.values(), **kwargs)``; report exceptions and any change to a tensor input.
+
+    ``args`` maps argument names (used in messages) to values, passed positionally in order.
+    """
+    kwargs = kwargs or {}
+    snapshots = {k: v.clone() for k, v in {**args, **kwargs}.items() if isinstance(v, torch.Tensor)}
+    try:
+        out = fn(*args.values(), **kwargs)
+    except (TodoError, NotImplementedError):
+        raise
+    except CheckFailure:
+        raise
+    except Exception as e:  # noqa: BLE001 - every learner error becomes a ❌ line
+        where = _learner_frame(e)
+        raise LearnerError(f"your function raised {type(e).__name__}: {e}{where}") from e
+    for k, before in snapshots.items():
+        now = {**args, **kwargs}[k]
+        if now.shape != before.shape or not torch.equal(torch.nan_to_num(now), torch.nan_to_num(before)):
+            raise CheckFailure(f"your function modified its input `{k}` (work on a copy, e.g. `{k}.float()` "
+                               f"or `{k}.clone()`, instead of writing into it)")
+    return out
+
+
+def _learner_frame(e: BaseException) -> str:
+    """' (at line N: <code>)' for the innermost frame of the learner's code, if it can be found."""
+    tb = traceback.extract_tb(e.__traceback__)
+    here = __file__.rsplit(".", 1)[0]
+    frames = [f for f in tb if not f.filename.startswith(here) and "site-packages" not in f.filename
+              and "/torch/" not in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" (in {f.name}, line {f.lineno}: {f.line.strip()})" if f.line else f" (in {f.name}, line {f.lineno})"
+
+
+def expect_tensor(x, what: str, shape=None, dtype=None, device=None) -> torch.Tensor:
+    """Fail clearly unless ``x`` is a tensor of the given shape/dtype(s)/device."""
+    if not isinstance(x, torch.Tensor):
+        raise CheckFailure(f"{what}: expected a torch.Tensor, got {_describe_value(x)}")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise CheckFailure(f"{what}: expected shape {list(shape)}, got {list(x.shape)}")
+    if dtype is not None:
+        ok = dtype if isinstance(dtype, (tuple, list)) else (dtype,)
+        if x.dtype not in ok:
+            want = " or ".join(str(d) for d in ok)
+            raise CheckFailure(f"{what}: expected dtype {want}, got {x.dtype}")
+    if device is not None and torch.device(x.device).type != torch.device(device).type:
+        raise CheckFailure(f"{what}: expected a tensor on {device}, got one on {x.device}")
+    return x
+
+
+def expect_tuple(x, what: str, n: int, names: str) -> tuple:
+    if not isinstance(x, (tuple, list)) or len(x) != n:
+        got = f"a {type(x).__name__} of length {len(x)}" if isinstance(x, (tuple, list)) else _describe_value(x)
+        raise CheckFailure(f"{what}: expected a tuple of {n} ({names}), got {got}")
+    return tuple(x)
+
+
+def assert_close(got: torch.Tensor, expected: torch.Tensor, what: str, atol: float, rtol: float) -> None:
+    """Compare in float64 on the CPU; ±inf must match exactly, NaN is always wrong. The report says where and how much."""
+    g = got.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    if g.shape != e.shape:
+        raise CheckFailure(f"{what}: expected shape {list(e.shape)}, got {list(g.shape)}")
+    if g.numel() == 0:
+        return
+    close = torch.isclose(g, e, atol=atol, rtol=rtol) & ~torch.isnan(g)
+    close |= torch.isnan(g) & torch.isnan(e)
+    if bool(close.all()):
+        return
+    bad = ~close
+    n_bad = int(bad.sum())
+    err = (g - e).abs()
+    err = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), err)
+    err = torch.where(bad, err, torch.full_like(err, -1.0))
+    flat = int(torch.argmax(err.reshape(-1)))
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), g.shape)) if g.dim() else ()
+    kinds = []
+    if bool(torch.isnan(g).any()):
+        kinds.append(f"{int(torch.isnan(g).sum())} NaN")
+    if bool((torch.isinf(g) & ~torch.isinf(e)).any()):
+        kinds.append("inf where a finite value was expected")
+    if bool((~torch.isinf(g) & torch.isinf(e)).any()):
+        kinds.append("finite where ±inf was expected")
+    finite = ~torch.isnan(g) & ~torch.isinf(g) & ~torch.isinf(e)
+    max_err = float((g - e).abs()[finite].max()) if bool(finite.any()) else float("nan")
+    extra = f" ({', '.join(kinds)})" if kinds else ""
+    raise CheckFailure(
+        f"{what}: {n_bad} of {g.numel()} values differ{extra}; max abs error {max_err:.3g} "
+        f"(tolerance atol={atol:g}, rtol={rtol:g}); worst at index {list(idx)}: expected {float(e[idx]):.6g}, "
+        f"got {float(g[idx]):.6g}")
+
+
+class GuardedBuffer:
+    """An output buffer with guard bands: ``guard`` sentinel elements before and after the learner's view.
+
+    ``buf.view`` is what the learner writes into; :meth:`verify` fails if anything outside it changed.
+    """
+    SENTINEL = 12345.0
+
+    def __init__(self, shape, dtype=torch.float32, device="cpu", guard: int = 64, fill: float = 0.0):
+        n = 1
+        for s in shape:
+            n *= int(s)
+        self.guard, self.n = guard, n
+        self.storage = torch.full((n + 2 * guard,), self.SENTINEL, dtype=dtype, device=device)
+        self.storage[guard:guard + n] = fill
+        self.view = self.storage[guard:guard + n].view(*shape)
+
+    def verify(self, what: str = "output buffer") -> None:
+        before = self.storage[:self.guard]
+        after = self.storage[self.guard + self.n:]
+        for part, side in ((before, "before"), (after, "after")):
+            changed = (part != self.SENTINEL).nonzero()
+            if len(changed):
+                raise CheckFailure(f"your function wrote outside its {what}: {len(changed)} element(s) {side} "
+                                   f"the buffer were changed (check the offsets and masks of your stores)")
+
+
+def randn(gen: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- running checks
+@dataclass
+class CheckOutcome:
+    name: str
+    status: str          # "pass", "fail", "todo"
+    message: str = ""
+
+    def line(self) -> str:
+        if self.status == "pass":
+            return f"✅ {self.name}"
+        if self.status == "todo":
+            return f"📝 TODO: {self.message}"
+        return f"❌ {self.name}: {self.message}"
+
+
+@dataclass
+class Result:
+    exercise: str
+    outcomes: list[CheckOutcome] = field(default_factory=list)
+    todo: bool = False
+
+    @property
+    def passed(self) -> int:
+        return sum(o.status == "pass" for o in self.outcomes)
+
+    @property
+    def failed(self) -> int:
+        return sum(o.status != "pass" for o in self.outcomes)
+
+    @property
+    def total(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def ok(self) -> bool:
+        return not self.todo and self.total > 0 and self.failed == 0
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        state = "TODO" if self.todo else f"{self.passed}/{self.total} checks passed"
+        return f"<Result {self.exercise}: {state}>"
+
+
+def run_one(chk: Check, impl: Callable, timeout_s: float | None = None) -> CheckOutcome:
+    """Run one check in a daemon thread; every problem becomes an outcome, nothing is raised."""
+    timeout = chk.timeout_s if timeout_s is None else timeout_s
+    box: dict = {}
+
+    def target():
+        gen = torch.Generator().manual_seed(chk.seed)
+        try:
+            chk.fn(impl, gen)
+            box["outcome"] = CheckOutcome(chk.name, "pass")
+        except (TodoError, NotImplementedError) as e:
+            box["outcome"] = CheckOutcome(chk.name, "todo", str(e) or f"implement {chk.exercise}")
+        except CheckFailure as e:
+            box["outcome"] = CheckOutcome(chk.name, "fail", str(e))
+        except BaseException as e:  # noqa: BLE001 - grader bugs must not break the notebook either
+            box["outcome"] = CheckOutcome(chk.name, "fail", f"{type(e).__name__}: {e}{_learner_frame(e)}")
+
+    t = threading.Thread(target=target, name=f"check {chk.exercise}/{chk.name}", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        # The thread cannot be killed; it finishes in the background and its result is dropped.
+        return CheckOutcome(chk.name, "fail", f"timed out after {timeout:g} s (infinite loop? sizes too large?)")
+    return box.get("outcome", CheckOutcome(chk.name, "fail", "the check ended without a result"))
+
+
+def run_checks(name: str, impl: Callable, quiet: bool = False, timeout_s: float | None = None) -> Result:
+    """Run every check of exercise ``name`` on ``impl``; print one line per check unless ``quiet``."""
+    res = Result(name)
+    for i, chk in enumerate(load_checks(name)):
+        out = run_one(chk, impl, timeout_s)
+        if out.status == "todo" and i == 0:
+            res.todo = True
+            res.outcomes = [CheckOutcome(chk.name, "todo", f"implement {name} (its body still raises "
+                                         f"NotImplementedError), then run this cell again")]
+            if not quiet:
+                print(res.outcomes[0].line())
+            return res
+        if out.status == "todo":
+            out = CheckOutcome(out.name, "fail", f"raised NotImplementedError: {out.message}")
+        res.outcomes.append(out)
+        if not quiet:
+            print(out.line())
+    if not quiet:
+        print(f"{'🎉' if res.ok else '  '} {name}: {res.passed}/{res.total} checks passed")
+    return res
+
+
+def check(target, impl: Callable | None = None, quiet: bool = False, timeout_s: float | None = None) -> Result:
+    """Check an exercise: ``check("lab01.naive_attention")`` or ``check(naive_attention)``.
+
+    With ``impl=`` any function can be checked under that exercise's name (``impl="solution"`` checks the reference).
+    """
+    if callable(target):
+        name = getattr(target, "__exercise__", None)
+        if name is None:
+            print("❌ this function is not an exercise: decorate it with @exercise(\"labNN.name\")")
+            return Result("?", [CheckOutcome("registration", "fail", "not an exercise")])
+        impl = impl or target
+    else:
+        name = str(target)
+    if impl == "solution":
+        impl = reference(name)
+    if impl is None:
+        impl = _LEARNER.get(name)
+        if impl is None:
+            print(f"📝 TODO: run the cell that defines the exercise {name} first")
+            return Result(name, [CheckOutcome(name, "todo", "not defined")], todo=True)
+    res = run_checks(name, impl, quiet=quiet, timeout_s=timeout_s)
+    if impl is _LEARNER.get(name):
+        _LAST[name] = res
+    return res
+
+
+def use(name: str, quiet: bool = False) -> Callable:
+    """The learner's function if it passes its checks, else the reference solution (with a note)."""
+    fn = _LEARNER.get(name)
+    if fn is not None:
+        res = _LAST.get(name)
+        if res is None:
+            res = run_checks(name, fn, quiet=True)
+            _LAST[name] = res
+        if res.ok:
+            if not quiet:
+                print(f"using your {name} ✅")
+            return fn
+        why = "is still a TODO" if res.todo else f"fails {res.failed} of {res.total} checks"
+    else:
+        why = "is not defined"
+    if not quiet:
+        print(f"ℹ️  your {name} {why}: using the reference solution so the rest of the notebook runs")
+    return reference(name)
+
+
+def solution_source(name: str, decorator: str = "exercise") -> str:
+    """Source code of the reference solution, decorated with ``@exercise`` (ready to paste into the exercise cell)."""
+    src = inspect.getsource(reference(name))
+    return src.replace("@solution(", f"@{decorator}(", 1)
+
+
+def show_solution(name: str) -> None:
+    """Print the reference solution of ``name``."""
+    print(solution_source(name))
