@@ -476,8 +476,7 @@ class _Canvas:
             FigureCanvasAgg(self.fig)
         gs = self.fig.add_gridspec(2, 3, height_ratios=[1.0, 1.15], hspace=0.45, wspace=0.12,
                                    left=0.08, right=0.97, top=0.86, bottom=0.09)
-        self.cmap = LinearSegmentedColormap.from_list("sm", [_IDLE, "#a6dba0", _BUSY])
-        self.cmap.set_bad("white")
+        self.cmap = LinearSegmentedColormap.from_list("sm", [_IDLE, "#a6dba0", _BUSY]).with_extremes(bad="white")
         self.maps, self.images = [], []
         for i in range(3):
             ax = self.fig.add_subplot(gs[0, i])

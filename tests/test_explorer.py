@@ -1,0 +1,195 @@
+"""The SM-occupancy explorer: its numbers, its figure, its widget, and its speed."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import types
+
+import pytest
+
+from fdlib import explorer as E
+from fdlib.gpus import PRESETS
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches():
+    E._explain.cache_clear()
+    yield
+    E._explain.cache_clear()
+
+
+@pytest.fixture
+def no_results(tmp_path, monkeypatch):
+    monkeypatch.setenv("FDLIB_RESULTS", str(tmp_path / "none"))
+
+
+def test_one_split_keeps_only_the_kv_heads_busy():
+    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=1, gpu="H200")
+    assert (s.programs, s.waves, s.busy_sms_per_wave, s.sms) == (8, 1, (8,), 132)
+    assert s.utilization == pytest.approx(8 / 132)
+    assert "busy SMs per wave: 8 of 132" in str(s)
+    assert "SM utilization: 6.1%" in str(s)
+
+
+def test_enough_splits_fill_every_sm():
+    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=17, gpu="H200")
+    assert s.programs == 136 and s.busy_sms_first_wave == 132 and s.utilization == 1.0
+
+
+def test_programs_follow_packing_and_method():
+    packed = E.summary(B=2, H_q=32, H_kv=8, L=8192, splits=4)
+    per_head = E.summary(B=2, H_q=32, H_kv=8, L=8192, splits=4, gqa=False)
+    two_stage = E.summary(B=2, H_q=32, H_kv=8, L=8192, splits=4, unified=False)
+    assert packed.programs == 2 * 8 * 4 and per_head.programs == 2 * 32 * 4
+    assert packed.stage2_programs == 0 and two_stage.stage2_programs == 2 * 32
+    assert "stage 2: 64 programs" in str(two_stage)
+
+
+def test_tail_wave_and_waves():
+    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=34, gpu="H200")   # 272 programs, 2 per SM
+    assert s.programs_per_sm >= 1
+    slots = 132 * s.programs_per_sm
+    assert s.waves == -(-272 // slots)
+    assert s.busy_sms_per_wave[-1] == min(132, 272 - (s.waves - 1) * slots)
+
+
+def test_splits_capped_at_one_per_tile():
+    s = E.summary(B=1, H_q=8, H_kv=8, L=128, splits=16)
+    assert s.splits_used == 2 and s.programs == 16
+    assert "16 requested, 2 launched" in str(s)
+
+
+def test_repr_is_deterministic_text():
+    a = E.summary(B=4, H_q=64, H_kv=8, L=4096, splits=8, gpu="A100 SXM4 80GB")
+    b = E.summary(B=4, H_q=64, H_kv=8, L=4096, splits=8, gpu="A100 SXM4 80GB")
+    assert repr(a) == str(a) == str(b)
+    assert str(a).splitlines()[0].startswith("model of A100 SXM4 80GB, 108 SMs")
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match="multiple of H_kv"):
+        E.summary(B=1, H_q=30, H_kv=8, L=1024, splits=1)
+    with pytest.raises(ValueError, match="splits"):
+        E.summary(B=1, H_q=32, H_kv=8, L=1024, splits=0)
+    with pytest.raises(ValueError, match="gpu"):
+        E.summary(B=1, H_q=32, H_kv=8, L=1024, splits=1, gpu="no such GPU")
+
+
+def test_draw_has_titles_units_and_device(no_results):
+    fig = E.draw(1, 32, 8, 131072, 1, gpu="H200")
+    text = fig._suptitle.get_text()
+    assert "model of H200, 132 SMs" in text
+    curve = [ax for ax in fig.axes if ax.get_xlabel().startswith("splits")][0]
+    assert "(µs)" in curve.get_ylabel() and curve.get_title()
+    maps = [ax for ax in fig.axes if ax.get_title().startswith("wave 1 of 1")]
+    assert maps and "8/132 SMs busy" in maps[0].get_title()
+
+
+def test_fallback_without_cost_model(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fdlib.costmodel", None)   # import fails
+    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=1)
+    assert s.model == E.NO_COST_MODEL and "no cost model" in str(s)
+    assert s.chosen_splits > 1 and s.chosen_us < s.predicted_us
+
+
+def _fake_costmodel(chosen=16, fail=False):
+    mod = types.ModuleType("fdlib.costmodel")
+
+    def explain(B, H_q, H_kv, L, D, dtype_bytes, gpu, method):
+        if fail:
+            raise RuntimeError("boom")
+        cands = [types.SimpleNamespace(splits=s, programs=B * H_kv * s, waves=1, wave_efficiency=0.5,
+                                       time_us=100.0 + abs(s - chosen)) for s in (1, 2, 4, 8, 16, 32, 64)]
+        return types.SimpleNamespace(chosen=chosen, candidates=cands, programs_per_sm=3)
+
+    mod.explain = explain
+    return mod
+
+
+def test_uses_the_cost_model_interface(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fdlib.costmodel", _fake_costmodel(chosen=16))
+    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=16)
+    assert (s.model, s.chosen_splits, s.programs_per_sm, s.predicted_us) == ("cost model", 16, 3, 100.0)
+    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=12)      # between candidates 8 and 16
+    assert not s.predicted_exact and 100.0 < s.predicted_us < 108.0 and "(interpolated)" in str(s)
+
+
+def test_broken_cost_model_falls_back(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fdlib.costmodel", _fake_costmodel(fail=True))
+    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=1)
+    assert s.model.startswith(E.NO_COST_MODEL) and "RuntimeError" in s.model
+
+
+def test_recorded_results_are_loaded_defensively(tmp_path, monkeypatch):
+    monkeypatch.setenv("FDLIB_RESULTS", str(tmp_path))
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "sweep.json").write_text(json.dumps({
+        "provenance": {"device": "NVIDIA H200"},
+        "records": [
+            {"shape": [1, 32, 8, 131072, 128, "bfloat16"], "method": "unified", "splits": 1, "graph_us": 900.0},
+            {"shape": {"B": 1, "H_q": 32, "H_kv": 8, "L": 131072, "D": 128, "dtype": "bfloat16"},
+             "method": "unified", "splits": 16, "graph_us": 60.0, "eager_us": 70.0},
+            {"shape": [1, 32, 8, 131072, 128, "bfloat16"], "method": "split", "splits": 16, "graph_us": 80.0},
+            {"shape": [1, 32, 8, 4096, 128, "bfloat16"], "method": "unified", "splits": 4, "graph_us": 9.0},
+            {"shape": [1, 32, 8, 131072, 128, "bfloat16"], "splits": "auto", "graph_us": 1.0},
+            {"splits": 3},
+        ]}))
+    pts, dev = E.recorded(1, 32, 8, 131072)
+    assert pts == [(1, 900.0), (16, 60.0)] and dev == "NVIDIA H200"
+    assert E.recorded(1, 32, 8, 131072, unified=False)[0] == [(16, 80.0)]
+    assert E.recorded(2, 32, 8, 131072) == ([], None)
+    fig = E.draw(1, 32, 8, 131072, 1)
+    labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert any("recorded on NVIDIA H200" in t for t in labels)
+
+
+def test_no_results_dir_means_no_overlay(no_results):
+    assert E.recorded(1, 32, 8, 131072) == ([], None)
+
+
+def test_widget_state_and_redraw_speed(no_results):
+    w = E.explorer(B=1, H_q=32, H_kv=8, L=131072, gpu="H200", splits=1)
+    assert {"B", "H_q", "group", "L", "splits", "gpu", "gqa", "unified"} <= set(w.controls)
+    assert "SM utilization: 6.1%" in w.readout.value and "8 of 132" in w.readout.value
+    first = w.image.value
+    assert first[:8] == b"\x89PNG\r\n\x1a\n"
+    times = []
+    for s in (2, 4, 8, 12, 16, 24, 32, 64, 128, 256):
+        t0 = time.perf_counter()
+        w.controls["splits"].value = s
+        times.append(time.perf_counter() - t0)
+    mean = sum(times) / len(times)
+    print(f"explorer redraw: mean {mean * 1e3:.0f} ms, max {max(times) * 1e3:.0f} ms over {len(times)} moves")
+    assert mean < 1.0
+    assert w.image.value != first and "SM utilization: 100.0%" in w.readout.value
+    w.controls["gqa"].value = False
+    assert w.summary.programs == 32 * w.summary.splits_used
+    w.controls["unified"].value = False
+    assert "stage 2" in w.readout.value
+    w.controls["gpu"].value = "L4"
+    assert w.summary.sms == 58 and "model of L4, 58 SMs" in w.readout.value
+    w.controls["group"].value = 7                                 # 32 is not a multiple of 7
+    assert "not a multiple" in w.readout.value
+    w.controls["H_q"].value = 28
+    assert w.summary.H_kv == 4
+
+
+def test_every_preset_draws(no_results):
+    w = E.explorer()
+    for name in PRESETS:
+        w.controls["gpu"].value = name
+        assert f"{PRESETS[name].sms} SMs" in w.readout.value
+
+
+@pytest.mark.gpu
+def test_measure_on_gpu(no_results):
+    import fdlib
+    if fdlib.runtime.MODE != "gpu":
+        pytest.skip("needs a CUDA GPU")
+    pts = E.measure(1, 32, 8, 8192, [1, 4, 16])
+    assert [p[0] for p in pts] == [1, 4, 16] and all(us > 0 for _, us in pts)
+    w = E.explorer(B=1, H_q=32, H_kv=8, L=8192, gpu="live")
+    w.button.click()
+    assert "measured" in w.status.value, w.status.value
+    assert w._canvas.measured_pts.get_visible()
