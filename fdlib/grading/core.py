@@ -151,13 +151,15 @@ def _describe_value(x) -> str:
     return f"{type(x).__name__}"
 
 
-def call(fn: Callable, args: dict, kwargs: dict | None = None):
+def call(fn: Callable, args: dict, kwargs: dict | None = None, outputs=()):
     """Call the learner's ``fn(*args.values(), **kwargs)``; report exceptions and any change to a tensor input.
 
-    ``args`` maps argument names (used in messages) to values, passed positionally in order.
+    ``args`` maps argument names (used in messages) to values, passed positionally in order. Arguments named in
+    ``outputs`` are buffers the function is meant to write (pair them with :class:`GuardedBuffer`).
     """
     kwargs = kwargs or {}
-    snapshots = {k: v.clone() for k, v in {**args, **kwargs}.items() if isinstance(v, torch.Tensor)}
+    snapshots = {k: v.clone() for k, v in {**args, **kwargs}.items()
+                 if isinstance(v, torch.Tensor) and k not in outputs}
     try:
         out = fn(*args.values(), **kwargs)
     except (TodoError, NotImplementedError):
