@@ -1,0 +1,117 @@
+"""``python -m fdlib.bench``: time fdlib's decode methods and the SDPA peers, or sweep the split count.
+
+Examples::
+
+    python -m fdlib.bench                                   # the full grid, eager + CUDA graph, both dtypes
+    python -m fdlib.bench --sweep-splits --dtype float16    # unified kernel at every split count, best vs chosen
+    python -m fdlib.bench --B 1 --L 131072 --heads 32:8     # one shape
+    python -m fdlib.bench --quick                           # tiny shapes, runs in the interpreter on a CPU
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+def _ints(text):
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _heads(text):
+    out = []
+    for part in text.split(","):
+        hq, _, hkv = part.partition(":")
+        out.append((int(hq), int(hkv or hq)))
+    return tuple(out)
+
+
+def _names(text):
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m fdlib.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_argument_group("shapes (comma lists; every sequence has length L)")
+    g.add_argument("--B", type=_ints, help="batch sizes (default 1,4,16,64)")
+    g.add_argument("--L", type=_ints, help="KV lengths (default 512,2048,8192,32768,131072)")
+    g.add_argument("--heads", type=_heads, help="H_q:H_kv pairs (default 32:8,32:32)")
+    g.add_argument("--D", type=_ints, help="head dims (default 128)")
+    g.add_argument("--dtype", type=_names, help="float16,bfloat16,float32 (default float16,bfloat16)")
+    g.add_argument("--max-kv-gb", type=float, default=20.0, help="skip shapes whose K+V exceed this (GB, default 20)")
+    m = ap.add_argument_group("what to run")
+    m.add_argument("--methods", type=_names,
+                   help="naive,split1,split,unified,auto,cudnn,fa2 (default) and memeff; 'unified@8' forces splits")
+    m.add_argument("--splits", type=_ints, help="force fdlib's split counts: split and unified run once per value; "
+                                                "with --sweep-splits, the candidate list")
+    m.add_argument("--sweep-splits", action="store_true",
+                   help="splits sweep: unified at every candidate split count, best vs the chosen one")
+    m.add_argument("--quick", action="store_true",
+                   help="tiny shapes, few methods, no graphs (runs on a CPU in the Triton interpreter)")
+    t = ap.add_argument_group("timing")
+    t.add_argument("--no-graphs", action="store_true", help="eager timings only")
+    t.add_argument("--warmup", type=float, help="do_bench warmup, ms (default 25)")
+    t.add_argument("--rep", type=float, help="do_bench repetition time, ms (default 100)")
+    t.add_argument("--graph-rep", type=float, help="do_bench_cudagraph repetition time, ms (default 20)")
+    t.add_argument("--ceiling-gib", type=float, help="buffer for the read ceiling, GiB (default 4)")
+    t.add_argument("--no-ceiling", action="store_true", help="do not measure the read ceiling")
+    t.add_argument("--seed", type=int, default=0)
+    o = ap.add_argument_group("output")
+    o.add_argument("--out", help="output folder (default results/<device-slug>/)")
+    o.add_argument("--name", help="file name stem (default <bench|sweep>-<UTC timestamp>)")
+    o.add_argument("--force", action="store_true", help="overwrite existing files of the same name")
+    o.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    import fdlib
+    from . import harness, report
+    print(fdlib.describe(), file=sys.stderr, flush=True)
+    argv_list = sys.argv[1:] if argv is None else list(argv)
+    command = "python -m fdlib.bench " + " ".join(shlex.quote(a) for a in argv_list)
+    common = dict(B=args.B, L=args.L, heads=args.heads, D=args.D, dtypes=args.dtype, max_kv_gb=args.max_kv_gb,
+                  quick=args.quick, graphs=False if args.no_graphs else None, warmup_ms=args.warmup,
+                  rep_ms=args.rep, graph_rep_ms=args.graph_rep, seed=args.seed, progress=not args.no_progress,
+                  command=command)
+    if args.dtype:
+        bad = [d for d in args.dtype if d not in harness.DTYPES]
+        if bad:
+            print(f"--dtype: unknown {bad}; expected {', '.join(harness.DTYPES)}", file=sys.stderr)
+            return 2
+    # Refuse an existing --name before spending GPU time on the run.
+    if args.name and not args.force:
+        import os
+        probe = {"provenance": harness.provenance(command), "kind": "sweep" if args.sweep_splits else "bench"}
+        out_dir = args.out or report.default_out_dir(probe)
+        clash = [f for f in (args.name + ext for ext in (".json", ".md", ".png")) if os.path.exists(os.path.join(out_dir, f))]
+        if clash:
+            print(f"refusing to overwrite {clash} in {out_dir}: pick another --name/--out or pass --force",
+                  file=sys.stderr)
+            return 2
+    try:
+        if args.sweep_splits:
+            results = harness.run_sweep(candidates=args.splits, **common)
+        else:
+            from .methods import expand_methods
+            expand_methods(args.methods or ("split",), args.splits)   # unknown names fail before any work
+            results = harness.run_benchmark(methods=args.methods, splits=args.splits, ceiling=not args.no_ceiling,
+                                            ceiling_gib=args.ceiling_gib, **common)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report.format_table(results), flush=True)
+    try:
+        paths = report.write_results(results, args.out, args.name, force=args.force, plot=not args.no_plot)
+    except FileExistsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    print("\nwrote " + ", ".join(paths.values()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""The methods the benchmark times: fdlib's, through the public ``fdlib.decode_attention``, and the peers.
+
+Each method turns one set of inputs into a zero-argument callable that returns ``out`` as ``[B, H_q, D]``;
+the callable is built once per shape (and per input copy) and then called many times.
+
+fdlib methods (KV cache token-major ``[B, L, H_kv, D]``):
+
+=============  ===============================================================================
+``naive``      ``method="naive"``: PyTorch matmul, softmax, matmul
+``split1``     ``method="split", num_splits=1``: one program per (b, h_kv), no split ("standard
+               FlashAttention in decode")
+``split``      ``method="split"``: stage 1 + stage 2 with the splits fdlib chooses
+``unified``    ``method="unified"``: one launch, splits fdlib chooses
+``auto``       ``method="auto"``
+``split@S``    forced ``num_splits=S`` (also ``unified@S``, ``auto@S``)
+=============  ===============================================================================
+
+The timed call passes a prebuilt int32 ``cache_seqlens`` (all = L) and ``validate=False``, the way a model
+calls it inside a CUDA graph (no device-to-host copy). Peers (``q`` as ``[B, H_q, 1, D]``, K/V as contiguous
+``[B, H_kv, L, D]``, ``enable_gqa=True`` when H_q != H_kv; every length = L):
+
+=============  ===============================================================================
+``cudnn``      ``F.scaled_dot_product_attention`` under ``sdpa_kernel(SDPBackend.CUDNN_ATTENTION)``
+``fa2``        the same under ``SDPBackend.FLASH_ATTENTION`` (FlashAttention-2)
+``memeff``     the same under ``SDPBackend.EFFICIENT_ATTENTION`` (not in the default list)
+=============  ===============================================================================
+
+A peer that raises (backend missing, shape refused) is recorded as unavailable with the reason.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .. import runtime
+
+FDLIB_METHODS = {
+    "naive": ("naive", None),
+    "split1": ("split", 1),
+    "split": ("split", None),
+    "unified": ("unified", None),
+    "auto": ("auto", None),
+}
+PEERS = {
+    "cudnn": "CUDNN_ATTENTION",
+    "fa2": "FLASH_ATTENTION",
+    "memeff": "EFFICIENT_ATTENTION",
+}
+DEFAULT_METHODS = ("naive", "split1", "split", "unified", "auto", "cudnn", "fa2")
+QUICK_METHODS = ("unified", "naive", "cudnn", "fa2")
+FORCEABLE = ("split", "unified", "auto")
+BASELINE = "cudnn"
+
+
+@dataclass
+class Inputs:
+    """One copy of a shape's inputs, in the layout its method reads."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    lens: torch.Tensor | None = None
+
+
+@dataclass
+class Method:
+    name: str
+    kind: str                       # "fdlib" or "peer"
+    layout: str                     # "fdlib": K/V [B, L, H_kv, D]; "bhld": K/V [B, H_kv, L, D]
+    make: Callable[[Inputs], Callable[[], torch.Tensor]]
+    context: Callable = nullcontext  # entered around correctness and timing calls
+    info: dict = field(default_factory=dict)
+
+
+def _fdlib_method(name: str, fd_method: str, num_splits: int | None) -> Method:
+    from .. import decode_attention
+
+    def make(inp: Inputs):
+        q, k, v, lens = inp.q, inp.k, inp.v, inp.lens
+
+        def call():
+            return decode_attention(q, k, v, lens, method=fd_method, num_splits=num_splits, validate=False)
+        return call
+    return Method(name, "fdlib", "fdlib", make, info={"fdlib_method": fd_method, "num_splits": num_splits})
+
+
+def _peer_method(name: str, backend_name: str) -> Method:
+    """SDPA under one backend. Raises at build time if this torch has no ``torch.nn.attention``."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = getattr(SDPBackend, backend_name)
+
+    def make(inp: Inputs):
+        q4, k, v = inp.q, inp.k, inp.v
+        gqa = q4.shape[1] != k.shape[1]
+        kwargs = {"enable_gqa": True} if gqa else {}
+
+        def call():
+            return F.scaled_dot_product_attention(q4, k, v, **kwargs)[:, :, 0]
+        return call
+
+    info = {"backend": f"SDPBackend.{backend_name}", "torch": torch.__version__}
+    if runtime.MODE != "gpu":
+        info["note"] = "no GPU: torch's CPU implementation behind this backend flag, not the CUDA kernel"
+    return Method(name, "peer", "bhld", make, context=lambda: sdpa_kernel(backend), info=info)
+
+
+def parse_method(spec: str) -> tuple[str, int | None]:
+    """``"unified@8"`` -> ("unified", 8); ``"split1"`` -> ("split1", None). Raises ValueError if unknown."""
+    base, _, forced = spec.partition("@")
+    if base not in FDLIB_METHODS and base not in PEERS:
+        raise ValueError(f"unknown method {spec!r}: expected one of {', '.join(list(FDLIB_METHODS) + list(PEERS))}"
+                         f" (fdlib methods {', '.join(FORCEABLE)} also take '@SPLITS', e.g. unified@8)")
+    if not forced:
+        return base, None
+    if base not in FORCEABLE:
+        raise ValueError(f"method {spec!r}: only {', '.join(FORCEABLE)} take a forced split count")
+    s = int(forced)
+    from ..kernels.config import MAX_SPLITS
+    if not 1 <= s <= MAX_SPLITS:
+        raise ValueError(f"method {spec!r}: splits must be in 1..{MAX_SPLITS}")
+    return base, s
+
+
+def expand_methods(names, splits=None) -> list[str]:
+    """The method names to run: with ``splits`` given, ``split`` and ``unified`` become one entry per split
+    count (``split@1``, ``split@2``, ...); everything else is kept as given. Order kept, duplicates dropped."""
+    out = []
+    for name in names:
+        base, forced = parse_method(name)
+        if splits and forced is None and base in ("split", "unified"):
+            out.extend(f"{base}@{s}" for s in splits)
+        else:
+            out.append(name)
+    seen = set()
+    return [m for m in out if not (m in seen or seen.add(m))]
+
+
+def build(spec: str) -> Method:
+    """The :class:`Method` for a name from :func:`expand_methods` (peers may raise: unavailable)."""
+    base, forced = parse_method(spec)
+    if base in PEERS:
+        return _peer_method(spec, PEERS[base])
+    fd_method, num_splits = FDLIB_METHODS[base]
+    return _fdlib_method(spec, fd_method, forced if forced is not None else num_splits)
+
+
+def to_layout(inp: Inputs, layout: str) -> Inputs:
+    """The same numbers in the layout a method reads (a contiguous copy for the peers)."""
+    if layout == "fdlib":
+        return inp
+    return Inputs(inp.q.unsqueeze(2), inp.k.transpose(1, 2).contiguous(), inp.v.transpose(1, 2).contiguous())
+
+
+def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None) -> dict:
+    """The split count fdlib asks for and the one it launches for a full-length cache (None if unknowable)."""
+    if fd_method == "naive":
+        return {"splits_requested": None, "splits": None}
+    try:
+        from ..kernels.config import chunk_for, tile_config
+        from ..validate import check
+        L = k.shape[1]
+        requested = num_splits
+        if requested is None:
+            from ..splits import choose_splits
+            p = check(q, k, v, None, None, fd_method, None, False, False)
+            requested = int(choose_splits(p, L, None, fd_method))
+        _, eff = chunk_for(L, requested, tile_config().BLOCK_N)
+        return {"splits_requested": requested, "splits": int(eff)}
+    except Exception as e:  # noqa: BLE001 - bookkeeping only, never fatal
+        return {"splits_requested": num_splits, "splits": None, "splits_error": f"{type(e).__name__}: {e}"[:200]}
