@@ -1,0 +1,230 @@
+"""Bad arguments to fdlib.decode_attention raise ValueError/TypeError naming the argument and what came."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fdlib
+import fdlib.api
+import fdlib.validate
+from helpers import DEVICE, assert_attention_close, counters_zero, make_problem
+
+B, L, H_Q, H_KV, D = 2, 20, 4, 2, 32
+
+
+def base():
+    q, k, v, lens = make_problem(B, L, H_Q, H_KV, D, torch.float32, seed=0, lens=[L, 7])
+    return dict(q=q, k_cache=k, v_cache=v, cache_seqlens=lens)
+
+
+def non_contig_last(t):
+    """Same shape, last-dim stride 2."""
+    big = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+    return big[..., ::2]
+
+
+def with_(**over):
+    def build():
+        args = base()
+        kw = {}
+        for name, val in over.items():
+            val = val(args) if callable(val) else val
+            (args if name in args else kw)[name] = val
+        return args, kw
+    return build
+
+
+f = torch.float32
+CASES = [
+    # (id, builder, exception, fragments that must all appear in the message)
+    ("q_2d", with_(q=torch.zeros(B, D)), ValueError, ["q:", "2-D", "[2, 32]"]),
+    ("q_5d", with_(q=torch.zeros(B, 1, 1, H_Q, D)), ValueError, ["q:", "5-D"]),
+    ("q_4d_T2", with_(q=torch.zeros(B, 2, H_Q, D)), ValueError, ["q:", "[2, 2, 4, 32]", "one query token"]),
+    ("k_3d", with_(k_cache=torch.zeros(B, L, D)), ValueError, ["k_cache:", "3-D"]),
+    ("v_5d", with_(v_cache=torch.zeros(B, L, H_KV, D, 1)), ValueError, ["v_cache:", "5-D"]),
+    ("kv_shape_mismatch", with_(v_cache=torch.zeros(B, L + 1, H_KV, D)), ValueError,
+     ["v_cache:", "[2, 20, 2, 32]", "[2, 21, 2, 32]"]),
+    ("batch_mismatch", with_(k_cache=torch.zeros(3, L, H_KV, D), v_cache=torch.zeros(3, L, H_KV, D)), ValueError,
+     ["k_cache:", "batch size 3", "2"]),
+    ("head_dim_mismatch", with_(k_cache=torch.zeros(B, L, H_KV, 16), v_cache=torch.zeros(B, L, H_KV, 16)),
+     ValueError, ["k_cache:", "head dim 16", "D=32"]),
+    ("hq_not_multiple", with_(q=torch.zeros(B, 5, D)), ValueError, ["H_q=5", "H_kv=2"]),
+    ("hkv_zero", with_(k_cache=torch.zeros(B, L, 0, D), v_cache=torch.zeros(B, L, 0, D)), ValueError, ["H_kv=0"]),
+    ("head_dim_0", with_(q=torch.zeros(B, H_Q, 0), k_cache=torch.zeros(B, L, H_KV, 0),
+                         v_cache=torch.zeros(B, L, H_KV, 0)), ValueError, ["head dim", "got 0"]),
+    ("head_dim_257", with_(q=torch.zeros(B, H_Q, 257), k_cache=torch.zeros(B, L, H_KV, 257),
+                           v_cache=torch.zeros(B, L, H_KV, 257)), ValueError, ["head dim", "256", "got 257"]),
+    ("batch_0", with_(q=torch.zeros(0, H_Q, D), k_cache=torch.zeros(0, L, H_KV, D), v_cache=torch.zeros(0, L, H_KV, D),
+                      cache_seqlens=None), ValueError, ["batch size", "got 0"]),
+    ("k_fp16", with_(k_cache=lambda a: a["k_cache"].half()), TypeError, ["k_cache", "float32", "float16"]),
+    ("v_bf16", with_(v_cache=lambda a: a["v_cache"].bfloat16()), TypeError, ["v_cache", "bfloat16"]),
+    ("q_int", with_(q=lambda a: a["q"].to(torch.int32)), TypeError, ["q:", "dtype", "int32"]),
+    ("all_float64", with_(q=lambda a: a["q"].double(), k_cache=lambda a: a["k_cache"].double(),
+                          v_cache=lambda a: a["v_cache"].double()), TypeError, ["q:", "float64"]),
+    ("q_complex", with_(q=lambda a: torch.zeros(B, H_Q, D, dtype=torch.complex64)), TypeError, ["q:", "complex64"]),
+    ("q_last_dim_strided", with_(q=lambda a: non_contig_last(a["q"])), ValueError, ["q:", "contiguous", "stride"]),
+    ("k_last_dim_strided", with_(k_cache=lambda a: non_contig_last(a["k_cache"])), ValueError,
+     ["k_cache:", "contiguous"]),
+    ("v_transposed", with_(v_cache=lambda a: torch.zeros(B, L, D, H_KV).transpose(-1, -2)), ValueError,
+     ["v_cache:", "contiguous"]),
+    ("lens_float", with_(cache_seqlens=torch.tensor([3.0, 4.0])), TypeError, ["cache_seqlens", "float32"]),
+    ("lens_bool", with_(cache_seqlens=torch.tensor([True, False])), TypeError, ["cache_seqlens", "torch.bool"]),
+    ("lens_int16", with_(cache_seqlens=torch.tensor([3, 4], dtype=torch.int16)), TypeError, ["cache_seqlens", "int16"]),
+    ("lens_shape_3", with_(cache_seqlens=torch.tensor([3, 4, 5], dtype=torch.int32)), ValueError,
+     ["cache_seqlens", "[2]", "[3]"]),
+    ("lens_shape_2x1", with_(cache_seqlens=torch.tensor([[3], [4]], dtype=torch.int32)), ValueError,
+     ["cache_seqlens", "[2, 1]"]),
+    ("lens_scalar", with_(cache_seqlens=torch.tensor(3, dtype=torch.int32)), ValueError, ["cache_seqlens", "[]"]),
+    ("lens_negative", with_(cache_seqlens=torch.tensor([3, -1], dtype=torch.int32)), ValueError,
+     ["cache_seqlens", ">= 0", "-1"]),
+    ("lens_too_long", with_(cache_seqlens=torch.tensor([21, 3], dtype=torch.int64)), ValueError,
+     ["cache_seqlens", "L_max=20", "21"]),
+    ("lens_list", with_(cache_seqlens=[3, 4]), TypeError, ["cache_seqlens", "list"]),
+    ("lens_other_device", with_(cache_seqlens=torch.tensor([3, 4], dtype=torch.int32, device="meta")), ValueError,
+     ["cache_seqlens", "device", "meta"]),
+    ("k_other_device", with_(k_cache=torch.zeros(B, L, H_KV, D, device="meta"),
+                             v_cache=torch.zeros(B, L, H_KV, D, device="meta")), ValueError,
+     ["k_cache", "device", "meta"]),
+    ("splits_0", with_(num_splits=0), ValueError, ["num_splits", "256", "got 0"]),
+    ("splits_257", with_(num_splits=257), ValueError, ["num_splits", "got 257"]),
+    ("splits_negative", with_(num_splits=-3), ValueError, ["num_splits", "got -3"]),
+    ("splits_float", with_(num_splits=2.0), TypeError, ["num_splits", "float"]),
+    ("splits_bool", with_(num_splits=True), TypeError, ["num_splits", "bool"]),
+    ("splits_str", with_(num_splits="4"), TypeError, ["num_splits", "str"]),
+    ("splits_with_naive", with_(num_splits=4, method="naive"), ValueError, ["num_splits", "naive"]),
+    ("method_unknown", with_(method="flash"), ValueError, ["method", "'flash'", "'unified'"]),
+    ("method_none", with_(method=None), ValueError, ["method", "None"]),
+    ("method_case", with_(method="Split"), ValueError, ["method", "'Split'"]),
+    ("scale_nan", with_(scale=float("nan")), ValueError, ["scale", "nan"]),
+    ("scale_inf", with_(scale=math.inf), ValueError, ["scale", "inf"]),
+    ("scale_neg_inf", with_(scale=-math.inf), ValueError, ["scale", "-inf"]),
+    ("scale_str", with_(scale="0.1"), TypeError, ["scale", "str"]),
+    ("scale_bool", with_(scale=True), TypeError, ["scale", "bool"]),
+    ("scale_tensor", with_(scale=torch.tensor(0.1)), TypeError, ["scale", "Tensor"]),
+    ("return_lse_int", with_(return_lse=1), TypeError, ["return_lse", "int"]),
+    ("return_lse_none", with_(return_lse=None), TypeError, ["return_lse", "NoneType"]),
+    ("validate_str", with_(validate="yes"), TypeError, ["validate", "str"]),
+    ("q_list", with_(q=[[0.0]]), TypeError, ["q:", "torch.Tensor", "list"]),
+    ("k_numpy", with_(k_cache=np.zeros((B, L, H_KV, D), np.float32)), TypeError, ["k_cache", "ndarray"]),
+    ("v_none", with_(v_cache=None), TypeError, ["v_cache", "NoneType"]),
+]
+
+
+@pytest.mark.parametrize("builder,exc,fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(builder, exc, fragments):
+    args, kw = builder()
+    with pytest.raises(exc) as info:
+        fdlib.decode_attention(**args, **kw)
+    msg = str(info.value)
+    for frag in fragments:
+        assert frag in msg, f"{frag!r} not in message: {msg}"
+    assert counters_zero(), "a rejected call must leave the ticket counters untouched"
+
+
+def test_at_least_thirty_cases():
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize("method", ["naive", "split", "unified"])
+def test_a_rejected_call_does_not_disturb_the_next(method):
+    args = base()
+    with pytest.raises(ValueError):
+        fdlib.decode_attention(**args, method=method, num_splits=0 if method != "naive" else None, scale=math.nan)
+    out, lse = fdlib.decode_attention(**args, method=method, return_lse=True)
+    assert_attention_close(out, lse, args["q"], args["k_cache"], args["v_cache"], args["cache_seqlens"])
+    assert counters_zero()
+
+
+def test_accepted_edge_values():
+    """Things that look odd but are valid: int scale, negative/zero scale, numpy float scale, int64 lengths,
+    length 0 everywhere, D=1 with any last stride, 256 splits."""
+    args = base()
+    for kw in (dict(scale=1), dict(scale=0.0), dict(scale=-0.5), dict(scale=np.float64(0.2)), dict(num_splits=256)):
+        out = fdlib.decode_attention(**args, **kw)
+        assert torch.isfinite(out).all()
+    args["cache_seqlens"] = torch.zeros(B, dtype=torch.int64, device=DEVICE)
+    out, lse = fdlib.decode_attention(**args, return_lse=True)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+class _NoHostCopy:
+    """Trap: any read of a tensor's values on the host (int(), .item(), .tolist(), bool(), .cpu()) raises."""
+    NAMES = ("__int__", "__index__", "__bool__", "__float__", "item", "tolist", "cpu", "numpy")
+
+    def __init__(self, monkeypatch):
+        self.mp, self.on = monkeypatch, False
+        for name in self.NAMES:
+            orig = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._wrap(name, orig))
+
+    def _wrap(self, name, orig):
+        trap = self
+
+        def method(self, *a, **k):
+            if trap.on:
+                raise AssertionError(f"host read of a tensor ({name}) during validation with validate=False")
+            return orig(self, *a, **k)
+        return method
+
+
+def test_validate_false_skips_value_checks_and_host_copies(monkeypatch):
+    args = base()
+    trap = _NoHostCopy(monkeypatch)
+    real_check = fdlib.api.check
+
+    def trapped_check(*a, **k):
+        trap.on = True
+        try:
+            return real_check(*a, **k)
+        finally:
+            trap.on = False
+    monkeypatch.setattr(fdlib.api, "check", trapped_check)
+    seen = {}
+    import fdlib.kernels.config as config
+    real_chunk_for = config.chunk_for
+
+    def spy_chunk_for(L_cap, splits, block_n):
+        seen["L_cap"] = L_cap
+        return real_chunk_for(L_cap, splits, block_n)
+    monkeypatch.setattr(config, "chunk_for", spy_chunk_for)
+
+    # out-of-range lengths pass unchecked (the caller promised they are valid) ...
+    bad = torch.tensor([-4, L + 5], dtype=torch.int32, device=DEVICE)
+    fdlib.decode_attention(args["q"], args["k_cache"], args["v_cache"], bad, method="naive", validate=False)
+    # ... and the same lengths are rejected with validate=True (the trap proves that check reads them)
+    with pytest.raises(AssertionError, match="host read"):
+        fdlib.decode_attention(args["q"], args["k_cache"], args["v_cache"], bad, validate=True)
+    monkeypatch.undo()
+
+    # valid lengths: correct results, and the launch covers the cache's full capacity L_max
+    monkeypatch.setattr(config, "chunk_for", spy_chunk_for)
+    for method in ("split", "unified", "auto"):
+        out, lse = fdlib.decode_attention(**args, method=method, return_lse=True, validate=False)
+        assert seen["L_cap"] == L
+        assert_attention_close(out, lse, args["q"], args["k_cache"], args["v_cache"], args["cache_seqlens"],
+                               what=f"{method} validate=False")
+        out2 = fdlib.decode_attention(**args, method=method)
+        assert seen["L_cap"] == int(args["cache_seqlens"].max()), "validate=True covers the longest actual length"
+    assert counters_zero()
+
+
+@pytest.mark.parametrize("method", ["split", "unified"])
+def test_out_of_memory_is_reported_with_bytes(monkeypatch, method):
+    """fdlib re-raises torch.OutOfMemoryError with the bytes it needed; simulated here, real on the GPU."""
+    import fdlib.kernels.stage1 as stage1
+    import fdlib.kernels.unified as unified
+    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+    def boom(*a, **k):
+        raise oom("CUDA out of memory. Tried to allocate 1.00 GiB")
+    monkeypatch.setattr(stage1, "run_stage1", boom)
+    monkeypatch.setattr(unified, "run_unified", boom)
+    args = base()
+    with pytest.raises(oom) as info:
+        fdlib.decode_attention(**args, method=method, num_splits=2)
+    msg = str(info.value)
+    expected = B * H_Q * D * 4 + B * H_Q * 4 + B * H_Q * 2 * (D + 1) * 4
+    assert "bytes" in msg and str(expected) in msg and "splits=2" in msg, msg
