@@ -508,10 +508,10 @@ def _sweep_shape(shape, cands, settings, seed, block_n, chunk_for, timing):
         return p
 
     try:
-        for c in cands:
-            if c > triton.cdiv(L, block_n):
-                break
+        for c in cands:             # a count above the tile count launches one split per tile: timed once
             point(c)
+            if c >= triton.cdiv(L, block_n):
+                break
         for name, ch in chosen.items():
             if ch.get("splits"):
                 p = point(int(ch["splits"]))

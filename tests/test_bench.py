@@ -1,0 +1,187 @@
+"""The benchmark harness: quick mode end to end (in-process and ``python -m fdlib.bench``), result files,
+the splits sweep, and the pieces the GPU paths rely on. GPU-only checks are marked ``gpu``."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import fdlib
+from fdlib import runtime
+from fdlib.bench import format_table, load_results, plot_results, run_benchmark, run_sweep, write_results
+from fdlib.bench import harness, methods, timing
+
+PROVENANCE = ("device", "sm_count", "mode", "torch", "triton", "cuda", "date_utc", "command", "git_commit")
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and runtime.MODE == "gpu"), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def quick():
+    return run_benchmark(quick=True, progress=False, command="test_bench quick")
+
+
+def test_quick_records_and_provenance(quick):
+    prov = quick["provenance"]
+    for key in PROVENANCE:
+        assert key in prov, key
+    assert prov["command"] == "test_bench quick"
+    assert prov["torch"] == torch.__version__ and prov["mode"] == runtime.MODE
+    assert quick["shapes"] and quick["records"]
+    assert quick["ceiling"]["tbs"] > 0
+    by = {}
+    for r in quick["records"]:
+        by.setdefault(r["method"], []).append(r)
+        assert r["status"] in ("ok", "failed", "unavailable", "error"), r
+        assert r["kv_bytes"] == 2 * r["B"] * r["H_kv"] * r["L"] * r["D"] * 2
+    for name in ("unified", "naive"):
+        for r in by[name]:
+            assert r["status"] == "ok", r
+            assert r["rel_err"] < 1e-2
+            assert r["eager_us"] > 0 and r["eager_tbs"] > 0
+            assert r["eager_pct_ceiling"] > 0
+    for r in by["unified"]:
+        assert r["splits"] >= 1 and r["fdlib_method"] == "unified"
+    for r in by["cudnn"]:   # on a CPU the cuDNN backend cannot run: recorded, not raised
+        if runtime.MODE != "gpu":
+            assert r["status"] == "unavailable" and r["reason"]
+
+
+def test_table_prints(quick, capsys):
+    text = format_table(quick)
+    print(text)
+    out = capsys.readouterr().out
+    assert "Time, µs" in out and "KV MB" in out and "unified" in out and "read ceiling" in out
+    assert len([ln for ln in out.splitlines() if ln.startswith("| float16")]) >= 2 * len(quick["shapes"])
+
+
+def test_files_roundtrip_and_no_silent_overwrite(quick, tmp_path):
+    paths = write_results(quick, str(tmp_path), name="run")
+    for p in paths.values():
+        assert os.path.getsize(p) > 0, p
+    back = load_results(paths["json"])
+    assert back["records"] == json.loads(json.dumps(quick["records"]))
+    assert load_results(str(tmp_path))["provenance"]["date_utc"] == quick["provenance"]["date_utc"]
+    with pytest.raises(FileExistsError):
+        write_results(quick, str(tmp_path), name="run")
+    write_results(quick, str(tmp_path), name="run", force=True)
+    stamped = write_results(quick, str(tmp_path), plot=False)     # default name: <kind>-<UTC timestamp>
+    assert os.path.basename(stamped["json"]).startswith("bench-")
+    fig = plot_results(paths["json"])
+    titles = [ax.get_title() for ax in fig.axes]
+    assert all(quick["provenance"]["device"] in t for t in titles)
+    assert all(ax.get_xlabel() and ax.get_ylabel() for ax in fig.axes)
+
+
+def test_cli_quick_subprocess(tmp_path):
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "fdlib.bench", "--quick", "--out", str(tmp_path), "--name", "q",
+                           "--no-progress"], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Time, µs" in proc.stdout and "| float16" in proc.stdout
+    for ext in ("json", "md", "png"):
+        assert (tmp_path / f"q.{ext}").stat().st_size > 0
+    res = load_results(tmp_path / "q.json")
+    assert res["provenance"]["command"].startswith("python -m fdlib.bench --quick")
+    assert any(r["status"] == "ok" and r["rel_err"] < 1e-2 for r in res["records"])
+    again = subprocess.run([sys.executable, "-m", "fdlib.bench", "--quick", "--out", str(tmp_path), "--name", "q"],
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert again.returncode != 0 and "refusing to overwrite" in again.stderr
+
+
+def test_sweep_quick(tmp_path, monkeypatch):
+    fake = types.ModuleType("fdlib.costmodel")
+    fake.choose = lambda B, H_kv, L, sms=8: 2   # noqa: E731 - a stand-in cost model
+    monkeypatch.setitem(sys.modules, "fdlib.costmodel", fake)
+    res = run_sweep(quick=True, L=(96,), candidates=(1, 2, 4, 64), progress=False, command="sweep test")
+    (row,) = res["sweep"]
+    assert [p["splits"] for p in row["points"]] == [1, 2, 3, 6]   # 4 -> 3 x 32 keys; 64 -> one split per 16-key tile
+    assert all(p["status"] == "ok" and p["rel_err"] < 1e-2 for p in row["points"])
+    assert row["best"]["splits"] in (1, 2, 3, 6)
+    assert row["chosen"]["costmodel"]["splits"] == 2 and row["chosen"]["costmodel"]["ratio_to_best"] >= 1
+    assert row["chosen"]["fdlib_auto"]["splits"] >= 1
+    paths = write_results(res, str(tmp_path), name="s")
+    assert "model/best" in open(paths["table"]).read()
+    assert os.path.getsize(paths["plot"]) > 0
+
+
+def test_costmodel_missing_is_null():
+    row = harness._costmodel_choice({"dtype": "float16", "B": 1, "H_q": 4, "H_kv": 2, "L": 64, "D": 32})
+    if "fdlib.costmodel" not in sys.modules:
+        try:
+            import fdlib.costmodel  # noqa: F401
+        except ImportError:
+            assert row["splits"] is None and "not importable" in row["reason"]
+
+
+def test_method_names_and_forced_splits():
+    assert methods.expand_methods(["split", "unified", "cudnn"], [1, 8]) == \
+        ["split@1", "split@8", "unified@1", "unified@8", "cudnn"]
+    assert methods.parse_method("unified@8") == ("unified", 8)
+    for bad in ("nope", "cudnn@4", "unified@0", "unified@999"):
+        with pytest.raises(ValueError):
+            methods.parse_method(bad)
+    m = methods.build("auto@3")
+    assert m.kind == "fdlib" and m.info == {"fdlib_method": "auto", "num_splits": 3}
+
+
+def test_grid_skips_large_shapes():
+    shapes, skipped = harness.shape_grid((1, 64), (131072,), ((32, 8),), (128,), ("float16",), max_kv_gb=20)
+    assert [s["B"] for s in shapes] == [1] and [s["B"] for s in skipped] == [64]
+    assert "max-kv-gb" in skipped[0]["reason"]
+
+
+def test_l2_rotation_copies():
+    l2 = 60 * 2**20
+    assert timing.copies_for_l2(2_097_152, l2) == 120          # 2.1 MB cache: 120 copies = 4x L2
+    assert timing.copies_for_l2(4 * l2, l2) == 1
+    assert timing.copies_for_l2(1, l2) == timing.MAX_COPIES
+    calls = []
+    rot = timing.Rotating([lambda i=i: calls.append(i) for i in range(3)])
+    for _ in range(7):
+        rot()
+    assert calls == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_peer_layout_matches_reference():
+    shape = {"dtype": "float16", "B": 2, "H_q": 4, "H_kv": 2, "L": 40, "D": 16}
+    inp = harness.make_inputs(shape)
+    ref = harness.reference(inp)
+    peer = methods.to_layout(inp, "bhld")
+    assert peer.k.shape == (2, 2, 40, 16) and peer.k.is_contiguous() and peer.q.shape == (2, 4, 1, 16)
+    # the peers' layout holds the same numbers: attention over it (math backend) matches the reference
+    out = torch.nn.functional.scaled_dot_product_attention(peer.q.float(), peer.k.float(), peer.v.float(),
+                                                           enable_gqa=True)[:, :, 0]
+    assert harness.rel_error(out, ref) < 1e-3
+
+
+# ------------------------------------------------------------------------------------------------ GPU only
+
+@gpu
+@needs_cuda
+def test_gpu_small_grid_with_graphs_and_peers(tmp_path):
+    res = run_benchmark(B=(1,), L=(4096,), heads=((32, 8),), D=(128,), dtypes=("float16",),
+                        methods=("unified", "split1", "cudnn", "fa2"), rep_ms=20, graph_rep_ms=10,
+                        ceiling_gib=1.0, progress=False)
+    by = {r["method"]: r for r in res["records"]}
+    assert by["unified"]["status"] == "ok" and by["unified"]["graph_us"] > 0
+    assert by["unified"]["l2_copies"] >= 2          # 16.8 MB of KV < 4x L2: rotated copies
+    assert res["ceiling"]["tbs"] > 0.5
+    if by["cudnn"]["status"] == "ok":
+        assert by["unified"]["graph_ratio_cudnn"] > 0
+    write_results(res, str(tmp_path), name="gpu")
+
+
+@gpu
+@needs_cuda
+def test_gpu_sweep_one_shape():
+    res = run_sweep(B=(1,), L=(8192,), heads=((32, 8),), D=(128,), dtypes=("float16",), candidates=(1, 8, 64),
+                    graph_rep_ms=5, progress=False)
+    (row,) = res["sweep"]
+    assert res["settings"]["timing"] == "graph"
+    assert row["best"]["us"] > 0 and row["chosen"]["fdlib_auto"]["ratio_to_best"] >= 1
