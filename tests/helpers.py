@@ -98,11 +98,12 @@ def row_rel_err(out, ref) -> torch.Tensor:
     return torch.where(ref.abs().amax(-1) == 0, err, err / den)
 
 
-def assert_attention_close(out, lse, q, k, v, lens, scale=None, what="", rtol=None, lse_atol=None):
-    """out (and lse if given) match the float64 reference; empty sequences give exactly 0 and -inf."""
+def assert_attention_close(out, lse, q, k, v, lens, scale=None, what="", rtol=None, lse_atol=None, ref=None):
+    """out (and lse if given) match the float64 reference (or ``ref=(out, lse)`` computed elsewhere, float64);
+    empty sequences give exactly 0 and -inf."""
     dtype = q.dtype
     q3 = q[:, 0] if q.dim() == 4 else q
-    ref_o, ref_l = fdlib.reference_attention(q3, k, v, lens, scale)
+    ref_o, ref_l = fdlib.reference_attention(q3, k, v, lens, scale) if ref is None else (t.cpu() for t in ref)
     assert out.dtype == dtype, f"{what}: out dtype {out.dtype}, expected {dtype}"
     assert tuple(out.shape) == tuple(q.shape), f"{what}: out shape {tuple(out.shape)}, expected {tuple(q.shape)}"
     out3 = out[:, 0] if out.dim() == 4 else out
