@@ -1,0 +1,172 @@
+"""Compiled kernels on a CUDA GPU: large shapes, a back-to-back stress test, CUDA-graph replay, error paths.
+
+Every test is marked ``gpu`` and skipped without CUDA (or when fdlib was forced into the interpreter).
+Self-contained and sized to finish in well under two minutes on an H100/H200, compile time included.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fdlib
+from fdlib import runtime
+from fdlib.reference import _scores, _softmax_av
+from helpers import OUT_RTOL, assert_attention_close, counters_zero, row_rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or runtime.INTERPRET,
+                       reason="needs a CUDA GPU with compiled Triton kernels"),
+    pytest.mark.timeout(300),
+]
+METHODS = ("split", "unified", "auto")
+
+
+def gpu_reference(q, k, v, lens, scale=None):
+    """The float64 reference formula (fdlib.reference), evaluated on the GPU for sizes the CPU is too slow for."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = _scores(q.double(), k.double(), lens.long(), scale, torch.float64)
+    o, lse = _softmax_av(s, v.double(), torch.float64, lens.long())
+    return o, lse
+
+
+def problem(B, L, H_kv, group, D, dtype, seed, lens=None):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, H_kv * group, D, generator=g, device="cuda").to(dtype)
+    k = torch.randn(B, L, H_kv, D, generator=g, device="cuda").to(dtype)
+    v = torch.randn(B, L, H_kv, D, generator=g, device="cuda").to(dtype)
+    if lens is None:
+        lens = torch.randint(0, L + 1, (B,), generator=g, device="cuda")
+        lens[0] = L
+        if B > 2:
+            lens[1], lens[2] = 0, 1
+    return q, k, v, torch.as_tensor(lens, device="cuda").to(torch.int32)
+
+
+LARGE = [  # B, L, H_kv, group, D, dtype
+    (16, 4096, 8, 4, 128, torch.float16),
+    (2, 32768, 8, 8, 128, torch.bfloat16),
+    (4, 8192, 4, 1, 64, torch.float16),
+    (3, 16384, 2, 4, 80, torch.float32),
+    (8, 2048, 4, 8, 96, torch.bfloat16),
+    (2, 4096, 2, 4, 256, torch.float16),
+    (1, 32768, 1, 8, 128, torch.float16),     # B=1: the case split-KV exists for
+]
+
+
+@pytest.mark.parametrize("B,L,H_kv,group,D,dtype", LARGE, ids=lambda x: str(x).replace("torch.", ""))
+def test_large_shapes(B, L, H_kv, group, D, dtype):
+    q, k, v, lens = problem(B, L, H_kv, group, D, dtype, seed=L + D)
+    ref = gpu_reference(q, k, v, lens)
+    outs = {}
+    for method in METHODS:
+        out, lse = fdlib.decode_attention(q, k, v, lens, method=method, return_lse=True)
+        assert_attention_close(out, lse, q, k, v, lens, ref=ref, what=f"{method} {B}x{L} D={D} g={group}")
+        outs[method] = out
+    for method in ("split", "unified"):
+        out, lse = fdlib.decode_attention(q, k, v, lens, method=method, return_lse=True, num_splits=37)
+        assert_attention_close(out, lse, q, k, v, lens, ref=ref, what=f"{method} 37 splits")
+    torch.cuda.synchronize()
+    assert counters_zero()
+
+
+def test_stress_back_to_back_unified_vs_split():
+    """2000 unified calls in a row with changing lengths and split counts; each must match the two-stage path
+    run on the same inputs (same arithmetic in float32: differences are at most an output rounding)."""
+    B, L, H_kv, group, D = 4, 2048, 2, 4, 128
+    q, k, v, _ = problem(B, L, H_kv, group, D, torch.float16, seed=7, lens=[L] * B)
+    g = torch.Generator(device="cuda").manual_seed(8)
+    worst = torch.zeros((), device="cuda")
+    for i in range(2000):
+        lens = torch.randint(0, L + 1, (B,), generator=g, device="cuda", dtype=torch.int32)
+        if i % 7 == 0:
+            lens[i % B] = 0
+        splits = None if i % 3 == 0 else 1 + i % 40
+        validate = i % 2 == 0
+        a = fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=splits, validate=validate)
+        b = fdlib.decode_attention(q, k, v, lens, method="split", num_splits=splits, validate=validate)
+        worst = torch.maximum(worst, (a.float() - b.float()).abs().max())
+    torch.cuda.synchronize()
+    assert worst.item() <= 2e-3, f"unified vs split: max |diff| {worst.item():.3e}"
+    assert counters_zero()
+    # and the last one against float64
+    out = fdlib.decode_attention(q, k, v, lens, method="unified")
+    assert_attention_close(out, None, q, k, v, lens, ref=gpu_reference(q, k, v, lens))
+
+
+def test_cuda_graph_replay_with_lengths_changed_in_place():
+    B, L, H_kv, group, D = 3, 4096, 4, 4, 128
+    q, k, v, lens = problem(B, L, H_kv, group, D, torch.float16, seed=9, lens=[L, L // 2, 5])
+    static_lens = lens.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):       # warm up: compile, create the ticket counters
+        for _ in range(3):
+            fdlib.decode_attention(q, k, v, static_lens, method="unified", validate=False)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fdlib.decode_attention(q, k, v, static_lens, method="unified", validate=False)
+    g = torch.Generator(device="cuda").manual_seed(10)
+    worst = 0.0
+    for i in range(300):
+        new = torch.randint(0, L + 1, (B,), generator=g, device="cuda", dtype=torch.int32)
+        if i % 10 == 0:
+            new[1] = 0
+        if i % 10 == 1:
+            new[:] = L
+        static_lens.copy_(new)
+        graph.replay()
+        expected = fdlib.decode_attention(q, k, v, new, method="split")
+        diff = (static_out.float() - expected.float()).abs().max().item()
+        worst = max(worst, diff)
+        if i % 50 == 0:   # now and then against float64 as well
+            assert_attention_close(static_out, None, q, k, v, new, ref=gpu_reference(q, k, v, new),
+                                   what=f"replay {i}")
+    torch.cuda.synchronize()
+    assert worst <= 2e-3, f"graph replay vs eager split: max |diff| {worst:.3e}"
+    assert counters_zero()
+
+
+def test_error_before_launch_leaves_counters_valid():
+    q, k, v, lens = problem(4, 4096, 2, 4, 128, torch.float16, seed=11)
+    good = fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=16)
+    bad_calls = [
+        dict(num_splits=0), dict(scale=float("nan")),
+        dict(cache_seqlens=torch.tensor([1, 2, 3, 5000], dtype=torch.int32, device="cuda")),
+        dict(cache_seqlens=torch.tensor([1, 2, 3, 4], dtype=torch.int32)),          # on the CPU
+    ]
+    for bad in bad_calls:
+        args = dict(cache_seqlens=lens, method="unified", num_splits=16)
+        args.update(bad)
+        with pytest.raises(ValueError):
+            fdlib.decode_attention(q, k, v, **args)
+    again = fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=16)
+    torch.cuda.synchronize()
+    assert torch.equal(good, again)
+    assert counters_zero()
+    assert_attention_close(again, None, q, k, v, lens, ref=gpu_reference(q, k, v, lens))
+
+
+@pytest.mark.parametrize("method", ["split", "unified"])
+def test_out_of_memory_names_the_bytes(method):
+    """A workspace that cannot exist (B·H_q·splits·(D+1)·4 bytes ≈ 275 GB) raises torch.OutOfMemoryError with
+    a message naming the bytes; nothing is launched and a later call works."""
+    B, H_kv, group, D, splits = 64, 8, 4096, 128, 256
+    L = splits * 64
+    q = torch.zeros(B, H_kv * group, D, dtype=torch.float16, device="cuda")
+    k = torch.zeros(B, L, 1, D, dtype=torch.float16, device="cuda").expand(B, L, H_kv, D)   # one KV head of memory
+    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    with pytest.raises(oom) as info:
+        fdlib.decode_attention(q, k, k, method=method, num_splits=splits)
+    msg = str(info.value)
+    need = B * H_kv * group * D * 2 + B * H_kv * group * 4 + B * H_kv * group * splits * (D + 1) * 4
+    assert "bytes" in msg and str(need) in msg, msg
+    del q, k
+    torch.cuda.empty_cache()
+    q, k, v, lens = problem(2, 1024, 2, 4, 64, torch.float16, seed=12)
+    out = fdlib.decode_attention(q, k, v, lens, method=method)
+    assert_attention_close(out, None, q, k, v, lens, ref=gpu_reference(q, k, v, lens))
+    assert counters_zero()
