@@ -4,7 +4,7 @@ Grid ``(B, H_q)``. For row (b, h) with partials :math:`(O_i, \text{lse}_i)`, i <
 
 .. math::  \text{lse} = \log\sum_i e^{\text{lse}_i},\qquad O = \sum_i e^{\text{lse}_i-\text{lse}}\,O_i
 
-written to ``out`` in q's dtype and ``lse`` (float32). The arithmetic is :func:`fdlib.kernels.tile.combine_head`,
+written to ``out`` in q's dtype and ``lse`` (float32). The arithmetic is :func:`fdlib.kernels.tile.combine_heads`,
 the same function the unified kernel's last program calls.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tile import combine_head
+from .tile import combine_blocks, combine_heads
 
 
 @triton.jit
@@ -22,16 +22,17 @@ def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
                   D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
-    combine_head(O_PART + b * stride_pb + h * stride_ph, LSE_PART + b * stride_lb + h * stride_lh,
-                 n_splits, stride_ps, OUT + b * stride_ob + h * stride_oh, LSE + b * stride_sb + h * stride_sh,
-                 BLOCK_S, BLOCK_D, D, False)
+    combine_heads(O_PART + b * stride_pb + h * stride_ph, LSE_PART + b * stride_lb + h * stride_lh,
+                  n_splits, 1, stride_ph, stride_ps, stride_lh,
+                  OUT + b * stride_ob + h * stride_oh, stride_oh, LSE + b * stride_sb + h * stride_sh, stride_sh,
+                  1, BLOCK_S, BLOCK_D, D, False)
 
 
 def run_stage2(o_part, lse_part, out, lse):
     """Merge partials into ``out [B, H_q, D]`` (any float dtype) and ``lse [B, H_q]`` float32, in place."""
     B, H_q, splits, D = o_part.shape
     BLOCK_D = max(16, triton.next_power_of_2(D))
-    BLOCK_S = min(16, triton.next_power_of_2(splits))
+    _, BLOCK_S = combine_blocks(1, splits, BLOCK_D)
     stage2_kernel[(B, H_q)](
         o_part, lse_part, out, lse, splits,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),

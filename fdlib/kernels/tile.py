@@ -11,7 +11,7 @@ For query rows :math:`q_g` (g < group) and a tile of keys :math:`k_j, v_j` (j in
 The kernels keep m in base-2 units (``exp2`` is one hardware instruction); the natural-log value is
 ``lse = (m + log2 ℓ) · ln 2``. All state is float32 whatever the input dtype.
 
-``combine_head`` - the stage-2 merge of one query head's partials :math:`(O_i, \text{lse}_i)`:
+``combine_heads`` - the stage-2 merge of a query head's partials :math:`(O_i, \text{lse}_i)`:
 
 .. math::
     \text{lse} = \log\sum_i e^{\text{lse}_i},\qquad O = \sum_i e^{\text{lse}_i - \text{lse}}\, O_i
@@ -63,37 +63,54 @@ def state_to_partial(m, l, acc):
 
 
 @triton.jit
-def combine_head(o_ptr, lse_ptr, n_splits, stride_os, out_ptr, lse_out_ptr,
-                 BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr, CACHE_CG: tl.constexpr):
-    """Merge one head's partials O_i [n_splits, D] (row stride stride_os) and lse_i [n_splits]; store O, lse."""
+def combine_heads(o_ptr, lse_ptr, n_splits, n_heads, stride_oh, stride_os, stride_lh,
+                  out_ptr, stride_out_h, lse_out_ptr, stride_lse_h,
+                  BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
+                  CACHE_CG: tl.constexpr):
+    """Merge the partials of ``n_heads`` query heads at once: O_i at ``o_ptr + h·stride_oh + i·stride_os``
+    (D floats), lse_i at ``lse_ptr + h·stride_lh + i``; store O (output dtype) and lse for each head."""
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
+    mask_h = offs_h < n_heads
     mask_d = offs_d < D
-    m = tl.full([], float("-inf"), tl.float32)
-    den = tl.full([], 0.0, tl.float32)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    den = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for s0 in range(0, n_splits, BLOCK_S):
-        offs_s = s0 + tl.arange(0, BLOCK_S)
-        mask_s = offs_s < n_splits
+        split = s0 + offs_s
+        mask_hs = mask_h[:, None] & (split < n_splits)[None, :]
+        lse_ptrs = lse_ptr + offs_h[:, None] * stride_lh + split[None, :]
+        o_ptrs = (o_ptr + offs_h[:, None, None] * stride_oh + split[None, :, None] * stride_os
+                  + offs_d[None, None, :])
+        mask_hsd = mask_hs[:, :, None] & mask_d[None, None, :]
         if CACHE_CG:   # partials written by other programs of this launch: read them from L2, not L1
-            lse_i = tl.load(lse_ptr + offs_s, mask=mask_s, other=float("-inf"), cache_modifier=".cg")
-            o_i = tl.load(o_ptr + offs_s[:, None] * stride_os + offs_d[None, :],
-                          mask=mask_s[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
+            lse_i = tl.load(lse_ptrs, mask=mask_hs, other=float("-inf"), cache_modifier=".cg")
+            o_i = tl.load(o_ptrs, mask=mask_hsd, other=0.0, cache_modifier=".cg")
         else:
-            lse_i = tl.load(lse_ptr + offs_s, mask=mask_s, other=float("-inf"))
-            o_i = tl.load(o_ptr + offs_s[:, None] * stride_os + offs_d[None, :],
-                          mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse_i, 0))
+            lse_i = tl.load(lse_ptrs, mask=mask_hs, other=float("-inf"))
+            o_i = tl.load(o_ptrs, mask=mask_hsd, other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_i, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_ref)
-        w = tl.exp(lse_i - m_ref)
-        den = den * alpha + tl.sum(w, 0)
-        acc = acc * alpha + tl.sum(w[:, None] * o_i, 0)
+        w = tl.exp(lse_i - m_ref[:, None])
+        den = den * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_i, 1)
         m = m_new
     empty = den == 0.0
-    o = acc / tl.where(empty, 1.0, den)
+    o = acc / tl.where(empty, 1.0, den)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den)))
-    tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty), mask=mask_d)
-    tl.store(lse_out_ptr, lse)
+    tl.store(out_ptr + offs_h[:, None] * stride_out_h + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(lse_out_ptr + offs_h * stride_lse_h, lse, mask=mask_h)
+
+
+def combine_blocks(heads: int, splits: int, block_d: int) -> tuple[int, int]:
+    """(BLOCK_H, BLOCK_S) for combine_heads: all heads of the group, and as many splits per step as keep the
+    [BLOCK_H, BLOCK_S, BLOCK_D] float32 tile within 8192 elements (64 registers a thread at 4 warps)."""
+    block_h = triton.next_power_of_2(heads)
+    room = max(1, 8192 // (block_h * block_d))
+    return block_h, max(1, min(triton.next_power_of_2(splits), room))
 
 
 @triton.jit

@@ -9,7 +9,7 @@ captured CUDA graph stays right when lengths change); programs with i >= n_b exi
   ``t = atomic_add(counter[b, h_kv], 1)`` with acquire-release ordering. The program that draws
   :math:`t = n_b - 1` is the last of its row: every other partial is already visible to it, so it
   resets the counter to 0 (ready for the next call or graph replay) and merges the n_b partials of each
-  query head of the group with :func:`~fdlib.kernels.tile.combine_head` (the reduce). Nobody waits for
+  query head of the group with :func:`~fdlib.kernels.tile.combine_heads` (the reduce). Nobody waits for
   anybody, so no program relies on others being resident at the same time.
 
 In the interpreter the programs run one after another; the ticket still decides who merges.
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tile import attend_slice, combine_head, state_to_partial
+from .tile import attend_slice, combine_blocks, combine_heads, state_to_partial
 
 
 @triton.jit
@@ -34,7 +34,7 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
                    qk_scale, chunk, H_KV,
                    GROUP: tl.constexpr, D: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr):
+                   BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr):
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -69,11 +69,11 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
             ticket = tl.atomic_add(COUNTERS + b * H_KV + h_kv, 1, sem="acq_rel", scope="gpu")
             if ticket == n_splits - 1:
                 tl.atomic_xchg(COUNTERS + b * H_KV + h_kv, 0, sem="relaxed", scope="gpu")
-                for g in range(0, GROUP):
-                    h = h_kv * GROUP + g
-                    combine_head(O_PART + b * stride_pb + h * stride_ph, LSE_PART + b * stride_lb + h * stride_lh,
-                                 n_splits, stride_ps, OUT + b * stride_ob + h * stride_oh,
-                                 LSE + b * stride_sb + h * stride_sh, BLOCK_S, BLOCK_D, D, True)
+                h0 = h_kv * GROUP
+                combine_heads(O_PART + b * stride_pb + h0 * stride_ph, LSE_PART + b * stride_lb + h0 * stride_lh,
+                              n_splits, GROUP, stride_ph, stride_ps, stride_lh,
+                              OUT + b * stride_ob + h0 * stride_oh, stride_oh, LSE + b * stride_sb + h0 * stride_sh,
+                              stride_sh, BLOCK_H, BLOCK_S, BLOCK_D, D, True)
 
 
 _COUNTERS: dict = {}
@@ -102,6 +102,7 @@ def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse):
     group = H_q // H_kv
     BLOCK_G, BLOCK_D = block_sizes(group, D)
     counters = ticket_counters(B * H_kv, q.device)
+    block_h, block_s = combine_blocks(group, splits, BLOCK_D)
     if splits > 1:
         o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
         lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
@@ -117,5 +118,5 @@ def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse):
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         scale * LOG2E, chunk, H_kv,
         GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
-        BLOCK_S=min(16, triton.next_power_of_2(splits)),
+        BLOCK_H=block_h, BLOCK_S=block_s,
         FP32_DOT=fp32_dot(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
