@@ -106,6 +106,8 @@ def test_sweep_quick(tmp_path, monkeypatch):
     assert row["chosen"]["costmodel"]["splits"] == 2 and row["chosen"]["costmodel"]["ratio_to_best"] >= 1
     assert row["chosen"]["fdlib_auto"]["splits"] >= 1
     paths = write_results(res, str(tmp_path), name="s")
+    write_results({**res, "kind": "bench", "records": []}, str(tmp_path), name="b", plot=False)
+    assert load_results(str(tmp_path), kind="sweep")["kind"] == "sweep"
     assert "model/best" in open(paths["table"]).read()
     assert os.path.getsize(paths["plot"]) > 0
 
@@ -158,6 +160,45 @@ def test_peer_layout_matches_reference():
     out = torch.nn.functional.scaled_dot_product_attention(peer.q.float(), peer.k.float(), peer.v.float(),
                                                            enable_gqa=True)[:, :, 0]
     assert harness.rel_error(out, ref) < 1e-3
+
+
+def test_gpu_code_paths_simulated(monkeypatch, tmp_path):
+    """The GPU branches (do_bench, do_bench_cudagraph over rotated copies, ratio to cuDNN, graph-timed plot)
+    with CPU stand-ins for triton's timers and torch's math backend standing in for cuDNN."""
+    import triton.testing
+    seen = {"graph_calls": 0}
+
+    def fake_do_bench(fn, warmup=25, rep=100, return_mode="mean"):
+        assert return_mode == "median"
+        fn()
+        return 0.010                                  # ms
+
+    def fake_do_bench_cudagraph(fn, rep=20, return_mode="mean"):
+        assert return_mode == "median" and isinstance(fn, timing.Rotating)
+        for _ in range(3):
+            fn()
+        seen["graph_calls"] += 1
+        seen["copies"] = len(fn.fns)
+        seen["index"] = fn.i
+        return 0.005
+
+    monkeypatch.setattr(runtime, "MODE", "gpu")
+    monkeypatch.setattr(runtime, "device_name", lambda: "Simulated GPU")
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", fake_do_bench_cudagraph)
+    monkeypatch.setitem(methods.PEERS, "cudnn", "MATH")
+    res = run_benchmark(quick=True, L=(64,), methods=("unified", "cudnn"), graphs=True, ceiling=False,
+                        progress=False)
+    by = {r["method"]: r for r in res["records"]}
+    assert all(r["status"] == "ok" for r in by.values()), [(r["method"], r.get("reason")) for r in by.values()]
+    assert by["unified"]["eager_us"] == pytest.approx(10.0) and by["unified"]["graph_us"] == pytest.approx(5.0)
+    assert by["unified"]["graph_ratio_cudnn"] == pytest.approx(1.0)
+    assert by["unified"]["l2_copies"] == seen["copies"] > 1 and seen["index"] == 3
+    assert seen["graph_calls"] == 2 and by["unified"]["graph_pct_ceiling"] is None
+    assert "graph: triton.testing.do_bench_cudagraph does not flush" in res["settings"]["l2_handling"]
+    assert "5.0" in format_table(res)
+    fig = plot_results(res)
+    assert "CUDA graph" in fig.axes[0].get_title()
 
 
 # ------------------------------------------------------------------------------------------------ GPU only

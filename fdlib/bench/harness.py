@@ -202,8 +202,9 @@ def _measure(method: M.Method, copies: list[M.Inputs], ref, tol, settings) -> di
     if not math.isfinite(err) or err >= tol:
         rec.update(status="failed", reason=f"relative error {err:.3g} >= tolerance {tol:g}; not timed")
         return rec
-    rec["eager_us"] = time_eager(calls[0], settings["warmup_ms"], settings["rep_ms"], settings["cpu_runs"],
-                                 context=method.context)
+    if settings.get("eager", True) or not settings["graphs"]:
+        rec["eager_us"] = time_eager(calls[0], settings["warmup_ms"], settings["rep_ms"], settings["cpu_runs"],
+                                     context=method.context)
     if settings["graphs"]:
         try:
             rec["graph_us"] = time_graph(Rotating(calls), settings["graph_rep_ms"], context=method.context)
@@ -433,6 +434,7 @@ def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, 
         "rep_ms": rep_ms if rep_ms is not None else (10 if quick else 100),
         "graph_rep_ms": graph_rep_ms if graph_rep_ms is not None else (5 if quick else 20),
         "cpu_runs": cpu_runs if cpu_runs is not None else 1,
+        "eager": False,   # with graphs on, the sweep times graphs only (eager only when graphs are off)
     }
     cands = sorted({int(c) for c in (candidates or SWEEP_CANDIDATES) if 1 <= int(c) <= MAX_SPLITS})
     shapes, skipped = shape_grid(B, L, heads, D, dtypes, max_kv_gb)

@@ -208,14 +208,16 @@ def write_results(results, out_dir=None, name=None, force=False, plot=True) -> d
     return paths
 
 
-def load_results(path) -> dict:
-    """A results dict from a JSON file written by :func:`write_results`, or from the newest one in a folder."""
+def load_results(path, kind=None) -> dict:
+    """A results dict from a JSON file written by :func:`write_results`, or from the newest one in a folder
+    (``kind="bench"`` or ``"sweep"`` picks the newest of that kind)."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        files = sorted((os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json")),
+        files = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json")]
+        files = sorted((p for p in files if kind is None or _peek(p, "kind") == kind),
                        key=lambda p: (_date_of(p), p))
         if not files:
-            raise FileNotFoundError(f"no results (*.json) in {path}")
+            raise FileNotFoundError(f"no {kind or ''} results (*.json) in {path}")
         path = files[-1]
     with open(path) as fh:
         results = json.load(fh)
@@ -223,6 +225,14 @@ def load_results(path) -> dict:
         raise ValueError(f"{path}: not an fdlib.bench results file (schema {results.get('schema')!r})")
     results.setdefault("source", path)
     return results
+
+
+def _peek(p, key):
+    try:
+        with open(p) as fh:
+            return json.load(fh).get(key)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _date_of(p):

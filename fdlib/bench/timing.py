@@ -84,7 +84,7 @@ def time_graph(fn, rep_ms: float = 20, context=nullcontext) -> float:
 
 
 def synchronize():
-    if runtime.MODE == "gpu":
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
 
