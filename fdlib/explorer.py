@@ -677,6 +677,7 @@ def _make_explorer_class():
             grp = H_q // H_kv
             style = {"description_width": "110px"}
             lay = W.Layout(width="420px")
+            tstyle = {"description_width": "110px", "button_width": "auto"}
             c = self.controls = {
                 "B": W.SelectionSlider(options=_with(B_OPTIONS, B), value=B, description="batch B", style=style,
                                        layout=lay),
@@ -691,9 +692,9 @@ def _make_explorer_class():
                 "gpu": W.Dropdown(options=_with_gpu(g.name), value=g.name, description="GPU", style=style,
                                   layout=lay),
                 "gqa": W.ToggleButtons(options=[("GQA packing", True), ("one program per query head", False)],
-                                       value=bool(gqa), description="programs", style=style),
+                                       value=bool(gqa), description="programs", style=tstyle),
                 "unified": W.ToggleButtons(options=[("unified", True), ("two-stage", False)], value=bool(unified),
-                                           description="kernel", style=style),
+                                           description="kernel", style=tstyle),
             }
             self._gpu_obj = {g.name: g}
             self.readout = W.HTML(layout=W.Layout(width="480px"))
@@ -716,8 +717,8 @@ def _make_explorer_class():
                 self.button.tooltip = "no CUDA GPU here: recorded results (if any) are overlaid instead"
             for w in c.values():
                 w.observe(self._on_change, names="value")
-            left = W.VBox([*c.values(), W.HBox([self.button, self.status]), self.readout])
-            super().__init__([left, self.image])
+            left = W.VBox([*c.values(), W.HBox([self.button, self.status])], layout=W.Layout(width="440px"))
+            super().__init__([W.HBox([left, self.readout]), self.image])
             self.add_class("fdlib-explorer")
             self.update()
 
