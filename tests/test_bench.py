@@ -138,6 +138,14 @@ def test_grid_skips_large_shapes():
     assert "max-kv-gb" in skipped[0]["reason"]
 
 
+def test_device_slug_and_foreign_json(tmp_path):
+    from fdlib.bench import device_slug
+    assert device_slug("NVIDIA H200") == "h200" and device_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+    (tmp_path / "tune.json").write_text('{"device": "x", "records": []}')   # another tool's file is ignored
+    with pytest.raises(FileNotFoundError):
+        load_results(str(tmp_path))
+
+
 def test_l2_rotation_copies():
     l2 = 60 * 2**20
     assert timing.copies_for_l2(2_097_152, l2) == 120          # 2.1 MB cache: 120 copies = 4x L2

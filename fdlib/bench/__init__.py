@@ -4,7 +4,7 @@ From a notebook::
 
     from fdlib.bench import run_benchmark, load_results, plot_results, format_table
     res = run_benchmark(quick=True)                  # live (tiny shapes in the interpreter)
-    res = load_results("results/nvidia-h200/")       # or the newest recorded GPU run
+    res = load_results("results/h200/", kind="bench")  # or the newest recorded GPU run
     print(format_table(res)); plot_results(res)
 
 Pieces: :mod:`.timing` (eager / CUDA-graph timing, L2 handling), :mod:`.methods` (fdlib methods and SDPA

@@ -423,7 +423,7 @@ def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, 
               command=None) -> dict:
     """Time ``method="unified"`` at every candidate split count per shape (graph timings on a GPU), plus the
     split counts fdlib (``method="auto"``) and ``fdlib.costmodel.choose`` pick; record best vs chosen."""
-    from ..kernels.config import MAX_SPLITS, chunk_for, tile_config
+    from ..kernels.config import MAX_SPLITS, chunk_for
     grid = QUICK_GRID if quick else DEFAULT_GRID
     B, L, heads, D, dtypes = (x if x is not None else grid[k] for x, k in
                               ((B, "B"), (L, "L"), (heads, "heads"), (D, "D"), (dtypes, "dtypes")))
@@ -439,14 +439,14 @@ def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, 
     cands = sorted({int(c) for c in (candidates or SWEEP_CANDIDATES) if 1 <= int(c) <= MAX_SPLITS})
     shapes, skipped = shape_grid(B, L, heads, D, dtypes, max_kv_gb)
     prov = provenance(command)
-    block_n = tile_config().BLOCK_N
     bar = Progress(len(shapes), "fdlib.bench sweep", progress)
     settings["progress"] = bar
     rows = []
     timing = "graph" if settings["graphs"] else "eager"
     try:
         for i, shape in enumerate(shapes):
-            rows.append(_sweep_shape(shape, cands, settings, seed + i, block_n, chunk_for, timing))
+            rows.append(_sweep_shape(shape, cands, settings, seed + i, M.block_n(shape["D"], shape["L"]),
+                                     chunk_for, timing))
             bar.update(f"{shape['dtype']} B={shape['B']} H={shape['H_q']}:{shape['H_kv']} L={shape['L']}")
     finally:
         bar.close()

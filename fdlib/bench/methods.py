@@ -159,7 +159,7 @@ def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None) -> dict:
     if fd_method == "naive":
         return {"splits_requested": None, "splits": None}
     try:
-        from ..kernels.config import chunk_for, tile_config
+        from ..kernels.config import chunk_for
         from ..validate import check
         L = k.shape[1]
         requested = num_splits
@@ -167,7 +167,16 @@ def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None) -> dict:
             from ..splits import choose_splits
             p = check(q, k, v, None, None, fd_method, None, False, False)
             requested = int(choose_splits(p, L, None, fd_method))
-        _, eff = chunk_for(L, requested, tile_config().BLOCK_N)
+        _, eff = chunk_for(L, requested, block_n(k.shape[-1], L))
         return {"splits_requested": requested, "splits": int(eff)}
     except Exception as e:  # noqa: BLE001 - bookkeeping only, never fatal
         return {"splits_requested": num_splits, "splits": None, "splits_error": f"{type(e).__name__}: {e}"[:200]}
+
+
+def block_n(D: int, L: int) -> int:
+    """Keys per tile that fdlib's kernels use for head dim D and length L (as ``decode_attention`` picks it)."""
+    from ..kernels.config import tile_config
+    try:
+        return tile_config(D, L).BLOCK_N
+    except TypeError:            # a tile_config() without per-shape arguments
+        return tile_config().BLOCK_N

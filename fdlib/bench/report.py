@@ -21,13 +21,14 @@ DPI = 110
 # ----------------------------------------------------------------------------------------------- helpers
 
 def device_slug(results_or_device) -> str:
-    """``"NVIDIA H200"`` -> ``"nvidia-h200"``; interpreter runs go to ``"interpreter-cpu"``."""
+    """``"NVIDIA H200"`` -> ``"h200"`` (vendor dropped); interpreter runs go to ``"interpreter-cpu"``."""
     if isinstance(results_or_device, dict):
         prov = results_or_device["provenance"]
         if prov.get("mode") != "gpu":
             return "interpreter-cpu"
         results_or_device = prov["device"]
-    return re.sub(r"[^a-z0-9]+", "-", str(results_or_device).lower()).strip("-") or "device"
+    slug = re.sub(r"[^a-z0-9]+", "-", str(results_or_device).lower()).strip("-")
+    return re.sub(r"^(nvidia|amd|intel)-", "", slug) or "device"
 
 
 def _shape_key(r):
@@ -214,7 +215,8 @@ def load_results(path, kind=None) -> dict:
     path = os.fspath(path)
     if os.path.isdir(path):
         files = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json")]
-        files = sorted((p for p in files if kind is None or _peek(p, "kind") == kind),
+        files = sorted((p for p in files if str(_peek(p, "schema") or "").startswith("fdlib.bench/")
+                        and (kind is None or _peek(p, "kind") == kind)),
                        key=lambda p: (_date_of(p), p))
         if not files:
             raise FileNotFoundError(f"no {kind or ''} results (*.json) in {path}")
