@@ -201,8 +201,8 @@ def lab01():
         Still stuck? `show_solution("lab01.naive_attention")` prints the reference solution.
         """),
         md("From here on, the notebook uses your function if it passes, else the reference:"),
+        code('attention = use("lab01.naive_attention")'),
         code("""
-        attention = use("lab01.naive_attention")
         gen = torch.Generator().manual_seed(0)
         B, H_q, H_kv, D, L_max = 2, 8, 2, 64, 100
         q = torch.randn(B, H_q, D, generator=gen)

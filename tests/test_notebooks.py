@@ -1,0 +1,51 @@
+"""The notebooks run top to bottom under nbval, as shipped (stubs) and with the reference solutions filled in.
+
+Each run is a separate pytest process (``python -m pytest --nbval-lax``) so its kernel and plugins are isolated;
+cells marked ``# NBVAL_CHECK_OUTPUT`` must reproduce their stored outputs.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fdlib.grading.notebook_tools import exercise_cells, solved_copy
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+IDS = [p.stem for p in NOTEBOOKS]
+
+
+def _nbval(path: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "-q", "-p", "no:cacheprovider", "--rootdir", str(cwd),
+         "-o", "addopts=", str(path)],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _assert_ok(proc, what):
+    assert proc.returncode == 0, f"{what} failed under nbval:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=IDS)
+def test_notebook_as_shipped(nb, tmp_path):
+    copy = tmp_path / nb.name
+    shutil.copy(nb, copy)
+    _assert_ok(_nbval(copy, tmp_path), nb.name)
+
+
+SOLVABLE = [p for p in NOTEBOOKS if exercise_cells(__import__("nbformat").read(p, as_version=4))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nb", SOLVABLE, ids=[p.stem for p in SOLVABLE])
+def test_notebook_solved(nb, tmp_path):
+    solved = solved_copy(nb, tmp_path / nb.name)
+    proc = _nbval(solved, tmp_path)
+    _assert_ok(proc, f"{nb.name} with the reference solutions")
