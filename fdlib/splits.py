@@ -1,8 +1,10 @@
 """How many splits to cut each sequence into.
 
-``method="split"`` uses the simple rule of Lab 03 (:func:`simple_rule`): enough programs for about two
-per SM, never more splits than tiles. ``method="auto"``/``"unified"`` ask the cost model
-(:mod:`fdlib.costmodel`) once it is available for this GPU.
+* ``method="split"`` uses Lab 03's simple rule (:func:`simple_rule`): enough programs for about two per
+  SM, never more splits than tiles.
+* ``method="auto"`` and ``"unified"`` ask the cost model (:mod:`fdlib.costmodel`) on a GPU. In the
+  interpreter there are no SMs to fill, so they use the simple rule on a pretend GPU of 8 SMs, which still
+  makes lab-sized problems split.
 """
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from . import runtime
 from .kernels.config import MAX_SPLITS, tile_config
 
 INTERPRETER_SMS = 8
-"""The interpreter has no SMs; splitting rules pretend the CPU is a GPU this small so labs still split."""
 
 
 def simple_rule(B: int, H_kv: int, L: int, sms: int, block_n: int) -> int:
@@ -22,7 +23,22 @@ def simple_rule(B: int, H_kv: int, L: int, sms: int, block_n: int) -> int:
 
 
 def choose_splits(p, L_cap, lens, method) -> int:
-    sms = runtime.sm_count() or INTERPRETER_SMS
+    """Splits for a validated problem ``p``; ``lens`` is the device lengths tensor, or None when the caller
+    asked not to read it (then every sequence is assumed to be L_cap long)."""
+    block_n = tile_config(p.D, L_cap).BLOCK_N
     if runtime.INTERPRET:
-        sms = INTERPRETER_SMS
-    return simple_rule(p.B, p.H_kv, L_cap, sms, tile_config().BLOCK_N)
+        return simple_rule(p.B, p.H_kv, L_cap, INTERPRETER_SMS, block_n)
+    if method == "split":
+        return simple_rule(p.B, p.H_kv, L_cap, runtime.sm_count(), block_n)
+    import torch
+
+    from . import costmodel
+    from .gpus import live_gpu
+    from .kernels.unified import compiled_resources
+    gpu = live_gpu()
+    lengths = lens.tolist() if lens is not None else [L_cap] * p.B
+    cal = None
+    if torch.cuda.is_current_stream_capturing():   # never calibrate (launch timing kernels) inside a capture
+        cal = costmodel.calibration_cached(gpu) or costmodel.default_calibration(gpu)
+    return costmodel.explain(p.B, p.H_q, p.H_kv, lengths, p.D, p.q.element_size(), gpu, "unified", cal=cal,
+                             compiled=compiled_resources(p.q.dtype, p.D, p.group, block_n)).chosen

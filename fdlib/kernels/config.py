@@ -32,7 +32,13 @@ INTERPRETER_CONFIG = TileConfig(BLOCK_N=16, num_warps=1, num_stages=1)
 
 
 def tile_config(D: int = 128, L_cap: int = 1 << 30) -> TileConfig:
-    if runtime.INTERPRET:
+    """The tiles a launch uses here (interpreter or GPU)."""
+    return tile_config_for(D, L_cap, compiled_mode=not runtime.INTERPRET)
+
+
+def tile_config_for(D: int, L_cap: int, compiled_mode: bool) -> TileConfig:
+    """The tiles a compiled (GPU) or interpreted launch would use for head dim D and longest length L_cap."""
+    if not compiled_mode:
         return INTERPRETER_CONFIG
     if D > 128:
         return TileConfig(BLOCK_N=32, num_warps=4, num_stages=3)

@@ -77,6 +77,13 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
 
 
 _COUNTERS: dict = {}
+_RESOURCES: dict = {}
+
+
+def compiled_resources(dtype, D: int, group: int, block_n: int) -> dict | None:
+    """Warps, registers per thread and shared memory of the compiled unified kernel for this kind of call
+    (known after its first launch; None before), for the cost model's programs-per-SM."""
+    return _RESOURCES.get((dtype, D, group, block_n))
 
 
 def ticket_counters(n: int, device) -> torch.Tensor:
@@ -108,7 +115,7 @@ def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse):
         lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
     else:   # one split per row: the program writes out/lse itself and never touches the workspace
         o_part, lse_part = out, lse
-    unified_kernel[(B, H_kv, splits)](
+    compiled = unified_kernel[(B, H_kv, splits)](
         q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -120,3 +127,7 @@ def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse):
         GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
         BLOCK_H=block_h, BLOCK_S=block_s,
         FP32_DOT=fp32_dot(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    n_regs = getattr(compiled, "n_regs", None)
+    if n_regs:   # compiled mode: remember the resources the cost model needs
+        _RESOURCES[(q.dtype, D, group, cfg.BLOCK_N)] = {"num_warps": cfg.num_warps, "n_regs": n_regs,
+                                           "shared": compiled.metadata.shared}

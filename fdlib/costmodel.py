@@ -1,0 +1,281 @@
+r"""The split-count cost model: predict the time of one decode step for each candidate split count, pick the fastest.
+
+For a launch that cuts each sequence into chunks of ``chunk`` keys (``splits`` programs per row):
+
+* programs :math:`P = \sum_b H_{kv}\,\lceil L_b/\text{chunk}\rceil` (one program serves a whole GQA group),
+* waves :math:`W = \lceil P / (r\cdot\text{SMs}) \rceil`, r = programs that fit on one SM at once
+  (from the compiled kernel's shared memory, registers and warps: :func:`fdlib.occupancy.programs_per_sm`),
+* bytes per program :math:`c = 2\cdot\text{chunk}\cdot D\cdot\text{elem}` (its K and V slice), all bytes
+  :math:`K = 2\sum_b L_b H_{kv} D\,\text{elem}`.
+
+.. math::
+    T(\text{splits}) = n_{\text{launch}}\,t_{\text{launch}} + W\,t_{\text{wave}}
+                     + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,\frac{c}{\rho}\Big) + [\text{splits}>1]\,t_{\text{merge}}
+
+with :math:`\operatorname{smax}(a, b) = (a^4 + b^4)^{1/4}`, a maximum with a soft corner (near the corner
+both limits slow the stream, as measured). Two limits race in the max: the whole GPU cannot read faster than BW, and one program cannot stream
+faster than ρ (bytes it keeps in flight / memory latency), so too few programs leave bandwidth unused
+(the "too few splits" side). Each wave costs a start-up t_wave (first loads' latency, pipeline fill), so
+many short waves lose time (the "too many splits" side); the merge costs t_merge, and the two-stage path
+pays a second launch. BW, ρ, t_launch, t_wave and t_merge are measured once per GPU by :func:`calibrate`
+(cached on disk); presets without a live GPU use values scaled from an H200 calibration.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .gpus import GPU, PRESETS
+from .kernels.config import MAX_SPLITS, chunk_for
+from .occupancy import programs_per_sm, schedule
+
+CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-GPU constants of the model (µs, and MB/µs = TB/s for rates)."""
+    bw_tbs: float          # whole-GPU streaming rate the kernel reaches
+    rho_tbs: float         # one program's streaming rate (1 TB/s = 1 MB/µs)
+    t_launch_us: float
+    t_wave_us: float
+    t_merge_us: float
+    source: str = "default"
+
+
+H200_DEFAULT = Calibration(bw_tbs=4.40, rho_tbs=0.050, t_launch_us=2.0, t_wave_us=3.0, t_merge_us=1.0,
+                           source="defaults from an H200 sweep (results/h200)")
+
+
+def default_calibration(gpu: GPU) -> Calibration:
+    """Scale the H200 constants to another GPU by its datasheet bandwidth (latency terms kept)."""
+    h200 = PRESETS["H200"]
+    f = gpu.bandwidth_tbs / h200.bandwidth_tbs
+    return Calibration(H200_DEFAULT.bw_tbs * f, H200_DEFAULT.rho_tbs * max(f, 0.25) ** 0.5,
+                       H200_DEFAULT.t_launch_us, H200_DEFAULT.t_wave_us, H200_DEFAULT.t_merge_us,
+                       source=f"H200 defaults scaled to {gpu.name}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    splits: int
+    chunk: int
+    programs: int
+    waves: int
+    wave_efficiency: float
+    time_us: float
+    bound: str             # "bandwidth" or "per-program" (which side of the max won)
+
+
+@dataclass
+class Explanation:
+    chosen: int
+    candidates: list = field(default_factory=list)
+    programs_per_sm: int = 1
+    gpu: str = ""
+    calibration: Calibration | None = None
+
+    def table(self) -> str:
+        lines = [f"cost model on {self.gpu} ({self.programs_per_sm} program(s)/SM; {self.calibration.source})",
+                 " splits  chunk  programs  waves  wave-eff  predicted µs  bound"]
+        for c in self.candidates:
+            mark = "  <- chosen" if c.splits == self.chosen else ""
+            lines.append(f"{c.splits:7d} {c.chunk:6d} {c.programs:9d} {c.waves:6d} {c.wave_efficiency:8.0%} "
+                         f"{c.time_us:13.1f}  {c.bound}{mark}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.table()
+
+
+def kernel_programs_per_sm(gpu: GPU, D: int, dtype_bytes: int, block_n: int, num_warps: int, num_stages: int,
+                           compiled: dict | None = None) -> int:
+    """Programs of the decode kernel resident per SM: from the compiled kernel when known, else estimated
+    from its pipelined K/V tiles (num_stages × 2 tiles of block_n × D)."""
+    if compiled:
+        return programs_per_sm(gpu, compiled["num_warps"], compiled["n_regs"], compiled["shared"])
+    d = max(16, 1 << (D - 1).bit_length())
+    smem = num_stages * 2 * block_n * d * dtype_bytes + 4096
+    return programs_per_sm(gpu, num_warps, 128, smem)
+
+
+def predict(lengths, H_kv: int, D: int, dtype_bytes: int, splits: int, gpu: GPU, cal: Calibration,
+            block_n: int, r: int, method: str = "unified") -> Candidate:
+    """Predicted time of one decode step with ``splits`` (see the module docstring)."""
+    L_cap = max(max(lengths), 1)
+    chunk, eff_splits = chunk_for(L_cap, splits, block_n)
+    programs = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
+    sch = schedule(programs, r, gpu.sms)
+    kv_mb = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6
+    prog_mb = 2 * chunk * D * dtype_bytes / 1e6
+    t_bw = kv_mb / cal.bw_tbs
+    t_prog = sch.waves * prog_mb / cal.rho_tbs
+    launches = 2 if (method == "split" and eff_splits > 1) else 1
+    t = launches * cal.t_launch_us + sch.waves * cal.t_wave_us + (t_bw ** 4 + t_prog ** 4) ** 0.25
+    if eff_splits > 1:
+        t += cal.t_merge_us
+    return Candidate(eff_splits, chunk, programs, sch.waves, sch.wave_efficiency, t,
+                     "bandwidth" if t_bw >= t_prog else "per-program")
+
+
+def explain(B: int, H_q: int, H_kv: int, L, D: int = 128, dtype_bytes: int = 2, gpu: GPU | str | None = None,
+            method: str = "unified", cal: Calibration | None = None, compiled: dict | None = None) -> Explanation:
+    """Every candidate split count with its programs, waves, wave efficiency and predicted µs; ``chosen`` is
+    the fastest (the smallest count within 1% of it, since fewer splits mean less merging).
+    ``L`` is one length for all B sequences or a list of B lengths."""
+    from .kernels.config import tile_config_for
+    gpu = _gpu(gpu)
+    lengths = [int(L)] * B if isinstance(L, (int, float)) else [int(x) for x in L]
+    cfg = tile_config_for(D, max(lengths + [1]), compiled_mode=True)
+    cal = cal or calibration_for(gpu)
+    r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, compiled)
+    seen, cands = set(), []
+    for s in CANDIDATES:
+        c = predict(lengths, H_kv, D, dtype_bytes, s, gpu, cal, cfg.BLOCK_N, r, method)
+        if c.splits not in seen:
+            seen.add(c.splits)
+            cands.append(c)
+    best = min(c.time_us for c in cands)
+    chosen = min(c.splits for c in cands if c.time_us <= best * 1.01)
+    return Explanation(chosen, cands, r, gpu.name, cal)
+
+
+def choose(B, H_q, H_kv, L, D=128, dtype_bytes=2, gpu=None, method="unified") -> int:
+    return explain(B, H_q, H_kv, L, D, dtype_bytes, gpu, method).chosen
+
+
+def fa2_rule(B: int, H_q: int, H_kv: int, L: int, D: int = 128, sms: int = 132, max_splits: int = 128) -> int:
+    """FlashAttention-2's split heuristic (``num_splits_heuristic``), for comparison: with B·H_kv programs
+    per split (GQA packed), take the smallest split count whose wave efficiency is >= 85% of the best."""
+    block_n = 256 if D <= 64 else (128 if D <= 128 else 64)
+    n_blocks = -(-L // block_n)
+    work = B * H_kv * max(1, -(-(H_q // H_kv) // 64))
+    if work >= 0.8 * sms:
+        return 1
+    max_splits = min(max_splits, sms, n_blocks)
+    effs = []
+    for s in range(1, max_splits + 1):
+        eligible = s == 1 or -(-n_blocks // s) != -(-n_blocks // (s - 1))
+        waves = work * s / sms
+        effs.append(waves / math.ceil(waves) if eligible else 0.0)
+    best = max(effs)
+    return next(s for s, e in enumerate(effs, start=1) if e >= 0.85 * best)
+
+
+# ---------------------------------------------------------------------------------------------- calibration
+
+def _cache_path(gpu_name: str) -> Path:
+    root = Path(os.environ.get("FDLIB_CACHE", Path.home() / ".cache" / "fdlib"))
+    slug = "".join(ch if ch.isalnum() else "-" for ch in gpu_name).strip("-").lower()
+    return root / f"calibration-{slug}.json"
+
+
+_CAL: dict = {}
+
+
+def _gpu(gpu) -> GPU:
+    if isinstance(gpu, GPU):
+        return gpu
+    if gpu is None:
+        from .gpus import live_gpu
+        return live_gpu() or PRESETS["H200"]
+    from .gpus import get
+    return get(gpu)
+
+
+def calibration_cached(gpu: GPU) -> Calibration | None:
+    """The calibration already in memory or on disk for this GPU, without measuring anything."""
+    if gpu.name in _CAL and _CAL[gpu.name] is not None:
+        return _CAL[gpu.name]
+    path = _cache_path(gpu.name)
+    try:
+        return Calibration(**json.loads(path.read_text())) if path.exists() else None
+    except (TypeError, ValueError):
+        return None
+
+
+def calibration_for(gpu: GPU) -> Calibration:
+    """The cached calibration of the live GPU if this is it, else scaled defaults."""
+    if gpu.name.endswith("(live)"):
+        if gpu.name not in _CAL:
+            _CAL[gpu.name] = calibration_cached(gpu)
+            if _CAL.get(gpu.name) is None and os.environ.get("FDLIB_NO_CALIBRATE", "0") != "1":
+                _CAL[gpu.name] = calibrate(gpu)
+        if _CAL.get(gpu.name) is not None:
+            return _CAL[gpu.name]
+    if gpu.name.startswith("H200") or gpu.name.startswith("NVIDIA H200"):
+        return H200_DEFAULT
+    return default_calibration(gpu)
+
+
+def calibrate(gpu: GPU | None = None, progress: bool = True) -> Calibration:
+    """Time the unified kernel on a few shapes (about two seconds) and fit BW, ρ, t_launch, t_wave, t_merge.
+
+    The fit: for each (BW, ρ) on a grid, the remaining terms are linear and found by least squares; the
+    pair with the smallest relative error wins. The result is cached in ~/.cache/fdlib (FDLIB_CACHE).
+    """
+    import torch
+    import triton
+
+    from .api import decode_attention
+    gpu = gpu or _gpu(None)
+    points = [(1, 8, 131072, 8), (1, 8, 131072, 16), (1, 8, 131072, 64), (1, 8, 8192, 8), (1, 8, 8192, 16),
+              (1, 8, 8192, 64), (16, 8, 2048, 1), (1, 8, 512, 1), (4, 8, 512, 4)]
+    D, H_q = 128, 32
+    rows = []
+    it = points
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+            it = tqdm(points, desc=f"calibrating fdlib on {gpu.name}", leave=False)
+        except ImportError:
+            pass
+    for B, H_kv, L, s in it:
+        q = torch.randn(B, H_q, D, device="cuda", dtype=torch.float16)
+        copies = max(1, min(8, -(-4 * 60_000_000 // (2 * B * L * H_kv * D * 2))))
+        kv = [(torch.randn(B, L, H_kv, D, device="cuda", dtype=torch.float16),
+               torch.randn(B, L, H_kv, D, device="cuda", dtype=torch.float16)) for _ in range(copies)]
+        state = {"i": 0}
+
+        def fn():
+            k, v = kv[state["i"] % copies]
+            state["i"] += 1
+            decode_attention(q, k, v, method="unified", num_splits=s, validate=False)
+        t = triton.testing.do_bench_cudagraph(fn, rep=10, return_mode="median") * 1e3
+        rows.append((B, H_kv, L, s, t))
+        del kv
+    cal = fit(rows, gpu, D)
+    path = _cache_path(gpu.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(cal), indent=1))
+    return cal
+
+
+def fit(rows, gpu: GPU, D: int = 128, dtype_bytes: int = 2) -> Calibration:
+    """Fit the model's constants to measured rows (B, H_kv, L, splits, µs)."""
+    import numpy as np
+
+    from .kernels.config import tile_config_for
+    best = None
+    for bw in np.linspace(0.6, 1.0, 21) * gpu.bandwidth_tbs:
+        for rho in np.geomspace(0.01, 0.2, 31):
+            A, y = [], []
+            for B, H_kv, L, s, t in rows:
+                cfg = tile_config_for(D, L, compiled_mode=True)
+                r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages)
+                c = predict([L] * B, H_kv, D, dtype_bytes, s, gpu, Calibration(bw, rho, 0, 0, 0), cfg.BLOCK_N, r)
+                A.append([1.0, c.waves, 1.0 if c.splits > 1 else 0.0])
+                y.append(t - c.time_us)
+            A, y = np.array(A), np.array(y)
+            coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+            coef = np.clip(coef, 0.0, None)
+            times = np.array([r[4] for r in rows])
+            err = float(np.mean(((A @ coef + (times - y)) / times - 1) ** 2))
+            if best is None or err < best[0]:
+                best = (err, bw, rho, coef)
+    err, bw, rho, (t_launch, t_wave, t_merge) = best
+    return Calibration(float(bw), float(rho), float(t_launch), float(t_wave), float(t_merge),
+                       source=f"calibrated on {gpu.name} (rms rel. error {math.sqrt(err):.1%})")
