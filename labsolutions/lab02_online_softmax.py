@@ -28,8 +28,8 @@ def online_softmax(q, k, v, block, scale):
 
 @solution("lab02.merge")
 def merge(a, b):
-    """The state of the union of two disjoint key sets; rows of m, ℓ [N] and Õ [N, D]."""
+    """The state of the union of two disjoint key sets; rows of m, ℓ [N] and Õ [N, D] (any leading shape works)."""
     m = torch.maximum(a.m, b.m)
     ref = torch.where(torch.isinf(m), torch.zeros_like(m), m)            # both empty: avoid -inf - (-inf)
     alpha, beta = torch.exp(a.m - ref), torch.exp(b.m - ref)
-    return State(m, a.l * alpha + b.l * beta, a.o_tilde * alpha[:, None] + b.o_tilde * beta[:, None])
+    return State(m, a.l * alpha + b.l * beta, a.o_tilde * alpha[..., None] + b.o_tilde * beta[..., None])
