@@ -28,7 +28,8 @@ def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART,
                   stride_lb, stride_lh,
                   qk_scale, chunk,
                   GROUP: tl.constexpr, D: tl.constexpr,
-                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr):
+                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
+                  TILE_UPDATE: tl.constexpr):
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -46,17 +47,17 @@ def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART,
     k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
     v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
     m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
-                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT)
+                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
     o, lse = state_to_partial(m, l, acc)
     p_ptrs = O_PART + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
     tl.store(p_ptrs, o, mask=mask_g[:, None] & mask_d[None, :])
     tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
 
 
-def run_stage1(q, k_cache, v_cache, lens, scale, chunk, splits, cfg):
+def run_stage1(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, tile_update_fn=None):
     """Launch stage 1; returns the partials (O_part [B, H_q, splits, D] float32, lse_part [B, H_q, splits])."""
     from .config import block_sizes, fp32_dot
-    from .tile import LOG2E
+    from .tile import LOG2E, tile_update
     B, H_q, D = q.shape
     H_kv = k_cache.shape[2]
     group = H_q // H_kv
@@ -72,5 +73,5 @@ def run_stage1(q, k_cache, v_cache, lens, scale, chunk, splits, cfg):
         lse_part.stride(0), lse_part.stride(1),
         scale * LOG2E, chunk,
         GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
-        FP32_DOT=fp32_dot(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        FP32_DOT=fp32_dot(q.dtype), TILE_UPDATE=tile_update_fn or tile_update, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return o_part, lse_part

@@ -28,12 +28,12 @@ def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
                   1, BLOCK_S, BLOCK_D, D, False)
 
 
-def run_stage2(o_part, lse_part, out, lse):
+def run_stage2(o_part, lse_part, out, lse, kernel=None):
     """Merge partials into ``out [B, H_q, D]`` (any float dtype) and ``lse [B, H_q]`` float32, in place."""
     B, H_q, splits, D = o_part.shape
     BLOCK_D = max(16, triton.next_power_of_2(D))
     _, BLOCK_S = combine_blocks(1, splits, BLOCK_D)
-    stage2_kernel[(B, H_q)](
+    (kernel or stage2_kernel)[(B, H_q)](
         o_part, lse_part, out, lse, splits,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),

@@ -115,9 +115,11 @@ def combine_blocks(heads: int, splits: int, block_d: int) -> tuple[int, int]:
 
 @triton.jit
 def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
-                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr):
+                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
+                 TILE_UPDATE: tl.constexpr):
     """Stream keys [start, end) of one sequence and KV head through on-chip memory, one BLOCK_N tile at a
-    time, and return the group's state (m, ℓ, Õ). ``k_ptrs``/``v_ptrs`` point at key 0, dims ``offs_d``."""
+    time, and return the group's state (m, ℓ, Õ). ``k_ptrs``/``v_ptrs`` point at key 0, dims ``offs_d``.
+    ``TILE_UPDATE`` is :func:`tile_update` (Lab 03 passes the learner's version to check it)."""
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -127,5 +129,19 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk
         valid = pos < end
         k = tl.load(k_ptrs + pos[:, None] * stride_kl, mask=valid[:, None] & mask_d[None, :], other=0.0)
         v = tl.load(v_ptrs + pos[:, None] * stride_vl, mask=valid[:, None] & mask_d[None, :], other=0.0)
-        m, l, acc = tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
+        m, l, acc = TILE_UPDATE(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
     return m, l, acc
+
+
+@triton.jit
+def take_ticket(counter_ptr, n_splits):
+    """The unified kernel's hand-off: after storing its partial, a program takes a ticket
+    t = atomic_add(counter, 1) with acquire-release ordering (release: its partial is visible before the
+    ticket; acquire: the last one sees everybody's partials). The program drawing t = n_splits - 1 is last:
+    it resets the counter to 0 for the next call and returns True."""
+    tl.debug_barrier()   # every thread of this program has stored its part of the partial
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    is_last = ticket == n_splits - 1
+    if is_last:
+        tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
+    return is_last

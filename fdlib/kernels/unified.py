@@ -6,7 +6,7 @@ captured CUDA graph stays right when lengths change); programs with i >= n_b exi
 
 * :math:`n_b = 1`: the program owns the whole row, and writes :math:`O=\tilde O/\ell` and lse directly.
 * otherwise each program stores its partial :math:`(O_i, \text{lse}_i)` (the map), then takes a ticket
-  ``t = atomic_add(counter[b, h_kv], 1)`` with acquire-release ordering. The program that draws
+  ``t = atomic_add(counter[b, h_kv], 1)`` with acquire-release ordering (:func:`~fdlib.kernels.tile.take_ticket`). The program that draws
   :math:`t = n_b - 1` is the last of its row: every other partial is already visible to it, so it
   resets the counter to 0 (ready for the next call or graph replay) and merges the n_b partials of each
   query head of the group with :func:`~fdlib.kernels.tile.combine_heads` (the reduce). Nobody waits for
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tile import attend_slice, combine_blocks, combine_heads, state_to_partial
+from .tile import attend_slice, combine_blocks, combine_heads, state_to_partial, take_ticket, tile_update
 
 
 @triton.jit
@@ -34,7 +34,8 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
                    qk_scale, chunk, H_KV,
                    GROUP: tl.constexpr, D: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr):
+                   BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
+                   TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr):
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -55,7 +56,7 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
         k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
         v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
         m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
-                                 BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT)
+                                 BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
         o, lse = state_to_partial(m, l, acc)
         if n_splits == 1:
             tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
@@ -65,10 +66,7 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
             tl.store(O_PART + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
                      o, mask=mask_gd)
             tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
-            tl.debug_barrier()   # every thread's partial is stored before the ticket is taken
-            ticket = tl.atomic_add(COUNTERS + b * H_KV + h_kv, 1, sem="acq_rel", scope="gpu")
-            if ticket == n_splits - 1:
-                tl.atomic_xchg(COUNTERS + b * H_KV + h_kv, 0, sem="relaxed", scope="gpu")
+            if TAKE_TICKET(COUNTERS + b * H_KV + h_kv, n_splits):
                 h0 = h_kv * GROUP
                 combine_heads(O_PART + b * stride_pb + h0 * stride_ph, LSE_PART + b * stride_lb + h0 * stride_lh,
                               n_splits, GROUP, stride_ph, stride_ps, stride_lh,
@@ -100,7 +98,8 @@ def ticket_counters(n: int, device) -> torch.Tensor:
     return buf
 
 
-def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse):
+def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse, tile_update_fn=None,
+                ticket_fn=None):
     """One launch: partials, tickets and the merge. Writes ``out`` and ``lse`` in place."""
     from .config import block_sizes, fp32_dot
     from .tile import LOG2E
@@ -126,7 +125,8 @@ def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse):
         scale * LOG2E, chunk, H_kv,
         GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
         BLOCK_H=block_h, BLOCK_S=block_s,
-        FP32_DOT=fp32_dot(q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        FP32_DOT=fp32_dot(q.dtype), TILE_UPDATE=tile_update_fn or tile_update,
+        TAKE_TICKET=ticket_fn or take_ticket, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     n_regs = getattr(compiled, "n_regs", None)
     if n_regs:   # compiled mode: remember the resources the cost model needs
         _RESOURCES[(q.dtype, D, group, cfg.BLOCK_N)] = {"num_warps": cfg.num_warps, "n_regs": n_regs,
