@@ -105,6 +105,7 @@ def test_sweep_quick(tmp_path, monkeypatch):
     assert row["best"]["splits"] in (1, 2, 3, 6)
     assert row["chosen"]["costmodel"]["splits"] == 2 and row["chosen"]["costmodel"]["ratio_to_best"] >= 1
     assert row["chosen"]["fdlib_auto"]["splits"] >= 1
+    assert row["chosen"]["fa2_rule"]["splits"] is None        # the stand-in has no fa2_rule
     paths = write_results(res, str(tmp_path), name="s")
     write_results({**res, "kind": "bench", "records": []}, str(tmp_path), name="b", plot=False)
     assert load_results(str(tmp_path), kind="sweep")["kind"] == "sweep"
@@ -112,13 +113,19 @@ def test_sweep_quick(tmp_path, monkeypatch):
     assert os.path.getsize(paths["plot"]) > 0
 
 
-def test_costmodel_missing_is_null():
-    row = harness._costmodel_choice({"dtype": "float16", "B": 1, "H_q": 4, "H_kv": 2, "L": 64, "D": 32})
-    if "fdlib.costmodel" not in sys.modules:
-        try:
-            import fdlib.costmodel  # noqa: F401
-        except ImportError:
-            assert row["splits"] is None and "not importable" in row["reason"]
+def test_costmodel_missing_is_null(monkeypatch):
+    shape = {"dtype": "float16", "B": 1, "H_q": 4, "H_kv": 2, "L": 64, "D": 32}
+    monkeypatch.setitem(sys.modules, "fdlib.costmodel", None)      # as if the module did not exist
+    row = harness._costmodel_choice(shape)
+    assert row["splits"] is None and "not importable" in row["reason"]
+    assert harness._fa2_rule_choice(shape)["splits"] is None
+
+
+def test_costmodel_real_signature():
+    pytest.importorskip("fdlib.costmodel")
+    shape = {"dtype": "bfloat16", "B": 1, "H_q": 32, "H_kv": 8, "L": 8192, "D": 128}
+    row = harness._costmodel_choice(shape)
+    assert isinstance(row["splits"], int) and row["splits"] >= 1, row
 
 
 def test_method_names_and_forced_splits():

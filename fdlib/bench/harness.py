@@ -395,6 +395,8 @@ def _costmodel_choice(shape) -> dict:
              "group": shape["H_q"] // shape["H_kv"], "L": shape["L"], "L_max": shape["L"], "L_cap": shape["L"],
              "D": shape["D"], "sms": sms, "sm_count": sms, "num_sms": sms, "dtype": DTYPES[shape["dtype"]],
              "elem_size": torch.tensor([], dtype=DTYPES[shape["dtype"]]).element_size(),
+             "dtype_bytes": torch.tensor([], dtype=DTYPES[shape["dtype"]]).element_size(),
+             "method": "unified",
              "lengths": [shape["L"]] * shape["B"], "lens": [shape["L"]] * shape["B"]}
     try:
         sig = inspect.signature(choose)
@@ -414,6 +416,16 @@ def _costmodel_choice(shape) -> dict:
         s = choose(**kwargs)
         s = getattr(s, "splits", s)
         return {"splits": int(s), "call": f"choose({', '.join(f'{k}=...' for k in kwargs)})"}
+    except Exception as e:  # noqa: BLE001
+        return {"splits": None, "reason": _short(e)}
+
+
+def _fa2_rule_choice(shape) -> dict:
+    """FlashAttention-2's split heuristic (``fdlib.costmodel.fa2_rule``) for comparison, if it exists."""
+    try:
+        from ..costmodel import fa2_rule
+        sms = runtime.sm_count() or 132
+        return {"splits": int(fa2_rule(shape["B"], shape["H_q"], shape["H_kv"], shape["L"], shape["D"], sms=sms))}
     except Exception as e:  # noqa: BLE001
         return {"splits": None, "reason": _short(e)}
 
@@ -484,7 +496,7 @@ def _sweep_shape(shape, cands, settings, seed, block_n, chunk_for, timing):
     auto = M.fdlib_splits(base.q, base.k, base.v, "auto", None)
     cm = _costmodel_choice(shape)
     chosen = {"fdlib_auto": {"splits": auto.get("splits"), "requested": auto.get("splits_requested")},
-              "costmodel": cm}
+              "costmodel": cm, "fa2_rule": _fa2_rule_choice(shape)}
     by_eff = {}
 
     def point(requested):

@@ -148,7 +148,7 @@ def format_table(results) -> str:
 
 def format_sweep_table(results) -> str:
     rows = []
-    ratios = {"fdlib_auto": [], "costmodel": []}
+    ratios = {"fdlib_auto": [], "costmodel": [], "fa2_rule": []}
     for r in results["sweep"]:
         best = r.get("best") or {}
         ch = r.get("chosen", {})
@@ -157,8 +157,9 @@ def format_sweep_table(results) -> str:
         for name in ("fdlib_auto", "costmodel"):
             c = ch.get(name, {})
             cells += [_fmt(c.get("splits"), "d"), _fmt(c.get("us")), _fmt(c.get("ratio_to_best"), ".2f")]
-            if c.get("ratio_to_best"):
-                ratios[name].append(c["ratio_to_best"])
+        for name in ratios:
+            if ch.get(name, {}).get("ratio_to_best"):
+                ratios[name].append(ch[name]["ratio_to_best"])
         cells.append(" ".join(f"{p['splits']}:{_fmt(p['us'], '.0f', p['status'])}" for p in r.get("points", [])))
         rows.append(cells)
     header = ["dtype", "B", "H_q:H_kv", "L", "KV MB", "best splits", "best µs", "best TB/s",
@@ -348,9 +349,10 @@ def _plot_sweep(results, where):
     if len(rows) <= 24:
         ax1.legend(fontsize=6, ncol=3)
     xs = range(len(rows))
-    for off, name, label in ((-0.2, "fdlib_auto", "fdlib auto"), (0.2, "costmodel", "cost model")):
+    for off, name, label in ((-0.27, "fdlib_auto", "fdlib auto"), (0.0, "costmodel", "cost model"),
+                             (0.27, "fa2_rule", "FA2 heuristic")):
         ys = [r["chosen"].get(name, {}).get("ratio_to_best") or 0 for r in rows]
-        ax2.bar([i + off for i in xs], ys, width=0.4, label=label)
+        ax2.bar([i + off for i in xs], ys, width=0.27, label=label)
     ax2.axhline(1.0, color="k", lw=1, ls="--")
     ax2.set_xticks(list(xs))
     ax2.set_xticklabels([_shape_label(r, short=True) for r in rows], rotation=90, fontsize=6)
