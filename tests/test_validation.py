@@ -10,7 +10,8 @@ import torch
 import fdlib
 import fdlib.api
 import fdlib.validate
-from helpers import DEVICE, assert_attention_close, counters_zero, make_problem
+from fdlib.kernels.config import chunk_for
+from helpers import BLOCK_N, DEVICE, assert_attention_close, counters_zero, make_problem
 
 B, L, H_Q, H_KV, D = 2, 20, 4, 2, 32
 
@@ -38,55 +39,65 @@ def with_(**over):
 
 
 f = torch.float32
+def Z(*shape, **kw):
+    kw.setdefault("device", DEVICE)
+    return torch.zeros(*shape, **kw)
+
+
+def T(data, **kw):
+    kw.setdefault("device", DEVICE)
+    return torch.tensor(data, **kw)
+
+
 CASES = [
     # (id, builder, exception, fragments that must all appear in the message)
-    ("q_2d", with_(q=torch.zeros(B, D)), ValueError, ["q:", "2-D", "[2, 32]"]),
-    ("q_5d", with_(q=torch.zeros(B, 1, 1, H_Q, D)), ValueError, ["q:", "5-D"]),
-    ("q_4d_T2", with_(q=torch.zeros(B, 2, H_Q, D)), ValueError, ["q:", "[2, 2, 4, 32]", "one query token"]),
-    ("k_3d", with_(k_cache=torch.zeros(B, L, D)), ValueError, ["k_cache:", "3-D"]),
-    ("v_5d", with_(v_cache=torch.zeros(B, L, H_KV, D, 1)), ValueError, ["v_cache:", "5-D"]),
-    ("kv_shape_mismatch", with_(v_cache=torch.zeros(B, L + 1, H_KV, D)), ValueError,
+    ("q_2d", with_(q=Z(B, D)), ValueError, ["q:", "2-D", "[2, 32]"]),
+    ("q_5d", with_(q=Z(B, 1, 1, H_Q, D)), ValueError, ["q:", "5-D"]),
+    ("q_4d_T2", with_(q=Z(B, 2, H_Q, D)), ValueError, ["q:", "[2, 2, 4, 32]", "one query token"]),
+    ("k_3d", with_(k_cache=Z(B, L, D)), ValueError, ["k_cache:", "3-D"]),
+    ("v_5d", with_(v_cache=Z(B, L, H_KV, D, 1)), ValueError, ["v_cache:", "5-D"]),
+    ("kv_shape_mismatch", with_(v_cache=Z(B, L + 1, H_KV, D)), ValueError,
      ["v_cache:", "[2, 20, 2, 32]", "[2, 21, 2, 32]"]),
-    ("batch_mismatch", with_(k_cache=torch.zeros(3, L, H_KV, D), v_cache=torch.zeros(3, L, H_KV, D)), ValueError,
+    ("batch_mismatch", with_(k_cache=Z(3, L, H_KV, D), v_cache=Z(3, L, H_KV, D)), ValueError,
      ["k_cache:", "batch size 3", "2"]),
-    ("head_dim_mismatch", with_(k_cache=torch.zeros(B, L, H_KV, 16), v_cache=torch.zeros(B, L, H_KV, 16)),
+    ("head_dim_mismatch", with_(k_cache=Z(B, L, H_KV, 16), v_cache=Z(B, L, H_KV, 16)),
      ValueError, ["k_cache:", "head dim 16", "D=32"]),
-    ("hq_not_multiple", with_(q=torch.zeros(B, 5, D)), ValueError, ["H_q=5", "H_kv=2"]),
-    ("hkv_zero", with_(k_cache=torch.zeros(B, L, 0, D), v_cache=torch.zeros(B, L, 0, D)), ValueError, ["H_kv=0"]),
-    ("head_dim_0", with_(q=torch.zeros(B, H_Q, 0), k_cache=torch.zeros(B, L, H_KV, 0),
-                         v_cache=torch.zeros(B, L, H_KV, 0)), ValueError, ["head dim", "got 0"]),
-    ("head_dim_257", with_(q=torch.zeros(B, H_Q, 257), k_cache=torch.zeros(B, L, H_KV, 257),
-                           v_cache=torch.zeros(B, L, H_KV, 257)), ValueError, ["head dim", "256", "got 257"]),
-    ("batch_0", with_(q=torch.zeros(0, H_Q, D), k_cache=torch.zeros(0, L, H_KV, D), v_cache=torch.zeros(0, L, H_KV, D),
+    ("hq_not_multiple", with_(q=Z(B, 5, D)), ValueError, ["H_q=5", "H_kv=2"]),
+    ("hkv_zero", with_(k_cache=Z(B, L, 0, D), v_cache=Z(B, L, 0, D)), ValueError, ["H_kv=0"]),
+    ("head_dim_0", with_(q=Z(B, H_Q, 0), k_cache=Z(B, L, H_KV, 0),
+                         v_cache=Z(B, L, H_KV, 0)), ValueError, ["head dim", "got 0"]),
+    ("head_dim_257", with_(q=Z(B, H_Q, 257), k_cache=Z(B, L, H_KV, 257),
+                           v_cache=Z(B, L, H_KV, 257)), ValueError, ["head dim", "256", "got 257"]),
+    ("batch_0", with_(q=Z(0, H_Q, D), k_cache=Z(0, L, H_KV, D), v_cache=Z(0, L, H_KV, D),
                       cache_seqlens=None), ValueError, ["batch size", "got 0"]),
     ("k_fp16", with_(k_cache=lambda a: a["k_cache"].half()), TypeError, ["k_cache", "float32", "float16"]),
     ("v_bf16", with_(v_cache=lambda a: a["v_cache"].bfloat16()), TypeError, ["v_cache", "bfloat16"]),
     ("q_int", with_(q=lambda a: a["q"].to(torch.int32)), TypeError, ["q:", "dtype", "int32"]),
     ("all_float64", with_(q=lambda a: a["q"].double(), k_cache=lambda a: a["k_cache"].double(),
                           v_cache=lambda a: a["v_cache"].double()), TypeError, ["q:", "float64"]),
-    ("q_complex", with_(q=lambda a: torch.zeros(B, H_Q, D, dtype=torch.complex64)), TypeError, ["q:", "complex64"]),
+    ("q_complex", with_(q=lambda a: Z(B, H_Q, D, dtype=torch.complex64)), TypeError, ["q:", "complex64"]),
     ("q_last_dim_strided", with_(q=lambda a: non_contig_last(a["q"])), ValueError, ["q:", "contiguous", "stride"]),
     ("k_last_dim_strided", with_(k_cache=lambda a: non_contig_last(a["k_cache"])), ValueError,
      ["k_cache:", "contiguous"]),
-    ("v_transposed", with_(v_cache=lambda a: torch.zeros(B, L, D, H_KV).transpose(-1, -2)), ValueError,
+    ("v_transposed", with_(v_cache=lambda a: Z(B, L, D, H_KV).transpose(-1, -2)), ValueError,
      ["v_cache:", "contiguous"]),
-    ("lens_float", with_(cache_seqlens=torch.tensor([3.0, 4.0])), TypeError, ["cache_seqlens", "float32"]),
-    ("lens_bool", with_(cache_seqlens=torch.tensor([True, False])), TypeError, ["cache_seqlens", "torch.bool"]),
-    ("lens_int16", with_(cache_seqlens=torch.tensor([3, 4], dtype=torch.int16)), TypeError, ["cache_seqlens", "int16"]),
-    ("lens_shape_3", with_(cache_seqlens=torch.tensor([3, 4, 5], dtype=torch.int32)), ValueError,
+    ("lens_float", with_(cache_seqlens=T([3.0, 4.0])), TypeError, ["cache_seqlens", "float32"]),
+    ("lens_bool", with_(cache_seqlens=T([True, False])), TypeError, ["cache_seqlens", "torch.bool"]),
+    ("lens_int16", with_(cache_seqlens=T([3, 4], dtype=torch.int16)), TypeError, ["cache_seqlens", "int16"]),
+    ("lens_shape_3", with_(cache_seqlens=T([3, 4, 5], dtype=torch.int32)), ValueError,
      ["cache_seqlens", "[2]", "[3]"]),
-    ("lens_shape_2x1", with_(cache_seqlens=torch.tensor([[3], [4]], dtype=torch.int32)), ValueError,
+    ("lens_shape_2x1", with_(cache_seqlens=T([[3], [4]], dtype=torch.int32)), ValueError,
      ["cache_seqlens", "[2, 1]"]),
-    ("lens_scalar", with_(cache_seqlens=torch.tensor(3, dtype=torch.int32)), ValueError, ["cache_seqlens", "[]"]),
-    ("lens_negative", with_(cache_seqlens=torch.tensor([3, -1], dtype=torch.int32)), ValueError,
+    ("lens_scalar", with_(cache_seqlens=T(3, dtype=torch.int32)), ValueError, ["cache_seqlens", "[]"]),
+    ("lens_negative", with_(cache_seqlens=T([3, -1], dtype=torch.int32)), ValueError,
      ["cache_seqlens", ">= 0", "-1"]),
-    ("lens_too_long", with_(cache_seqlens=torch.tensor([21, 3], dtype=torch.int64)), ValueError,
+    ("lens_too_long", with_(cache_seqlens=T([21, 3], dtype=torch.int64)), ValueError,
      ["cache_seqlens", "L_max=20", "21"]),
     ("lens_list", with_(cache_seqlens=[3, 4]), TypeError, ["cache_seqlens", "list"]),
-    ("lens_other_device", with_(cache_seqlens=torch.tensor([3, 4], dtype=torch.int32, device="meta")), ValueError,
+    ("lens_other_device", with_(cache_seqlens=T([3, 4], dtype=torch.int32, device="meta")), ValueError,
      ["cache_seqlens", "device", "meta"]),
-    ("k_other_device", with_(k_cache=torch.zeros(B, L, H_KV, D, device="meta"),
-                             v_cache=torch.zeros(B, L, H_KV, D, device="meta")), ValueError,
+    ("k_other_device", with_(k_cache=Z(B, L, H_KV, D, device="meta"),
+                             v_cache=Z(B, L, H_KV, D, device="meta")), ValueError,
      ["k_cache", "device", "meta"]),
     ("splits_0", with_(num_splits=0), ValueError, ["num_splits", "256", "got 0"]),
     ("splits_257", with_(num_splits=257), ValueError, ["num_splits", "got 257"]),
@@ -103,7 +114,7 @@ CASES = [
     ("scale_neg_inf", with_(scale=-math.inf), ValueError, ["scale", "-inf"]),
     ("scale_str", with_(scale="0.1"), TypeError, ["scale", "str"]),
     ("scale_bool", with_(scale=True), TypeError, ["scale", "bool"]),
-    ("scale_tensor", with_(scale=torch.tensor(0.1)), TypeError, ["scale", "Tensor"]),
+    ("scale_tensor", with_(scale=T(0.1)), TypeError, ["scale", "Tensor"]),
     ("return_lse_int", with_(return_lse=1), TypeError, ["return_lse", "int"]),
     ("return_lse_none", with_(return_lse=None), TypeError, ["return_lse", "NoneType"]),
     ("validate_str", with_(validate="yes"), TypeError, ["validate", "str"]),
@@ -224,8 +235,9 @@ def test_out_of_memory_is_reported_with_bytes(monkeypatch, method):
     monkeypatch.setattr(stage1, "run_stage1", boom)
     monkeypatch.setattr(unified, "run_unified", boom)
     args = base()
+    splits = chunk_for(L, 2, BLOCK_N)[1]          # 2 in the interpreter (L=20 > 16), 1 compiled (64-key tiles)
     with pytest.raises(oom) as info:
         fdlib.decode_attention(**args, method=method, num_splits=2)
     msg = str(info.value)
-    expected = B * H_Q * D * 4 + B * H_Q * 4 + B * H_Q * 2 * (D + 1) * 4
-    assert "bytes" in msg and str(expected) in msg and "splits=2" in msg, msg
+    expected = B * H_Q * D * 4 + B * H_Q * 4 + (B * H_Q * splits * (D + 1) * 4 if splits > 1 else 0)
+    assert "bytes" in msg and str(expected) in msg and f"splits={splits}" in msg, msg
