@@ -41,9 +41,18 @@ COLUMNS = 12
 """SM tiles per row in the SM map."""
 
 MAX_SPLITS = 256
-BLOCK_N = 64            # keys per tile of the compiled kernels (fdlib.kernels.config.GPU_CONFIG)
 NUM_WARPS = 4
-NUM_STAGES = 3
+
+
+def gpu_tile(D: int, L: int):
+    """The compiled kernels' tile (BLOCK_N keys, warps, stages) for head dim D and length L, as
+    :func:`fdlib.kernels.config.tile_config` picks it on a GPU (the explorer models a GPU even on a CPU)."""
+    from .kernels.config import GPU_CONFIG, TileConfig
+    if D > 128:
+        return TileConfig(BLOCK_N=32, num_warps=4, num_stages=3)
+    if L <= 2048:
+        return TileConfig(BLOCK_N=64, num_warps=4, num_stages=3)
+    return GPU_CONFIG
 
 SPLIT_OPTIONS = (list(range(1, 17)) + list(range(18, 33, 2)) + list(range(36, 65, 4))
                  + list(range(72, 129, 8)) + list(range(144, 257, 16)))
@@ -87,20 +96,22 @@ def _gpu(gpu) -> gpus.GPU:
 
 
 # ----------------------------------------------------------------------------------------------- cost model
-def _splits_used(L: int, splits: int) -> int:
+def _splits_used(L: int, splits: int, D: int = 128) -> int:
     """Splits the kernels really launch: at most one per BLOCK_N-key tile (as fdlib.kernels.config.chunk_for)."""
     L = max(int(L), 1)
-    splits = max(1, min(int(splits), -(-L // BLOCK_N), MAX_SPLITS))
-    chunk = -(-(-(-L // splits)) // BLOCK_N) * BLOCK_N
+    n = gpu_tile(D, L).BLOCK_N
+    splits = max(1, min(int(splits), -(-L // n), MAX_SPLITS))
+    chunk = -(-(-(-L // splits)) // n) * n
     return -(-L // chunk)
 
 
-def _estimate_programs_per_sm(gpu: gpus.GPU, D: int, dtype_bytes: int) -> int:
-    """Programs of the compiled stage-1/unified kernel per SM: 4 warps, about 128 registers a thread,
-    K and V tiles of BLOCK_N×D in NUM_STAGES pipeline buffers of shared memory."""
+def _estimate_programs_per_sm(gpu: gpus.GPU, D: int, L: int, dtype_bytes: int) -> int:
+    """Programs of the compiled stage-1/unified kernel per SM: its warps, about 128 registers a thread,
+    K and V tiles of BLOCK_N×D in num_stages pipeline buffers of shared memory."""
+    t = gpu_tile(D, L)
     d = max(16, 1 << (max(int(D), 1) - 1).bit_length())
-    smem = NUM_STAGES * 2 * BLOCK_N * d * dtype_bytes
-    return programs_per_sm(gpu, num_warps=NUM_WARPS, regs_per_thread=128, smem_bytes=smem)
+    smem = t.num_stages * 2 * t.BLOCK_N * d * dtype_bytes
+    return programs_per_sm(gpu, num_warps=t.num_warps, regs_per_thread=128, smem_bytes=smem)
 
 
 def _simple_explain(B, H_q, H_kv, L, D, dtype_bytes, gpu, method):
@@ -112,11 +123,11 @@ def _simple_explain(B, H_q, H_kv, L, D, dtype_bytes, gpu, method):
     read) and, for the two-stage method, a second launch.
     """
     bw = gpu.bandwidth_tbs * 1e12 * 0.93
-    r = _estimate_programs_per_sm(gpu, D, dtype_bytes)
+    r = _estimate_programs_per_sm(gpu, D, L, dtype_bytes)
     kv_bytes = 2.0 * B * H_kv * L * D * dtype_bytes
     seen, cands = set(), []
     for want in range(1, MAX_SPLITS + 1):
-        s = _splits_used(L, want)
+        s = _splits_used(L, want, D)
         if s in seen:
             continue
         seen.add(s)
@@ -187,7 +198,8 @@ class Summary:
     gqa: bool
     unified: bool
     splits: int                  # requested
-    splits_used: int             # launched: at most one split per 64-key tile
+    splits_used: int             # launched: at most one split per BLOCK_N-key tile
+    block_n: int                 # keys per tile of the compiled kernel for this D and L
     programs: int                # of the main (stage-1 / unified) launch
     programs_per_sm: int
     waves: int
@@ -231,7 +243,7 @@ class Summary:
 
     def lines(self) -> list[str]:
         split_txt = f"{self.splits}" if self.splits == self.splits_used else \
-            f"{self.splits} requested, {self.splits_used} launched (one per {BLOCK_N}-key tile at most)"
+            f"{self.splits} requested, {self.splits_used} launched (one per {self.block_n}-key tile at most)"
         progs = f"{self.programs} = B {self.B} × {'H_kv ' + str(self.H_kv) if self.gqa else 'H_q ' + str(self.H_q)}" \
                 f" × splits {self.splits_used}"
         if self.stage2_programs:
@@ -291,7 +303,7 @@ def _summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_byte
     ex, source = _explain(int(B), int(H_q), int(heads), int(L), int(D), int(dtype_bytes), g,
                           "unified" if unified else "split")
     r = int(ex.programs_per_sm)
-    used = _splits_used(L, splits)
+    used = _splits_used(L, splits, D)
     P = B * heads * used
     s = schedule(P, r, g.sms)
     busy = tuple([g.sms] * (s.waves - 1) + [s.busy_sms_last_wave]) if s.waves else ()
@@ -300,7 +312,8 @@ def _summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_byte
     chosen_t, _ = _time_at(ex.candidates, int(ex.chosen))
     summ = Summary(gpu=g.name, sms=g.sms, B=int(B), H_q=int(H_q), H_kv=int(H_kv), L=int(L), D=int(D),
                    dtype_bytes=int(dtype_bytes), gqa=bool(gqa), unified=bool(unified), splits=int(splits),
-                   splits_used=used, programs=P, programs_per_sm=r, waves=s.waves, tail_programs=s.tail_programs,
+                   splits_used=used, block_n=gpu_tile(D, L).BLOCK_N, programs=P, programs_per_sm=r, waves=s.waves,
+                   tail_programs=s.tail_programs,
                    wave_efficiency=s.wave_efficiency, utilization=s.utilization, busy_sms_per_wave=busy,
                    stage2_programs=s2.programs if s2 else 0, stage2_waves=s2.waves if s2 else 0,
                    predicted_us=t, predicted_exact=exact, chosen_splits=int(ex.chosen), chosen_us=chosen_t,
@@ -358,7 +371,8 @@ def _graph_us(rec: dict):
     return None
 
 
-def _shape_of(rec: dict) -> dict:
+def _shape_of(rec: dict, inherited: dict | None = None) -> dict:
+    """B, H_q, H_kv, L, D, dtype of a record: its ``shape`` (list or dict), its own fields, or its parent's."""
     shape = rec.get("shape")
     out = {}
     if isinstance(shape, (list, tuple)) and len(shape) >= 5:
@@ -368,6 +382,8 @@ def _shape_of(rec: dict) -> dict:
     for k, al in _ALIASES.items():
         if out.get(k) is None:
             out[k] = next((rec[a] for a in al if a in rec), None)
+        if out.get(k) is None and inherited:
+            out[k] = inherited.get(k)
     return out
 
 
@@ -379,27 +395,33 @@ def _dtype_bytes(v):
     return None
 
 
+def _device_in(d: dict):
+    for k in ("device", "gpu", "device_name", "gpu_name"):
+        if isinstance(d.get(k), str):
+            return d[k]
+    return None
+
+
 def _records(obj, ctx: dict):
-    """Every dict in ``obj`` that has a split count, with the device named nearest above it."""
+    """Every dict in ``obj`` that has a split count, with what its ancestors say: the device, the method,
+    the timing (graph/eager) and the shape (a sweep row holds the shape, its points the splits)."""
     if isinstance(obj, dict):
         ctx = dict(ctx)
-        for k in ("device", "gpu", "device_name", "gpu_name"):
-            if isinstance(obj.get(k), str):
-                ctx["device"] = obj[k]
-                break
-        prov = obj.get("provenance") or obj.get("meta") or obj.get("env")
-        if isinstance(prov, dict):
-            for k in ("device", "gpu", "device_name", "gpu_name"):
-                if isinstance(prov.get(k), str):
-                    ctx["device"] = prov[k]
-                    break
-        for k in ("method",):
-            if isinstance(obj.get(k), str):
-                ctx["method"] = obj[k]
+        for holder in (obj, obj.get("provenance"), obj.get("meta"), obj.get("env")):
+            if isinstance(holder, dict) and _device_in(holder):
+                ctx["device"] = _device_in(holder)
+        for holder in (obj, obj.get("settings")):
+            if isinstance(holder, dict):
+                for k in ("method", "timing"):
+                    if isinstance(holder.get(k), str):
+                        ctx[k] = holder[k]
+        shp = _shape_of(obj, ctx.get("shape"))
+        if all(shp.get(k) is not None for k in ("B", "H_q", "H_kv", "L")):
+            ctx["shape"] = shp
         if "splits" in obj or "num_splits" in obj:
             yield obj, ctx
-        for v in obj.values():
-            if isinstance(v, (dict, list)):
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)) and k not in ("chosen", "best", "settings", "provenance"):
                 yield from _records(v, ctx)
     elif isinstance(obj, list):
         for v in obj:
@@ -408,33 +430,45 @@ def _records(obj, ctx: dict):
 
 @functools.lru_cache(maxsize=8)
 def _load_results(root: str, stamp: tuple) -> tuple:
-    """All (shape, method, splits, µs, device) records under ``root``; ``stamp`` invalidates the cache."""
+    """All (shape key, method, splits, µs, device, timing, from a sweep?) records under ``root``;
+    ``stamp`` (paths and mtimes) invalidates the cache when files change."""
     out = []
     for path in sorted(Path(root).rglob("*.json")):
         try:
             data = json.loads(path.read_text())
         except Exception:
             continue
+        sweep = isinstance(data, dict) and data.get("kind") == "sweep"
         for rec, ctx in _records(data, {}):
             try:
                 sp = rec.get("splits", rec.get("num_splits"))
                 if not isinstance(sp, (int, float)) or isinstance(sp, bool) or sp < 1 or sp != int(sp):
                     continue
+                if rec.get("status", "ok") not in ("ok", "pass", "passed"):
+                    continue
+                if "BLOCK_N" in rec:          # a tile-tuning experiment, not the kernel as shipped
+                    continue
                 us = _graph_us(rec)
-                shp = _shape_of(rec)
+                shp = _shape_of(rec, ctx.get("shape"))
                 if us is None or us <= 0 or any(shp.get(k) is None for k in ("B", "H_q", "H_kv", "L")):
                     continue
                 key = tuple(int(shp[k]) for k in ("B", "H_q", "H_kv", "L")) + (
                     int(shp["D"]) if shp.get("D") is not None else None, _dtype_bytes(shp.get("dtype")))
+                timing = "graph" if any(_num(rec.get(k)) is not None for k in _GRAPH_KEYS) else \
+                    str(ctx.get("timing", "") or "")
                 out.append((key, str(rec.get("method", ctx.get("method", ""))), int(sp), float(us),
-                            str(ctx.get("device", "a GPU"))))
+                            str(ctx.get("device", "a GPU")), timing, sweep))
             except Exception:
                 continue
     return tuple(out)
 
 
 def recorded(B, H_q, H_kv, L, D=128, dtype_bytes=2, unified=True) -> tuple[list[tuple[int, float]], str | None]:
-    """Committed benchmark results for this shape: ([(splits, µs)], device) or ([], None) when none match."""
+    """Committed benchmark results for this shape: ([(splits, µs)], device) or ([], None) when none match.
+
+    Reads every ``*.json`` under :func:`results_dir` defensively; prefers ``python -m fdlib.bench
+    --sweep-splits`` files (``"kind": "sweep"``) and CUDA-graph times; one device only.
+    """
     root = results_dir()
     if not root.is_dir():
         return [], None
@@ -443,21 +477,35 @@ def recorded(B, H_q, H_kv, L, D=128, dtype_bytes=2, unified=True) -> tuple[list[
     except OSError:
         return [], None
     want_methods = ("unified", "auto", "") if unified else ("split", "two-stage", "two_stage")
-    pts, device = {}, None
-    for key, method, sp, us, dev in _load_results(str(root), stamp):
-        if key[:4] != (B, H_q, H_kv, L) or (key[4] is not None and key[4] != D) or \
-                (key[5] is not None and key[5] != dtype_bytes) or method.lower() not in want_methods:
-            continue
-        if device is not None and dev != device:
-            continue
-        device = dev
-        pts[sp] = min(us, pts.get(sp, float("inf")))
-    return sorted(pts.items()), device
+    match = [r for r in _load_results(str(root), stamp)
+             if r[0][:4] == (B, H_q, H_kv, L) and (r[0][4] is None or r[0][4] == D)
+             and (r[0][5] is None or r[0][5] == dtype_bytes) and r[1].lower() in want_methods]
+    if not match:
+        return [], None
+    match.sort(key=lambda r: (not r[6], r[5] != "graph"))      # sweeps first, graph timings first
+    best = match[0]
+    pts = {}
+    for _, _, sp, us, dev, timing, sweep in match:
+        if (dev, timing, sweep) == best[4:]:
+            pts[sp] = min(us, pts.get(sp, float("inf")))
+    label = best[4] + ("" if best[5] == "graph" else f", {best[5] or 'untimed kind'} timing")
+    return sorted(pts.items()), label
 
 
 # ----------------------------------------------------------------------------------------------- the figure
 _IDLE = "#e4e4e4"
 _BUSY = "#1b7837"
+
+
+_TILE_PX = 6
+
+
+def _tiles(a: np.ndarray) -> np.ndarray:
+    """Each cell of ``a`` as a _TILE_PX-pixel square with a one-pixel NaN (white) border on its right and bottom."""
+    big = np.repeat(np.repeat(a.astype(float), _TILE_PX, axis=0), _TILE_PX, axis=1)
+    big[_TILE_PX - 1::_TILE_PX, :] = np.nan
+    big[:, _TILE_PX - 1::_TILE_PX] = np.nan
+    return big
 
 
 class _Canvas:
@@ -482,13 +530,11 @@ class _Canvas:
             ax = self.fig.add_subplot(gs[0, i])
             im = ax.imshow(np.zeros((1, COLUMNS)), cmap=self.cmap, vmin=0, vmax=1, interpolation="nearest",
                            aspect="equal")
-            ax.tick_params(which="both", length=0, labelbottom=False, labelleft=False)
-            for sp in ax.spines.values():
-                sp.set_visible(False)
-            ax.grid(which="minor", color="white", linewidth=1.2)
+            ax.set_axis_off()     # no ticks to lay out: tiles are separated by white pixels in the image itself
             self.maps.append(ax)
             self.images.append(im)
-        self.maps[0].set_ylabel(f"SMs ({COLUMNS} per row)")
+        self.maps[0].text(-0.04, 0.5, f"SMs ({COLUMNS} per row)", rotation=90, ha="right", va="center",
+                          transform=self.maps[0].transAxes, fontsize=9)
         self.empty = [ax.text(0.5, 0.5, "", ha="center", va="center", transform=ax.transAxes, fontsize=10,
                               color="0.4") for ax in self.maps]
         self.cbar = self.fig.colorbar(self.images[0], ax=self.maps, location="right", fraction=0.025, pad=0.01)
@@ -530,8 +576,6 @@ class _Canvas:
             im.set_extent((-0.5, COLUMNS - 0.5, rows - 0.5, -0.5))
             ax.set_xlim(-0.5, COLUMNS - 0.5)
             ax.set_ylim(rows - 0.5, -0.5)
-            ax.set_xticks(np.arange(-0.5, COLUMNS, 1.0), minor=True)
-            ax.set_yticks(np.arange(-0.5, rows, 1.0), minor=True)
 
     def update(self, summ: Summary, sched: Schedule, ex, measured=(), recorded_pts=(), recorded_device=None,
                measured_label="measured on this GPU"):
@@ -550,7 +594,7 @@ class _Canvas:
                 w = waves[i]
                 a = np.full(rows * COLUMNS, np.nan)
                 a[:sms] = grids[i]
-                im.set_data(a.reshape(rows, COLUMNS))
+                im.set_data(_tiles(a.reshape(rows, COLUMNS)))
                 im.set_visible(True)
                 busy = int((grids[i] > 0).sum())
                 tail = " (tail)" if w == sched.waves - 1 and sched.waves > 1 else ""
@@ -581,7 +625,7 @@ class _Canvas:
         self.measured_pts.set_visible(bool(m))
         rp = list(recorded_pts)
         self.recorded_pts.set_data([p[0] for p in rp], [p[1] for p in rp])
-        self.recorded_pts.set_label(f"recorded on {recorded_device} (CUDA graph)")
+        self.recorded_pts.set_label(f"recorded on {recorded_device}")
         self.recorded_pts.set_visible(bool(rp))
         ally = ts + [p[1] for p in m] + [p[1] for p in rp]
         lo, hi = min(ally), max(ally)
@@ -642,7 +686,7 @@ def measure(B, H_q, H_kv, L, splits_list, D=128, dtype_bytes=2, unified=True, wa
     for s in splits_list:
         fn = lambda: fdlib.decode_attention(q, k, v, method=method, num_splits=int(s), validate=False)  # noqa: E731
         fn()
-        out.append((_splits_used(L, s), float(triton.testing.do_bench(fn, warmup=warmup, rep=rep)) * 1e3))
+        out.append((_splits_used(L, s, D), float(triton.testing.do_bench(fn, warmup=warmup, rep=rep)) * 1e3))
     del q, k, v
     torch.cuda.empty_cache()
     return sorted(dict(out).items())
@@ -763,7 +807,7 @@ def _make_explorer_class():
             body = "<br>".join(html.escape(r) for r in rows)
             extra = ""
             if rp:
-                extra = f"<br><i>recorded on {html.escape(dev)}: {len(rp)} split counts (CUDA graph µs)</i>"
+                extra = f"<br><i>recorded on {html.escape(dev)}: {len(rp)} split counts (µs per decode step)</i>"
             return f"{util}<div style='font-family:monospace;font-size:0.85em;line-height:1.35'>{body}{extra}</div>"
 
         def _on_measure(self, _btn=None):
@@ -777,8 +821,9 @@ def _make_explorer_class():
             self.status.value = "measuring…"
             try:
                 L = st["L"]
-                todo = sorted({_splits_used(L, s) for s in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
-                              | {_splits_used(L, st["splits"]), self.summary.chosen_splits})
+                D = self.D
+                todo = sorted({_splits_used(L, s, D) for s in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
+                              | {_splits_used(L, st["splits"], D), self.summary.chosen_splits})
                 pts = measure(st["B"], st["H_q"], st["H_kv"], L, todo, D=self.D, dtype_bytes=self.dtype_bytes,
                               unified=st["unified"])
                 s = self.summary

@@ -3,7 +3,8 @@
 Starts JupyterLab on 127.0.0.1 (free port, random token) over a temporary root holding a one-cell notebook
 (the explorer at B=1, H_q=32, H_kv=8, L=131072 on the H200 model, splits=1), runs the cell with
 Shift+Enter, reads the utilization text and the picture, moves the splits slider with the keyboard, and
-checks that both change: 1 split keeps 8 of 132 SMs busy, many splits keep nearly all of them busy.
+checks that both change: 1 split keeps 8 of 132 SMs busy; the cost model's choice, and 256 splits, keep
+nearly all of them busy.
 The kernel is this interpreter (``sys.executable``), through a kernelspec written into the temporary
 Jupyter path. On failure, screenshots and the server log go to ``tests/_artifacts/``.
 Uses Debian's ``chromium`` (never downloads a browser); skips when chromium or playwright is missing.
@@ -23,6 +24,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from fdlib.explorer import SPLIT_OPTIONS
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -170,16 +173,21 @@ def test_explorer_in_jupyterlab(lab):
             img1 = page.locator(IMAGE).screenshot()
             src1 = page.get_attribute(IMAGE, "src")
 
+            readout = page.inner_text(".fdlib-explorer-readout")
+            m = re.search(r"cost model's choice: (\d+) splits", readout)
+            assert m, readout
+            chosen = min((s for s in SPLIT_OPTIONS if s >= int(m.group(1))), default=SPLIT_OPTIONS[-1])
             handle = page.locator(".fdlib-explorer .widget-slider", has_text="splits").locator(".noUi-handle")
             handle.focus()
-            for _ in range(20):                 # 1 -> 26 splits (the stops go 1..16, then 18, 20, ...)
+            for _ in range(SPLIT_OPTIONS.index(chosen)):     # from 1 split to the cost model's choice (or the next stop)
                 page.keyboard.press("ArrowRight")
             util2 = _wait_text_change(page, util1)
             page.wait_for_timeout(500)          # let the last moves' redraws land
             util2 = page.inner_text(UTIL)
             assert util2 != util1, "the utilization text did not change after moving the splits slider"
-            assert _util_percent(util2) >= 90, util2
-            assert "132 of 132" in util2, util2
+            first_wave_busy = int(re.search(r"busy SMs: (\d+) of 132", util2).group(1))
+            assert first_wave_busy >= 0.9 * 132, util2
+            assert f"splits: {chosen}" in page.inner_text(".fdlib-explorer-readout")
             page.wait_for_function(f"document.querySelector('{IMAGE}').src !== {json.dumps(src1)}", timeout=30_000)
             img2 = page.locator(IMAGE).screenshot()
             assert img2 != img1, "the picture did not change after moving the splits slider"

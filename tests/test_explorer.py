@@ -33,8 +33,9 @@ def test_one_split_keeps_only_the_kv_heads_busy():
 
 
 def test_enough_splits_fill_every_sm():
-    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=17, gpu="H200")
-    assert s.programs == 136 and s.busy_sms_first_wave == 132 and s.utilization == 1.0
+    s = E.summary(B=1, H_q=16, H_kv=4, L=33 * 4096, splits=33, gpu="H200")   # 132 programs, one per SM
+    assert s.splits_used == 33 and s.programs == 132
+    assert s.busy_sms_first_wave == 132 and s.utilization == 1.0 and s.waves == 1
 
 
 def test_programs_follow_packing_and_method():
@@ -47,11 +48,11 @@ def test_programs_follow_packing_and_method():
 
 
 def test_tail_wave_and_waves():
-    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=34, gpu="H200")   # 272 programs, 2 per SM
-    assert s.programs_per_sm >= 1
+    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=34, gpu="H200")
+    assert s.programs == 8 * s.splits_used and s.programs_per_sm >= 1
     slots = 132 * s.programs_per_sm
-    assert s.waves == -(-272 // slots)
-    assert s.busy_sms_per_wave[-1] == min(132, 272 - (s.waves - 1) * slots)
+    assert s.waves == -(-s.programs // slots) and len(s.busy_sms_per_wave) == s.waves
+    assert s.busy_sms_per_wave[-1] == min(132, s.programs - (s.waves - 1) * slots)
 
 
 def test_splits_capped_at_one_per_tile():
@@ -144,6 +145,25 @@ def test_recorded_results_are_loaded_defensively(tmp_path, monkeypatch):
     assert any("recorded on NVIDIA H200" in t for t in labels)
 
 
+def test_recorded_bench_sweep_format(tmp_path, monkeypatch):
+    """The layout ``python -m fdlib.bench --sweep-splits`` writes: shape on the row, splits on its points."""
+    monkeypatch.setenv("FDLIB_RESULTS", str(tmp_path))
+    row = {"dtype": "bfloat16", "B": 1, "H_q": 32, "H_kv": 8, "L": 131072, "D": 128,
+           "points": [{"splits": 1, "status": "ok", "us": 700.0, "eager_us": None, "graph_us": 700.0},
+                      {"splits": 32, "status": "ok", "us": 40.0, "eager_us": None, "graph_us": 40.0},
+                      {"splits": 64, "status": "error", "us": None, "graph_us": None}],
+           "chosen": {"costmodel": {"splits": 32, "us": 41.0}}, "best": {"splits": 32, "us": 40.0}}
+    (tmp_path / "h200").mkdir()
+    (tmp_path / "h200" / "sweep-x.json").write_text(json.dumps({
+        "schema": "fdlib.bench/1", "kind": "sweep", "provenance": {"device": "NVIDIA H200"},
+        "settings": {"method": "unified", "timing": "graph"}, "shapes": [], "sweep": [row]}))
+    (tmp_path / "h200" / "tune.json").write_text(json.dumps({"device": "NVIDIA H200", "records": [
+        {"B": 1, "H_q": 32, "H_kv": 8, "L": 131072, "D": 128, "method": "unified", "BLOCK_N": 32, "splits": 8,
+         "us": 600.0}]}))
+    assert E.recorded(1, 32, 8, 131072) == ([(1, 700.0), (32, 40.0)], "NVIDIA H200")
+    assert E.recorded(1, 32, 8, 131072, dtype_bytes=4) == ([], None)
+
+
 def test_no_results_dir_means_no_overlay(no_results):
     assert E.recorded(1, 32, 8, 131072) == ([], None)
 
@@ -162,7 +182,8 @@ def test_widget_state_and_redraw_speed(no_results):
     mean = sum(times) / len(times)
     print(f"explorer redraw: mean {mean * 1e3:.0f} ms, max {max(times) * 1e3:.0f} ms over {len(times)} moves")
     assert mean < 1.0
-    assert w.image.value != first and "SM utilization: 100.0%" in w.readout.value
+    assert w.image.value != first and w.summary.splits_used == 256 and w.summary.utilization > 0.9
+    assert f"SM utilization: {w.summary.utilization:.1%}" in w.readout.value
     w.controls["gqa"].value = False
     assert w.summary.programs == 32 * w.summary.splits_used
     w.controls["unified"].value = False
