@@ -12,6 +12,7 @@ import torch
 
 import fdlib
 from fdlib import runtime
+from fdlib.kernels.config import chunk_for, tile_config
 from fdlib.reference import _scores, _softmax_av
 from helpers import OUT_RTOL, assert_attention_close, counters_zero, row_rel_err
 
@@ -152,10 +153,10 @@ def test_error_before_launch_leaves_counters_valid():
 
 @pytest.mark.parametrize("method", ["split", "unified"])
 def test_out_of_memory_names_the_bytes(method):
-    """A workspace that cannot exist (B·H_q·splits·(D+1)·4 bytes ≈ 275 GB) raises torch.OutOfMemoryError with
+    """A workspace that cannot exist (B·H_q·splits·(D+1)·4 bytes, ~275 GB at 256 splits) raises torch.OutOfMemoryError with
     a message naming the bytes; nothing is launched and a later call works."""
-    B, H_kv, group, D, splits = 64, 8, 4096, 128, 256
-    L = splits * 64
+    B, H_kv, group, D, L = 64, 8, 4096, 128, 32768
+    splits = chunk_for(L, 256, tile_config(D, L).BLOCK_N)[1]        # 256 with tiles of <= 128 keys
     q = torch.zeros(B, H_kv * group, D, dtype=torch.float16, device="cuda")
     k = torch.zeros(B, L, 1, D, dtype=torch.float16, device="cuda").expand(B, L, H_kv, D)   # one KV head of memory
     oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)

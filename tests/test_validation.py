@@ -10,8 +10,8 @@ import torch
 import fdlib
 import fdlib.api
 import fdlib.validate
-from fdlib.kernels.config import chunk_for
-from helpers import BLOCK_N, DEVICE, assert_attention_close, counters_zero, make_problem
+from fdlib.kernels.config import chunk_for, tile_config
+from helpers import DEVICE, assert_attention_close, counters_zero, make_problem
 
 B, L, H_Q, H_KV, D = 2, 20, 4, 2, 32
 
@@ -235,7 +235,7 @@ def test_out_of_memory_is_reported_with_bytes(monkeypatch, method):
     monkeypatch.setattr(stage1, "run_stage1", boom)
     monkeypatch.setattr(unified, "run_unified", boom)
     args = base()
-    splits = chunk_for(L, 2, BLOCK_N)[1]          # 2 in the interpreter (L=20 > 16), 1 compiled (64-key tiles)
+    splits = chunk_for(L, 2, tile_config(D, L).BLOCK_N)[1]   # 2 in the interpreter (16-key tiles), 1 compiled
     with pytest.raises(oom) as info:
         fdlib.decode_attention(**args, method=method, num_splits=2)
     msg = str(info.value)
