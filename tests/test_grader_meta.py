@@ -175,6 +175,8 @@ def test_wrong_shape_and_type():
     assert "return value: expected a tuple of 2 (out, lse)" in _lines(res)[0]
     res = run_checks(NAIVE, lambda q, *a: (lambda o, l: (o.double(), l))(*_naive(q, *a)), quiet=True)
     assert "out: expected dtype torch.float32, got torch.float64" in _lines(res)[0]
+    res = run_checks(NAIVE, lambda q, *a: (torch.empty(q.shape, device="meta"), torch.empty(q.shape[:2])), quiet=True)
+    assert "out: expected a tensor on cpu, got one on meta" in _lines(res)[0]
     res = run_checks(ONLINE, lambda *a: [1.0, 2.0], quiet=True)
     assert "expected a tuple of 3" in _lines(res)[0]
 

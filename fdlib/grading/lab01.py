@@ -29,8 +29,8 @@ def _case(impl, gen, *, B, H_q, H_kv, D, L_max, lengths=None, dtype=torch.float3
     sc = 1.0 / math.sqrt(D) if scale is None else scale
     got = call(impl, {"q": q, "k_cache": k, "v_cache": v, "cache_seqlens": lens, "scale": sc})
     out, lse = expect_tuple(got, "return value", 2, "out, lse")
-    expect_tensor(out, "out", shape=(B, H_q, D), dtype=dtype)
-    expect_tensor(lse, "lse", shape=(B, H_q), dtype=torch.float32)
+    expect_tensor(out, "out", shape=(B, H_q, D), dtype=dtype, device=q.device)
+    expect_tensor(lse, "lse", shape=(B, H_q), dtype=torch.float32, device=q.device)
     ref_o, ref_lse = reference_attention(q, k, v, lens, sc)
     atol, rtol = TOL[dtype]
     assert_close(out, ref_o, "out", atol, rtol)
