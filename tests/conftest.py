@@ -18,15 +18,17 @@ NOTEBOOKS = ROOT / "notebooks"
 def pytest_addoption(parser):
     parser.addoption("--grade-notebooks", action="store_true", default=False,
                      help="grade the exercise cells of notebooks/NN_*.ipynb instead of labsolutions/")
+    parser.addoption("--notebooks-dir", default=str(NOTEBOOKS),
+                     help="where --grade-notebooks looks for NN_*.ipynb (default: notebooks/)")
 
 
 # ---------------------------------------------------------------------------------------------- grading
 _NB_CACHE: dict[str, dict] = {}
 
 
-def _notebook_exercises(lab: str) -> tuple[Path | None, dict]:
+def _notebook_exercises(lab: str, folder: Path) -> tuple[Path | None, dict]:
     from fdlib.grading.notebook_tools import load_exercises
-    nbs = sorted(NOTEBOOKS.glob(f"{lab[3:]}_*.ipynb"))
+    nbs = sorted(folder.glob(f"{lab[3:]}_*.ipynb"))
     if not nbs:
         return None, {}
     if lab not in _NB_CACHE:
@@ -43,7 +45,7 @@ def grade(request):
         lab = name.split(".")[0]
         request.node.user_properties.append(("grading_lab", lab))
         if request.config.getoption("--grade-notebooks"):
-            nb, found = _notebook_exercises(lab)
+            nb, found = _notebook_exercises(lab, Path(request.config.getoption("--notebooks-dir")))
             if nb is None:
                 pytest.fail(f"no notebook notebooks/{lab[3:]}_*.ipynb to grade", pytrace=False)
             if isinstance(found, Exception):

@@ -49,3 +49,26 @@ def test_notebook_solved(nb, tmp_path):
     solved = solved_copy(nb, tmp_path / nb.name)
     proc = _nbval(solved, tmp_path)
     _assert_ok(proc, f"{nb.name} with the reference solutions")
+
+
+@pytest.mark.slow
+def test_grade_notebooks_option(tmp_path):
+    """``--grade-notebooks`` grades the notebook cells: stubs fail every check, solved cells pass them all."""
+    shipped, solved = tmp_path / "shipped", tmp_path / "solved"
+    shipped.mkdir(), solved.mkdir()
+    for nb in SOLVABLE:
+        shutil.copy(nb, shipped / nb.name)
+        solved_copy(nb, solved / nb.name)
+    graders = [str(p) for nb in SOLVABLE if (p := ROOT / "tests" / f"test_graders_lab{nb.name[:2]}.py").exists()]
+
+    def grade(folder):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--grade-notebooks",
+                               "--notebooks-dir", str(folder), *graders],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+    bad = grade(shipped)
+    assert bad.returncode != 0 and "lab scorecard (notebook exercise cells)" in bad.stdout
+    assert "❌ lab01: 0/" in bad.stdout and "📝 TODO: implement lab01.naive_attention" in bad.stdout
+    good = grade(solved)
+    assert good.returncode == 0, good.stdout[-4000:]
+    assert "✅ lab01: " in good.stdout and "✅ lab02: " in good.stdout and "❌ lab" not in good.stdout
