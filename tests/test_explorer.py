@@ -169,6 +169,7 @@ def test_no_results_dir_means_no_overlay(no_results):
 
 
 def test_widget_state_and_redraw_speed(no_results):
+    pytest.importorskip("ipywidgets")
     w = E.explorer(B=1, H_q=32, H_kv=8, L=131072, gpu="H200", splits=1)
     assert {"B", "H_q", "group", "L", "splits", "gpu", "gqa", "unified"} <= set(w.controls)
     assert "SM utilization: 6.1%" in w.readout.value and "8 of 132" in w.readout.value
@@ -197,10 +198,30 @@ def test_widget_state_and_redraw_speed(no_results):
 
 
 def test_every_preset_draws(no_results):
+    pytest.importorskip("ipywidgets")
     w = E.explorer()
     for name in PRESETS:
         w.controls["gpu"].value = name
         assert f"{PRESETS[name].sms} SMs" in w.readout.value
+
+
+def test_measured_points_are_overlaid(no_results, monkeypatch):
+    """The "Measure on this GPU" path, with the timing replaced (no GPU needed)."""
+    pytest.importorskip("ipywidgets")
+    calls = []
+
+    def fake_measure(B, H_q, H_kv, L, splits_list, D=128, dtype_bytes=2, unified=True):
+        calls.append(list(splits_list))
+        return [(s, 1000.0 / s + 100.0) for s in splits_list]
+
+    monkeypatch.setattr(E, "measure", fake_measure)
+    w = E.explorer(B=1, H_q=32, H_kv=8, L=131072, gpu="H200")
+    w._on_measure()
+    assert calls and 1 in calls[0] and w.summary.chosen_splits in calls[0]
+    assert "measured" in w.status.value and w._canvas.measured_pts.get_visible()
+    assert "measured on H200" in w._canvas.measured_pts.get_label()
+    w.controls["gqa"].value = False                      # the kernels always pack: no measured overlay
+    assert not w._canvas.measured_pts.get_visible()
 
 
 @pytest.mark.gpu
@@ -210,6 +231,7 @@ def test_measure_on_gpu(no_results):
         pytest.skip("needs a CUDA GPU")
     pts = E.measure(1, 32, 8, 8192, [1, 4, 16])
     assert [p[0] for p in pts] == [1, 4, 16] and all(us > 0 for _, us in pts)
+    pytest.importorskip("ipywidgets")
     w = E.explorer(B=1, H_q=32, H_kv=8, L=8192, gpu="live")
     w.button.click()
     assert "measured" in w.status.value, w.status.value
