@@ -9,15 +9,18 @@ For a launch that cuts each sequence into chunks of ``chunk`` keys (``splits`` p
   :math:`K = 2\sum_b L_b H_{kv} D\,\text{elem}`.
 
 .. math::
-    T(\text{splits}) = n_{\text{launch}}\,t_{\text{launch}} + W\,t_{\text{wave}}
-                     + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,\frac{c}{\rho}\Big) + [\text{splits}>1]\,t_{\text{merge}}
+    T(\text{splits}) = n_{\text{launch}}\,t_{\text{launch}} + \frac{P}{r\cdot\text{SMs}}\,t_{\text{wave}}
+                     + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,\frac{c}{\rho}\Big)
+                     + [\text{splits}>1]\,(t_{\text{merge}} + \text{splits}\cdot t_{\text{split}})
 
 with :math:`\operatorname{smax}(a, b) = (a^4 + b^4)^{1/4}`, a maximum with a soft corner (near the corner
-both limits slow the stream, as measured). Two limits race in the max: the whole GPU cannot read faster than BW, and one program cannot stream
-faster than ρ (bytes it keeps in flight / memory latency), so too few programs leave bandwidth unused
-(the "too few splits" side). Each wave costs a start-up t_wave (first loads' latency, pipeline fill), so
-many short waves lose time (the "too many splits" side); the merge costs t_merge, and the two-stage path
-pays a second launch. BW, ρ, t_launch, t_wave and t_merge are measured once per GPU by :func:`calibrate`
+both limits slow the stream, as measured). Two limits race in the max: the whole GPU cannot read faster
+than BW, and one program cannot stream faster than ρ (bytes it keeps in flight / memory latency), so too
+few programs leave bandwidth unused ("too few splits"), and a last wave with few programs still takes a
+whole program's time (the wave quantisation W). Each program costs a start-up (first loads' latency,
+pipeline fill, storing its partial), spread over the r·SMs slots: t_wave per full wave of programs.
+Merging costs t_merge plus t_split per partial ("too many splits"), and the two-stage path pays a second
+launch. BW, ρ, t_launch, t_wave, t_merge and t_split are measured once per GPU by :func:`calibrate`
 (cached on disk); presets without a live GPU use values scaled from an H200 calibration.
 """
 from __future__ import annotations
@@ -43,11 +46,12 @@ class Calibration:
     t_launch_us: float
     t_wave_us: float
     t_merge_us: float
+    t_split_us: float = 0.0
     source: str = "default"
 
 
-H200_DEFAULT = Calibration(bw_tbs=4.40, rho_tbs=0.050, t_launch_us=2.0, t_wave_us=3.0, t_merge_us=1.0,
-                           source="defaults from an H200 sweep (results/h200)")
+H200_DEFAULT = Calibration(bw_tbs=5.0, rho_tbs=0.045, t_launch_us=4.5, t_wave_us=2.0, t_merge_us=0.2,
+                           t_split_us=0.07, source="H200 calibration defaults (results/h200)")
 
 
 def default_calibration(gpu: GPU) -> Calibration:
@@ -56,7 +60,7 @@ def default_calibration(gpu: GPU) -> Calibration:
     f = gpu.bandwidth_tbs / h200.bandwidth_tbs
     return Calibration(H200_DEFAULT.bw_tbs * f, H200_DEFAULT.rho_tbs * max(f, 0.25) ** 0.5,
                        H200_DEFAULT.t_launch_us, H200_DEFAULT.t_wave_us, H200_DEFAULT.t_merge_us,
-                       source=f"H200 defaults scaled to {gpu.name}")
+                       H200_DEFAULT.t_split_us, source=f"H200 defaults scaled to {gpu.name}")
 
 
 @dataclass(frozen=True)
@@ -114,9 +118,9 @@ def predict(lengths, H_kv: int, D: int, dtype_bytes: int, splits: int, gpu: GPU,
     t_bw = kv_mb / cal.bw_tbs
     t_prog = sch.waves * prog_mb / cal.rho_tbs
     launches = 2 if (method == "split" and eff_splits > 1) else 1
-    t = launches * cal.t_launch_us + sch.waves * cal.t_wave_us + (t_bw ** 4 + t_prog ** 4) ** 0.25
+    t = launches * cal.t_launch_us + programs / (r * gpu.sms) * cal.t_wave_us + (t_bw ** 4 + t_prog ** 4) ** 0.25
     if eff_splits > 1:
-        t += cal.t_merge_us
+        t += cal.t_merge_us + eff_splits * cal.t_split_us
     return Candidate(eff_splits, chunk, programs, sch.waves, sch.wave_efficiency, t,
                      "bandwidth" if t_bw >= t_prog else "per-program")
 
@@ -129,7 +133,7 @@ def explain(B: int, H_q: int, H_kv: int, L, D: int = 128, dtype_bytes: int = 2, 
     from .kernels.config import tile_config_for
     gpu = _gpu(gpu)
     lengths = [int(L)] * B if isinstance(L, (int, float)) else [int(x) for x in L]
-    cfg = tile_config_for(D, max(lengths + [1]), compiled_mode=True)
+    cfg = tile_config_for(D, max(lengths + [1]), compiled_mode=True, elem_bytes=dtype_bytes)
     cal = cal or calibration_for(gpu)
     r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, compiled)
     seen, cands = set(), []
@@ -211,8 +215,15 @@ def calibration_for(gpu: GPU) -> Calibration:
     return default_calibration(gpu)
 
 
+CALIBRATION_POINTS = [(1, 8, 131072, 8), (1, 8, 131072, 16), (1, 8, 131072, 64), (1, 8, 8192, 8),
+                      (1, 8, 8192, 16), (1, 8, 8192, 64), (1, 8, 2048, 16), (1, 8, 2048, 32), (16, 8, 512, 1),
+                      (16, 8, 512, 2), (64, 8, 2048, 1), (64, 8, 2048, 4), (4, 8, 32768, 4), (4, 8, 32768, 16),
+                      (1, 8, 512, 1), (1, 8, 512, 8)]
+"""(B, H_kv, L, splits) timed by :func:`calibrate`, with H_q = 32, D = 128, fp16."""
+
+
 def calibrate(gpu: GPU | None = None, progress: bool = True) -> Calibration:
-    """Time the unified kernel on a few shapes (about two seconds) and fit BW, ρ, t_launch, t_wave, t_merge.
+    """Time the unified kernel on a few shapes (a few seconds) and fit BW, ρ, t_launch, t_wave, t_merge, t_split.
 
     The fit: for each (BW, ρ) on a grid, the remaining terms are linear and found by least squares; the
     pair with the smallest relative error wins. The result is cached in ~/.cache/fdlib (FDLIB_CACHE).
@@ -222,8 +233,7 @@ def calibrate(gpu: GPU | None = None, progress: bool = True) -> Calibration:
 
     from .api import decode_attention
     gpu = gpu or _gpu(None)
-    points = [(1, 8, 131072, 8), (1, 8, 131072, 16), (1, 8, 131072, 64), (1, 8, 8192, 8), (1, 8, 8192, 16),
-              (1, 8, 8192, 64), (16, 8, 2048, 1), (1, 8, 512, 1), (4, 8, 512, 4)]
+    points = CALIBRATION_POINTS
     D, H_q = 128, 32
     rows = []
     it = points
@@ -260,22 +270,24 @@ def fit(rows, gpu: GPU, D: int = 128, dtype_bytes: int = 2) -> Calibration:
 
     from .kernels.config import tile_config_for
     best = None
-    for bw in np.linspace(0.6, 1.0, 21) * gpu.bandwidth_tbs:
-        for rho in np.geomspace(0.01, 0.2, 31):
-            A, y = [], []
+    times = np.array([r[4] for r in rows])
+    for bw in np.linspace(0.7, 1.1, 33) * gpu.bandwidth_tbs:
+        for rho in np.geomspace(0.01, 0.2, 41):
+            A, base = [], []
             for B, H_kv, L, s, t in rows:
-                cfg = tile_config_for(D, L, compiled_mode=True)
+                cfg = tile_config_for(D, L, compiled_mode=True, elem_bytes=dtype_bytes)
                 r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages)
-                c = predict([L] * B, H_kv, D, dtype_bytes, s, gpu, Calibration(bw, rho, 0, 0, 0), cfg.BLOCK_N, r)
-                A.append([1.0, c.waves, 1.0 if c.splits > 1 else 0.0])
-                y.append(t - c.time_us)
-            A, y = np.array(A), np.array(y)
-            coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+                c = predict([L] * B, H_kv, D, dtype_bytes, s, gpu, Calibration(bw, rho, 0, 0, 0, 0), cfg.BLOCK_N, r)
+                A.append([1.0, c.programs / (r * gpu.sms), 1.0 if c.splits > 1 else 0.0,
+                          c.splits if c.splits > 1 else 0.0])
+                base.append(c.time_us)
+            A, base = np.array(A), np.array(base)
+            w = 1.0 / times                                   # fit relative errors
+            coef, *_ = np.linalg.lstsq(A * w[:, None], (times - base) * w, rcond=None)
             coef = np.clip(coef, 0.0, None)
-            times = np.array([r[4] for r in rows])
-            err = float(np.mean(((A @ coef + (times - y)) / times - 1) ** 2))
+            err = float(np.sqrt(np.mean(((base + A @ coef) / times - 1) ** 2)))
             if best is None or err < best[0]:
                 best = (err, bw, rho, coef)
-    err, bw, rho, (t_launch, t_wave, t_merge) = best
-    return Calibration(float(bw), float(rho), float(t_launch), float(t_wave), float(t_merge),
-                       source=f"calibrated on {gpu.name} (rms rel. error {math.sqrt(err):.1%})")
+    err, bw, rho, (t_launch, t_wave, t_merge, t_split) = best
+    return Calibration(float(bw), float(rho), float(t_launch), float(t_wave), float(t_merge), float(t_split),
+                       source=f"calibrated on {gpu.name} (rms rel. error {err:.1%})")

@@ -31,20 +31,20 @@ GPU_CONFIG = TileConfig(BLOCK_N=128, num_warps=4, num_stages=3)
 INTERPRETER_CONFIG = TileConfig(BLOCK_N=16, num_warps=1, num_stages=1)
 
 
-def tile_config(D: int = 128, L_cap: int = 1 << 30) -> TileConfig:
+def tile_config(D: int = 128, L_cap: int = 1 << 30, elem_bytes: int = 2) -> TileConfig:
     """The tiles a launch uses here (interpreter or GPU)."""
-    return tile_config_for(D, L_cap, compiled_mode=not runtime.INTERPRET)
+    return tile_config_for(D, L_cap, compiled_mode=not runtime.INTERPRET, elem_bytes=elem_bytes)
 
 
-def tile_config_for(D: int, L_cap: int, compiled_mode: bool) -> TileConfig:
-    """The tiles a compiled (GPU) or interpreted launch would use for head dim D and longest length L_cap."""
+def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2) -> TileConfig:
+    """The tiles a compiled (GPU) or interpreted launch would use for head dim D, longest length L_cap and
+    element size: 128 keys of D <= 128 at 2 bytes, fewer keys for wider heads or float32 (same tile bytes)."""
     if not compiled_mode:
         return INTERPRETER_CONFIG
-    if D > 128:
-        return TileConfig(BLOCK_N=32, num_warps=4, num_stages=3)
+    block_n = (128 if D <= 128 else 32) * 2 // elem_bytes
     if L_cap <= 2048:
-        return TileConfig(BLOCK_N=64, num_warps=4, num_stages=3)
-    return GPU_CONFIG
+        block_n = min(block_n, 64)
+    return TileConfig(BLOCK_N=max(16, block_n), num_warps=4, num_stages=3)
 
 
 def block_sizes(group: int, D: int) -> tuple[int, int]:
