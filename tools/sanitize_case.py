@@ -1,0 +1,24 @@
+"""A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split and unified paths,
+ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64.
+
+compute-sanitizer --tool memcheck python tools/sanitize_case.py
+"""
+import torch
+
+import fdlib
+
+torch.manual_seed(0)
+B, H_q, H_kv, L, D = 3, 8, 2, 300, 64
+q = torch.randn(B, H_q, D, device="cuda", dtype=torch.float16)
+k = torch.randn(B, L, H_kv, D, device="cuda", dtype=torch.float16)
+v = torch.randn(B, L, H_kv, D, device="cuda", dtype=torch.float16)
+worst = 0.0
+for lens in ([300, 0, 1], [129, 300, 64], [1, 2, 299]):
+    lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    ref, _ = fdlib.reference_attention(q, k, v, lens)
+    for method, splits in (("split", 3), ("unified", 3), ("unified", 5), ("unified", 1)):
+        out = fdlib.decode_attention(q, k, v, lens, method=method, num_splits=splits)
+        torch.cuda.synchronize()
+        worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
+print(f"sanitize case done, worst relative error {worst:.2e}")
+assert worst < 2e-3
