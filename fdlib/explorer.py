@@ -2,7 +2,8 @@ r"""The SM-occupancy explorer: how a decode launch's programs fill a GPU, and wh
 
 A split-KV decode launch runs
 
-.. math:: P = B \cdot H \cdot \text{splits}, \qquad H = H_{kv}\ \text{(GQA packing)}\ \text{or}\ H_q\ \text{(one program per query head)}
+.. math:: P = B \cdot H \cdot \text{splits}, \qquad
+          H = H_{kv}\ \text{(GQA packing)}\ \text{or}\ H_q\ \text{(one program per query head)}
 
 programs. With ``r`` programs per SM and S SMs they run in :math:`\lceil P/(rS) \rceil` waves
 (:func:`fdlib.occupancy.schedule`). With B = 1 and H_kv = 8, one split keeps 8 of an H200's 132 SMs busy
@@ -256,7 +257,8 @@ class Summary:
             f"dtype={self.dtype_bytes} bytes",
             f"splits: {split_txt}",
             f"programs: {progs}",
-            f"waves: {self.waves} (tail wave: {self.tail_programs} programs), wave efficiency {self.wave_efficiency:.1%}",
+            f"waves: {self.waves} (tail wave: {self.tail_programs} programs), "
+            f"wave efficiency {self.wave_efficiency:.1%}",
             f"busy SMs per wave: {self.busy_text()}",
             f"SM utilization: {self.utilization:.1%}",
             f"predicted time per decode step: {self.predicted_us:.1f} µs{approx} [{self.model}]",
@@ -278,7 +280,8 @@ def _check_shape(B, H_q, H_kv, L, splits, D, dtype_bytes):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
     if H_q % H_kv:
-        raise ValueError(f"H_q ({H_q}) must be a multiple of H_kv ({H_kv}): group = H_q/H_kv query heads share a KV head")
+        raise ValueError(f"H_q ({H_q}) must be a multiple of H_kv ({H_kv}): "
+                         "group = H_q/H_kv query heads share a KV head")
     if splits > MAX_SPLITS:
         raise ValueError(f"splits: expected 1..{MAX_SPLITS}, got {splits}")
 
@@ -660,7 +663,8 @@ def draw(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: bool
     fig = plt.figure(figsize=_Canvas.FIGSIZE, dpi=100)
     plt.close(fig)   # returned, not auto-shown: a cell ending in draw(...) shows it once
     canvas = _Canvas(fig)
-    rp, dev = recorded(summ.B, summ.H_q, summ.H_kv, summ.L, summ.D, summ.dtype_bytes, summ.unified) if gqa else ([], None)
+    rp, dev = ([], None) if not gqa else \
+        recorded(summ.B, summ.H_q, summ.H_kv, summ.L, summ.D, summ.dtype_bytes, summ.unified)
     return canvas.update(summ, sched, ex, recorded_pts=rp, recorded_device=dev)
 
 

@@ -179,7 +179,7 @@ def test_explorer_in_jupyterlab(lab):
             chosen = min((s for s in SPLIT_OPTIONS if s >= int(m.group(1))), default=SPLIT_OPTIONS[-1])
             handle = page.locator(".fdlib-explorer .widget-slider", has_text="splits").locator(".noUi-handle")
             handle.focus()
-            for _ in range(SPLIT_OPTIONS.index(chosen)):     # from 1 split to the cost model's choice (or the next stop)
+            for _ in range(SPLIT_OPTIONS.index(chosen)):     # 1 split -> the cost model's choice (or next stop)
                 page.keyboard.press("ArrowRight")
             util2 = _wait_text_change(page, util1)
             page.wait_for_timeout(500)          # let the last moves' redraws land
