@@ -57,7 +57,7 @@ def _triton(p, k_cache, v_cache, cache_seqlens, method, num_splits, validate):
     lens, L_cap = _lengths(p, k_cache, cache_seqlens)
     if L_cap is None:
         L_cap = int(cache_seqlens.max()) if validate else p.L_max
-    cfg = tile_config(p.D, L_cap, p.q.element_size())
+    cfg = tile_config(p.D, L_cap, p.q.element_size(), rows=p.B * p.H_kv)
     if num_splits is None:
         num_splits = choose_splits(p, L_cap, lens if validate else None, method)
     chunk, splits = chunk_for(L_cap, num_splits, cfg.BLOCK_N)

@@ -133,7 +133,7 @@ def explain(B: int, H_q: int, H_kv: int, L, D: int = 128, dtype_bytes: int = 2, 
     from .kernels.config import tile_config_for
     gpu = _gpu(gpu)
     lengths = [int(L)] * B if isinstance(L, (int, float)) else [int(x) for x in L]
-    cfg = tile_config_for(D, max(lengths + [1]), compiled_mode=True, elem_bytes=dtype_bytes)
+    cfg = tile_config_for(D, max(lengths + [1]), compiled_mode=True, elem_bytes=dtype_bytes, rows=len(lengths) * H_kv)
     cal = cal or calibration_for(gpu)
     r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, compiled)
     seen, cands = set(), []
@@ -275,7 +275,7 @@ def fit(rows, gpu: GPU, D: int = 128, dtype_bytes: int = 2) -> Calibration:
         for rho in np.geomspace(0.01, 0.2, 41):
             A, base = [], []
             for B, H_kv, L, s, t in rows:
-                cfg = tile_config_for(D, L, compiled_mode=True, elem_bytes=dtype_bytes)
+                cfg = tile_config_for(D, L, compiled_mode=True, elem_bytes=dtype_bytes, rows=B * H_kv)
                 r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages)
                 c = predict([L] * B, H_kv, D, dtype_bytes, s, gpu, Calibration(bw, rho, 0, 0, 0, 0), cfg.BLOCK_N, r)
                 A.append([1.0, c.programs / (r * gpu.sms), 1.0 if c.splits > 1 else 0.0,

@@ -45,15 +45,11 @@ MAX_SPLITS = 256
 NUM_WARPS = 4
 
 
-def gpu_tile(D: int, L: int):
-    """The compiled kernels' tile (BLOCK_N keys, warps, stages) for head dim D and length L, as
-    :func:`fdlib.kernels.config.tile_config` picks it on a GPU (the explorer models a GPU even on a CPU)."""
-    from .kernels.config import GPU_CONFIG, TileConfig
-    if D > 128:
-        return TileConfig(BLOCK_N=32, num_warps=4, num_stages=3)
-    if L <= 2048:
-        return TileConfig(BLOCK_N=64, num_warps=4, num_stages=3)
-    return GPU_CONFIG
+def gpu_tile(D: int, L: int, rows: int | None = None):
+    """The compiled kernels' tile (BLOCK_N keys, warps, stages) for head dim D, length L and B·H_kv rows, as
+    :func:`fdlib.kernels.config.tile_config_for` picks it on a GPU (the explorer models a GPU even on a CPU)."""
+    from .kernels.config import tile_config_for
+    return tile_config_for(D, L, compiled_mode=True, rows=rows)
 
 SPLIT_OPTIONS = (list(range(1, 17)) + list(range(18, 33, 2)) + list(range(36, 65, 4))
                  + list(range(72, 129, 8)) + list(range(144, 257, 16)))
@@ -97,13 +93,10 @@ def _gpu(gpu) -> gpus.GPU:
 
 
 # ----------------------------------------------------------------------------------------------- cost model
-def _splits_used(L: int, splits: int, D: int = 128) -> int:
-    """Splits the kernels really launch: at most one per BLOCK_N-key tile (as fdlib.kernels.config.chunk_for)."""
-    L = max(int(L), 1)
-    n = gpu_tile(D, L).BLOCK_N
-    splits = max(1, min(int(splits), -(-L // n), MAX_SPLITS))
-    chunk = -(-(-(-L // splits)) // n) * n
-    return -(-L // chunk)
+def _splits_used(L: int, splits: int, D: int = 128, rows: int | None = None) -> int:
+    """Splits the kernels really launch: at most one per BLOCK_N-key tile (fdlib.kernels.config.chunk_for)."""
+    from .kernels.config import chunk_for
+    return chunk_for(L, min(int(splits), MAX_SPLITS), gpu_tile(D, max(int(L), 1), rows).BLOCK_N)[1]
 
 
 def _estimate_programs_per_sm(gpu: gpus.GPU, D: int, L: int, dtype_bytes: int) -> int:
@@ -306,7 +299,7 @@ def _summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_byte
     ex, source = _explain(int(B), int(H_q), int(heads), int(L), int(D), int(dtype_bytes), g,
                           "unified" if unified else "split")
     r = int(ex.programs_per_sm)
-    used = _splits_used(L, splits, D)
+    used = _splits_used(L, splits, D, B * heads)
     P = B * heads * used
     s = schedule(P, r, g.sms)
     busy = tuple([g.sms] * (s.waves - 1) + [s.busy_sms_last_wave]) if s.waves else ()
@@ -315,7 +308,7 @@ def _summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_byte
     chosen_t, _ = _time_at(ex.candidates, int(ex.chosen))
     summ = Summary(gpu=g.name, sms=g.sms, B=int(B), H_q=int(H_q), H_kv=int(H_kv), L=int(L), D=int(D),
                    dtype_bytes=int(dtype_bytes), gqa=bool(gqa), unified=bool(unified), splits=int(splits),
-                   splits_used=used, block_n=gpu_tile(D, L).BLOCK_N, programs=P, programs_per_sm=r, waves=s.waves,
+                   splits_used=used, block_n=gpu_tile(D, L, B * heads).BLOCK_N, programs=P, programs_per_sm=r, waves=s.waves,
                    tail_programs=s.tail_programs,
                    wave_efficiency=s.wave_efficiency, utilization=s.utilization, busy_sms_per_wave=busy,
                    stage2_programs=s2.programs if s2 else 0, stage2_waves=s2.waves if s2 else 0,

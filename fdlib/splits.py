@@ -25,7 +25,7 @@ def simple_rule(B: int, H_kv: int, L: int, sms: int, block_n: int) -> int:
 def choose_splits(p, L_cap, lens, method) -> int:
     """Splits for a validated problem ``p``; ``lens`` is the device lengths tensor, or None when the caller
     asked not to read it (then every sequence is assumed to be L_cap long)."""
-    block_n = tile_config(p.D, L_cap, p.q.element_size()).BLOCK_N
+    block_n = tile_config(p.D, L_cap, p.q.element_size(), rows=p.B * p.H_kv).BLOCK_N
     if runtime.INTERPRET:
         return simple_rule(p.B, p.H_kv, L_cap, INTERPRETER_SMS, block_n)
     import torch

@@ -457,7 +457,7 @@ def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, 
     timing = "graph" if settings["graphs"] else "eager"
     try:
         for i, shape in enumerate(shapes):
-            rows.append(_sweep_shape(shape, cands, settings, seed + i, M.block_n(shape["D"], shape["L"]),
+            rows.append(_sweep_shape(shape, cands, settings, seed + i, M.block_n(shape["D"], shape["L"], shape["B"] * shape["H_kv"]),
                                      chunk_for, timing))
             bar.update(f"{shape['dtype']} B={shape['B']} H={shape['H_q']}:{shape['H_kv']} L={shape['L']}")
     finally:

@@ -31,18 +31,24 @@ GPU_CONFIG = TileConfig(BLOCK_N=128, num_warps=4, num_stages=3)
 INTERPRETER_CONFIG = TileConfig(BLOCK_N=16, num_warps=1, num_stages=1)
 
 
-def tile_config(D: int = 128, L_cap: int = 1 << 30, elem_bytes: int = 2) -> TileConfig:
+SMALL_BATCH_ROWS = 64
+"""B·H_kv at or below which short caches (L <= 2048) use 64-key tiles, so they can still be split finely."""
+
+
+def tile_config(D: int = 128, L_cap: int = 1 << 30, elem_bytes: int = 2, rows: int | None = None) -> TileConfig:
     """The tiles a launch uses here (interpreter or GPU)."""
-    return tile_config_for(D, L_cap, compiled_mode=not runtime.INTERPRET, elem_bytes=elem_bytes)
+    return tile_config_for(D, L_cap, compiled_mode=not runtime.INTERPRET, elem_bytes=elem_bytes, rows=rows)
 
 
-def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2) -> TileConfig:
-    """The tiles a compiled (GPU) or interpreted launch would use for head dim D, longest length L_cap and
-    element size: 128 keys of D <= 128 at 2 bytes, fewer keys for wider heads or float32 (same tile bytes)."""
+def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2, rows: int | None = None) -> TileConfig:
+    """The tiles a compiled (GPU) or interpreted launch would use for head dim D, longest length L_cap,
+    element size and ``rows`` = B·H_kv: 128 keys of D <= 128 at 2 bytes; fewer keys for wider heads or
+    float32 (same tile bytes); 64 keys for short caches of small batches (rows unknown counts as small),
+    which need fine splits, while large batches of short caches keep 128 (measured faster on an H200)."""
     if not compiled_mode:
         return INTERPRETER_CONFIG
     block_n = (128 if D <= 128 else 32) * 2 // elem_bytes
-    if L_cap <= 2048:
+    if L_cap <= 2048 and (rows is None or rows <= SMALL_BATCH_ROWS):
         block_n = min(block_n, 64)
     return TileConfig(BLOCK_N=max(16, block_n), num_warps=4, num_stages=3)
 
