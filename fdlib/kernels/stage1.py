@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tile import attend_slice, state_to_partial
+from .tile import attend_group
 
 
 @triton.jit
@@ -37,21 +37,12 @@ def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART,
     start = split * chunk
     end = tl.minimum(start + chunk, L)
 
-    offs_g = tl.arange(0, BLOCK_G)
+    o, lse, heads, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb, stride_kl,
+                                          stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
+                                          GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_g = offs_g < GROUP
-    mask_d = offs_d < D
-    heads = h_kv * GROUP + offs_g
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_g[:, None] & mask_d[None, :], other=0.0)
-    k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
-    v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
-    m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
-                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
-    o, lse = state_to_partial(m, l, acc)
-    p_ptrs = O_PART + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :]
-    tl.store(p_ptrs, o, mask=mask_g[:, None] & mask_d[None, :])
-    tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
+    tl.store(O_PART + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :], o, mask=mask_gd)
+    tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=heads < (h_kv + 1) * GROUP)
 
 
 def run_stage1(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, tile_update_fn=None):

@@ -145,3 +145,25 @@ def take_ticket(counter_ptr, n_splits):
     if is_last:
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
     return is_last
+
+
+@triton.jit
+def attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb, stride_kl, stride_kh,
+                 stride_vb, stride_vl, stride_vh, qk_scale,
+                 GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr):
+    """The partial (O, lse) of the ``GROUP`` query heads h_kv·GROUP + g of sequence b over its keys
+    [start, end): load the group's queries once, stream the K/V slice (:func:`attend_slice`), normalise.
+    Also returns the heads and the [BLOCK_G, BLOCK_D] mask of real rows and dims, for the caller's stores."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    heads = h_kv * GROUP + offs_g
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=(offs_g < GROUP)[:, None] & mask_d[None, :], other=0.0)
+    k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
+    v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
+    m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
+                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
+    o, lse = state_to_partial(m, l, acc)
+    return o, lse, heads, (offs_g < GROUP)[:, None] & mask_d[None, :]

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tile import attend_slice, combine_blocks, combine_heads, state_to_partial, take_ticket, tile_update
+from .tile import attend_group, combine_blocks, combine_heads, take_ticket, tile_update
 
 
 @triton.jit
@@ -46,18 +46,11 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
     if split < n_splits:
         start = split * chunk
         end = tl.minimum(start + chunk, L)
-        offs_g = tl.arange(0, BLOCK_G)
+        o, lse, heads, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb,
+                                              stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
+                                              GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
         offs_d = tl.arange(0, BLOCK_D)
-        mask_g = offs_g < GROUP
-        mask_d = offs_d < D
-        mask_gd = mask_g[:, None] & mask_d[None, :]
-        heads = h_kv * GROUP + offs_g
-        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=mask_gd, other=0.0)
-        k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
-        v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
-        m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
-                                 BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
-        o, lse = state_to_partial(m, l, acc)
+        mask_g = heads < (h_kv + 1) * GROUP
         if n_splits == 1:
             tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                      o.to(OUT.dtype.element_ty), mask=mask_gd)
