@@ -300,6 +300,24 @@ def _build_methods(names):
     return built
 
 
+def _grid(quick, B, L, heads, D, dtypes):
+    """The shape lists asked for, or the full (or quick) grid's."""
+    grid = QUICK_GRID if quick else DEFAULT_GRID
+    return tuple(x if x is not None else grid[k] for x, k in
+                 ((B, "B"), (L, "L"), (heads, "heads"), (D, "D"), (dtypes, "dtypes")))
+
+
+def _settings(gpu, quick, graphs, warmup_ms, rep_ms, graph_rep_ms, cpu_runs, default_cpu_runs):
+    """Timing settings: what was asked for, else the defaults (smaller in quick mode)."""
+    return {
+        "graphs": (gpu and not quick) if graphs is None else (bool(graphs) and gpu),
+        "warmup_ms": warmup_ms if warmup_ms is not None else (5 if quick else 25),
+        "rep_ms": rep_ms if rep_ms is not None else (10 if quick else 100),
+        "graph_rep_ms": graph_rep_ms if graph_rep_ms is not None else (5 if quick else 20),
+        "cpu_runs": cpu_runs if cpu_runs is not None else default_cpu_runs,
+    }
+
+
 def run_benchmark(B=None, L=None, heads=None, D=None, dtypes=None, methods=None, splits=None, max_kv_gb=20.0,
                   quick=False, graphs=None, warmup_ms=None, rep_ms=None, graph_rep_ms=None, cpu_runs=None,
                   ceiling_gib=None, ceiling=True, seed=0, progress=True, command=None) -> dict:
@@ -310,18 +328,10 @@ def run_benchmark(B=None, L=None, heads=None, D=None, dtypes=None, methods=None,
     ``splits`` (a list) forces fdlib's split counts: ``split`` and ``unified`` run once per value.
     ``graphs=None`` means: CUDA graphs on a GPU unless ``quick``.
     """
-    grid = QUICK_GRID if quick else DEFAULT_GRID
-    B, L, heads, D, dtypes = (x if x is not None else grid[k] for x, k in
-                              ((B, "B"), (L, "L"), (heads, "heads"), (D, "D"), (dtypes, "dtypes")))
+    B, L, heads, D, dtypes = _grid(quick, B, L, heads, D, dtypes)
     names = M.expand_methods(methods or (M.QUICK_METHODS if quick else M.DEFAULT_METHODS), splits)
     gpu = runtime.MODE == "gpu"
-    settings = {
-        "graphs": (gpu and not quick) if graphs is None else (bool(graphs) and gpu),
-        "warmup_ms": warmup_ms if warmup_ms is not None else (5 if quick else 25),
-        "rep_ms": rep_ms if rep_ms is not None else (10 if quick else 100),
-        "graph_rep_ms": graph_rep_ms if graph_rep_ms is not None else (5 if quick else 20),
-        "cpu_runs": cpu_runs if cpu_runs is not None else 2,
-    }
+    settings = _settings(gpu, quick, graphs, warmup_ms, rep_ms, graph_rep_ms, cpu_runs, default_cpu_runs=2)
     shapes, skipped = shape_grid(B, L, heads, D, dtypes, max_kv_gb)
     built = _build_methods(names)
     prov = provenance(command)
@@ -436,18 +446,10 @@ def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, 
     """Time ``method="unified"`` at every candidate split count per shape (graph timings on a GPU), plus the
     split counts fdlib (``method="auto"``) and ``fdlib.costmodel.choose`` pick; record best vs chosen."""
     from ..kernels.config import MAX_SPLITS, chunk_for
-    grid = QUICK_GRID if quick else DEFAULT_GRID
-    B, L, heads, D, dtypes = (x if x is not None else grid[k] for x, k in
-                              ((B, "B"), (L, "L"), (heads, "heads"), (D, "D"), (dtypes, "dtypes")))
+    B, L, heads, D, dtypes = _grid(quick, B, L, heads, D, dtypes)
     gpu = runtime.MODE == "gpu"
-    settings = {
-        "graphs": (gpu and not quick) if graphs is None else (bool(graphs) and gpu),
-        "warmup_ms": warmup_ms if warmup_ms is not None else (5 if quick else 25),
-        "rep_ms": rep_ms if rep_ms is not None else (10 if quick else 100),
-        "graph_rep_ms": graph_rep_ms if graph_rep_ms is not None else (5 if quick else 20),
-        "cpu_runs": cpu_runs if cpu_runs is not None else 1,
-        "eager": False,   # with graphs on, the sweep times graphs only (eager only when graphs are off)
-    }
+    settings = _settings(gpu, quick, graphs, warmup_ms, rep_ms, graph_rep_ms, cpu_runs, default_cpu_runs=1)
+    settings["eager"] = False   # with graphs on, the sweep times graphs only (eager only when graphs are off)
     cands = sorted({int(c) for c in (candidates or SWEEP_CANDIDATES) if 1 <= int(c) <= MAX_SPLITS})
     shapes, skipped = shape_grid(B, L, heads, D, dtypes, max_kv_gb)
     prov = provenance(command)
