@@ -433,7 +433,8 @@ def use(name: str, quiet: bool = False) -> Callable:
 
 def solution_source(name: str, decorator: str = "exercise") -> str:
     """Source code of the reference solution, decorated with ``@exercise`` (ready to paste into the exercise cell)."""
-    src = inspect.getsource(reference(name))
+    fn = reference(name)
+    src = inspect.getsource(getattr(fn, "fn", fn))   # a @triton.jit function keeps the Python one in .fn
     return src.replace("@solution(", f"@{decorator}(", 1)
 
 

@@ -9,6 +9,7 @@ JupyterLab, reload it there afterwards (File > Reload Notebook from Disk) and do
 """
 from __future__ import annotations
 
+import linecache
 import re
 import shutil
 import time
@@ -19,7 +20,8 @@ import nbformat
 from . import core
 
 TAG = "exercise"
-PREAMBLE = "import math\nimport torch\nimport fdlib\nfrom fdlib.online_softmax import State\nfrom fdlib.grading import *\n"
+PREAMBLE = ("import math\nimport torch\nimport triton\nimport triton.language as tl\nimport fdlib\n"
+            "from fdlib.online_softmax import State\nfrom fdlib.grading import *\n")
 _NAME_RE = re.compile(r"""@exercise\(\s*["']([^"']+)["']""")
 
 
@@ -44,6 +46,13 @@ def _runnable(src: str) -> str:
     return "\n".join(line for line in src.splitlines() if not line.lstrip().startswith(("%", "!")))
 
 
+def run_source(src: str, filename: str, ns: dict) -> None:
+    """``exec`` the source in ``ns``, with the source kept in ``linecache`` under ``filename`` (as Jupyter does), so
+    that ``inspect.getsource`` works on what it defines: ``@triton.jit`` needs the source of its function."""
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    exec(compile(src, filename, "exec"), ns)
+
+
 def load_exercises(path) -> dict:
     """Run a notebook's exercise cells (only those) after the standard imports; ``{name: function}``.
 
@@ -55,7 +64,7 @@ def load_exercises(path) -> dict:
     try:
         exec(compile(PREAMBLE, "<preamble>", "exec"), ns)
         for name, i in exercise_cells(nb).items():
-            exec(compile(_runnable(nb.cells[i].source), f"<{path.name} cell {i} ({name})>", "exec"), ns)
+            run_source(_runnable(nb.cells[i].source), f"<{path.name} cell {i} ({name})>", ns)
     except Exception as e:  # noqa: BLE001
         return e  # type: ignore[return-value]
     return {v.__exercise__: v for v in ns.values() if callable(v) and hasattr(v, "__exercise__")}
