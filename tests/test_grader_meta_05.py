@@ -1,0 +1,213 @@
+"""The Lab 05 graders are tested too: untouched stubs and known-wrong cost models, choice rules and ticket
+functions must fail their checks."""
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from fdlib import costmodel
+from fdlib.grading import core
+from fdlib.grading.core import run_checks, todo
+from fdlib.kernels import unified
+
+PREDICT, CHOOSE, TICKET = "lab05.predict_time", "lab05.choose_splits", "lab05.take_ticket"
+
+
+# ---------------------------------------------------------------------------------------------- predict_time
+def _predict(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r, *, corner="smax", waves="ceil",
+             per_program=True, merge=True, merge_splits="used", startup=True):
+    from fdlib.kernels.config import chunk_for
+    chunk, used = chunk_for(max(max(lengths), 1), splits, block_n)
+    P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
+    slots = r * gpu.sms
+    W = -(-P // slots) if waves == "ceil" else P / slots
+    t_bw = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6 / cal.bw_tbs
+    t_prog = W * 2 * chunk * D * dtype_bytes / 1e6 / cal.rho_tbs if per_program else 0.0
+    stream = (t_bw ** 4 + t_prog ** 4) ** 0.25 if corner == "smax" else max(t_bw, t_prog)
+    t = cal.t_launch_us + (P / slots * cal.t_wave_us if startup else 0.0) + stream
+    if merge and used > 1:
+        t += cal.t_merge_us + (used if merge_splits == "used" else splits) * cal.t_split_us
+    return t, used
+
+
+WRONG_PREDICT = {
+    "max instead of smax": lambda *a: _predict(*a, corner="max"),
+    "no wave quantisation (P/(r·SMs) in the per-program term)": lambda *a: _predict(*a, waves="frac"),
+    "pure bandwidth model (no per-program limit)": lambda *a: _predict(*a, per_program=False),
+    "no merge cost": lambda *a: _predict(*a, merge=False),
+    "merge priced with the requested splits": lambda *a: _predict(*a, merge_splits="requested"),
+    "no start-up (wave) term": lambda *a: _predict(*a, startup=False),
+    "returns the requested splits": lambda *a: (_predict(*a)[0], a[4]),
+    "time only, no splits_used": lambda *a: _predict(*a)[0],
+}
+
+
+def test_predict_variant_passes():
+    assert run_checks(PREDICT, _predict, quiet=True).ok
+
+
+@pytest.mark.parametrize("wrong", WRONG_PREDICT, ids=list(WRONG_PREDICT))
+def test_wrong_predict_fails(wrong):
+    assert run_checks(PREDICT, WRONG_PREDICT[wrong], quiet=True).failed > 0, wrong
+
+
+def test_pure_bandwidth_model_fails_the_recorded_sweep():
+    """Not only the exact comparison: the behavioural check on the H200 sweep catches it too."""
+    chk = next(c for c in core.load_checks(PREDICT) if "recorded H200 sweep" in c.name)
+    out = core.run_one(chk, WRONG_PREDICT["pure bandwidth model (no per-program limit)"])
+    assert out.status == "fail" and "slower than the best measured split count" in out.message
+
+
+def test_predict_mismatch_names_the_terms():
+    res = run_checks(PREDICT, WRONG_PREDICT["no merge cost"], quiet=True)
+    line = next(o.line() for o in res.outcomes if o.status == "fail")
+    assert "expected" in line and "merge" in line and "smax(K/BW=" in line
+
+
+# ---------------------------------------------------------------------------------------------- choose_splits
+def _choose(lengths, H_kv, D, dtype_bytes, gpu, cal, block_n, r, predict, *, pick="smallest", tol=1.01,
+            report="used"):
+    preds = [(s, *predict(lengths, H_kv, D, dtype_bytes, s, gpu, cal, block_n, r)) for s in costmodel.CANDIDATES]
+    best = min(t for _, t, _ in preds)
+    near = [(s if report == "requested" else u) for s, t, u in preds if t <= best * tol]
+    return min(near) if pick == "smallest" else max(near)
+
+
+WRONG_CHOOSE = {
+    "largest within 1%": lambda *a: _choose(*a, pick="largest"),
+    "fastest only (no 1% tolerance)": lambda *a: _choose(*a, tol=1.0),
+    "returns the requested count": lambda *a: _choose(*a, report="requested"),
+    "always 1 split": lambda *a: 1,
+    "FA2's 85% rule instead": lambda lengths, H_kv, D, *a: costmodel.fa2_rule(len(lengths), 32, H_kv, max(lengths), D),
+}
+
+
+def test_choose_variant_passes():
+    assert run_checks(CHOOSE, _choose, quiet=True).ok
+
+
+@pytest.mark.parametrize("wrong", WRONG_CHOOSE, ids=list(WRONG_CHOOSE))
+def test_wrong_choose_fails(wrong):
+    assert run_checks(CHOOSE, WRONG_CHOOSE[wrong], quiet=True).failed > 0, wrong
+
+
+# ---------------------------------------------------------------------------------------------- take_ticket
+@triton.jit
+def _ticket_ok(counter_ptr, n_splits):
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    is_last = ticket == n_splits - 1
+    if is_last:
+        tl.atomic_xchg(counter_ptr, 0)
+    return is_last
+
+
+@triton.jit
+def _ticket_no_reset(counter_ptr, n_splits):
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    return ticket == n_splits - 1
+
+
+@triton.jit
+def _ticket_never_last(counter_ptr, n_splits):
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    is_last = ticket == n_splits
+    if is_last:
+        tl.atomic_xchg(counter_ptr, 0)
+    return is_last
+
+
+@triton.jit
+def _ticket_first(counter_ptr, n_splits):
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    is_last = ticket == 0
+    if is_last:
+        tl.atomic_xchg(counter_ptr, 0)
+    return is_last
+
+
+@triton.jit
+def _ticket_first_resets_at_end(counter_ptr, n_splits):
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    if ticket == n_splits - 1:
+        tl.atomic_xchg(counter_ptr, 0)
+    return ticket == 0
+
+
+@triton.jit
+def _ticket_always(counter_ptr, n_splits):
+    return n_splits > 0
+
+
+def _ticket_plain_python(counter_ptr, n_splits):      # a correct body, but no @triton.jit
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+    return ticket == n_splits - 1
+
+
+WRONG_TICKET = {
+    "no reset": _ticket_no_reset,
+    "ticket == n_splits (never last)": _ticket_never_last,
+    "ticket == 0 (first program merges)": _ticket_first,
+    "ticket == 0, reset by the last": _ticket_first_resets_at_end,
+    "everybody is last": _ticket_always,
+    "no @triton.jit": _ticket_plain_python,
+}
+
+
+def test_ticket_variant_passes():
+    assert run_checks(TICKET, _ticket_ok, quiet=True).ok
+
+
+@pytest.mark.parametrize("wrong", WRONG_TICKET, ids=list(WRONG_TICKET))
+def test_wrong_ticket_fails(wrong):
+    res = run_checks(TICKET, WRONG_TICKET[wrong], quiet=True)
+    assert res.failed > 0 and not res.todo, wrong
+    counters = unified._COUNTERS.get("cpu")
+    assert counters is None or not bool(counters.any()), "a wrong ticket left the shared counters dirty"
+
+
+def test_no_reset_message():
+    line = run_checks(TICKET, _ticket_no_reset, quiet=True).outcomes[0].line()
+    assert "not back at 0" in line
+
+
+def test_missing_jit_message():
+    line = run_checks(TICKET, _ticket_plain_python, quiet=True).outcomes[0].line()
+    assert "@triton.jit" in line
+
+
+# ---------------------------------------------------------------------------------------------- stubs
+def _stub(*args, **kwargs):
+    todo("this exercise")
+
+
+def _not_implemented(*args, **kwargs):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("stub", [_stub, _not_implemented], ids=["todo()", "raise NotImplementedError"])
+@pytest.mark.parametrize("name", [PREDICT, CHOOSE, TICKET])
+def test_stub_is_todo(name, stub, capsys):
+    res = run_checks(name, stub)
+    assert res.todo and not res.ok and res.passed == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("📝 TODO: implement " + name) and "Traceback" not in out
+
+
+def test_solution_source_of_the_jit_solution():
+    src = core.solution_source(TICKET)
+    assert src.startswith('@exercise("lab05.take_ticket")\n@triton.jit\ndef take_ticket(')
+
+
+def test_untouched_jit_stub_is_todo():
+    from fdlib.grading.lab05 import TICKET_STUB
+    ns = {}
+    exec("import triton\nimport triton.language as tl\nfrom fdlib.grading import *\n", ns)
+    from fdlib.grading.notebook_tools import run_source
+    run_source(TICKET_STUB.strip("\n"), "<lab05 stub>", ns)
+    try:
+        res = run_checks(TICKET, ns["take_ticket"], quiet=True)
+        assert res.todo and not res.ok
+    finally:
+        core._LEARNER.pop(TICKET, None)
