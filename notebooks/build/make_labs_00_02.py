@@ -309,6 +309,17 @@ def lab01():
         plt.show()
         """),
         md("""
+        ### Explore it
+
+        The explorer below is the same wave model with sliders (it comes back in Labs 03 and 05). It starts at this
+        lab's kernel: one program per query head (GQA packing off), one split. Move **B** and **H_q** to see when the
+        B×H grid fills the GPU by itself; move **splits** to preview Lab 03.
+        """),
+        code("""
+        from fdlib.explorer import explorer
+        explorer(B=1, H_q=32, H_kv=32, L=32768, splits=1, gpu="H200", gqa=False)
+        """, tags=["machine"]),
+        md("""
         Lab 03 fixes this by cutting the sequence into **splits**: B × H_kv × splits programs, each streaming its own
         slice, with the partial results merged afterwards. Merging partial softmaxes exactly is what Lab 02 is about.
 
