@@ -29,6 +29,7 @@ NAME = "05_unified_kernel"
 
 RECORDED = '''
 import re
+import textwrap
 from fdlib.bench import load_results
 RESULTS = Path(fdlib.__file__).resolve().parents[1] / "results" / "h200"
 
@@ -216,8 +217,8 @@ def lab05():
             ax.set_xlabel("splits (log2 scale)")
         axes[0].set_ylabel("time per decode step (µs, log)")
         axes[0].legend(fontsize=7)
-        fig.suptitle("Unified kernel time vs splits: recorded on NVIDIA H200 (CUDA graph, fp16, D=128) "
-                     "and the cost model's prediction", fontsize=10)
+        fig.suptitle(textwrap.fill("Unified kernel time vs splits (CUDA-graph timings, fp16, D=128) and the cost "
+                                   "model's prediction (analytic model of H200) - " + provenance(sweep), 150), fontsize=8)
         plt.tight_layout(); plt.show()
         """),
         md("""
@@ -418,8 +419,9 @@ def lab05():
         ax2.set_xlabel("KV cache bytes read per step (MB, log)")
         ax2.set_ylabel("effective bandwidth (TB/s)")
         ax2.set_title("(b) effective bandwidth (KV bytes / time) vs KV size", fontsize=10)
-        ax2.legend(fontsize=7, ncol=4); ax2.grid(True, which="both", alpha=0.3)
-        fig.suptitle(("Showdown - " + where)[:150], fontsize=8)
+        ax2.legend(fontsize=7, ncol=3, loc="upper left"); ax2.grid(True, which="both", alpha=0.3)
+        mode = "CUDA-graph" if tk == "graph" else "eager"
+        fig.suptitle(textwrap.fill(f"Showdown, {mode} timings, L2 flushed - {where}", 140), fontsize=8)
         plt.tight_layout(); plt.show()
         """),
         md("""
