@@ -76,28 +76,38 @@ _SMOKE_DONE = False
 def smoke_check() -> None:
     """Run a tiny kernel once and make sure it really computes.
 
-    Some triton/numpy combinations make the interpreter return zeros silently. This check runs
-    ``y = 2x + 1`` on a few numbers and raises :class:`InterpreterBroken` with the fix if it does not.
+    Some triton/numpy combinations break the interpreter: it returns zeros silently, or fails on a loop
+    bound read from memory (numpy >= 2.4 with triton 3.6). This check sums rows of x with such a loop and
+    raises :class:`InterpreterBroken` with the fix if the answer is wrong or the kernel fails.
     """
     global _SMOKE_DONE
     if _SMOKE_DONE:
         return
+    import numpy
     import triton.language as tl
 
     @triton.jit
-    def _twice_plus_one(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    def _row_sums_plus_one(x_ptr, n_ptr, y_ptr, BLOCK: tl.constexpr):
         offs = tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-        tl.store(y_ptr + offs, 2.0 * x + 1.0, mask=offs < n)
+        n = tl.load(n_ptr)                        # a loop bound read from memory, as the decode kernels do
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for i in range(0, n):
+            acc += tl.load(x_ptr + i * BLOCK + offs)
+        tl.store(y_ptr + offs, acc + 1.0)
 
-    x = torch.arange(1, 9, dtype=torch.float32, device=DEVICE)
-    y = torch.zeros_like(x)
-    _twice_plus_one[(1,)](x, y, 8, BLOCK=8)
-    if not torch.equal(y.cpu(), 2 * x.cpu() + 1):
-        import numpy
-        raise InterpreterBroken(
-            f"Triton ({MODE}) computed {y.cpu().tolist()} for 2x+1 with x=1..8: kernels return wrong values "
-            f"(triton {triton.__version__}, numpy {numpy.__version__}, torch {torch.__version__}). "
-            "Reinstall the pinned versions with the README's set-up command (pip install -e '.[course]' "
-            "in the course's .venv), which pins a triton/numpy pair known to work.")
+    x = torch.arange(1, 25, dtype=torch.float32, device=DEVICE).reshape(3, 8)
+    n = torch.tensor([3], dtype=torch.int32, device=DEVICE)
+    y = torch.zeros(8, dtype=torch.float32, device=DEVICE)
+    versions = f"triton {triton.__version__}, numpy {numpy.__version__}, torch {torch.__version__}"
+    fix = ("Reinstall the pinned versions with the README's set-up command (./course lab or ./course test "
+           "recreate .venv from constraints.txt), which pins a triton/numpy pair known to work.")
+    try:
+        _row_sums_plus_one[(1,)](x, n, y, BLOCK=8)
+    except Exception as e:  # noqa: BLE001 - any failure here means the toolchain is broken, say how to fix it
+        raise InterpreterBroken(f"Triton ({MODE}) failed on a 3-line test kernel ({type(e).__name__}: {e}) with "
+                                f"{versions}. {fix}") from e
+    want = x.sum(0) + 1
+    if not torch.equal(y.cpu(), want.cpu()):
+        raise InterpreterBroken(f"Triton ({MODE}) computed {y.cpu().tolist()} instead of {want.cpu().tolist()} "
+                                f"on a test kernel: kernels return wrong values with {versions}. {fix}")
     _SMOKE_DONE = True

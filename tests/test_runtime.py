@@ -1,0 +1,55 @@
+"""The runtime line and the start-up smoke check."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import triton
+
+import fdlib
+from fdlib import runtime
+
+
+def test_describe_is_one_line_with_mode_device_sms_and_versions():
+    line = fdlib.describe()
+    assert "\n" not in line
+    assert ("GPU (compiled Triton)" in line) == (runtime.MODE == "gpu")
+    assert f"torch {torch.__version__}" in line and f"triton {triton.__version__}" in line
+    assert re.search(r"\| (\d+ SMs|no GPU SMs) \|", line)
+
+
+def test_mode_matches_the_environment():
+    import os
+    assert runtime.MODE in ("gpu", "interpreter")
+    if runtime.MODE == "interpreter":
+        assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_smoke_check_passes_on_a_working_install():
+    runtime._SMOKE_DONE = False
+    runtime.smoke_check()
+    assert runtime._SMOKE_DONE
+
+
+class _Launcher:
+    """Stands in for a jitted kernel: launching it does nothing (a silently broken interpreter) or raises."""
+
+    def __init__(self, fail: bool):
+        self.fail = fail
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            if self.fail:
+                raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+        return launch
+
+
+@pytest.mark.parametrize("fail, words", [(False, "instead of"), (True, "failed on a 3-line test kernel")])
+def test_smoke_check_reports_a_broken_interpreter_with_the_fix(monkeypatch, fail, words):
+    monkeypatch.setattr(runtime.triton, "jit", lambda fn: _Launcher(fail))
+    monkeypatch.setattr(runtime, "_SMOKE_DONE", False)
+    with pytest.raises(runtime.InterpreterBroken) as e:
+        runtime.smoke_check()
+    msg = str(e.value)
+    assert words in msg and "numpy" in msg and "constraints.txt" in msg
