@@ -13,6 +13,7 @@ The choice is made once, when fdlib is imported, before any kernel is defined, b
 from __future__ import annotations
 
 import os
+import sys
 
 FORCE_ENV = "FDLIB_INTERPRET"
 
@@ -23,6 +24,11 @@ def _cuda_available() -> bool:
         return torch.cuda.is_available()
     except Exception:  # pragma: no cover - torch missing is reported by the import below anyway
         return False
+
+
+TRITON_IMPORTED_FIRST: bool = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") != "1"
+"""Triton was imported before fdlib without TRITON_INTERPRET=1: its own library functions (tl.zeros, ...)
+were then built for compiled kernels, and the interpreter cannot run them."""
 
 
 def _decide() -> str:
@@ -73,6 +79,20 @@ class InterpreterBroken(RuntimeError):
 _SMOKE_DONE = False
 
 
+def _smoke_kernel():
+    import triton.language as tl
+
+    @triton.jit
+    def _row_sums_plus_one(x_ptr, n_ptr, y_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        n = tl.load(n_ptr)                        # a loop bound read from memory, as the decode kernels do
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for i in range(0, n):
+            acc += tl.load(x_ptr + i * BLOCK + offs)
+        tl.store(y_ptr + offs, acc + 1.0)
+    return _row_sums_plus_one
+
+
 def smoke_check() -> None:
     """Run a tiny kernel once and make sure it really computes.
 
@@ -84,23 +104,18 @@ def smoke_check() -> None:
     if _SMOKE_DONE:
         return
     import numpy
-    import triton.language as tl
 
-    @triton.jit
-    def _row_sums_plus_one(x_ptr, n_ptr, y_ptr, BLOCK: tl.constexpr):
-        offs = tl.arange(0, BLOCK)
-        n = tl.load(n_ptr)                        # a loop bound read from memory, as the decode kernels do
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for i in range(0, n):
-            acc += tl.load(x_ptr + i * BLOCK + offs)
-        tl.store(y_ptr + offs, acc + 1.0)
-
+    _row_sums_plus_one = _smoke_kernel()
     x = torch.arange(1, 25, dtype=torch.float32, device=DEVICE).reshape(3, 8)
     n = torch.tensor([3], dtype=torch.int32, device=DEVICE)
     y = torch.zeros(8, dtype=torch.float32, device=DEVICE)
     versions = f"triton {triton.__version__}, numpy {numpy.__version__}, torch {torch.__version__}"
     fix = ("Reinstall the pinned versions with the README's set-up command (./course lab or ./course test "
            "recreate .venv from constraints.txt), which pins a triton/numpy pair known to work.")
+    if MODE == "interpreter" and TRITON_IMPORTED_FIRST:
+        fix = ("triton was imported before fdlib, so its library functions were built for compiled kernels: "
+               "import fdlib first (before triton), or set TRITON_INTERPRET=1 (or FDLIB_INTERPRET=1) in the "
+               "environment before starting Python.")
     try:
         _row_sums_plus_one[(1,)](x, n, y, BLOCK=8)
     except Exception as e:  # noqa: BLE001 - any failure here means the toolchain is broken, say how to fix it

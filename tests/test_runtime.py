@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import re
 
+import subprocess
+import sys
+
 import pytest
+
+import fdlib  # noqa: I001  (before triton: fdlib decides TRITON_INTERPRET first)
 import torch
 import triton
-
-import fdlib
 from fdlib import runtime
 
 
@@ -53,3 +56,11 @@ def test_smoke_check_reports_a_broken_interpreter_with_the_fix(monkeypatch, fail
         runtime.smoke_check()
     msg = str(e.value)
     assert words in msg and "numpy" in msg and "constraints.txt" in msg
+
+
+@pytest.mark.skipif(runtime.MODE != "interpreter", reason="only the interpreter is affected by the import order")
+def test_triton_imported_before_fdlib_gets_a_clear_message():
+    code = "import triton, fdlib; fdlib.runtime.smoke_check()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "InterpreterBroken" in r.stderr and "import fdlib first" in r.stderr
