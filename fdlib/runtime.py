@@ -114,8 +114,8 @@ def smoke_check() -> None:
            "recreate .venv from constraints.txt), which pins a triton/numpy pair known to work.")
     if MODE == "interpreter" and TRITON_IMPORTED_FIRST:
         fix = ("triton was imported before fdlib, so its library functions were built for compiled kernels: "
-               "import fdlib first (before triton), or set TRITON_INTERPRET=1 (or FDLIB_INTERPRET=1) in the "
-               "environment before starting Python.")
+               "import fdlib first (before triton), or set TRITON_INTERPRET=1 in the environment before starting "
+               "Python.")
     try:
         _row_sums_plus_one[(1,)](x, n, y, BLOCK=8)
     except Exception as e:  # noqa: BLE001 - any failure here means the toolchain is broken, say how to fix it

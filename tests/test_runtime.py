@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+import os
 import subprocess
 import sys
 
@@ -61,6 +62,7 @@ def test_smoke_check_reports_a_broken_interpreter_with_the_fix(monkeypatch, fail
 @pytest.mark.skipif(runtime.MODE != "interpreter", reason="only the interpreter is affected by the import order")
 def test_triton_imported_before_fdlib_gets_a_clear_message():
     code = "import triton, fdlib; fdlib.runtime.smoke_check()"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FDLIB_INTERPRET")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode != 0
     assert "InterpreterBroken" in r.stderr and "import fdlib first" in r.stderr
