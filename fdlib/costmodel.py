@@ -25,15 +25,18 @@ launch. BW, ρ, t_launch, t_wave, t_merge and t_split are measured once per GPU 
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from .gpus import GPU, PRESETS
 from .kernels.config import MAX_SPLITS, chunk_for
-from .occupancy import programs_per_sm, schedule
+from .occupancy import programs_per_sm, waves
 
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
@@ -106,23 +109,43 @@ def kernel_programs_per_sm(gpu: GPU, D: int, dtype_bytes: int, block_n: int, num
     return programs_per_sm(gpu, num_warps, 128, smem)
 
 
+def _predict_many(lengths: np.ndarray, H_kv: int, D: int, dtype_bytes: int, chunks: np.ndarray, effs: np.ndarray,
+                  gpu: GPU, cal: Calibration, r: int, method: str):
+    """The model's terms for several chunk sizes at once (arrays over candidates); the formula of the module
+    docstring, written once for :func:`predict` and :func:`explain`."""
+    programs = H_kv * np.maximum(1, -(-lengths[:, None] // chunks[None, :])).sum(axis=0)
+    w = waves(programs, r, gpu.sms)
+    kv_mb = 2 * float(lengths.sum()) * H_kv * D * dtype_bytes / 1e6
+    prog_mb = 2 * chunks * D * dtype_bytes / 1e6
+    t_bw = kv_mb / cal.bw_tbs
+    t_prog = w * prog_mb / cal.rho_tbs
+    launches = np.where((effs > 1) & (method == "split"), 2, 1)
+    t = (launches * cal.t_launch_us + programs / (r * gpu.sms) * cal.t_wave_us + (t_bw ** 4 + t_prog ** 4) ** 0.25
+         + np.where(effs > 1, cal.t_merge_us + effs * cal.t_split_us, 0.0))
+    return programs, w, t, t_bw >= t_prog
+
+
+def _candidates(lengths: np.ndarray, block_n: int):
+    """The distinct (chunk, effective splits) pairs the candidate split counts give, fewest splits first."""
+    chunks, effs = chunk_for(max(int(lengths.max(initial=0)), 1), np.array(CANDIDATES), block_n)
+    effs, first = np.unique(effs, return_index=True)
+    return chunks[first], effs
+
+
+def _candidate(i, chunks, effs, programs, w, t, bw_bound, r, sms) -> Candidate:
+    return Candidate(int(effs[i]), int(chunks[i]), int(programs[i]), int(w[i]),
+                     float(programs[i] / (w[i] * r * sms)), float(t[i]),
+                     "bandwidth" if bw_bound[i] else "per-program")
+
+
 def predict(lengths, H_kv: int, D: int, dtype_bytes: int, splits: int, gpu: GPU, cal: Calibration,
             block_n: int, r: int, method: str = "unified") -> Candidate:
     """Predicted time of one decode step with ``splits`` (see the module docstring)."""
-    L_cap = max(max(lengths), 1)
-    chunk, eff_splits = chunk_for(L_cap, splits, block_n)
-    programs = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
-    sch = schedule(programs, r, gpu.sms)
-    kv_mb = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6
-    prog_mb = 2 * chunk * D * dtype_bytes / 1e6
-    t_bw = kv_mb / cal.bw_tbs
-    t_prog = sch.waves * prog_mb / cal.rho_tbs
-    launches = 2 if (method == "split" and eff_splits > 1) else 1
-    t = launches * cal.t_launch_us + programs / (r * gpu.sms) * cal.t_wave_us + (t_bw ** 4 + t_prog ** 4) ** 0.25
-    if eff_splits > 1:
-        t += cal.t_merge_us + eff_splits * cal.t_split_us
-    return Candidate(eff_splits, chunk, programs, sch.waves, sch.wave_efficiency, t,
-                     "bandwidth" if t_bw >= t_prog else "per-program")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    chunk, eff = chunk_for(max(int(lengths.max(initial=0)), 1), splits, block_n)
+    chunks, effs = np.array([chunk]), np.array([eff])
+    return _candidate(0, chunks, effs, *_predict_many(lengths, H_kv, D, dtype_bytes, chunks, effs, gpu, cal, r, method),
+                      r, gpu.sms)
 
 
 def explain(B: int, H_q: int, H_kv: int, L, D: int = 128, dtype_bytes: int = 2, gpu: GPU | str | None = None,
@@ -130,18 +153,24 @@ def explain(B: int, H_q: int, H_kv: int, L, D: int = 128, dtype_bytes: int = 2, 
     """Every candidate split count with its programs, waves, wave efficiency and predicted µs; ``chosen`` is
     the fastest (the smallest count within 1% of it, since fewer splits mean less merging).
     ``L`` is one length for all B sequences or a list of B lengths."""
-    from .kernels.config import tile_config_for
     gpu = _gpu(gpu)
-    lengths = [int(L)] * B if isinstance(L, (int, float)) else [int(x) for x in L]
-    cfg = tile_config_for(D, max(lengths + [1]), compiled_mode=True, elem_bytes=dtype_bytes, rows=len(lengths) * H_kv)
+    lengths = (int(L),) * B if isinstance(L, (int, float)) else tuple(int(x) for x in L)
     cal = cal or calibration_for(gpu)
+    key = tuple(sorted(compiled.items())) if compiled else None
+    return _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, compiled_key) -> Explanation:
+    """explain(), cached: a decode loop asks again and again for the same shapes."""
+    from .kernels.config import tile_config_for
+    compiled = dict(compiled_key) if compiled_key else None
+    cfg = tile_config_for(D, max(lengths + (1,)), compiled_mode=True, elem_bytes=dtype_bytes, rows=len(lengths) * H_kv)
+    lengths = np.asarray(lengths, dtype=np.int64)
     r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, compiled)
-    seen, cands = set(), []
-    for s in CANDIDATES:
-        c = predict(lengths, H_kv, D, dtype_bytes, s, gpu, cal, cfg.BLOCK_N, r, method)
-        if c.splits not in seen:
-            seen.add(c.splits)
-            cands.append(c)
+    chunks, effs = _candidates(lengths, cfg.BLOCK_N)
+    terms = _predict_many(lengths, H_kv, D, dtype_bytes, chunks, effs, gpu, cal, r, method)
+    cands = [_candidate(i, chunks, effs, *terms, r, gpu.sms) for i in range(len(chunks))]
     best = min(c.time_us for c in cands)
     chosen = min(c.splits for c in cands if c.time_us <= best * 1.01)
     return Explanation(chosen, cands, r, gpu.name, cal)

@@ -6,6 +6,7 @@ ceiling against 4.8 TB/s on paper, see ``results/``). ``live_gpu()`` describes t
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -32,11 +33,17 @@ PRESETS: dict[str, GPU] = {g.name: g for g in [
 
 
 def live_gpu() -> GPU | None:
-    """The GPU this process sees, with its real SM count and L2 (bandwidth from the matching preset, if any)."""
+    """The current CUDA device, with its real SM count and L2 (bandwidth from the matching preset, if any)."""
     import torch
     if not torch.cuda.is_available():
         return None
-    prop = torch.cuda.get_device_properties(0)
+    return _live_gpu(torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _live_gpu(index: int) -> GPU:
+    import torch
+    prop = torch.cuda.get_device_properties(index)
     name = prop.name
     base = next((g for key, g in PRESETS.items() if key.split()[0] in name and key.split()[-1] in name), None)
     base = base or next((g for key, g in PRESETS.items() if key.split()[0] in name), None)

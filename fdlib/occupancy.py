@@ -51,16 +51,21 @@ class Schedule:
         return (full * self.sms + self.busy_sms_last_wave) / (self.waves * self.sms)
 
 
+def waves(programs, programs_per_sm, sms):
+    """⌈programs / (programs_per_sm · sms)⌉ (at least 1 for a non-empty launch); works on NumPy arrays too."""
+    return -(-programs // (programs_per_sm * sms))
+
+
 def schedule(programs: int, programs_per_sm: int, sms: int) -> Schedule:
     """Waves, tail and efficiency of ``programs`` blocks on ``sms`` SMs with ``programs_per_sm`` slots each."""
     for name, v in (("programs", programs), ("programs_per_sm", programs_per_sm), ("sms", sms)):
         if not isinstance(v, (int, np.integer)) or v < (0 if name == "programs" else 1):
             raise ValueError(f"{name}: expected an integer >= {0 if name == 'programs' else 1}, got {v!r}")
     slots = sms * programs_per_sm
-    waves = max(1, -(-programs // slots)) if programs else 0
-    tail = programs - (waves - 1) * slots if programs else 0
-    eff = programs / (waves * slots) if programs else 0.0
-    return Schedule(programs, programs_per_sm, sms, waves, tail, eff, min(sms, tail))
+    w = max(1, waves(programs, programs_per_sm, sms)) if programs else 0
+    tail = programs - (w - 1) * slots if programs else 0
+    eff = programs / (w * slots) if programs else 0.0
+    return Schedule(programs, programs_per_sm, sms, w, tail, eff, min(sms, tail))
 
 
 def placement(s: Schedule) -> np.ndarray:

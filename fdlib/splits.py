@@ -8,18 +8,16 @@
 """
 from __future__ import annotations
 
-import triton
-
 from . import runtime
-from .kernels.config import MAX_SPLITS, tile_config
+from .kernels.config import MAX_SPLITS, cdiv, tile_config
 
 INTERPRETER_SMS = 8
 
 
 def simple_rule(B: int, H_kv: int, L: int, sms: int, block_n: int) -> int:
     """splits = ⌈2·SMs / (B·H_kv)⌉, at most one split per tile and at most MAX_SPLITS."""
-    want = triton.cdiv(2 * sms, max(B * H_kv, 1))
-    return max(1, min(want, triton.cdiv(max(L, 1), block_n), MAX_SPLITS))
+    want = cdiv(2 * sms, max(B * H_kv, 1))
+    return max(1, min(want, cdiv(max(L, 1), block_n), MAX_SPLITS))
 
 
 def choose_splits(p, L_cap, lens, method) -> int:

@@ -58,12 +58,22 @@ def block_sizes(group: int, D: int) -> tuple[int, int]:
     return max(16, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(D))
 
 
-def chunk_for(L_cap: int, splits: int, block_n: int) -> tuple[int, int]:
-    """(chunk, splits actually needed) for covering L_cap keys with at most ``splits`` splits."""
+def cdiv(a: int, b: int) -> int:
+    """⌈a / b⌉ for non-negative integers (plain Python: the cost model calls it often on the host)."""
+    return -(-a // b)
+
+
+def chunk_for(L_cap: int, splits, block_n: int):
+    """(chunk, splits actually needed) for covering L_cap keys with at most ``splits`` splits.
+    ``splits`` may be a NumPy array of candidates (the cost model's); then both results are arrays."""
+    import numpy as np
     L_cap = max(int(L_cap), 1)
-    splits = max(1, min(int(splits), triton.cdiv(L_cap, block_n)))
-    chunk = triton.cdiv(triton.cdiv(L_cap, splits), block_n) * block_n
-    return chunk, triton.cdiv(L_cap, chunk)
+    s = np.clip(np.asarray(splits, dtype=np.int64), 1, cdiv(L_cap, block_n))
+    chunk = cdiv(cdiv(L_cap, s), block_n) * block_n
+    eff = cdiv(L_cap, chunk)
+    if chunk.ndim == 0:
+        return int(chunk), int(eff)
+    return chunk, eff
 
 
 def fp32_dot(dtype) -> bool:
