@@ -227,7 +227,8 @@ def lab03():
         from fdlib import explorer
         for s in (1, 16):
             summ = explorer.summary(B=1, H_q=32, H_kv=8, L=131072, splits=s, gpu="H200", unified=False)
-            print("\\n".join(summ.lines()[2:7]), end="\\n\\n")
+            print(f"{s:2d} split(s): {summ.programs:3d} stage-1 programs, {summ.waves} wave, "
+                  f"busy SMs: {summ.busy_text()}, SM utilization {summ.utilization:.1%}")
         """, checked=True),
         md("""
         Move the **splits** slider (and batch, heads, length) in the explorer below. The top row shows the SMs of
@@ -474,7 +475,7 @@ def lab04():
         for s in (16, 256):
             summ = explorer.summary(B=1, H_q=32, H_kv=8, L=32768, splits=s, gpu="H200", unified=False)
             print("\\n".join(summ.lines()[2:6]), end="\\n\\n")
-        """, checked=True),
+        """),
         md("""
         ## Why prefill does not need any of this
 
