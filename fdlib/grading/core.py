@@ -370,8 +370,8 @@ def run_checks(name: str, impl: Callable, quiet: bool = False, timeout_s: float 
         out = run_one(chk, impl, timeout_s)
         if out.status == "todo" and i == 0:
             res.todo = True
-            res.outcomes = [CheckOutcome(chk.name, "todo", f"implement {name} (its body still raises "
-                                         f"NotImplementedError), then run this cell again")]
+            res.outcomes = [CheckOutcome(chk.name, "todo", f"implement {name} (its body is still the stub), "
+                                         f"then run this cell again")]
             if not quiet:
                 print(res.outcomes[0].line())
             return res
