@@ -79,9 +79,10 @@ def lab05():
 
         The two-stage version pays for its second kernel twice:
 
-        * **launch overhead**: every launch costs a few µs of CPU and driver work (about 4.5 µs on the H200 here),
+        * **launch overhead**: every launch has a fixed cost, a few µs of CPU and driver work when called eagerly,
           comparable to a whole decode step of a short cache. CUDA graphs shrink this (a captured graph replays
-          its launches back to back), but do not remove the gap between the kernels;
+          its launches back to back), but do not remove the gap between the kernels (the cost model's t_launch,
+          printed in section 2, is what is left of it under CUDA-graph replay on an H200);
         * **the first kernel's tail**: stage 2 cannot start until the *last* program of stage 1 has finished, so
           the SMs that finish early sit idle while the slowest wave drains, and the merge then runs on a nearly
           empty GPU.
@@ -168,20 +169,34 @@ def lab05():
         whole program's time (the ⌈·⌉). The smooth maximum captures that near the corner both limits slow the
         stream. The start-up term (first loads, pipeline fill, storing a partial) and the merge term grow with
         the split count ("too many splits"). BW, ρ and the four t's are **measured** once per GPU
-        (`fdlib.costmodel.calibrate`, a few seconds); on a CPU the H200's calibration is used. The chosen count
-        is the **smallest within 1% of the fastest** (fewer splits: less merging, less workspace).
-
-        `fdlib.costmodel.explain` shows every candidate:
+        (`fdlib.costmodel.calibrate`, a few seconds, cached). Without a live GPU, `gpu="H200"` uses fdlib's
+        built-in H200 constants (`costmodel.H200_DEFAULT`); the next cell prints them beside the calibration
+        recorded on an H200 (`results/h200/calibration.json`). The chosen count is the **smallest within 1% of the
+        fastest** (fewer splits: less merging, less workspace).
         """),
+        code("""
+        import json
+        recorded_cal = json.loads((RESULTS / "calibration.json").read_text())
+        used = costmodel.H200_DEFAULT
+        print(f"{'constant':12s} {'used here':>10s} {'recorded':>10s}   used here: {used.source}")
+        print(f"{'':12s} {'':>10s} {'':>10s}   recorded:  {recorded_cal['source']} (results/h200/calibration.json)")
+        for name, unit in (("bw_tbs", "TB/s"), ("rho_tbs", "TB/s"), ("t_launch_us", "µs"), ("t_wave_us", "µs"),
+                           ("t_merge_us", "µs"), ("t_split_us", "µs")):
+            print(f"{name:12s} {getattr(used, name):10.3f} {recorded_cal[name]:10.3f}   {unit}")
+        print(f"one program streams at most rho = {used.rho_tbs * 1e3:.0f} GB/s (used here), "
+              f"{recorded_cal['rho_tbs'] * 1e3:.0f} GB/s (recorded)")
+        """, checked=True),
+        md("`fdlib.costmodel.explain` shows every candidate (with the constants used here):"),
         code("""
         ex = costmodel.explain(B=1, H_q=32, H_kv=8, L=131072, D=128, dtype_bytes=2, gpu="H200")
         print(ex.table())
         """, checked=True),
         md("""
         One sequence of 128k keys: 8 KV heads make only 8 programs without splitting, and one program streams
-        at most ρ ≈ 45 GB/s, so 1 split is per-program-bound and slow. From 16 splits on (128 programs, about one
-        wave on 132 SMs) the bandwidth limit takes over; beyond that, more splits only add start-up and merge
-        work, and 17+ would start a second wave. Different shapes want very different counts:
+        at most ρ (printed above), so 1 split is per-program-bound and slow. At 16 splits, 128 programs fill one
+        wave on 132 SMs and the bandwidth limit takes over. 20 to 28 splits start a second, partly filled wave and
+        are per-program-bound again; counts that fill their waves (32, 64, …) are bandwidth-bound but add start-up
+        and merge work, so they are slower than 16. Different shapes want very different counts:
         """),
         code("""
         shapes = [(1, 32, 8, 131072), (1, 32, 8, 2048), (4, 32, 8, 32768), (1, 32, 32, 32768), (16, 32, 8, 8192),
@@ -209,7 +224,7 @@ def lab05():
             pts = sorted((p["splits"], p["us"]) for p in row["points"] if p.get("us"))
             e = costmodel.explain(B, row["H_q"], H_kv, L, gpu="H200")
             ax.plot([c.splits for c in e.candidates], [c.time_us for c in e.candidates], "-", color="tab:gray",
-                    label="model (H200 calibration)")
+                    label="model (H200_DEFAULT)")
             ax.plot(*zip(*pts), "o", color="tab:blue", ms=4, label="recorded")
             ax.axvline(e.chosen, color="tab:orange", ls="--", lw=1, label=f"model's choice ({e.chosen})")
             ax.set_xscale("log", base=2); ax.set_yscale("log")
@@ -239,12 +254,19 @@ def lab05():
             ratios["costmodel"].append(cm["ratio_to_best"]); ratios["fa2_rule"].append(fa["ratio_to_best"])
             print(f"B={r['B']:<2d} H=32:{r['H_kv']:<2d} L={r['L']:<7d} {r['best']['splits']:5d} "
                   f"{cm['splits']:5d} {cm['ratio_to_best']:5.2f}× {fa['splits']:4d} {fa['ratio_to_best']:5.2f}×")
+        gm = {k: math.exp(np.mean(np.log(v))) for k, v in ratios.items()}
         for k, v in ratios.items():
-            print(f"{k:10s}: worst {max(v):.3f}×, geometric mean {math.exp(np.mean(np.log(v))):.3f}× of the best")
+            print(f"{k:10s}: worst {max(v):.3f}×, geometric mean {gm[k]:.3f}× of the best")
+        closer = "tie" if abs(gm["costmodel"] - gm["fa2_rule"]) < 1e-3 else min(gm, key=gm.get)
+        print("closer to the best on average:", closer)
         """, checked=True),
         md("""
-        (Batches of 16 and more are left out: there, every rule picks 1 split.) On this GPU and head layout the
-        two rules mostly agree; where they differ, the cost model follows the measured per-program limit.
+        (Batches of 16 and more are left out: there every rule picks 1 split, which the sweep also found fastest.)
+        Read the last lines: on this recorded H200 sweep neither rule is far from the best, and FA2's simple
+        wave-efficiency rule holds its own. On an H200 with 128-key tiles the best count is mostly the one that
+        fills one wave, which is exactly what FA2's rule looks for. The cost model's extra terms matter where that
+        is not enough: ragged batches (it counts programs per sequence), the two-stage path (a second launch), and
+        other GPUs (it is calibrated on the one it runs on).
         """),
 
         # ------------------------------------------------------------------------------------------- exercises
@@ -427,9 +449,10 @@ def lab05():
         md("""
         Read the plots from left to right: for small batches of long caches, `split1` (no splitting) is many
         times slower than cuDNN, because B·H_kv programs cannot fill 132 SMs; `split` and `unified` close the
-        gap; for large batches every method is bandwidth-bound, and the unified kernel with 1 split *is*
-        `split1`. `naive` reads and writes the whole score matrix through memory and materialises the repeated
-        GQA heads, so it trails everywhere.
+        gap; for large batches every method is bandwidth-bound, and the unified kernel picks 1 split: it then
+        does `split1`'s work in one launch, writing its output directly with no stage 2. `naive` runs several
+        PyTorch kernels: it first copies the whole K and V cache to float32, then writes the scores and
+        probabilities through memory, so it moves several times the cache's bytes and trails everywhere.
 
         ### GQA: time follows H_kv, not H_q
 
@@ -470,6 +493,19 @@ def lab05():
           the kernel's loads go through one more indirection, and splits align to pages. That is the next lab.
         """),
     ]
+    cells += [
+        md("""
+        ## 6 · Explore
+
+        The occupancy explorer from Lab 03, with the cost model's prediction: change B, the heads, L and the
+        splits and watch the SM map, the waves and the predicted time (drawn from the analytic model of the
+        chosen GPU; recorded H200 points where the sweep has them).
+        """),
+        code("""
+        from fdlib.explorer import explorer
+        explorer(B=1, H_q=32, H_kv=8, L=131072, splits=16)
+        """, tags=["machine"]),
+    ]
     cells += questions([
         ("Why can the last program to take a ticket merge without waiting for anybody?",
          """The counter counts stored partials: ticket t means t programs of the row had already stored theirs
@@ -485,7 +521,7 @@ def lab05():
          programs run concurrently on different SMs: with a relaxed atomic the last program may read a partial
          before its writer's stores are visible, and merge stale data, rarely and unreproducibly."""),
         ("For B=1, H_kv=8, L=131072 on an H200 the model picks 16 splits. Why not 1, and why not 128?",
-         """1 split makes 8 programs, each limited to ~45 GB/s: the per-program limit dominates. 16 splits make
+         """1 split makes 8 programs, each limited to ρ (tens of GB/s): the per-program limit dominates. 16 splits make
          128 programs, one wave on 132 SMs, enough to reach the bandwidth limit. 128 splits add start-up and
          merge work (and several waves) for no bandwidth gain."""),
         ("Why does the time of GQA decode scale with H_kv rather than H_q?",
@@ -496,19 +532,6 @@ def lab05():
          kernel then is ordinary one-pass decode attention; Flash-Decoding's gain is for small batches of long
          sequences."""),
     ])
-    cells += [
-        md("""
-        ## 7 · Explore
-
-        The occupancy explorer from Lab 03, with the cost model's prediction: change B, the heads, L and the
-        splits and watch the SM map, the waves and the predicted time (drawn from the analytic model of the
-        chosen GPU; recorded H200 points where the sweep has them).
-        """),
-        code("""
-        from fdlib.explorer import explorer
-        explorer(B=1, H_q=32, H_kv=8, L=131072, splits=16)
-        """, tags=["machine"]),
-    ]
     return cells
 
 

@@ -226,7 +226,23 @@ def lab01():
         **group FLOP/byte**, i.e. 1 FLOP/byte without GQA and 8 with group 8. A GPU needs hundreds of FLOPs per byte
         to be compute-bound; decode is firmly **memory-bound**, so its speed is set by how fast the cache streams in.
         """),
+        md("""
+        The cell below puts numbers on it for one layer of a Llama-3-8B-like model. The lower bound on the step
+        time is KV bytes / bandwidth, with two bandwidths: the H200's datasheet peak (from `fdlib.gpus`) and the
+        read ceiling that the course's benchmark **measured** on an H200 (from `results/h200`, provenance printed).
+        """),
         code("""
+        import json
+        from pathlib import Path
+        from fdlib.gpus import PRESETS
+        RESULTS = Path(fdlib.__file__).resolve().parent.parent / "results" / "h200"
+        bench = json.loads((RESULTS / "bench-float16.json").read_text())
+        prov = bench["provenance"]
+        BW_DATASHEET = PRESETS["H200"].bandwidth_tbs * 1e12          # bytes/s
+        BW_MEASURED = bench["ceiling"]["tbs"] * 1e12                  # bytes/s, read ceiling measured in the run
+        print(f"H200 datasheet bandwidth {BW_DATASHEET / 1e12:.2f} TB/s; read ceiling {BW_MEASURED / 1e12:.2f} TB/s "
+              f"recorded on {prov['device']} {prov['date_utc'][:10]} (python -m fdlib.bench)")
+
         def decode_step(B, H_q, H_kv, L, D, bytes_per=2):
             kv_bytes = 2 * B * H_kv * L * D * bytes_per
             flops = 4 * B * H_q * L * D
@@ -235,20 +251,21 @@ def lab01():
         # One layer of a Llama-3-8B-like model (H_q=32, H_kv=8, D=128), fp16, one sequence of 32k tokens.
         for name, H_kv in (("multi-head (group 1)", 32), ("GQA (group 4)", 8)):
             kv_bytes, flops, ai = decode_step(B=1, H_q=32, H_kv=H_kv, L=32768, D=128)
-            print(f"{name:22s} KV bytes {kv_bytes / 2**20:7.1f} MiB | FLOPs {flops / 1e9:5.2f} GFLOP | "
-                  f"intensity {ai:.1f} FLOP/byte | at 4.8 TB/s: {kv_bytes / 4.8e12 * 1e6:6.1f} µs")
+            print(f"{name:20s} KV {kv_bytes / 2**20:5.1f} MiB | {flops / 1e9:4.2f} GFLOP | {ai:.1f} FLOP/byte | "
+                  f"≥ {kv_bytes / BW_DATASHEET * 1e6:5.1f} µs (datasheet), ≥ {kv_bytes / BW_MEASURED * 1e6:5.1f} µs (measured ceiling)")
         """, checked=True),
         md("""
         ## The roofline
 
-        A kernel with intensity I (FLOP/byte) can at best reach min(peak FLOP/s, bandwidth · I). For one H200
-        (datasheet: 4.8 TB/s HBM3e, about 990 TFLOP/s dense fp16 on tensor cores) the ridge point, where the two
-        limits meet, is near 206 FLOP/byte. Decode sits far left of it; prefill (attention of N queries over N keys)
-        has an intensity that grows with N.
+        A kernel with intensity I (FLOP/byte) can at best reach min(peak FLOP/s, bandwidth · I). The **ridge point**
+        peak / bandwidth is where the two limits meet; below it a kernel is memory-bound. The cell uses the H200's
+        datasheet figures (HBM bandwidth, dense fp16 tensor-core peak) and also draws the measured read ceiling.
+        Decode sits far left of the ridge; prefill (attention of N queries over N keys) has an intensity that grows
+        with N.
         """),
         code("""
         import numpy as np
-        BW, PEAK = 4.8e12, 990e12                       # H200 datasheet: bytes/s, dense fp16 FLOP/s
+        BW, PEAK = BW_DATASHEET, 989.5e12                # H200 datasheet: bytes/s, dense fp16 tensor-core FLOP/s
         I = np.logspace(-1, 4, 200)
         attainable = np.minimum(PEAK, BW * I)
         N = 4096                                         # prefill: 4096 tokens, causal, fp16, no GQA
@@ -258,13 +275,16 @@ def lab01():
         for name, ai in points.items():
             print(f"{name:18s} intensity {ai:7.1f} FLOP/byte -> at most {min(PEAK, BW * ai) / 1e12:6.1f} TFLOP/s")
         fig, ax = plt.subplots()
-        ax.loglog(I, attainable / 1e12, color="black", label="roofline")
+        ax.loglog(I, attainable / 1e12, color="black", label=f"roofline, datasheet {BW / 1e12:.1f} TB/s")
+        ax.loglog(I, np.minimum(PEAK, BW_MEASURED * I) / 1e12, color="gray", ls="--",
+                  label=f"measured read ceiling {BW_MEASURED / 1e12:.2f} TB/s ({prov['date_utc'][:10]})")
         for (name, ai), c in zip(points.items(), ("tab:red", "tab:orange", "tab:blue")):
             ax.plot(ai, min(PEAK, BW * ai) / 1e12, "o", color=c, label=name)
         ax.set_xlabel("arithmetic intensity (FLOP/byte)")
         ax.set_ylabel("attainable throughput (TFLOP/s)")
-        ax.set_title("Roofline of one H200 (4.8 TB/s, 990 TFLOP/s fp16) - analytic model")
-        ax.legend(loc="lower right")
+        ax.set_title(f"Roofline of one H200 - analytic model (datasheet {BW / 1e12:.1f} TB/s, {PEAK / 1e12:.0f} TFLOP/s fp16;\\n"
+                     f"dashed: read ceiling recorded on {prov['device']} {prov['date_utc'][:10]})", fontsize=10)
+        ax.legend(loc="lower right", fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         plt.show()
         """, checked=False),
@@ -350,7 +370,8 @@ def lab01():
     cells += questions([
         ("Why is long-context decode slow even on a GPU with ~1000 TFLOP/s?",
          """Each step reads the whole KV cache (2·B·H_kv·L·D·bytes) to do only about group FLOPs per byte (fp16),
-         far below the ~206 FLOP/byte ridge of an H200. The step time is KV bytes / bandwidth; compute is idle."""),
+         far below the ridge point of a modern GPU (about 200 FLOP/byte for the H200, computed above). The step
+         time is set by KV bytes / bandwidth; the tensor cores are almost idle."""),
         ("How does grouped-query attention change the arithmetic intensity of decode?",
          """The FLOPs depend on H_q, the bytes on H_kv: the intensity is multiplied by group = H_q/H_kv (and the
          cache shrinks by the same factor), as long as the kernel reads each KV tile once for all heads of its group."""),
@@ -449,14 +470,15 @@ def lab02():
         md("""
         ## Huge logits: the naive softmax overflows, the online one does not
 
-        Scores of a few hundred are ordinary in float16/float32 activations; e^89 already overflows float32.
+        Logits in the hundreds do occur (large activations, no normalisation of q and k), and e^89 already
+        overflows float32. The same three scores through a naive softmax and through your online softmax:
         """),
         code("""
         s = torch.tensor([1000.0, 1001.0, 999.0])
         v = torch.eye(3)
         naive = torch.exp(s) / torch.exp(s).sum()
         print("naive exp(s):", torch.exp(s).tolist(), "-> softmax", naive.tolist())
-        # the same scores as q·k with q = s-values along one axis
+        # q = [1] and k_j = [s_j] (D = 1), so q·k_j = s_j; blocks of 2 keys
         state = online_softmax(torch.tensor([1.0]), s[:, None], v, 2, 1.0)
         O = state[2] / state[1]
         print("online: m =", float(state[0]), "| l =", round(float(state[1]), 6), "| O =", [round(x, 6) for x in O.tolist()])

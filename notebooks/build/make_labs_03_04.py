@@ -243,9 +243,11 @@ def lab03():
         md("""
         ## Measured: time against splits
 
-        On a GPU the next cell times `fdlib.decode_attention` at several split counts (`explorer.measure`, L2 flushed
-        between runs). Without one it plots the sweep recorded on an H200 by the course's benchmark command (unified
-        kernel, CUDA-graph timings), with its provenance.
+        On a GPU the next cell times the two-stage kernel of this lab and the next (`fdlib.decode_attention(method=
+        "split")`, bfloat16) at several split counts with `explorer.measure` (eager `triton.testing.do_bench`, L2
+        flushed between runs). Without one it plots the sweep recorded on an H200 by the course's benchmark command
+        (`python -m fdlib.bench --sweep-splits`: the unified kernel of Lab 05, fp16, CUDA-graph timings), with its
+        provenance. Both kernels run the same stage-1 programs, so the shape of the curve is the same.
         """),
         recorded_code("""
         sweep = json.loads((RESULTS / "sweep-fp16.json").read_text())
@@ -256,7 +258,8 @@ def lab03():
             for B_, Hq_, Hkv_, L_ in shapes:
                 pts = explorer.measure(B_, Hq_, Hkv_, L_, [1, 2, 4, 8, 16, 32, 64, 128], unified=False)
                 ax.plot(*zip(*pts), "o-", label=f"B={B_}, L={L_}")
-            ax.set_title(f"Two-stage kernel, time vs splits - measured live on {name}, eager (do_bench)", fontsize=10)
+            ax.set_title(f"Two-stage kernel, time vs splits - live on {name}, eager (do_bench)", fontsize=10)
+            dtype_name = "bf16"
         else:
             for row in sweep["sweep"]:
                 if (row["B"], row["H_q"], row["H_kv"], row["L"]) in shapes:
@@ -264,21 +267,24 @@ def lab03():
                     ax.plot(*zip(*pts), "o-", label=f"B={row['B']}, L={row['L']}")
                     best = row["best"]
                     ax.plot(best["splits"], best["us"], "k*", ms=12)
-            ax.set_title(f"Unified kernel, time vs splits (★ best) - {sweep['provenance']['device']}, "
-                         "CUDA-graph timings, recorded", fontsize=10)
+            ax.set_title(f"Unified kernel, time vs splits (★ best) - recorded on {sweep['provenance']['device']} "
+                         f"{sweep['provenance']['date_utc'][:10]}, CUDA-graph timings", fontsize=10)
             print(provenance(sweep).replace("`", ""))
+            dtype_name = "fp16"
         ax.set_xscale("log", base=2); ax.set_yscale("log")
         ax.set_xlabel("splits (KV sequence cut into this many slices)")
         ax.set_ylabel("time per decode step (µs)")
-        ax.legend(title="H_q=32, H_kv=8, D=128, fp16", fontsize=8)
+        ax.legend(title=f"H_q=32, H_kv=8, D=128, {dtype_name}", fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         plt.tight_layout()
         plt.show()
         """),
         md("""
-        Up to about 16 splits, every doubling roughly halves the time: the SMs that were idle now stream their share
-        of the cache. Past the point where the programs fill the GPU, more splits only add waves, partial results and
-        merge work, and the time creeps back up: Lab 04 looks at that cost.
+        From 1 to 8 splits every doubling roughly halves the time: 8, 16, 32, 64 programs, and the SMs that were
+        idle now stream their share of the cache. Around 16 splits (128 programs, one per SM) the GPU is full and
+        the curve flattens: the best count sits there. Past it, more splits only add waves, partial results and merge
+        work, and the time creeps back up; a split count that leaves a partly empty second wave (e.g. 24 splits:
+        192 programs on 132 SMs) can even be slower than a larger one that fills it. Lab 04 looks at that cost.
         """),
     ]
     cells += questions([
@@ -291,8 +297,9 @@ def lab03():
          the state of Lab 02 (m and ℓ are folded into lse), and states merge exactly: stage 2 recovers the softmax
          over all keys with weights e^(lse_i − lse)."""),
         ("Why must masked keys get the score −∞ rather than being loaded as zeros and left alone?",
-         """A zero key gives the score 0, which counts as a real key with weight e^(0 − m): it would add to ℓ (and, if
-         V is zero too, shrink the output). −∞ gives weight 2^(−∞) = 0."""),
+         """A zero key gives the score 0, which counts as a real key with weight 2^(0 − m): it would add to ℓ and,
+         since its V was loaded as 0 too, pull the output toward 0 (it could even raise m if all real scores are
+         negative). −∞ gives weight 2^(−∞) = 0."""),
         ("What happens with more splits than tiles, or splits past a short sequence's end?",
          """fdlib never launches more splits than there are tiles of the longest sequence (chunk_for), but shorter
          sequences of a ragged batch get empty splits. An empty program runs no tile update and writes O = 0,
@@ -422,25 +429,34 @@ def lab04():
         """),
         md("""
         In bytes the reduction is cheap for long caches (16 splits: 0.1% of a 128 Ki-token cache) and only matters
-        for short caches cut very finely (256 splits of a 4 Ki-token cache: half as many bytes as the cache). Its real costs are the
-        second kernel launch (a few µs, which matters when the whole step takes 10 µs), stage 2's serial loop over
-        the splits, and the waves of stage-1 programs. Here is what an H200 recorded, two-stage (`split`) against
-        the unified kernel of Lab 05 (which merges inside the same launch), both at the split count fdlib chose:
+        for short caches cut very finely (256 splits of a 4 Ki-token cache: half as many bytes as the cache). Its
+        other costs are a second kernel launch, whose fixed cost matters when the whole step takes only microseconds
+        (CUDA graphs, used in the timings below, shrink but do not remove it), stage 2's serial loop over the splits,
+        and stage 1's tail: stage 2 cannot start before the last stage-1 program ends. Here is what an H200
+        recorded for one sequence: no split, two-stage (`split`) and the unified kernel of Lab 05 (which merges
+        inside the same launch), the last two each at the split count fdlib chose:
         """),
         recorded_code("""
         bench = json.loads((RESULTS / "bench-float16.json").read_text())
         print(provenance(bench).replace("`", ""))
         rows = {}
         for r in bench["records"]:
-            if (r["B"], r["H_q"], r["H_kv"]) == (1, 32, 8) and r["method"] in ("split1", "split", "unified") \\
-                    and r["status"] == "ok":
-                rows.setdefault(r["L"], {})[r["method"]] = r
-        print(f"{'L':>7} | {'1 split':>9} | {'split (stage 1 + 2)':>20} | {'unified':>9} | CUDA-graph µs, B=1, H 32:8, D=128")
-        for L, m in sorted(rows.items()):
-            print(f"{L:7d} | {m['split1']['graph_us']:9.1f} | {m['split']['graph_us']:11.1f} ({m['split']['splits']:3d} splits)"
-                  f" | {m['unified']['graph_us']:9.1f}")
+            if r["B"] == 1 and r["method"] in ("split1", "split", "unified") and r["status"] == "ok":
+                rows.setdefault((r["H_q"], r["H_kv"], r["L"]), {})[r["method"]] = r
+        print("CUDA-graph µs per decode step, B=1, D=128, fp16")
+        print(f"{'H_q:H_kv':>8} {'L':>7} | {'1 split':>8} | {'split (stage 1+2)':>19} | {'unified':>17} | unified/split")
+        for (H_q, H_kv, L), m in sorted(rows.items()):
+            sp, un = m["split"], m["unified"]
+            print(f"{H_q:>5}:{H_kv:<2} {L:7d} | {m['split1']['graph_us']:8.1f} | {sp['graph_us']:7.1f} ({sp['splits']:3d} splits) | "
+                  f"{un['graph_us']:5.1f} ({un['splits']:3d} splits) | {un['graph_us'] / sp['graph_us']:.3f}")
         """),
         md("""
+        Read the last column: under CUDA-graph replay the second launch costs little, so the two paths are close.
+        With 8 KV heads the two-stage path is even a few per cent faster on the shortest caches; with 32 KV heads
+        the unified kernel wins at short caches; at long caches, where streaming the cache dominates, the two are
+        equal. And both beat the single split, by the widest margin with few KV heads and long caches: the case
+        splitting was made for.
+
         ## The "too many splits" pitfall
 
         Splitting pays while it fills idle SMs. Past that point each extra split adds work without adding
@@ -460,8 +476,9 @@ def lab04():
         ax.set_xscale("log", base=2); ax.set_yscale("log")
         ax.set_xlabel("splits")
         ax.set_ylabel("time / best time (ratio)")
-        ax.set_title(f"Too many splits: time vs splits, H_q=32, H_kv=8, D=128, fp16 - {sweep['provenance']['device']}, "
-                     "unified kernel, CUDA-graph, recorded", fontsize=9)
+        ax.set_title(f"Too many splits: time vs splits, H_q=32, H_kv=8, D=128, fp16, unified kernel\\n"
+                     f"recorded on {sweep['provenance']['device']} {sweep['provenance']['date_utc'][:10]}, "
+                     "CUDA-graph timings", fontsize=9)
         ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
