@@ -11,11 +11,13 @@ from .reference import naive_attention
 from .validate import check
 
 
-def _lengths(p, k_cache, cache_seqlens):
-    """int32 lengths on the device, and L_cap: the longest length the launch must cover (host int)."""
+def _lengths(p, cache_seqlens, validate):
+    """int32 lengths on the device, and L_cap: the longest length the launch must cover (host int): the
+    longest of ``cache_seqlens`` with ``validate=True``, else the cache's capacity L_max (nothing is read)."""
     if cache_seqlens is None:
         return torch.full((p.B,), p.L_max, dtype=torch.int32, device=p.q.device), p.L_max
-    return cache_seqlens.to(torch.int32).contiguous(), None   # kernels read LENS + b: dense int32
+    lens = cache_seqlens.to(torch.int32).contiguous()   # kernels read LENS + b: dense int32
+    return lens, (int(cache_seqlens.max()) if validate else p.L_max)
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, method="auto", num_splits=None,
@@ -32,10 +34,12 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, met
         scale: multiplies q·k (default 1/√D).
         method: ``"auto"`` (unified kernel, splits from the cost model), ``"unified"``, ``"split"``
             (stage 1 + stage 2 kernels), or ``"naive"`` (PyTorch matmul-softmax-matmul).
-        num_splits: force the number of KV splits (1..256) instead of letting fdlib choose.
+        num_splits: force the number of KV splits (1..256) instead of letting fdlib choose; at most one split
+            per tile of keys is launched (:func:`fdlib.kernels.config.chunk_for`).
         return_lse: also return lse ``[B, H_q]`` float32 (natural log).
         validate: check ``cache_seqlens`` values (needs a device-to-host copy); pass False inside CUDA-graph
-            capture, where splits are then chosen for the cache's full capacity L_max.
+            capture, where splits are then chosen for the cache's full capacity L_max. Without the check the
+            lengths must still lie in 0..L_max: a longer one makes the kernels read past the cache.
 
     A sequence of length 0 gives out = 0 and lse = -inf. A NaN in a sequence's q, K or V makes that
     sequence's output NaN (for the query heads that read it) and leaves every other sequence untouched.
@@ -54,12 +58,10 @@ def _triton(p, k_cache, v_cache, cache_seqlens, method, num_splits, validate):
     from .kernels.config import chunk_for, tile_config
     from .splits import choose_splits
     runtime.smoke_check()
-    lens, L_cap = _lengths(p, k_cache, cache_seqlens)
-    if L_cap is None:
-        L_cap = int(cache_seqlens.max()) if validate else p.L_max
+    lens, L_cap = _lengths(p, cache_seqlens, validate)
     cfg = tile_config(p.D, L_cap, p.q.element_size(), rows=p.B * p.H_kv)
     if num_splits is None:
-        num_splits = choose_splits(p, L_cap, lens if validate else None, method)
+        num_splits = choose_splits(p, L_cap, lens if validate else None)
     chunk, splits = chunk_for(L_cap, num_splits, cfg.BLOCK_N)
     try:
         out = torch.empty_like(p.q)

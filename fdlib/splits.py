@@ -2,9 +2,9 @@
 
 * On a GPU every method asks the cost model (:mod:`fdlib.costmodel`), for the unified kernel, so that
   ``"split"`` and ``"unified"`` run the same splits and compare like with like.
-* In the interpreter there are no SMs to fill: Lab 03's simple rule (:func:`simple_rule`, enough programs
-  for about two per SM, never more splits than tiles) on a pretend GPU of 8 SMs, which still makes
-  lab-sized problems split.
+* In the interpreter there are no SMs to fill: a simple rule (:func:`simple_rule`, enough programs for
+  about two per SM, never more splits than tiles) on a pretend GPU of 8 SMs, which still makes lab-sized
+  problems split.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ def simple_rule(B: int, H_kv: int, L: int, sms: int, block_n: int) -> int:
     return max(1, min(want, cdiv(max(L, 1), block_n), MAX_SPLITS))
 
 
-def choose_splits(p, L_cap, lens, method) -> int:
-    """Splits for a validated problem ``p``; ``lens`` is the device lengths tensor, or None when the caller
-    asked not to read it (then every sequence is assumed to be L_cap long)."""
+def choose_splits(p, L_cap, lens) -> int:
+    """Splits for a validated problem ``p`` (the same for every method); ``lens`` is the device lengths
+    tensor, or None when the caller asked not to read it (then every sequence is assumed to be L_cap long)."""
     block_n = tile_config(p.D, L_cap, p.q.element_size(), rows=p.B * p.H_kv).BLOCK_N
     if runtime.INTERPRET:
         return simple_rule(p.B, p.H_kv, L_cap, INTERPRETER_SMS, block_n)
