@@ -241,3 +241,10 @@ def test_gpu_sweep_one_shape():
     (row,) = res["sweep"]
     assert res["settings"]["timing"] == "graph"
     assert row["best"]["us"] > 0 and row["chosen"]["fdlib_auto"]["ratio_to_best"] >= 1
+
+
+def test_block_n_follows_the_element_size():
+    """The splits a record reports are counted in the tiles decode_attention uses for that dtype."""
+    from fdlib.kernels.config import tile_config
+    for elem in (2, 4):
+        assert methods.block_n(128, 8192, 8, elem) == tile_config(128, 8192, elem, rows=8).BLOCK_N

@@ -5,7 +5,7 @@ For every shape (dtype, B, H_q, H_kv, L, D; every sequence of length L):
 1. random q, K, V; the reference O in float32 on the GPU (float64 :func:`fdlib.reference_attention` in the
    interpreter);
 2. for each method: one call, relative error :math:`\lVert O - O_{ref}\rVert / \lVert O_{ref}\rVert`; a method
-   at or above the tolerance (1e-2 for fp16/bf16) is marked failed and not timed;
+   at or above the tolerance (1e-2 for fp16/bf16, 1e-3 for fp32) is marked failed and not timed;
 3. eager and CUDA-graph median µs (see :mod:`fdlib.bench.timing` for the L2 handling), effective bandwidth
    = KV bytes / time with KV bytes = 2·B·H_kv·L·D·elem_size, % of the read ceiling measured in the same run,
    and time / cuDNN's time.
@@ -27,7 +27,8 @@ import triton
 
 from .. import runtime
 from . import methods as M
-from .timing import Rotating, copies_for_l2, free_memory, l2_bytes, synchronize, time_eager, time_graph
+from .timing import (L2_FACTOR, Rotating, copies_for_l2, free_memory, l2_bytes, synchronize, time_eager,
+                     time_graph)
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 SCHEMA = "fdlib.bench/1"
@@ -42,8 +43,12 @@ def tolerance(dtype_name: str) -> float:
     return 1e-2 if dtype_name in ("float16", "bfloat16") else 1e-3
 
 
+def elem_bytes(shape: dict) -> int:
+    return DTYPES[shape["dtype"]].itemsize
+
+
 def kv_bytes(shape: dict) -> int:
-    return 2 * shape["B"] * shape["H_kv"] * shape["L"] * shape["D"] * torch.tensor([], dtype=DTYPES[shape["dtype"]]).element_size()
+    return 2 * shape["B"] * shape["H_kv"] * shape["L"] * shape["D"] * elem_bytes(shape)
 
 
 def shape_grid(B, L, heads, D, dtypes, max_kv_gb=20.0):
@@ -376,7 +381,7 @@ def l2_note(graphs: bool) -> str:
     note = "eager: triton.testing.do_bench clears the L2 (256 MB buffer zero-filled) before every run"
     if graphs:
         note += (f"; graph: triton.testing.do_bench_cudagraph does not flush, so each call rotates among copies "
-                 f"of q/K/V totalling >= {4}x L2 ({l2_bytes() / 2**20:.0f} MiB); 'l2_copies' per record")
+                 f"of q/K/V totalling >= {L2_FACTOR}x L2 ({l2_bytes() / 2**20:.0f} MiB); 'l2_copies' per record")
     if runtime.MODE != "gpu":
         note = "interpreter: wall-clock median on the CPU, no L2 handling, no graphs"
     return note
@@ -404,8 +409,7 @@ def _costmodel_choice(shape) -> dict:
     known = {"B": shape["B"], "batch": shape["B"], "H_q": shape["H_q"], "H_kv": shape["H_kv"],
              "group": shape["H_q"] // shape["H_kv"], "L": shape["L"], "L_max": shape["L"], "L_cap": shape["L"],
              "D": shape["D"], "sms": sms, "sm_count": sms, "num_sms": sms, "dtype": DTYPES[shape["dtype"]],
-             "elem_size": torch.tensor([], dtype=DTYPES[shape["dtype"]]).element_size(),
-             "dtype_bytes": torch.tensor([], dtype=DTYPES[shape["dtype"]]).element_size(),
+             "elem_size": elem_bytes(shape), "dtype_bytes": elem_bytes(shape),
              "method": "unified",
              "lengths": [shape["L"]] * shape["B"], "lens": [shape["L"]] * shape["B"]}
     try:
@@ -444,7 +448,8 @@ def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, 
               graphs=None, warmup_ms=None, rep_ms=None, graph_rep_ms=None, cpu_runs=None, seed=0, progress=True,
               command=None) -> dict:
     """Time ``method="unified"`` at every candidate split count per shape (graph timings on a GPU), plus the
-    split counts fdlib (``method="auto"``) and ``fdlib.costmodel.choose`` pick; record best vs chosen."""
+    split counts fdlib (``method="auto"``), ``fdlib.costmodel.choose`` and FlashAttention-2's heuristic
+    (``fdlib.costmodel.fa2_rule``) pick; record best vs chosen."""
     from ..kernels.config import MAX_SPLITS, chunk_for
     B, L, heads, D, dtypes = _grid(quick, B, L, heads, D, dtypes)
     gpu = runtime.MODE == "gpu"
@@ -459,8 +464,8 @@ def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, 
     timing = "graph" if settings["graphs"] else "eager"
     try:
         for i, shape in enumerate(shapes):
-            rows.append(_sweep_shape(shape, cands, settings, seed + i, M.block_n(shape["D"], shape["L"], shape["B"] * shape["H_kv"]),
-                                     chunk_for, timing))
+            block_n = M.block_n(shape["D"], shape["L"], shape["B"] * shape["H_kv"], elem_bytes(shape))
+            rows.append(_sweep_shape(shape, cands, settings, seed + i, block_n, chunk_for, timing))
             bar.update(f"{shape['dtype']} B={shape['B']} H={shape['H_q']}:{shape['H_kv']} L={shape['L']}")
     finally:
         bar.close()
@@ -506,9 +511,8 @@ def _sweep_shape(shape, cands, settings, seed, block_n, chunk_for, timing):
         if eff in by_eff:
             return by_eff[eff]
         m = M.build(f"unified@{requested}")
-        s = dict(settings, graphs=settings["graphs"])
         try:
-            rec = _measure(m, copies, ref, tol, s)
+            rec = _measure(m, copies, ref, tol, settings)
         except Exception as e:  # noqa: BLE001
             rec = {"status": "unavailable" if _is_oom(e) else "error", "reason": _short(e)}
             free_memory()

@@ -166,14 +166,15 @@ def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None) -> dict:
         if requested is None:
             from ..splits import choose_splits
             p = check(q, k, v, None, None, fd_method, None, False, False)
-            requested = int(choose_splits(p, L, None, fd_method))
-        _, eff = chunk_for(L, requested, block_n(k.shape[-1], L, q.shape[0] * k.shape[2]))
+            requested = int(choose_splits(p, L, None))
+        _, eff = chunk_for(L, requested, block_n(k.shape[-1], L, q.shape[0] * k.shape[2], q.element_size()))
         return {"splits_requested": requested, "splits": int(eff)}
     except Exception as e:  # noqa: BLE001 - bookkeeping only, never fatal
         return {"splits_requested": num_splits, "splits": None, "splits_error": f"{type(e).__name__}: {e}"[:200]}
 
 
-def block_n(D: int, L: int, rows: int | None = None) -> int:
-    """Keys per tile fdlib's kernels use for head dim D, length L and B·H_kv rows (as ``decode_attention`` picks it)."""
+def block_n(D: int, L: int, rows: int | None = None, elem_bytes: int = 2) -> int:
+    """Keys per tile fdlib's kernels use for head dim D, length L, B·H_kv rows and element size (as
+    ``decode_attention`` picks it)."""
     from ..kernels.config import tile_config
-    return tile_config(D, L, rows=rows).BLOCK_N
+    return tile_config(D, L, elem_bytes, rows=rows).BLOCK_N

@@ -220,7 +220,7 @@ def load_results(path, kind=None) -> dict:
                         and (kind is None or _peek(p, "kind") == kind)),
                        key=lambda p: (_date_of(p), p))
         if not files:
-            raise FileNotFoundError(f"no {kind or ''} results (*.json) in {path}")
+            raise FileNotFoundError(f"no {kind + ' ' if kind else ''}results (*.json) in {path}")
         path = files[-1]
     with open(path) as fh:
         results = json.load(fh)
@@ -250,7 +250,6 @@ def _date_of(p):
 
 def plot_results(results, path=None):
     """The figure for a results dict (or a path to one). Returns a matplotlib Figure; saves it if ``path``."""
-    from matplotlib.figure import Figure
     if not isinstance(results, dict):
         results = load_results(results)
     prov = results["provenance"]
