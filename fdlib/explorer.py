@@ -36,20 +36,22 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import gpus
+from .kernels.config import MAX_SPLITS
 from .occupancy import Schedule, programs_per_sm, schedule
 
 COLUMNS = 12
 """SM tiles per row in the SM map."""
 
-MAX_SPLITS = 256
 NUM_WARPS = 4
 
 
-def gpu_tile(D: int, L: int, rows: int | None = None):
-    """The compiled kernels' tile (BLOCK_N keys, warps, stages) for head dim D, length L and B·H_kv rows, as
-    :func:`fdlib.kernels.config.tile_config_for` picks it on a GPU (the explorer models a GPU even on a CPU)."""
+def gpu_tile(D: int, L: int, rows: int | None = None, dtype_bytes: int = 2):
+    """The compiled kernels' tile (BLOCK_N keys, warps, stages) for head dim D, length L, B·H_kv rows and
+    element size, as :func:`fdlib.kernels.config.tile_config_for` picks it on a GPU (the explorer models a
+    GPU even on a CPU)."""
     from .kernels.config import tile_config_for
-    return tile_config_for(D, L, compiled_mode=True, rows=rows)
+    return tile_config_for(D, L, compiled_mode=True, elem_bytes=dtype_bytes, rows=rows)
+
 
 SPLIT_OPTIONS = (list(range(1, 17)) + list(range(18, 33, 2)) + list(range(36, 65, 4))
                  + list(range(72, 129, 8)) + list(range(144, 257, 16)))
@@ -93,16 +95,16 @@ def _gpu(gpu) -> gpus.GPU:
 
 
 # ----------------------------------------------------------------------------------------------- cost model
-def _splits_used(L: int, splits: int, D: int = 128, rows: int | None = None) -> int:
+def _splits_used(L: int, splits: int, D: int = 128, rows: int | None = None, dtype_bytes: int = 2) -> int:
     """Splits the kernels really launch: at most one per BLOCK_N-key tile (fdlib.kernels.config.chunk_for)."""
     from .kernels.config import chunk_for
-    return chunk_for(L, min(int(splits), MAX_SPLITS), gpu_tile(D, max(int(L), 1), rows).BLOCK_N)[1]
+    return chunk_for(L, min(int(splits), MAX_SPLITS), gpu_tile(D, max(int(L), 1), rows, dtype_bytes).BLOCK_N)[1]
 
 
-def _estimate_programs_per_sm(gpu: gpus.GPU, D: int, L: int, dtype_bytes: int) -> int:
+def _estimate_programs_per_sm(gpu: gpus.GPU, D: int, L: int, dtype_bytes: int, rows: int | None = None) -> int:
     """Programs of the compiled stage-1/unified kernel per SM: its warps, about 128 registers a thread,
     K and V tiles of BLOCK_N×D in num_stages pipeline buffers of shared memory."""
-    t = gpu_tile(D, L)
+    t = gpu_tile(D, L, rows, dtype_bytes)
     d = max(16, 1 << (max(int(D), 1) - 1).bit_length())
     smem = t.num_stages * 2 * t.BLOCK_N * d * dtype_bytes
     return programs_per_sm(gpu, num_warps=t.num_warps, regs_per_thread=128, smem_bytes=smem)
@@ -117,11 +119,11 @@ def _simple_explain(B, H_q, H_kv, L, D, dtype_bytes, gpu, method):
     read) and, for the two-stage method, a second launch.
     """
     bw = gpu.bandwidth_tbs * 1e12 * 0.93
-    r = _estimate_programs_per_sm(gpu, D, L, dtype_bytes)
+    r = _estimate_programs_per_sm(gpu, D, L, dtype_bytes, B * H_kv)
     kv_bytes = 2.0 * B * H_kv * L * D * dtype_bytes
     seen, cands = set(), []
     for want in range(1, MAX_SPLITS + 1):
-        s = _splits_used(L, want, D)
+        s = _splits_used(L, want, D, B * H_kv, dtype_bytes)
         if s in seen:
             continue
         seen.add(s)
@@ -299,7 +301,7 @@ def _summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_byte
     ex, source = _explain(int(B), int(H_q), int(heads), int(L), int(D), int(dtype_bytes), g,
                           "unified" if unified else "split")
     r = int(ex.programs_per_sm)
-    used = _splits_used(L, splits, D, B * heads)
+    used = _splits_used(L, splits, D, B * heads, dtype_bytes)
     P = B * heads * used
     s = schedule(P, r, g.sms)
     busy = tuple([g.sms] * (s.waves - 1) + [s.busy_sms_last_wave]) if s.waves else ()
@@ -308,7 +310,7 @@ def _summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_byte
     chosen_t, _ = _time_at(ex.candidates, int(ex.chosen))
     summ = Summary(gpu=g.name, sms=g.sms, B=int(B), H_q=int(H_q), H_kv=int(H_kv), L=int(L), D=int(D),
                    dtype_bytes=int(dtype_bytes), gqa=bool(gqa), unified=bool(unified), splits=int(splits),
-                   splits_used=used, block_n=gpu_tile(D, L, B * heads).BLOCK_N, programs=P, programs_per_sm=r, waves=s.waves,
+                   splits_used=used, block_n=gpu_tile(D, L, B * heads, dtype_bytes).BLOCK_N, programs=P, programs_per_sm=r, waves=s.waves,
                    tail_programs=s.tail_programs,
                    wave_efficiency=s.wave_efficiency, utilization=s.utilization, busy_sms_per_wave=busy,
                    stage2_programs=s2.programs if s2 else 0, stage2_waves=s2.waves if s2 else 0,
@@ -683,7 +685,7 @@ def measure(B, H_q, H_kv, L, splits_list, D=128, dtype_bytes=2, unified=True, wa
     for s in splits_list:
         fn = lambda: fdlib.decode_attention(q, k, v, method=method, num_splits=int(s), validate=False)  # noqa: E731
         fn()
-        out.append((_splits_used(L, s, D), float(triton.testing.do_bench(fn, warmup=warmup, rep=rep)) * 1e3))
+        out.append((_splits_used(L, s, D, B * H_kv, dtype_bytes), float(triton.testing.do_bench(fn, warmup=warmup, rep=rep)) * 1e3))
     del q, k, v
     torch.cuda.empty_cache()
     return sorted(dict(out).items())
@@ -819,8 +821,9 @@ def _make_explorer_class():
             try:
                 L = st["L"]
                 D = self.D
-                todo = sorted({_splits_used(L, s, D) for s in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
-                              | {_splits_used(L, st["splits"], D), self.summary.chosen_splits})
+                rows, nbytes = st["B"] * st["H_kv"], self.dtype_bytes
+                todo = sorted({_splits_used(L, s, D, rows, nbytes) for s in (1, 2, 4, 8, 16, 32, 64, 128, 256)}
+                              | {_splits_used(L, st["splits"], D, rows, nbytes), self.summary.chosen_splits})
                 pts = measure(st["B"], st["H_q"], st["H_kv"], L, todo, D=self.D, dtype_bytes=self.dtype_bytes,
                               unified=st["unified"])
                 s = self.summary

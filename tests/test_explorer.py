@@ -236,3 +236,11 @@ def test_measure_on_gpu(no_results):
     w.button.click()
     assert "measured" in w.status.value, w.status.value
     assert w._canvas.measured_pts.get_visible()
+
+
+def test_float32_uses_the_kernels_float32_tiles():
+    """The explorer's tiles and launched splits follow the element size, as the kernels and the cost model do."""
+    from fdlib.kernels.config import tile_config_for
+    s = E.summary(B=1, H_q=32, H_kv=8, L=4096, splits=64, dtype_bytes=4)
+    assert s.block_n == tile_config_for(128, 4096, compiled_mode=True, elem_bytes=4, rows=8).BLOCK_N == 64
+    assert s.splits_used == 64
