@@ -2,7 +2,8 @@ r"""The split-count cost model: predict the time of one decode step for each can
 
 For a launch that cuts each sequence into chunks of ``chunk`` keys (``splits`` programs per row):
 
-* programs :math:`P = \sum_b H_{kv}\,\lceil L_b/\text{chunk}\rceil` (one program serves a whole GQA group),
+* programs :math:`P = \sum_b H_{kv}\,\max(1, \lceil L_b/\text{chunk}\rceil)` (one program serves a whole GQA
+  group; a length-0 sequence still launches one),
 * waves :math:`W = \lceil P / (r\cdot\text{SMs}) \rceil`, r = programs that fit on one SM at once
   (from the compiled kernel's shared memory, registers and warps: :func:`fdlib.occupancy.programs_per_sm`),
 * bytes per program :math:`c = 2\cdot\text{chunk}\cdot D\cdot\text{elem}` (its K and V slice), all bytes
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from .gpus import GPU, PRESETS
-from .kernels.config import MAX_SPLITS, chunk_for
+from .kernels.config import chunk_for
 from .occupancy import programs_per_sm, waves
 
 CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
@@ -231,7 +232,8 @@ def calibration_cached(gpu: GPU) -> Calibration | None:
 
 
 def calibration_for(gpu: GPU) -> Calibration:
-    """The cached calibration of the live GPU if this is it, else scaled defaults."""
+    """For the live GPU: its calibration from memory or disk, else measured now (:func:`calibrate`, a few
+    seconds) unless ``FDLIB_NO_CALIBRATE=1``; for an H200 preset the H200 defaults; else scaled defaults."""
     if gpu.name.endswith("(live)"):
         if gpu.name not in _CAL:
             _CAL[gpu.name] = calibration_cached(gpu)
@@ -295,8 +297,6 @@ def calibrate(gpu: GPU | None = None, progress: bool = True) -> Calibration:
 
 def fit(rows, gpu: GPU, D: int = 128, dtype_bytes: int = 2) -> Calibration:
     """Fit the model's constants to measured rows (B, H_kv, L, splits, µs)."""
-    import numpy as np
-
     from .kernels.config import tile_config_for
     best = None
     times = np.array([r[4] for r in rows])

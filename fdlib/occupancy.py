@@ -13,7 +13,7 @@ programs. The fraction of SM slots doing work over the whole launch is the wave 
 (FlashAttention-2's split heuristic keeps splits whose η is at least 85% of the best). This is a model:
 the hardware dispatches blocks as slots free up, not in lock-step waves, but when all programs do
 the same work it predicts the busy/idle pattern well. The cost model (:mod:`fdlib.costmodel`) uses
-:func:`schedule` for its wave term, and the explorer widget draws it.
+:func:`waves` for its wave term and :func:`programs_per_sm` for r; the explorer widget draws :func:`schedule`.
 """
 from __future__ import annotations
 

@@ -23,8 +23,9 @@ class TileConfig:
 
 
 # Chosen on an H200 by tools/gpu_tune.py (results/h200/tune.json): 128-key tiles, 4 warps and 3-stage
-# software pipelining were within 1% of the best config per shape in geometric mean. Short caches use
-# 64-key tiles so they can still be split; head dims above 128 use 32-key tiles to fit shared memory.
+# software pipelining were within 1% of the best config per shape in geometric mean. GPU_CONFIG is that
+# base; tile_config_for adapts its BLOCK_N: short caches of small batches use 64-key tiles so they can still
+# be split, head dims above 128 use 32-key tiles to fit shared memory, float32 halves the keys.
 # The interpreter, where each tile costs NumPy calls, uses 16-key tiles so that lab-sized problems still
 # cross tile boundaries.
 GPU_CONFIG = TileConfig(BLOCK_N=128, num_warps=4, num_stages=3)
@@ -42,15 +43,16 @@ def tile_config(D: int = 128, L_cap: int = 1 << 30, elem_bytes: int = 2, rows: i
 
 def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2, rows: int | None = None) -> TileConfig:
     """The tiles a compiled (GPU) or interpreted launch would use for head dim D, longest length L_cap,
-    element size and ``rows`` = B·H_kv: 128 keys of D <= 128 at 2 bytes; fewer keys for wider heads or
-    float32 (same tile bytes); 64 keys for short caches of small batches (rows unknown counts as small),
-    which need fine splits, while large batches of short caches keep 128 (measured faster on an H200)."""
+    element size and ``rows`` = B·H_kv: 128 keys of D <= 128 at 2 bytes, 32 keys of D > 128; float32 halves
+    the keys (same tile bytes), never below 16; at most 64 keys for short caches (L_cap <= 2048) of small
+    batches (rows <= SMALL_BATCH_ROWS; rows unknown counts as small), which need fine splits, while large
+    batches of short caches keep 128 (measured faster on an H200). Warps and stages are GPU_CONFIG's."""
     if not compiled_mode:
         return INTERPRETER_CONFIG
-    block_n = (128 if D <= 128 else 32) * 2 // elem_bytes
+    block_n = (GPU_CONFIG.BLOCK_N if D <= 128 else 32) * 2 // elem_bytes
     if L_cap <= 2048 and (rows is None or rows <= SMALL_BATCH_ROWS):
         block_n = min(block_n, 64)
-    return TileConfig(BLOCK_N=max(16, block_n), num_warps=4, num_stages=3)
+    return TileConfig(BLOCK_N=max(16, block_n), num_warps=GPU_CONFIG.num_warps, num_stages=GPU_CONFIG.num_stages)
 
 
 def block_sizes(group: int, D: int) -> tuple[int, int]:

@@ -30,8 +30,9 @@ def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
 
 def run_stage2(o_part, lse_part, out, lse, kernel=None):
     """Merge partials into ``out [B, H_q, D]`` (any float dtype) and ``lse [B, H_q]`` float32, in place."""
+    from .config import block_sizes
     B, H_q, splits, D = o_part.shape
-    BLOCK_D = max(16, triton.next_power_of_2(D))
+    BLOCK_D = block_sizes(1, D)[1]
     _, BLOCK_S = combine_blocks(1, splits, BLOCK_D)
     (kernel or stage2_kernel)[(B, H_q)](
         o_part, lse_part, out, lse, splits,

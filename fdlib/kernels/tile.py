@@ -1,4 +1,7 @@
-r"""The two pieces of arithmetic every decode kernel shares, written once as Triton functions.
+r"""The Triton pieces every decode kernel shares, each written once: the two pieces of arithmetic below,
+and around them :func:`attend_slice` / :func:`attend_group` (stream one slice of a sequence through
+``tile_update`` and normalise it with :func:`state_to_partial`) and :func:`take_ticket` (the unified
+kernel's hand-off to the program that merges).
 
 ``tile_update`` - online softmax over one K/V tile for the query heads of one group.
 For query rows :math:`q_g` (g < group) and a tile of keys :math:`k_j, v_j` (j in the tile):
@@ -18,6 +21,7 @@ The kernels keep m in base-2 units (``exp2`` is one hardware instruction); the n
 
 streamed over the splits in blocks with the same running-max rescale as the tile update, so any number
 of splits fits in registers. Empty splits (lse = -inf) weigh 0; all empty gives O = 0, lse = -inf.
+Stage 2 calls it for one query head, the unified kernel's last program for the heads of a group.
 """
 from __future__ import annotations
 
@@ -25,7 +29,6 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 
 @triton.jit

@@ -1,8 +1,8 @@
 r"""The unified Flash-Decoding kernel: map and reduce in one launch.
 
-Grid ``(B, H_kv, max_splits)``. Sequence b uses :math:`n_b = \max(1, \lceil L_b/\text{chunk}\rceil)` splits,
-computed on the device from ``cache_seqlens`` (so a short sequence in a long batch is not over-split and a
-captured CUDA graph stays right when lengths change); programs with i >= n_b exit at once.
+Grid ``(B, H_kv, max_splits)``. Sequence b uses :math:`n_b = \max(1, \lceil L_b/\text{chunk}\rceil)` splits
+(at most max_splits), computed on the device from ``cache_seqlens`` (so a short sequence in a long batch is
+not over-split and a captured CUDA graph stays right when lengths change); programs with i >= n_b exit at once.
 
 * :math:`n_b = 1`: the program owns the whole row, and writes :math:`O=\tilde O/\ell` and lse directly.
 * otherwise each program stores its partial :math:`(O_i, \text{lse}_i)` (the map), then takes a ticket
