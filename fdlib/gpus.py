@@ -59,4 +59,6 @@ def get(name: str) -> GPU:
     live = live_gpu()
     if live is not None and name in (live.name, "live"):
         return live
-    raise ValueError(f"gpu: expected one of {sorted(PRESETS)} or 'live', got {name!r}")
+    if name == "live":
+        raise ValueError(f"gpu: 'live' needs a CUDA GPU and this process sees none; expected one of {sorted(PRESETS)}")
+    raise ValueError(f"gpu: expected one of {sorted(PRESETS)} or 'live' (on a GPU), got {name!r}")

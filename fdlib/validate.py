@@ -67,7 +67,9 @@ def check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_
         raise ValueError(f"k_cache: head dim {Dk} does not match q's head dim D={D}")
     if D < 1 or D > MAX_HEAD_DIM:
         raise ValueError(f"q: head dim D must be between 1 and {MAX_HEAD_DIM}, got {D}")
-    if H_kv < 1 or H_q < 1 or H_q % H_kv:
+    if H_kv < 1:
+        raise ValueError(f"k_cache: expected at least one KV head, got H_kv={H_kv} (shape {_shape(k_cache)})")
+    if H_q < 1 or H_q % H_kv:
         raise ValueError(f"q: H_q={H_q} query heads must be a positive multiple of the cache's H_kv={H_kv} KV heads")
     if B < 1:
         raise ValueError(f"q: batch size must be at least 1, got {B}")
