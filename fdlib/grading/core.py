@@ -6,8 +6,8 @@ Vocabulary
   ``@exercise("lab01.naive_attention")``. Its stub body calls :func:`todo` (or raises ``NotImplementedError``).
 * A **solution** is the reference implementation of an exercise (``labsolutions/labNN_topic.py``), registered
   with ``@solution(name)``.
-* A **check** is a small function ``check_fn(impl)`` written once in ``fdlib/grading/labNN.py`` with
-  ``@check_case(name, "what it checks")``. It builds fresh inputs (seeded per check), calls the implementation
+* A **check** is a small function ``check_fn(impl, gen)`` written once in ``fdlib/grading/labNN.py`` with
+  ``@check_case(name, "what it checks")``. It builds fresh inputs from ``gen`` (a generator seeded per check), calls the implementation
   through :func:`call` and compares with :func:`assert_close` / :func:`expect_tensor`. A check fails by raising
   :class:`CheckFailure` with a useful message.
 
@@ -155,10 +155,6 @@ def reference(name: str) -> Callable:
     return _SOLUTIONS[name]
 
 
-def learner(name: str) -> Callable | None:
-    return _LEARNER.get(name)
-
-
 # ---------------------------------------------------------------------------------------------- helpers for checks
 def _describe_value(x) -> str:
     if isinstance(x, torch.Tensor):
@@ -286,6 +282,10 @@ class GuardedBuffer:
             if len(changed):
                 raise CheckFailure(f"your function wrote outside its {what}: {len(changed)} element(s) {side} "
                                    f"the buffer were changed (check the offsets and masks of your stores)")
+
+
+TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+"""(atol, rtol) for an attention output per input dtype: the result is rounded to that dtype once."""
 
 
 def randn(gen: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:

@@ -31,12 +31,12 @@ import triton
 import triton.language as tl
 
 from fdlib.kernels.config import INTERPRETER_CONFIG, TileConfig, tile_config
+from fdlib.kernels.tile import LOG2E
 from fdlib.reference import reference_attention
 
-from .core import CheckFailure, LearnerError, TodoError, assert_close, check_case, randn
+from .core import TOL, CheckFailure, LearnerError, TodoError, assert_close, check_case, randn
 
 NAME = "lab03.tile_update"
-LOG2E = 1.4426950408889634
 
 STUB = '''
 @exercise("lab03.tile_update")
@@ -119,27 +119,35 @@ def _device():
 
 
 # ---------------------------------------------------------------------------------------------- stage 1 + stage 2
-TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
-
-
-def _split_kv(impl, gen, *, B, H_q, H_kv, D, L_max, splits, lengths=None, dtype=torch.float32, spread=1.0,
-              k_ramp=0.0, lse_tol=1e-4, check_partials=False):
-    """Stage 1 with the learner's tile update (split i covers keys [i·chunk, (i+1)·chunk), chunk = 16·⌈·⌉),
-    then fdlib's stage 2; compare out/lse (and optionally every split's partial) with the float64 reference."""
-    from fdlib.kernels.stage1 import run_stage1
-    from fdlib.kernels.stage2 import run_stage2
-    cfg = _cfg()
-    dev = _device()
+def split_kv_problem(gen, *, B, H_q, H_kv, D, L_max, splits, lengths=None, dtype=torch.float32, spread=1.0,
+                     k_ramp=0.0):
+    """Seeded inputs for a stage-1 launch of ``splits`` splits: (q, k, v, lens, scale, chunk, cfg) on the
+    kernels' device. chunk = BLOCK_N·⌈⌈L_max/splits⌉/BLOCK_N⌉ keys, splits not capped by the tiles (so splits
+    past a sequence's end, which must come back empty, can be asked for)."""
     q = randn(gen, B, H_q, D, scale=spread)
     k = randn(gen, B, L_max, H_kv, D, scale=spread)
     if k_ramp:     # later keys score higher: the running max grows tile after tile
         k = k + k_ramp * torch.linspace(0, 1, L_max)[None, :, None, None] * q.mean(1).sign()[:, None, None, :]
     v = randn(gen, B, L_max, H_kv, D)
+    dev = _device()
     q, k, v = (t.to(dtype).to(dev) for t in (q, k, v))
     lens = torch.full((B,), L_max, dtype=torch.int32) if lengths is None else torch.tensor(lengths, dtype=torch.int32)
-    lens = lens.to(dev)
-    scale = 1.0 / math.sqrt(D)
+    cfg = _cfg()
     chunk = triton.cdiv(triton.cdiv(L_max, splits), cfg.BLOCK_N) * cfg.BLOCK_N
+    return q, k, v, lens.to(dev), 1.0 / math.sqrt(D), chunk, cfg
+
+
+def _split_kv(impl, gen, *, B, H_q, H_kv, D, L_max, splits, lengths=None, dtype=torch.float32, spread=1.0,
+              k_ramp=0.0, lse_tol=1e-4, check_partials=False):
+    """Stage 1 with the learner's tile update (split i covers keys [i·chunk, (i+1)·chunk), see
+    :func:`split_kv_problem`), then fdlib's stage 2; compare out/lse (and optionally every split's partial)
+    with the float64 reference."""
+    from fdlib.kernels.stage1 import run_stage1
+    from fdlib.kernels.stage2 import run_stage2
+    q, k, v, lens, scale, chunk, cfg = split_kv_problem(gen, B=B, H_q=H_q, H_kv=H_kv, D=D, L_max=L_max,
+                                                        splits=splits, lengths=lengths, dtype=dtype,
+                                                        spread=spread, k_ramp=k_ramp)
+    dev = q.device
     o_part, lse_part = launch("stage 1 with your tile_update", lambda: run_stage1(
         q, k, v, lens, scale, chunk, splits, cfg, tile_update_fn=impl))
     atol, rtol = TOL[dtype]

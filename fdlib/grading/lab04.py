@@ -16,15 +16,12 @@ stage 1 and on synthetic partials, and compare out and lse with a float64 merge 
 """
 from __future__ import annotations
 
-import math
-
 import torch
-import triton
 
 from fdlib.reference import reference_attention
 
-from .core import CheckFailure, GuardedBuffer, assert_close, check_case, randn
-from .lab03 import _cfg, _device, launch, require_triton
+from .core import TOL, CheckFailure, GuardedBuffer, assert_close, check_case, randn
+from .lab03 import _device, launch, require_triton, split_kv_problem
 
 NAME = "lab04.stage2_kernel"
 
@@ -53,9 +50,6 @@ def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
     # TODO: load lse_i and O_i (masked: split < n_splits, d < D), subtract the max before tl.exp,
     #       normalise by the sum of the weights, store out and lse.
 '''
-
-TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
-
 
 def merge_reference(o_part: torch.Tensor, lse_part: torch.Tensor):
     """(out, lse) in float64: lse = logsumexp_i lse_i, out = Σ_i e^(lse_i − lse) O_i; all-empty rows give (0, −inf)."""
@@ -100,14 +94,8 @@ def _synthetic(impl, gen, *, B, H, S, D, spread=3.0, empty=(), dtype=torch.float
 def _from_stage1(impl, gen, *, B, H_q, H_kv, D, L_max, splits, lengths=None, dtype=torch.float32):
     """Partials from fdlib's stage 1, merged by the learner's stage 2; compared with the attention reference."""
     from fdlib.kernels.stage1 import run_stage1
-    cfg = _cfg()
-    dev = _device()
-    q, k, v = randn(gen, B, H_q, D), randn(gen, B, L_max, H_kv, D), randn(gen, B, L_max, H_kv, D)
-    q, k, v = (t.to(dtype).to(dev) for t in (q, k, v))
-    lens = torch.full((B,), L_max, dtype=torch.int32) if lengths is None else torch.tensor(lengths, dtype=torch.int32)
-    lens = lens.to(dev)
-    scale = 1.0 / math.sqrt(D)
-    chunk = triton.cdiv(triton.cdiv(L_max, splits), cfg.BLOCK_N) * cfg.BLOCK_N
+    q, k, v, lens, scale, chunk, cfg = split_kv_problem(gen, B=B, H_q=H_q, H_kv=H_kv, D=D, L_max=L_max,
+                                                        splits=splits, lengths=lengths, dtype=dtype)
     o_part, lse_part = run_stage1(q, k, v, lens, scale, chunk, splits, cfg)
     got_o, got_l = _stage2(impl, o_part, lse_part, dtype)
     ref_o, ref_l = reference_attention(q, k, v, lens, scale)
