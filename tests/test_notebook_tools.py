@@ -76,3 +76,10 @@ def test_load_exercises_grades_learner_cells(notebook, tmp_path):
     assert not res.ok and res.passed == 0
     solved = solved_copy(notebook, tmp_path / "solved.ipynb")
     assert core.run_checks(NAME, load_exercises(solved)[NAME], quiet=True).ok
+
+
+def test_solved_copy_never_writes_over_a_file(notebook):
+    mine = notebook.read_bytes()
+    with pytest.raises(FileExistsError, match="already exists"):
+        solved_copy(notebook, notebook)
+    assert notebook.read_bytes() == mine

@@ -4,7 +4,8 @@ An exercise cell is a code cell tagged ``exercise`` (cell metadata ``tags``) who
 ``@exercise("labNN.name")``; its metadata ``fdlib.exercise`` holds the name and ``fdlib.stub`` the original stub.
 
 :func:`reset_exercise` and :func:`reveal_solution` edit a notebook file. They never overwrite it without first
-saving the learner's version to ``notebooks/.backups/<name>.<timestamp>.ipynb``. If the notebook is open in
+saving the learner's version to ``notebooks/.backups/<name>.<timestamp>.ipynb``; :func:`solved_copy` only
+writes a new file. If the notebook is open in
 JupyterLab, reload it there afterwards (File > Reload Notebook from Disk) and do not save the stale tab over it.
 """
 from __future__ import annotations
@@ -117,10 +118,13 @@ def reveal_solution(path, name: str) -> Path:
 
 
 def solved_copy(path, dst) -> Path:
-    """Write a copy of the notebook to ``dst`` with every exercise cell replaced by its reference solution."""
+    """Write a copy of the notebook to ``dst`` with every exercise cell replaced by its reference solution.
+    ``dst`` must not exist yet (FileExistsError otherwise), so a learner's notebook is never written over."""
+    dst = Path(dst)
+    if dst.exists():
+        raise FileExistsError(f"solved_copy: {dst} already exists; pick a new file name (nothing was written)")
     nb = nbformat.read(Path(path), as_version=4)
     for name, i in exercise_cells(nb).items():
         nb.cells[i].source = core.solution_source(name)
-    dst = Path(dst)
     nbformat.write(nb, dst)
     return dst
