@@ -6,7 +6,6 @@ rounding of ``out`` to the input dtype.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest

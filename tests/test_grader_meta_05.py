@@ -3,7 +3,6 @@ functions must fail their checks."""
 from __future__ import annotations
 
 import pytest
-import torch
 import triton
 import triton.language as tl
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from fdlib.online_softmax import State, block_state, blockwise_attention, empty_state, merge, merge_lse
+from fdlib.online_softmax import block_state, blockwise_attention, empty_state, merge, merge_lse
 from helpers import hyp_settings
 
 F64 = torch.float64

@@ -1,5 +1,4 @@
 """Quick GPU correctness smoke: every method, several dtypes/head dims/groups, ragged lengths, vs float64."""
-import math
 import sys
 
 import torch
