@@ -1,8 +1,8 @@
 """GPU presets for the occupancy explorer and the cost model.
 
 SM counts, memory bandwidth and L2 size from the vendors' datasheets. ``bandwidth_tbs`` is the datasheet
-peak; a program that streams memory reaches less (on one H200 the course measured a 4.56 TB/s read
-ceiling against 4.8 TB/s on paper, see ``results/``). ``live_gpu()`` describes the GPU this process sees.
+peak; a program that streams memory reaches less (on one H200 the course measured a 4.65 TB/s read
+ceiling against 4.8 TB/s on paper, see ``results/h200/``). ``live_gpu()`` describes the GPU this process sees.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ r"""The read ceiling: how fast this GPU streams memory into a simple Triton kern
 :func:`read_sum_kernel` reads a large fp16 buffer once and sums it (float32 accumulators, one partial sum per
 program), so it moves the same kind of traffic as decode attention (reads only, no reuse) with none of its
 arithmetic. :func:`measure_ceiling` times it with ``triton.testing.do_bench`` over a few tile shapes and keeps
-the best: bandwidth = buffer bytes / time. On one H200 such a kernel reached 4.56 TB/s (datasheet 4.8 TB/s).
+the best: bandwidth = buffer bytes / time. On one H200 such a kernel reached 4.65 TB/s (datasheet 4.8 TB/s;
+``results/h200/bench-*.json``, key ``ceiling``).
 Decode kernels are compared against this number ("% of ceiling"), measured in the same run.
 """
 from __future__ import annotations
