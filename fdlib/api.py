@@ -17,7 +17,7 @@ def _lengths(p, cache_seqlens, validate):
     if cache_seqlens is None:
         return torch.full((p.B,), p.L_max, dtype=torch.int32, device=p.q.device), p.L_max
     lens = cache_seqlens.to(torch.int32).contiguous()   # kernels read LENS + b: dense int32
-    return lens, (int(cache_seqlens.max()) if validate else p.L_max)
+    return lens, (max(p.lengths) if validate else p.L_max)
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, method="auto", num_splits=None,
@@ -61,7 +61,7 @@ def _triton(p, k_cache, v_cache, cache_seqlens, method, num_splits, validate):
     lens, L_cap = _lengths(p, cache_seqlens, validate)
     cfg = tile_config(p.D, L_cap, p.q.element_size(), rows=p.B * p.H_kv)
     if num_splits is None:
-        num_splits = choose_splits(p, L_cap, lens if validate else None)
+        num_splits = choose_splits(p, L_cap)
     chunk, splits = chunk_for(L_cap, num_splits, cfg.BLOCK_N)
     try:
         out = torch.empty_like(p.q)

@@ -673,9 +673,9 @@ def measure(B, H_q, H_kv, L, splits_list, D=128, dtype_bytes=2, unified=True, wa
     import fdlib
     if fdlib.runtime.MODE != "gpu":
         raise RuntimeError("measure: needs a CUDA GPU (fdlib is running in Triton's interpreter)")
-    dtype = {2: torch.bfloat16, 4: torch.float32}.get(dtype_bytes)
+    dtype = {2: torch.float16, 4: torch.float32}.get(dtype_bytes)   # fp16, as the recorded sweeps
     if dtype is None:
-        raise ValueError(f"measure: dtype_bytes must be 2 (bfloat16) or 4 (float32), got {dtype_bytes}")
+        raise ValueError(f"measure: dtype_bytes must be 2 (float16) or 4 (float32), got {dtype_bytes}")
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, H_q, D, device="cuda", dtype=dtype, generator=g)
     k = torch.randn(B, L, H_kv, D, device="cuda", dtype=dtype, generator=g)

@@ -20,9 +20,10 @@ def simple_rule(B: int, H_kv: int, L: int, sms: int, block_n: int) -> int:
     return max(1, min(want, cdiv(max(L, 1), block_n), MAX_SPLITS))
 
 
-def choose_splits(p, L_cap, lens) -> int:
-    """Splits for a validated problem ``p`` (the same for every method); ``lens`` is the device lengths
-    tensor, or None when the caller asked not to read it (then every sequence is assumed to be L_cap long)."""
+def choose_splits(p, L_cap) -> int:
+    """Splits for a validated problem ``p`` (the same for every method), from its lengths as read on the host
+    by validation (``p.lengths``); without them (validate=False, or no cache_seqlens) every sequence counts as
+    L_cap long."""
     block_n = tile_config(p.D, L_cap, p.q.element_size(), rows=p.B * p.H_kv).BLOCK_N
     if runtime.INTERPRET:
         return simple_rule(p.B, p.H_kv, L_cap, INTERPRETER_SMS, block_n)
@@ -32,7 +33,7 @@ def choose_splits(p, L_cap, lens) -> int:
     from .gpus import live_gpu
     from .kernels.unified import compiled_resources
     gpu = live_gpu()
-    lengths = lens.tolist() if lens is not None else [L_cap] * p.B
+    lengths = p.lengths if p.lengths is not None else (L_cap,) * p.B
     cal = None
     if torch.cuda.is_current_stream_capturing():   # never calibrate (launch timing kernels) inside a capture
         cal = costmodel.calibration_cached(gpu) or costmodel.default_calibration(gpu)

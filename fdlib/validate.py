@@ -24,6 +24,8 @@ class Problem(NamedTuple):
     L_max: int
     scale: float
     q_was_4d: bool
+    lengths: tuple | None = None
+    """``cache_seqlens`` read to the host once (validate=True), for the checks and the split choice; else None."""
 
 
 def _shape(t) -> str:
@@ -88,6 +90,7 @@ def check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_
             raise ValueError(f"{name}: the last (head) dimension must be contiguous (stride 1), got strides "
                              f"{tuple(t.stride())}; call .contiguous() first")
 
+    lengths = None
     if cache_seqlens is not None:
         _tensor("cache_seqlens", cache_seqlens)
         if cache_seqlens.dtype not in (torch.int32, torch.int64):
@@ -97,7 +100,8 @@ def check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_
         if cache_seqlens.device != q.device:
             raise ValueError(f"cache_seqlens: must be on q's device ({q.device}), got {cache_seqlens.device}")
         if validate:
-            lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+            lengths = tuple(cache_seqlens.tolist())     # the one device-to-host read of a call
+            lo, hi = min(lengths), max(lengths)
             if lo < 0:
                 raise ValueError(f"cache_seqlens: lengths must be >= 0, got a minimum of {lo}")
             if hi > L_max:
@@ -120,4 +124,4 @@ def check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_
         if not math.isfinite(scale):
             raise ValueError(f"scale: expected a finite number, got {scale}")
         scale = float(scale)
-    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, scale, q_was_4d)
+    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, scale, q_was_4d, lengths)

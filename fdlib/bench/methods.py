@@ -166,7 +166,7 @@ def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None) -> dict:
         if requested is None:
             from ..splits import choose_splits
             p = check(q, k, v, None, None, fd_method, None, False, False)
-            requested = int(choose_splits(p, L, None))
+            requested = int(choose_splits(p, L))
         _, eff = chunk_for(L, requested, block_n(k.shape[-1], L, q.shape[0] * k.shape[2], q.element_size()))
         return {"splits_requested": requested, "splits": int(eff)}
     except Exception as e:  # noqa: BLE001 - bookkeeping only, never fatal

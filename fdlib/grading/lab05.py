@@ -75,8 +75,9 @@ def take_ticket(counter_ptr, n_splits):
 
     counter_ptr: pointer to this row's int32 counter (0 before the first program arrives); n_splits: int32.
     """
-    # TODO: ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")   (the old value)
-    #       is_last = ticket == n_splits - 1; if is_last: tl.atomic_xchg(counter_ptr, 0); return is_last
+    # TODO: take a ticket with one atomic read-modify-write on the counter (which memory ordering makes every
+    #       partial stored before it visible to whoever arrives last?), decide from the old value whether this
+    #       program is the last, and if it is, leave the counter ready for the next call.
     return n_splits < 0
 '''
 

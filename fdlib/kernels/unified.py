@@ -68,6 +68,10 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
 
 
 _COUNTERS: dict = {}
+_RETIRED: list = []
+COUNTERS_MIN = 65536
+"""Counters allocated at first use: one int32 per (b, h_kv) row, enough for B·H_kv up to 65536 (256 KB)."""
+
 _RESOURCES: dict = {}
 
 
@@ -78,7 +82,11 @@ def compiled_resources(dtype, D: int, group: int, block_n: int) -> dict | None:
 
 
 def ticket_counters(n: int, device) -> torch.Tensor:
-    """Zeroed int32 ticket counters, one per (b, h_kv) row, kept between calls (the kernel resets them)."""
+    """Zeroed int32 ticket counters, one per (b, h_kv) row, kept between calls (the kernel resets them).
+
+    One buffer per device, shared by every call: calls on several CUDA streams at the same time must not
+    overlap (they would share tickets). A buffer that grows keeps the old one alive, so a CUDA graph captured
+    with it never writes to freed memory."""
     key = str(device)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
@@ -86,7 +94,9 @@ def ticket_counters(n: int, device) -> torch.Tensor:
             raise RuntimeError(
                 f"unified decode: the ticket counters must exist before CUDA-graph capture; need {n}, have "
                 f"{0 if buf is None else buf.numel()}. Run one eager call with the same shape before capturing.")
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = torch.zeros(max(n, COUNTERS_MIN), dtype=torch.int32, device=device)
         _COUNTERS[key] = buf
     return buf
 
