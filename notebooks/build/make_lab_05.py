@@ -12,16 +12,15 @@ import sys
 from pathlib import Path
 from textwrap import dedent
 
-import nbformat
-from nbformat.v4 import new_notebook
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
 from make_labs_00_02 import (  # noqa: E402
-    NB_DIR, PLOT_SETUP, code, describe_cell, execute, exercise, md, questions, scrub,
+    PLOT_SETUP, code, describe_cell, exercise, md, questions,
 )
+from make_labs_00_02 import main as build_main  # noqa: E402
 
 from fdlib.grading.lab05 import CHOOSE_STUB, PREDICT_STUB, TICKET_STUB  # noqa: E402
 
@@ -535,24 +534,8 @@ def lab05():
     return cells
 
 
-def build() -> nbformat.NotebookNode:
-    nb = new_notebook(cells=lab05())
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    for i, c in enumerate(nb.cells):
-        c["id"] = f"{NAME[:2]}-{i:02d}"
-    return nb
-
-
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    nb = build()
-    if "--no-run" not in argv:
-        dt = execute(nb, NAME)
-        print(f"{NAME}: executed in {dt:.1f} s")
-    scrub(nb)
-    nbformat.validate(nb)
-    nbformat.write(nb, NB_DIR / f"{NAME}.ipynb")
+    build_main(argv, {NAME: lab05})
 
 
 if __name__ == "__main__":

@@ -594,8 +594,9 @@ def lab02():
 LABS = {"00_welcome": lab00, "01_naive_decode": lab01, "02_online_softmax": lab02}
 
 
-def build(name) -> nbformat.NotebookNode:
-    nb = new_notebook(cells=LABS[name]())
+def build(name, labs=None) -> nbformat.NotebookNode:
+    """The notebook ``name`` from its cell function in ``labs`` (this script's LABS by default)."""
+    nb = new_notebook(cells=(labs or LABS)[name]())
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     for i, c in enumerate(nb.cells):
@@ -619,15 +620,25 @@ def scrub(nb) -> None:
         if "machine" in c.metadata.get("tags", []):
             c.outputs = []
             c.execution_count = None
+        merged = []   # one stream output per run of prints (check lines come from worker threads in chunks)
+        for o in c.outputs:
+            if merged and o.output_type == "stream" and merged[-1].output_type == "stream" \
+                    and merged[-1].name == o.name:
+                merged[-1].text += o.text
+            else:
+                merged.append(o)
+        c.outputs = merged
     nb.metadata.pop("widgets", None)
 
 
-def main(argv=None):
+def main(argv=None, labs=None):
+    """Build, execute (unless --no-run), scrub and write the notebooks named in argv (default: all of ``labs``)."""
+    labs = labs or LABS
     argv = sys.argv[1:] if argv is None else argv
     run = "--no-run" not in argv
-    names = [a for a in argv if not a.startswith("--")] or list(LABS)
+    names = [a for a in argv if not a.startswith("--")] or list(labs)
     for name in names:
-        nb = build(name)
+        nb = build(name, labs)
         if run:
             dt = execute(nb, name)
             print(f"{name}: executed in {dt:.1f} s")

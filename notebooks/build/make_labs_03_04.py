@@ -13,16 +13,15 @@ import sys
 from pathlib import Path
 from textwrap import dedent
 
-import nbformat
-from nbformat.v4 import new_notebook
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
 from make_labs_00_02 import (  # noqa: E402
-    NB_DIR, PLOT_SETUP, code, describe_cell, execute, exercise, md, questions, scrub,
+    PLOT_SETUP, code, describe_cell, exercise, md, questions,
 )
+from make_labs_00_02 import main as build_main  # noqa: E402
 
 IMPORTS = dedent("""
 import math
@@ -239,7 +238,7 @@ def lab03():
         """),
         code("""
         explorer.explorer(B=1, H_q=32, H_kv=8, L=131072, splits=1, unified=False)
-        """),
+        """, tags=["machine"]),
         md("""
         ## Measured: time against splits
 
@@ -551,27 +550,8 @@ def lab04():
 LABS = {"03_split_kv": lab03, "04_two_stage_reduction": lab04}
 
 
-def build(name) -> nbformat.NotebookNode:
-    nb = new_notebook(cells=LABS[name]())
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    for i, c in enumerate(nb.cells):
-        c["id"] = f"{name[:2]}-{i:02d}"
-    return nb
-
-
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    run = "--no-run" not in argv
-    names = [a for a in argv if not a.startswith("--")] or list(LABS)
-    for name in names:
-        nb = build(name)
-        if run:
-            dt = execute(nb, name)
-            print(f"{name}: executed in {dt:.1f} s")
-        scrub(nb)
-        nbformat.validate(nb)
-        nbformat.write(nb, NB_DIR / f"{name}.ipynb")
+    build_main(argv, LABS)
 
 
 if __name__ == "__main__":
