@@ -144,3 +144,30 @@ def sync():
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+# ---------------------------------------------------------------------------------------------- grader meta-tests
+def todo_stub(*args, **kwargs):
+    """An untouched exercise body that calls todo()."""
+    from fdlib.grading import todo
+    todo("this exercise")
+
+
+def not_implemented_stub(*args, **kwargs):
+    """An untouched exercise body that raises NotImplementedError."""
+    raise NotImplementedError
+
+
+def assert_one_todo_line(res, out: str, name: str) -> None:
+    """A check of an untouched stub prints exactly one TODO line (no traceback) and passes nothing."""
+    assert res.todo and not res.ok and res.passed == 0
+    assert out.count("\n") == 1 and out.startswith("📝 TODO: implement " + name) and "Traceback" not in out
+
+
+def cell_function(src: str, name: str):
+    """Define a notebook cell's function the way --grade-notebooks does (source kept for @triton.jit)."""
+    from fdlib.grading.notebook_tools import PREAMBLE, run_source
+    ns = {"__name__": f"cell_{name}"}
+    exec(compile(PREAMBLE, "<preamble>", "exec"), ns)
+    run_source(src, f"<cell {name}>", ns)
+    return ns[name]

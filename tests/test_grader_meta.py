@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from fdlib.grading import core
-from fdlib.grading.core import GuardedBuffer, TodoError, call, check_case, run_checks, todo
+from fdlib.grading.core import GuardedBuffer, TodoError, call, check_case, run_checks
 from fdlib.online_softmax import State
+from helpers import assert_one_todo_line, not_implemented_stub, todo_stub
 
 NAIVE, ONLINE, MERGE = "lab01.naive_attention", "lab02.online_softmax", "lab02.merge"
 
@@ -47,14 +48,6 @@ def _naive(q, k_cache, v_cache, cache_seqlens, scale, *, use_scale=True, axis=-1
     return torch.einsum("bhl,blhd->bhd", p, v).to(q.dtype), lse.float()
 
 
-def _stub(*args, **kwargs):
-    todo("this exercise")
-
-
-def _not_implemented(*args, **kwargs):
-    raise NotImplementedError
-
-
 WRONG_NAIVE = {
     "no scale": lambda *a: _naive(*a, use_scale=False),
     "softmax over heads": lambda *a: _naive(*a, axis=1),
@@ -71,13 +64,11 @@ def test_correct_variant_passes():
     assert run_checks(NAIVE, _naive, quiet=True).ok
 
 
-@pytest.mark.parametrize("stub", [_stub, _not_implemented], ids=["todo()", "raise NotImplementedError"])
+@pytest.mark.parametrize("stub", [todo_stub, not_implemented_stub], ids=["todo()", "raise NotImplementedError"])
 @pytest.mark.parametrize("name", [NAIVE, ONLINE, MERGE])
 def test_stub_is_todo(name, stub, capsys):
     res = run_checks(name, stub)
-    assert res.todo and not res.ok and res.passed == 0
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1 and out.startswith("📝 TODO: implement " + name) and "Traceback" not in out
+    assert_one_todo_line(res, capsys.readouterr().out, name)
 
 
 @pytest.mark.parametrize("wrong", WRONG_NAIVE, ids=list(WRONG_NAIVE))

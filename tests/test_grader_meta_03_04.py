@@ -9,33 +9,23 @@ from fdlib.grading import core, lab03, lab04  # first: importing fdlib picks the
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from fdlib.grading.core import run_checks
-from fdlib.grading.notebook_tools import PREAMBLE, run_source
+from helpers import assert_one_todo_line, cell_function
 
 TILE, STAGE2 = lab03.NAME, lab04.NAME
-
-
-def _from_source(src: str, name: str):
-    """Define a notebook cell's function the way --grade-notebooks does (source kept for @triton.jit)."""
-    ns = {"__name__": f"cell_{name}"}
-    exec(compile(PREAMBLE, "<preamble>", "exec"), ns)
-    run_source(src, f"<cell {name}>", ns)
-    return ns[name]
 
 
 # ---------------------------------------------------------------------------------------------- stubs
 @pytest.mark.parametrize("name,stub,fn", [(TILE, lab03.STUB, "tile_update"), (STAGE2, lab04.STUB, "stage2_kernel")])
 def test_stub_is_todo(name, stub, fn, capsys):
-    res = run_checks(name, _from_source(stub, fn))
-    assert res.todo and not res.ok and res.passed == 0
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1 and out.startswith("📝 TODO: implement " + name) and "Traceback" not in out
+    res = run_checks(name, cell_function(stub, fn))
+    assert_one_todo_line(res, capsys.readouterr().out, name)
     core._LEARNER.pop(name, None)
 
 
 @pytest.mark.parametrize("name", [TILE, STAGE2])
 def test_solution_source_runs_as_a_cell(name):
     """What reveal_solution writes into a cell defines a function that passes (source from a Triton function)."""
-    fn = _from_source(core.solution_source(name), name.split(".")[1])
+    fn = cell_function(core.solution_source(name), name.split(".")[1])
     assert run_checks(name, fn, quiet=True).ok
     core._LEARNER.pop(name, None)
 
@@ -43,7 +33,7 @@ def test_solution_source_runs_as_a_cell(name):
 def test_edited_stub_is_not_todo():
     """Changing the code (not only comments) of the stub makes it a real attempt, graded as such."""
     src = lab03.STUB.replace("return m, l, acc", "return m, l * 2, acc")
-    res = run_checks(TILE, _from_source(src, "tile_update"), quiet=True)
+    res = run_checks(TILE, cell_function(src, "tile_update"), quiet=True)
     assert not res.todo and res.failed > 0
     core._LEARNER.pop(TILE, None)
 

@@ -3,13 +3,15 @@ functions must fail their checks."""
 from __future__ import annotations
 
 import pytest
-import triton
-import triton.language as tl
 
-from fdlib import costmodel
+from fdlib import costmodel  # first: importing fdlib picks the runtime before triton is imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from fdlib.grading import core
-from fdlib.grading.core import run_checks, todo
+from fdlib.grading.core import run_checks
 from fdlib.kernels import unified
+from helpers import assert_one_todo_line, cell_function, not_implemented_stub, todo_stub
 
 PREDICT, CHOOSE, TICKET = "lab05.predict_time", "lab05.choose_splits", "lab05.take_ticket"
 
@@ -177,21 +179,11 @@ def test_missing_jit_message():
 
 
 # ---------------------------------------------------------------------------------------------- stubs
-def _stub(*args, **kwargs):
-    todo("this exercise")
-
-
-def _not_implemented(*args, **kwargs):
-    raise NotImplementedError
-
-
-@pytest.mark.parametrize("stub", [_stub, _not_implemented], ids=["todo()", "raise NotImplementedError"])
+@pytest.mark.parametrize("stub", [todo_stub, not_implemented_stub], ids=["todo()", "raise NotImplementedError"])
 @pytest.mark.parametrize("name", [PREDICT, CHOOSE, TICKET])
 def test_stub_is_todo(name, stub, capsys):
     res = run_checks(name, stub)
-    assert res.todo and not res.ok and res.passed == 0
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1 and out.startswith("📝 TODO: implement " + name) and "Traceback" not in out
+    assert_one_todo_line(res, capsys.readouterr().out, name)
 
 
 def test_solution_source_of_the_jit_solution():
@@ -201,12 +193,9 @@ def test_solution_source_of_the_jit_solution():
 
 def test_untouched_jit_stub_is_todo():
     from fdlib.grading.lab05 import TICKET_STUB
-    ns = {}
-    exec("import triton\nimport triton.language as tl\nfrom fdlib.grading import *\n", ns)
-    from fdlib.grading.notebook_tools import run_source
-    run_source(TICKET_STUB.strip("\n"), "<lab05 stub>", ns)
+    stub = cell_function(TICKET_STUB.strip("\n"), "take_ticket")
     try:
-        res = run_checks(TICKET, ns["take_ticket"], quiet=True)
+        res = run_checks(TICKET, stub, quiet=True)
         assert res.todo and not res.ok
     finally:
         core._LEARNER.pop(TICKET, None)
