@@ -32,8 +32,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, met
         k_cache, v_cache: ``[B, L_max, H_kv, D]``, token-major; any strides with a contiguous last dim.
         cache_seqlens: int32/int64 ``[B]``, the valid length of each sequence (default: all L_max).
         scale: multiplies q·k (default 1/√D).
-        method: ``"auto"`` (unified kernel, splits from the cost model), ``"unified"``, ``"split"``
-            (stage 1 + stage 2 kernels), or ``"naive"`` (PyTorch matmul-softmax-matmul).
+        method: ``"auto"`` (splits from the cost model; the unified kernel, or the persistent one when every
+            row is one split of a short cache and there are many rows: :func:`fdlib.splits.choose_kernel`),
+            ``"unified"``, ``"split"`` (stage 1 + stage 2 kernels), ``"persistent"`` (one launch of a few
+            programs per SM walking all rows, no split) or ``"naive"`` (PyTorch matmul-softmax-matmul).
         num_splits: force the number of KV splits (1..256) instead of letting fdlib choose; at most one split
             per tile of keys is launched (:func:`fdlib.kernels.config.chunk_for`).
         return_lse: also return lse ``[B, H_q]`` float32 (natural log).
@@ -56,17 +58,26 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, met
 
 def _triton(p, k_cache, v_cache, cache_seqlens, method, num_splits, validate):
     from .kernels.config import chunk_for, tile_config
-    from .splits import choose_splits
+    from .splits import choose_kernel, choose_splits, persistent_per_sm, sm_count
     runtime.smoke_check()
     lens, L_cap = _lengths(p, cache_seqlens, validate)
     cfg = tile_config(p.D, L_cap, p.q.element_size(), rows=p.B * p.H_kv)
-    if num_splits is None:
+    if method == "persistent":
+        num_splits = 1
+    elif num_splits is None:
         num_splits = choose_splits(p, L_cap)
     chunk, splits = chunk_for(L_cap, num_splits, cfg.BLOCK_N)
+    if method == "auto":
+        method = choose_kernel(p, L_cap, splits)
     try:
         out = torch.empty_like(p.q)
         lse = torch.empty((p.B, p.H_q), dtype=torch.float32, device=p.q.device)
-        if method == "split":
+        if method == "persistent":
+            from .kernels.config import persistent_config
+            from .kernels.persistent import programs_for, run_persistent
+            run_persistent(p.q, k_cache, v_cache, lens, p.scale, persistent_config(p.D, p.q.element_size()), out,
+                           lse, programs_for(p.B * p.H_kv, sm_count(), persistent_per_sm()))
+        elif method == "split":
             from .kernels.stage1 import run_stage1
             from .kernels.stage2 import run_stage2
             o_part, lse_part = run_stage1(p.q, k_cache, v_cache, lens, p.scale, chunk, splits, cfg)

@@ -1,4 +1,4 @@
-"""How many splits to cut each sequence into.
+"""How many splits to cut each sequence into, and which kernel ``method="auto"`` runs.
 
 * On a GPU every method asks the cost model (:mod:`fdlib.costmodel`), for the unified kernel, so that
   ``"split"`` and ``"unified"`` run the same splits and compare like with like.
@@ -39,3 +39,40 @@ def choose_splits(p, L_cap) -> int:
         cal = costmodel.calibration_cached(gpu) or costmodel.default_calibration(gpu)
     return costmodel.explain(p.B, p.H_q, p.H_kv, lengths, p.D, p.q.element_size(), gpu, "unified", cal=cal,
                              compiled=compiled_resources(p.q.dtype, p.D, p.group, block_n)).chosen
+
+
+PERSISTENT_MIN_WAVES = 2
+PERSISTENT_MAX_KEYS = 4096
+
+
+def sm_count() -> int:
+    """SMs of the live GPU; the pretend GPU's INTERPRETER_SMS in the interpreter."""
+    if runtime.INTERPRET:
+        return INTERPRETER_SMS
+    from .gpus import live_gpu
+    return live_gpu().sms
+
+
+def persistent_per_sm() -> int:
+    """Programs per SM the persistent kernel launches: PERSISTENT_PER_SM on a GPU, 1 in the interpreter."""
+    from .kernels.config import PERSISTENT_PER_SM
+    return 1 if runtime.INTERPRET else PERSISTENT_PER_SM
+
+
+def choose_kernel(p, L_cap, splits) -> str:
+    """The kernel ``method="auto"`` launches: ``"persistent"`` when every row is one split, there are at least
+    PERSISTENT_MIN_WAVES·SMs rows (B·H_kv), and each of its programs has little work, at most PERSISTENT_MAX_KEYS
+    keys (rows·L_cap / (SMs·programs per SM)); else ``"unified"``.
+
+    Why: with one split and many rows the plain grid starts one program per row, and each pays its start-up
+    (launch, lengths and queries, pipeline fill and drain) at the same moment as its neighbours on the SM;
+    the persistent kernel pays it once per program. That matters when rows are short and stops mattering when
+    they are long. Measured on an H200 (results/h200/bench-*.json, graph timings, fp16): B=64, H 32:8, L=512
+    42.1 µs unified, 35.9 persistent; B=16, 32:32, L=2048 127.2 vs 125.9; but B=64, 32:32, L=2048 (≈16k keys
+    per program) 495.7 vs 517.9, and with 128 rows (one wave of the plain grid) B=16, 32:8, L=512 12.4 vs 14.1."""
+    rows = p.B * p.H_kv
+    sms = sm_count()
+    keys_per_program = rows * L_cap / (sms * persistent_per_sm())
+    if splits == 1 and rows >= PERSISTENT_MIN_WAVES * sms and keys_per_program <= PERSISTENT_MAX_KEYS:
+        return "persistent"
+    return "unified"

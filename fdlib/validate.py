@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-METHODS = ("auto", "naive", "split", "unified")
+METHODS = ("auto", "naive", "split", "unified", "persistent")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 
@@ -115,6 +115,9 @@ def check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_
             raise ValueError(f"num_splits: expected 1 <= num_splits <= {MAX_SPLITS}, got {num_splits}")
         if method == "naive":
             raise ValueError("num_splits: method='naive' does not split the sequence; pass num_splits=None")
+        if method == "persistent" and num_splits != 1:
+            raise ValueError(f"num_splits: method='persistent' runs each row whole (one split); pass num_splits=None "
+                             f"or 1, got {num_splits}")
 
     if scale is None:
         scale = 1.0 / math.sqrt(D)

@@ -22,7 +22,7 @@ pytestmark = [
                        reason="needs a CUDA GPU with compiled Triton kernels"),
     pytest.mark.timeout(300),
 ]
-METHODS = ("split", "unified", "auto")
+METHODS = ("split", "unified", "persistent", "auto")
 
 
 def gpu_reference(q, k, v, lens, scale=None):
@@ -71,6 +71,46 @@ def test_large_shapes(B, L, H_kv, group, D, dtype):
         assert_attention_close(out, lse, q, k, v, lens, ref=ref, what=f"{method} 37 splits")
     torch.cuda.synchronize()
     assert counters_zero()
+
+
+@pytest.mark.parametrize("B,L,H_kv,group,dtype,auto_takes_it", [(64, 512, 32, 1, torch.float16, True),
+                                                                 (64, 2048, 8, 4, torch.bfloat16, True),
+                                                                 (300, 300, 1, 3, torch.float16, None),
+                                                                 (64, 2048, 32, 1, torch.float16, False)])
+def test_persistent_and_auto_on_many_rows(B, L, H_kv, group, dtype, auto_takes_it):
+    """Many rows of short caches, ragged (0, 1 and L among them), against float64; where the H200 benchmark
+    showed auto taking the persistent kernel (full-length rows: one split), it still does."""
+    from fdlib.splits import choose_kernel, choose_splits
+    from fdlib.validate import check
+    q, k, v, lens = problem(B, L, H_kv, group, 128, dtype, seed=B + L)
+    if auto_takes_it is not None:
+        full = check(q, k, v, None, None, "auto", None, False, False)
+        kernel = choose_kernel(full, L, 1) if choose_splits(full, L) == 1 else "unified"
+        assert kernel == ("persistent" if auto_takes_it else "unified"), kernel
+    ref = gpu_reference(q, k, v, lens)
+    for method in ("auto", "persistent"):
+        out, lse = fdlib.decode_attention(q, k, v, lens, method=method, return_lse=True)
+        assert_attention_close(out, lse, q, k, v, lens, ref=ref, what=f"{method} B={B} L={L}")
+
+
+def test_persistent_in_a_cuda_graph_with_lengths_changed_in_place():
+    B, L, H_kv, group, D = 128, 1024, 4, 4, 128
+    q, k, v, lens = problem(B, L, H_kv, group, D, torch.float16, seed=13, lens=[L] * B)
+    static_lens = lens.clone()
+    fdlib.decode_attention(q, k, v, static_lens, method="persistent", validate=False)   # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fdlib.decode_attention(q, k, v, static_lens, method="persistent", validate=False)
+    g = torch.Generator(device="cuda").manual_seed(14)
+    for i in range(50):
+        new = torch.randint(0, L + 1, (B,), generator=g, device="cuda", dtype=torch.int32)
+        new[i % B] = 0
+        static_lens.copy_(new)
+        graph.replay()
+        expected = fdlib.decode_attention(q, k, v, new, method="unified", num_splits=1)
+        diff = (static_out.float() - expected.float()).abs().max().item()
+        assert diff <= 2e-3, f"replay {i}: persistent graph vs eager unified@1: max |diff| {diff:.3e}"
+    assert_attention_close(static_out, None, q, k, v, new, ref=gpu_reference(q, k, v, new), what="last replay")
 
 
 def test_stress_back_to_back_unified_vs_split():

@@ -106,6 +106,7 @@ CASES = [
     ("splits_bool", with_(num_splits=True), TypeError, ["num_splits", "bool"]),
     ("splits_str", with_(num_splits="4"), TypeError, ["num_splits", "str"]),
     ("splits_with_naive", with_(num_splits=4, method="naive"), ValueError, ["num_splits", "naive"]),
+    ("splits_with_persistent", with_(num_splits=2, method="persistent"), ValueError, ["num_splits", "persistent", "got 2"]),
     ("method_unknown", with_(method="flash"), ValueError, ["method", "'flash'", "'unified'"]),
     ("method_none", with_(method=None), ValueError, ["method", "None"]),
     ("method_case", with_(method="Split"), ValueError, ["method", "'Split'"]),

@@ -1,4 +1,4 @@
-"""A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split and unified paths,
+"""A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split, unified and persistent paths,
 ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64.
 
 compute-sanitizer --tool memcheck python tools/sanitize_case.py
@@ -6,6 +6,8 @@ compute-sanitizer --tool memcheck python tools/sanitize_case.py
 import torch
 
 import fdlib
+from fdlib.kernels.config import persistent_config
+from fdlib.kernels.persistent import run_persistent
 
 torch.manual_seed(0)
 B, H_q, H_kv, L, D = 3, 8, 2, 300, 64
@@ -16,9 +18,13 @@ worst = 0.0
 for lens in ([300, 0, 1], [129, 300, 64], [1, 2, 299]):
     lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
     ref, _ = fdlib.reference_attention(q, k, v, lens)
-    for method, splits in (("split", 3), ("unified", 3), ("unified", 5), ("unified", 1)):
+    for method, splits in (("split", 3), ("unified", 3), ("unified", 5), ("unified", 1), ("persistent", None)):
         out = fdlib.decode_attention(q, k, v, lens, method=method, num_splits=splits)
         torch.cuda.synchronize()
         worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
+    out, lse = torch.empty_like(q), torch.empty(B, H_q, device="cuda")   # the persistent kernel, 3 rows a program
+    run_persistent(q, k, v, lens, D ** -0.5, persistent_config(D), out, lse, programs=2)
+    torch.cuda.synchronize()
+    worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
 print(f"sanitize case done, worst relative error {worst:.2e}")
 assert worst < 2e-3

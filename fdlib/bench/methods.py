@@ -11,6 +11,7 @@ fdlib methods (KV cache token-major ``[B, L, H_kv, D]``):
                FlashAttention in decode")
 ``split``      ``method="split"``: stage 1 + stage 2 with the splits fdlib chooses
 ``unified``    ``method="unified"``: one launch, splits fdlib chooses
+``persistent`` ``method="persistent"``: one launch of a few programs per SM over all rows, no split
 ``auto``       ``method="auto"``
 ``split@S``    forced ``num_splits=S`` (also ``unified@S``, ``auto@S``)
 =============  ===============================================================================
@@ -42,6 +43,7 @@ FDLIB_METHODS = {
     "split1": ("split", 1),
     "split": ("split", None),
     "unified": ("unified", None),
+    "persistent": ("persistent", None),
     "auto": ("auto", None),
 }
 PEERS = {
@@ -49,7 +51,7 @@ PEERS = {
     "fa2": "FLASH_ATTENTION",
     "memeff": "EFFICIENT_ATTENTION",
 }
-DEFAULT_METHODS = ("naive", "split1", "split", "unified", "auto", "cudnn", "fa2")
+DEFAULT_METHODS = ("naive", "split1", "split", "unified", "persistent", "auto", "cudnn", "fa2")
 QUICK_METHODS = ("unified", "naive", "cudnn", "fa2")
 FORCEABLE = ("split", "unified", "auto")
 BASELINE = "cudnn"
@@ -158,17 +160,22 @@ def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None) -> dict:
     """The split count fdlib asks for and the one it launches for a full-length cache (None if unknowable)."""
     if fd_method == "naive":
         return {"splits_requested": None, "splits": None}
+    if fd_method == "persistent":
+        return {"splits_requested": 1, "splits": 1}
     try:
         from ..kernels.config import chunk_for
         from ..validate import check
+        from ..splits import choose_kernel, choose_splits
         L = k.shape[1]
         requested = num_splits
+        p = check(q, k, v, None, None, fd_method, None, False, False)
         if requested is None:
-            from ..splits import choose_splits
-            p = check(q, k, v, None, None, fd_method, None, False, False)
             requested = int(choose_splits(p, L))
         _, eff = chunk_for(L, requested, block_n(k.shape[-1], L, q.shape[0] * k.shape[2], q.element_size()))
-        return {"splits_requested": requested, "splits": int(eff)}
+        rec = {"splits_requested": requested, "splits": int(eff)}
+        if fd_method == "auto":
+            rec["kernel"] = choose_kernel(p, L, int(eff))
+        return rec
     except Exception as e:  # noqa: BLE001 - bookkeeping only, never fatal
         return {"splits_requested": num_splits, "splits": None, "splits_error": f"{type(e).__name__}: {e}"[:200]}
 

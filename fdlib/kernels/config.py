@@ -55,6 +55,24 @@ def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2
     return TileConfig(BLOCK_N=max(16, block_n), num_warps=GPU_CONFIG.num_warps, num_stages=GPU_CONFIG.num_stages)
 
 
+PERSISTENT_BLOCK_N = 64
+PERSISTENT_PER_SM = 2
+"""The persistent kernel's tiles and programs per SM: 64-key tiles, 4 warps, 3 stages (96 KB of shared memory
+at D=128, so two programs fit on an SM) and 2·SMs programs were the most robust of 32 configurations on the
+short-cache, large-batch shapes where it runs (results/h200/explore/explore.json: within 2.6% of the best
+configuration on each)."""
+
+
+def persistent_config(D: int = 128, elem_bytes: int = 2) -> TileConfig:
+    """Tiles of the persistent kernel here: at most PERSISTENT_BLOCK_N keys, fewer where tile_config_for
+    halves them (D > 128, float32); the interpreter's config in the interpreter."""
+    if runtime.INTERPRET:
+        return INTERPRETER_CONFIG
+    base = tile_config_for(D, 1 << 30, compiled_mode=True, elem_bytes=elem_bytes)
+    return TileConfig(BLOCK_N=min(PERSISTENT_BLOCK_N, base.BLOCK_N), num_warps=base.num_warps,
+                      num_stages=base.num_stages)
+
+
 def block_sizes(group: int, D: int) -> tuple[int, int]:
     """(BLOCK_G, BLOCK_D): the group padded to >= 16 rows (tl.dot's smallest M) and D to a power of two >= 16."""
     return max(16, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(D))

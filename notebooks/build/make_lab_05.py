@@ -376,6 +376,7 @@ def lab05():
         | `split1` | stage 1 with 1 split: one program per (sequence, KV head), "FlashAttention without splitting" |
         | `split` | Labs 03-04: stage 1 + stage 2, splits from the cost model |
         | `unified` | this lab: one launch, ticket hand-off, splits from the cost model |
+        | `persistent` | one launch of 2 programs per SM walking all rows tile after tile, no split (below) |
         | `cudnn`, `fa2` | PyTorch SDPA's cuDNN and FlashAttention-2 backends (the production peers) |
 
         With a GPU, the next cell runs a small live benchmark (a few shapes, about a minute). Without one it
@@ -386,7 +387,8 @@ def lab05():
         LIVE = torch.cuda.is_available() and not runtime.INTERPRET
         if LIVE:
             bench = run_benchmark(B=(1, 16), L=(8192, 131072), heads=((32, 8),), dtypes=("float16",),
-                                  methods=["naive", "split1", "split", "unified", "cudnn", "fa2"], progress=False)
+                                  methods=["naive", "split1", "split", "unified", "persistent", "cudnn", "fa2"],
+                                  progress=False)
             where = f"measured live on {bench['provenance']['device']} (this run)"
         else:
             bench = load_results(RESULTS / "bench-float16.json")
@@ -398,15 +400,15 @@ def lab05():
         tk = "graph" if any(r.get("graph_us") for r in bench["records"]) else "eager"
         print(f"timing: {'CUDA graph' if tk == 'graph' else 'eager'}, L2 flushed; read ceiling "
               f"{bench['ceiling']['tbs']:.2f} TB/s")
-        methods = ["naive", "split1", "split", "unified", "cudnn", "fa2"]
+        methods = ["naive", "split1", "split", "unified", "persistent", "cudnn", "fa2"]
         by = {}
         for r in bench["records"]:
             by.setdefault((r["B"], r["H_q"], r["H_kv"], r["L"]), {})[r["method"]] = r
         show = [k for k in by if k[2] == 8 and k[0] in (1, 16) and k[3] in (8192, 131072)]
-        print(f"{'shape':22s}" + "".join(f"{m:>9s}" for m in methods) + "   µs per step; unified: splits, TB/s, % ceiling")
+        print(f"{'shape':22s}" + "".join(f"{m:>11s}" for m in methods) + "   µs per step; unified: splits, TB/s, % ceiling")
         for key in show:
             row = by[key]
-            cells = [f"{row[m][f'{tk}_us']:9.1f}" if m in row and row[m].get(f"{tk}_us") else f"{'n/a':>9s}"
+            cells = [f"{row[m][f'{tk}_us']:11.1f}" if m in row and row[m].get(f"{tk}_us") else f"{'n/a':>11s}"
                      for m in methods]
             u = row["unified"]
             print(f"B={key[0]:<2d} H={key[1]}:{key[2]} L={key[3]:<6d}" + "".join(cells)
@@ -417,7 +419,7 @@ def lab05():
         shapes = list(dict.fromkeys((r["B"], r["H_kv"], r["L"]) for r in ok))
         x = {s: i for i, s in enumerate(shapes)}
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.5))
-        for m in ["naive", "split1", "split", "unified", "fa2"]:
+        for m in ["naive", "split1", "split", "unified", "persistent", "fa2"]:
             pts = [(x[(r["B"], r["H_kv"], r["L"])], r[f"{tk}_ratio_cudnn"]) for r in ok
                    if r["method"] == m and r.get(f"{tk}_ratio_cudnn")]
             if pts:
@@ -430,7 +432,7 @@ def lab05():
         ax1.set_ylabel("time / cuDNN time (×, log)")
         ax1.set_title("(a) decode time relative to SDPA cuDNN, fp16, D=128", fontsize=10)
         ax1.legend(fontsize=7, ncol=6); ax1.grid(True, which="both", alpha=0.3)
-        for m in ["naive", "split1", "split", "unified", "cudnn", "fa2"]:
+        for m in ["naive", "split1", "split", "unified", "persistent", "cudnn", "fa2"]:
             pts = sorted((r["kv_mb"], r[f"{tk}_tbs"]) for r in ok if r["method"] == m and r.get(f"{tk}_tbs"))
             if pts:
                 ax2.plot(*zip(*pts), marker="o", ms=3, lw=0, label=m)
@@ -452,6 +454,31 @@ def lab05():
         does `split1`'s work in one launch, writing its output directly with no stage 2. `naive` runs several
         PyTorch kernels: it first copies the whole K and V cache to float32, then writes the scores and
         probabilities through memory, so it moves several times the cache's bytes and trails everywhere.
+
+        ### Many short rows: the persistent kernel
+
+        At one split the unified grid starts one program per row (B·H_kv of them), and a row of 512 keys is only
+        four tiles. Each program spends a large part of its life starting up (launch, reading its length and
+        queries, filling the load pipeline before the first tile arrives), and the programs on an SM do it at the
+        same moment. `method="persistent"` launches 2 programs per SM instead: program p walks rows p, p + P,
+        p + 2P, ... in **one** loop over all their tiles, so the pipeline keeps loading across row boundaries.
+        `auto` takes it when there is one split, at least two waves of rows and at most about 4096 keys per
+        program (`fdlib.splits.choose_kernel`). From the committed H200 run:
+        """),
+        code("""
+        rec = load_results(RESULTS / "bench-float16.json")
+        by = {}
+        for r in rec["records"]:
+            by.setdefault((r["B"], r["H_kv"], r["L"]), {})[r["method"]] = r
+        print(f"{'shape':20s} {'auto runs':>10s} {'unified':>8s} {'persistent':>10s} {'cuDNN':>7s}   µs, CUDA graph")
+        for (B, H_kv, L), m in by.items():
+            if B >= 16 and L <= 2048:
+                print(f"B={B:<3d} 32:{H_kv:<2d} L={L:<5d} {m['auto'].get('kernel', 'unified'):>10s} "
+                      f"{m['unified']['graph_us']:8.1f} {m['persistent']['graph_us']:10.1f} {m['cudnn']['graph_us']:7.1f}")
+        """, checked=True),
+        md("""
+        With 128 rows (one wave of the plain grid) there is nothing to gain and `auto` keeps the unified kernel;
+        with long rows the start-up is a small share of each program's time and the plain grid is as fast or faster.
 
         ### GQA: time follows H_kv, not H_q
 

@@ -1,0 +1,122 @@
+r"""The persistent no-split kernel: one launch of P programs walks all B·H_kv rows, one tile at a time.
+
+With one split per row, the plain grid ``(B, H_kv, 1)`` starts B·H_kv programs and each one pays a fixed
+start-up: launch, read its length and queries, fill the load pipeline before the first tile arrives, drain it
+after the last. For short caches (a row of 512 keys is 4 tiles) that start-up is a large part of each
+program's life, and every program on an SM pays it at the same moment. Here a fixed set of P programs
+(a few per SM) shares the rows: program p owns rows :math:`r_j = p + jP`, j = 0, 1, ..., and runs **one** loop
+over the tiles of all its rows,
+
+.. math::  t = 0, 1, \dots, T_p - 1,\qquad T_p = \sum_j n_j,\quad n_j = \max(1, \lceil L_{b(r_j)}/N\rceil),
+
+so the load pipeline keeps prefetching across row boundaries: tile t of the flat loop belongs to row slot
+:math:`j(t) = \#\{j : E_j \le t\}` with :math:`E_j = n_0 + \dots + n_j` (a cumulative sum kept in registers).
+Each tile is the usual :func:`~fdlib.kernels.tile.tile_update` on the row's queries; on the last tile of a row
+the program writes :math:`O = \tilde O/\ell` and lse (masked stores: nothing branches inside the loop) and
+starts the next row from the empty state. Rows are whole, so there is nothing to merge.
+
+Row r is (b, h_kv) = (r div H_kv, r mod H_kv): programs that run at the same time read neighbouring heads of
+the same tokens.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .tile import state_to_partial, tile_update
+
+
+@triton.jit
+def persistent_kernel(Q, K, V, LENS, OUT, LSE,
+                      stride_qb, stride_qh,
+                      stride_kb, stride_kl, stride_kh,
+                      stride_vb, stride_vl, stride_vh,
+                      stride_ob, stride_oh, stride_sb, stride_sh,
+                      qk_scale, n_rows, H_KV,
+                      GROUP: tl.constexpr, D: tl.constexpr,
+                      BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      ROWS: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr):
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    slots = tl.arange(0, ROWS)
+    rows = pid + slots * P
+    mine = rows < n_rows
+    lens = tl.load(LENS + rows // H_KV, mask=mine, other=0)
+    tiles = tl.where(mine, tl.maximum(tl.cdiv(lens, BLOCK_N), 1), 0)   # an empty row still takes one tile
+    ends = tl.cumsum(tiles, 0)                                          # E_j
+    total = tl.sum(tiles, 0)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    mask_g = offs_g < GROUP
+    mask_gd = mask_g[:, None] & mask_d[None, :]
+    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for t in range(0, total):
+        j = tl.sum((ends <= t).to(tl.int32), 0)                         # row slot of tile t
+        here = slots == j
+        end_j = tl.sum(tl.where(here, ends, 0), 0)
+        L = tl.sum(tl.where(here, lens, 0), 0)
+        pos = (t - (end_j - tl.sum(tl.where(here, tiles, 0), 0))) * BLOCK_N + offs_n
+        row = pid + j * P
+        b = row // H_KV
+        h_kv = row % H_KV
+        heads = h_kv * GROUP + offs_g
+        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=mask_gd, other=0.0)
+        valid = pos < L
+        kv_mask = valid[:, None] & mask_d[None, :]
+        k = tl.load(K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + pos[:, None] * stride_kl + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        v = tl.load(V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + pos[:, None] * stride_vl + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        m, l, acc = TILE_UPDATE(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
+        last = t + 1 == end_j
+        o, lse = state_to_partial(m, l, acc)
+        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(OUT.dtype.element_ty),
+                 mask=mask_gd & last)
+        tl.store(LSE + b * stride_sb + heads * stride_sh, lse, mask=mask_g & last)
+        m = tl.where(last, float("-inf"), m)
+        l = tl.where(last, 0.0, l)
+        acc = tl.where(last, 0.0, acc)
+
+
+MAX_ROWS_PER_PROGRAM = 256
+"""A program keeps its rows' lengths in registers: more programs are launched rather than more rows each."""
+
+
+def programs_for(n_rows: int, sms: int, per_sm: int) -> int:
+    r"""P for ``n_rows`` rows: with at most SMs·per_sm programs each has :math:`k = \lceil \text{rows} /
+    (\text{SMs}\cdot\text{per\_sm})\rceil` rows (k <= MAX_ROWS_PER_PROGRAM: more programs rather than more rows
+    each), and :math:`P = \lceil \text{rows}/k \rceil` spreads them so that every program has k or k - 1 rows
+    (512 rows on 264 slots: 256 programs of 2 rows, not 248 of 2 and 16 of 1)."""
+    from .config import cdiv
+    if n_rows <= 0:
+        return 1
+    k = min(cdiv(n_rows, max(1, sms * per_sm)), MAX_ROWS_PER_PROGRAM)
+    return cdiv(n_rows, k)
+
+
+def run_persistent(q, k_cache, v_cache, lens, scale, cfg, out, lse, programs: int, tile_update_fn=None):
+    """One launch of ``programs`` programs over all B·H_kv rows (one split each); writes out and lse in place."""
+    from .config import block_sizes, cdiv, fp32_dot
+    from .tile import LOG2E
+    B, H_q, D = q.shape
+    H_kv = k_cache.shape[2]
+    group = H_q // H_kv
+    n_rows = B * H_kv
+    programs = max(1, min(int(programs), n_rows))
+    BLOCK_G, BLOCK_D = block_sizes(group, D)
+    rows_per_program = triton.next_power_of_2(cdiv(n_rows, programs))
+    persistent_kernel[(programs,)](
+        q, k_cache, v_cache, lens, out, lse,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        scale * LOG2E, n_rows, H_kv,
+        GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D, ROWS=rows_per_program,
+        FP32_DOT=fp32_dot(q.dtype), TILE_UPDATE=tile_update_fn or tile_update,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)

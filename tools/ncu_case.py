@@ -1,0 +1,61 @@
+"""Shapes for Nsight Compute (GPU only): warm up (compile), then profile one launch of each kernel.
+
+ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section MemoryWorkloadAnalysis python3 tools/ncu_case.py [CASE ...]
+
+CASE: ``short`` (B=64, H 32:32, L=512: the plain unified grid at one split, then the persistent kernel) or
+``small`` (B=1, H 32:8, L=512 at fdlib's splits: stage 1, stage 2, unified). Default: both.
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+
+import fdlib  # noqa: F401  (decides the runtime before any kernel is defined)
+from fdlib.kernels.config import TileConfig, chunk_for, tile_config
+from fdlib.kernels.persistent import run_persistent
+from fdlib.kernels.stage1 import run_stage1
+from fdlib.kernels.stage2 import run_stage2
+from fdlib.kernels.unified import run_unified
+
+
+def calls(case):
+    D = 128
+    if case == "short":
+        B, Hq, Hkv, L, splits = 64, 32, 32, 512, 1
+    else:
+        B, Hq, Hkv, L, splits = 1, 32, 8, 512, 8
+    q = torch.randn(B, Hq, D, device="cuda", dtype=torch.float16)
+    k = torch.randn(B, L, Hkv, D, device="cuda", dtype=torch.float16)
+    v = torch.randn(B, L, Hkv, D, device="cuda", dtype=torch.float16)
+    lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    out, lse = torch.empty_like(q), torch.empty(B, Hq, device="cuda")
+    cfg = tile_config(D, L, 2, rows=B * Hkv)
+    chunk, splits = chunk_for(L, splits, cfg.BLOCK_N)
+    s = 1 / math.sqrt(D)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if case == "short":
+        return [lambda: run_unified(q, k, v, lens, s, chunk, splits, cfg, out, lse),
+                lambda: run_persistent(q, k, v, lens, s, TileConfig(64, 4, 3), out, lse, 2 * sms)]
+    op, lp = run_stage1(q, k, v, lens, s, chunk, splits, cfg)
+    return [lambda: run_stage1(q, k, v, lens, s, chunk, splits, cfg),
+            lambda: run_stage2(op, lp, out, lse),
+            lambda: run_unified(q, k, v, lens, s, chunk, splits, cfg, out, lse)]
+
+
+def main():
+    fns = [f for case in (sys.argv[1:] or ["short", "small"]) for f in calls(case)]
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    main()
