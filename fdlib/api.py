@@ -1,27 +1,25 @@
 """``fdlib.decode_attention``: the one entry point that reaches every method.
 
-Data flow: validate -> lengths -> choose splits (cost model, or forced) -> launch kernel(s) -> out (, lse).
+Data flow: plan (once per shape, cached: :mod:`fdlib.plan`) -> run (launch only) -> out (, lse).
+Under ``torch.compile`` the call goes through the registered op ``torch.ops.fdlib.decode_attention``.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
-from . import runtime
-from .reference import naive_attention
-from .validate import check
+from .plan import DecodePlan, host_lengths, plan
+from .validate import check_inputs
 
+PLAN_CACHE_SIZE = 32
+"""Plans decode_attention keeps (least recently used dropped first); each holds its workspace."""
 
-def _lengths(p, cache_seqlens, validate):
-    """int32 lengths on the device, and L_cap: the longest length the launch must cover (host int): the
-    longest of ``cache_seqlens`` with ``validate=True``, else the cache's capacity L_max (nothing is read)."""
-    if cache_seqlens is None:
-        return torch.full((p.B,), p.L_max, dtype=torch.int32, device=p.q.device), p.L_max
-    lens = cache_seqlens.to(torch.int32).contiguous()   # kernels read LENS + b: dense int32
-    return lens, (max(p.lengths) if validate else p.L_max)
+_PLANS: OrderedDict = OrderedDict()
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, method="auto", num_splits=None,
-                     return_lse=False, validate=True):
+                     return_lse=False, max_seqlen=None, check_lengths=False, validate=None):
     r"""Attention of one query token per sequence against its KV cache.
 
     .. math::  O_{b,h} = \sum_{j < L_b} \operatorname{softmax}_j(\text{scale}\; q_{b,h}\cdot k_{b,j,h_{kv}})\; v_{b,j,h_{kv}},
@@ -30,7 +28,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, met
     Args:
         q: ``[B, H_q, D]`` (or ``[B, 1, H_q, D]``; the answer has q's shape).
         k_cache, v_cache: ``[B, L_max, H_kv, D]``, token-major; any strides with a contiguous last dim.
-        cache_seqlens: int32/int64 ``[B]``, the valid length of each sequence (default: all L_max).
+        cache_seqlens: the valid length of each sequence: int32/int64 ``[B]`` on q's device, or on the host
+            (a CPU tensor or a list of ints); default: all L_max.
         scale: multiplies q·k (default 1/√D).
         method: ``"auto"`` (splits from the cost model; the unified kernel, or the persistent one when every
             row is one split of a short cache and there are many rows: :func:`fdlib.splits.choose_kernel`),
@@ -39,64 +38,84 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, met
         num_splits: force the number of KV splits (1..256) instead of letting fdlib choose; at most one split
             per tile of keys is launched (:func:`fdlib.kernels.config.chunk_for`).
         return_lse: also return lse ``[B, H_q]`` float32 (natural log).
-        validate: check ``cache_seqlens`` values (needs a device-to-host copy); pass False inside CUDA-graph
-            capture, where splits are then chosen for the cache's full capacity L_max. Without the check the
-            lengths must still lie in 0..L_max: a longer one makes the kernels read past the cache.
+        max_seqlen: a host bound on the lengths: splits are chosen as if every sequence were this long
+            (default: the cache's capacity L_max). Only speed depends on it; longer rows are still right.
+        check_lengths: read device lengths back and raise ``ValueError`` if one lies outside 0..L_max (one
+            device-to-host copy: a sync, not allowed in CUDA-graph capture). By default nothing is read:
+            such a length is clamped on the device and recorded (see :meth:`fdlib.plan.DecodePlan.clamped`;
+            :func:`plan_for` gives the plan a call uses). Host lengths are always checked, for free.
+
+    Every call is :func:`fdlib.plan` (made once per shape, dtype, device, method, splits and max_seqlen,
+    and cached; never keyed by length values) followed by :meth:`DecodePlan.run`: no device-to-host copy,
+    no sync, and it can be captured in a CUDA graph as written.
 
     A sequence of length 0 gives out = 0 and lse = -inf. A NaN in a sequence's q, K or V makes that
     sequence's output NaN (for the query heads that read it) and leaves every other sequence untouched.
     """
-    p = check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, validate)
-    if method == "naive":
-        out, lse = naive_attention(p.q, k_cache, v_cache, cache_seqlens, p.scale)
-    else:
-        out, lse = _triton(p, k_cache, v_cache, cache_seqlens, method, num_splits, validate)
-    if p.q_was_4d:
-        out = out[:, None]
-    return (out, lse) if return_lse else out
-
-
-def _triton(p, k_cache, v_cache, cache_seqlens, method, num_splits, validate):
-    from .kernels.config import chunk_for, tile_config
-    from .splits import choose_kernel, choose_splits, persistent_per_sm, sm_count
-    runtime.smoke_check()
-    lens, L_cap = _lengths(p, cache_seqlens, validate)
-    cfg = tile_config(p.D, L_cap, p.q.element_size(), rows=p.B * p.H_kv)
-    if method == "persistent":
-        num_splits = 1
-    elif num_splits is None:
-        num_splits = choose_splits(p, L_cap)
-    chunk, splits = chunk_for(L_cap, num_splits, cfg.BLOCK_N)
-    if method == "auto":
-        method = choose_kernel(p, L_cap, splits)
+    if validate is not None:
+        raise TypeError("validate: this argument is gone. Calls never read lengths back now (graph-safe by "
+                        "default); pass check_lengths=True to check device lengths on the host, and max_seqlen= "
+                        "to choose splits for a known bound")
+    if torch.compiler.is_compiling():
+        return _compiled_call(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, max_seqlen)
+    p = plan_for(q, k_cache, v_cache, cache_seqlens, scale=scale, method=method, num_splits=num_splits,
+                 return_lse=return_lse, max_seqlen=max_seqlen)
+    if check_lengths is not False:
+        if check_lengths is not True:
+            raise TypeError(f"check_lengths: expected a bool, got {type(check_lengths).__name__}")
+        if isinstance(cache_seqlens, torch.Tensor):
+            host_lengths(cache_seqlens.cpu(), p.B, p.L_max, p.device)   # the one device-to-host read
     try:
-        out = torch.empty_like(p.q)
-        lse = torch.empty((p.B, p.H_q), dtype=torch.float32, device=p.q.device)
-        if method == "persistent":
-            from .kernels.config import persistent_config
-            from .kernels.persistent import programs_for, run_persistent
-            run_persistent(p.q, k_cache, v_cache, lens, p.scale, persistent_config(p.D, p.q.element_size()), out,
-                           lse, programs_for(p.B * p.H_kv, sm_count(), persistent_per_sm()))
-        elif method == "split":
-            from .kernels.stage1 import run_stage1
-            from .kernels.stage2 import run_stage2
-            o_part, lse_part = run_stage1(p.q, k_cache, v_cache, lens, p.scale, chunk, splits, cfg)
-            run_stage2(o_part, lse_part, out, lse)
-        else:
-            from .kernels.unified import run_unified
-            run_unified(p.q, k_cache, v_cache, lens, p.scale, chunk, splits, cfg, out, lse)
-    except _OOM as e:
-        raise _OOM(f"decode_attention: out of memory on {p.q.device} allocating out, lse and the split workspace, "
-                   f"{_workspace_bytes(p, splits)} bytes in all (B={p.B}, H_q={p.H_q}, D={p.D}, splits={splits}); "
-                   f"fewer splits (num_splits) or a smaller batch needs less. {e}") from e
-    return out, lse
+        return p.run(q, k_cache, v_cache, cache_seqlens, return_lse=return_lse)
+    except (ValueError, TypeError, AttributeError):
+        # arguments that do not fit the cached plan: the full checks name what is wrong, in the same words
+        # for every call; if they find nothing, the plan's own error stands
+        check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse)
+        raise
 
 
-_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, method="auto", num_splits=None,
+             return_lse=False, max_seqlen=None) -> DecodePlan:
+    """The cached plan :func:`decode_attention` runs for these arguments (made and checked on first use)."""
+    try:
+        key = (q.shape, k_cache.shape, q.dtype, q.device, scale, method, num_splits, max_seqlen)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):   # not tensors, or unhashable arguments: the checks say which
+        key, p = None, None
+    if p is not None:
+        _PLANS.move_to_end(key)
+        if return_lse is not True and return_lse is not False:
+            raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+        return p
+    pr = check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse)
+    p = plan(pr.B, pr.H_q, pr.H_kv, pr.D, pr.L_max, dtype=q.dtype, device=q.device, max_seqlen=max_seqlen,
+             scale=scale, method=method, num_splits=num_splits)
+    _PLANS[key] = p
+    while len(_PLANS) > PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return p
 
 
-def _workspace_bytes(p, splits):
-    """Bytes a Triton call allocates: out (q's dtype), lse, and float32 partials O_i, lse_i when splits > 1."""
-    rows = p.B * p.H_q
-    partials = rows * splits * (p.D + 1) * 4 if splits > 1 else 0
-    return rows * p.D * p.q.element_size() + rows * 4 + partials
+# ------------------------------------------------------------------------------------------ torch.compile
+@torch.library.custom_op("fdlib::decode_attention", mutates_args=())
+def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
+               scale: float | None, method: str, num_splits: int | None,
+               max_seqlen: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.fdlib.decode_attention``: (out, lse) of :func:`decode_attention`, as an opaque op."""
+    return decode_attention(q, k_cache, v_cache, cache_seqlens, scale=scale, method=method, num_splits=num_splits,
+                            return_lse=True, max_seqlen=max_seqlen)
+
+
+@_decode_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, max_seqlen):
+    """Shapes only: out like q, lse [B, H_q] float32."""
+    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[-2]), dtype=torch.float32)
+
+
+def _compiled_call(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, max_seqlen):
+    if isinstance(cache_seqlens, (list, tuple)):
+        cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32)
+    out, lse = torch.ops.fdlib.decode_attention(q, k_cache, v_cache, cache_seqlens,
+                                                None if scale is None else float(scale), method, num_splits,
+                                                max_seqlen)
+    return (out, lse) if return_lse else out

@@ -96,9 +96,9 @@ def _gpu(gpu) -> gpus.GPU:
 
 # ----------------------------------------------------------------------------------------------- cost model
 def _splits_used(L: int, splits: int, D: int = 128, rows: int | None = None, dtype_bytes: int = 2) -> int:
-    """Splits the kernels really launch: at most one per BLOCK_N-key tile (fdlib.kernels.config.chunk_for)."""
-    from .kernels.config import chunk_for
-    return chunk_for(L, min(int(splits), MAX_SPLITS), gpu_tile(D, max(int(L), 1), rows, dtype_bytes).BLOCK_N)[1]
+    """Splits the kernels really launch on a GPU: the planner's :func:`fdlib.plan.launched_splits`."""
+    from .plan import launched_splits
+    return launched_splits(L, splits, D, rows, dtype_bytes, compiled=True)
 
 
 def _estimate_programs_per_sm(gpu: gpus.GPU, D: int, L: int, dtype_bytes: int, rows: int | None = None) -> int:
@@ -247,7 +247,7 @@ class Summary:
                      f"{'s' if self.stage2_waves != 1 else ''})"
         approx = "" if self.predicted_exact else " (interpolated)"
         return [
-            f"model of {self.gpu}, {self.sms} SMs, {self.programs_per_sm} programs/SM; {self.mode}",
+            f"model of {self.gpu}, {self.sms} SMs, {_per_sm(self.programs_per_sm)}; {self.mode}",
             f"shape: B={self.B} H_q={self.H_q} H_kv={self.H_kv} (group {self.group}) L={self.L} D={self.D} "
             f"dtype={self.dtype_bytes} bytes",
             f"splits: {split_txt}",
@@ -490,6 +490,10 @@ def recorded(B, H_q, H_kv, L, D=128, dtype_bytes=2, unified=True) -> tuple[list[
     return sorted(pts.items()), label
 
 
+def _per_sm(r: int) -> str:
+    return f"{r} program{'s' if r != 1 else ''}/SM"
+
+
 # ----------------------------------------------------------------------------------------------- the figure
 _IDLE = "#e4e4e4"
 _BUSY = "#1b7837"
@@ -623,7 +627,7 @@ class _Canvas:
         self.measured_pts.set_visible(bool(m))
         rp = list(recorded_pts)
         self.recorded_pts.set_data([p[0] for p in rp], [p[1] for p in rp])
-        self.recorded_pts.set_label(f"recorded on {recorded_device}")
+        self.recorded_pts.set_label(f"recorded on {recorded_device} (same shape)")
         self.recorded_pts.set_visible(bool(rp))
         ally = ts + [p[1] for p in m] + [p[1] for p in rp]
         lo, hi = min(ally), max(ally)
@@ -636,7 +640,7 @@ class _Canvas:
         mode = "two-stage" if not summ.unified else "unified"
         self.curve_ax.set_title(f"Time per decode step vs splits ({mode}, B={summ.B}, H_q={summ.H_q}, "
                                 f"H_kv={summ.H_kv}, L={summ.L}, D={summ.D})", fontsize=10)
-        self.suptitle.set_text(f"SM occupancy: model of {summ.gpu}, {sms} SMs, {r} programs/SM — "
+        self.suptitle.set_text(f"SM occupancy: model of {summ.gpu}, {sms} SMs, {_per_sm(r)} — "
                                f"{summ.programs} programs in {summ.waves} wave{'s' if summ.waves != 1 else ''}, "
                                f"{summ.utilization:.0%} of SMs busy")
         self.subtitle.set_text(f"{summ.mode}; splits {summ.splits_used}; "
@@ -683,7 +687,7 @@ def measure(B, H_q, H_kv, L, splits_list, D=128, dtype_bytes=2, unified=True, wa
     method = "unified" if unified else "split"
     out = []
     for s in splits_list:
-        fn = lambda: fdlib.decode_attention(q, k, v, method=method, num_splits=int(s), validate=False)  # noqa: E731
+        fn = lambda: fdlib.decode_attention(q, k, v, method=method, num_splits=int(s))  # noqa: E731
         fn()
         out.append((_splits_used(L, s, D, B * H_kv, dtype_bytes), float(triton.testing.do_bench(fn, warmup=warmup, rep=rep)) * 1e3))
     del q, k, v
@@ -748,7 +752,7 @@ def _make_explorer_class():
             self._measured: dict = {}
             self.last_redraw_s = 0.0
             self.summary: Summary | None = None
-            self.button = W.Button(description="Measure on this GPU", icon="bolt",
+            self.button = W.Button(description="Measure on this GPU", icon="bolt", layout=W.Layout(width="auto"),
                                    tooltip="time fdlib.decode_attention at several split counts (do_bench)")
             self.status = W.HTML()
             self.button.on_click(self._on_measure)
@@ -758,6 +762,8 @@ def _make_explorer_class():
             if not can_measure:
                 self.button.disabled = True
                 self.button.tooltip = "no CUDA GPU here: recorded results (if any) are overlaid instead"
+                self.status.value = ("<i>needs a CUDA GPU; kernels here run in Triton's interpreter on the CPU, "
+                                     "so recorded results are shown instead</i>")
             for w in c.values():
                 w.observe(self._on_change, names="value")
             left = W.VBox([*c.values(), W.HBox([self.button, self.status])], layout=W.Layout(width="440px"))
@@ -806,7 +812,9 @@ def _make_explorer_class():
             body = "<br>".join(html.escape(r) for r in rows)
             extra = ""
             if rp:
-                extra = f"<br><i>recorded on {html.escape(dev)}: {len(rp)} split counts (µs per decode step)</i>"
+                counts = ", ".join(str(s) for s, _ in rp)
+                extra = (f"<br><i>squares in the plot: µs per decode step recorded on {html.escape(dev)} for this "
+                         f"shape, at {len(rp)} split count{'s' if len(rp) != 1 else ''} ({counts})</i>")
             return f"{util}<div style='font-family:monospace;font-size:0.85em;line-height:1.35'>{body}{extra}</div>"
 
         def _on_measure(self, _btn=None):

@@ -20,25 +20,25 @@ def simple_rule(B: int, H_kv: int, L: int, sms: int, block_n: int) -> int:
     return max(1, min(want, cdiv(max(L, 1), block_n), MAX_SPLITS))
 
 
-def choose_splits(p, L_cap) -> int:
-    """Splits for a validated problem ``p`` (the same for every method), from its lengths as read on the host
-    by validation (``p.lengths``); without them (validate=False, or no cache_seqlens) every sequence counts as
-    L_cap long."""
-    block_n = tile_config(p.D, L_cap, p.q.element_size(), rows=p.B * p.H_kv).BLOCK_N
+def choose_splits(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> int:
+    """Splits (the same for every method) for B sequences of ``lengths`` (host ints; None: every sequence
+    counts as L_cap long), H_q query and H_kv KV heads of dim D, elements of ``dtype``."""
+    elem_bytes = dtype.itemsize
+    block_n = tile_config(D, L_cap, elem_bytes, rows=B * H_kv).BLOCK_N
     if runtime.INTERPRET:
-        return simple_rule(p.B, p.H_kv, L_cap, INTERPRETER_SMS, block_n)
+        return simple_rule(B, H_kv, L_cap, INTERPRETER_SMS, block_n)
     import torch
 
     from . import costmodel
     from .gpus import live_gpu
     from .kernels.unified import compiled_resources
     gpu = live_gpu()
-    lengths = p.lengths if p.lengths is not None else (L_cap,) * p.B
+    lengths = tuple(lengths) if lengths is not None else (L_cap,) * B
     cal = None
     if torch.cuda.is_current_stream_capturing():   # never calibrate (launch timing kernels) inside a capture
         cal = costmodel.calibration_cached(gpu) or costmodel.default_calibration(gpu)
-    return costmodel.explain(p.B, p.H_q, p.H_kv, lengths, p.D, p.q.element_size(), gpu, "unified", cal=cal,
-                             compiled=compiled_resources(p.q.dtype, p.D, p.group, block_n)).chosen
+    return costmodel.explain(B, H_q, H_kv, lengths, D, elem_bytes, gpu, "unified", cal=cal,
+                             compiled=compiled_resources(dtype, D, H_q // H_kv, block_n)).chosen
 
 
 PERSISTENT_MIN_WAVES = 2
@@ -59,7 +59,7 @@ def persistent_per_sm() -> int:
     return 1 if runtime.INTERPRET else PERSISTENT_PER_SM
 
 
-def choose_kernel(p, L_cap, splits) -> str:
+def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int) -> str:
     """The kernel ``method="auto"`` launches: ``"persistent"`` when every row is one split, there are at least
     PERSISTENT_MIN_WAVES·SMs rows (B·H_kv), and each of its programs has little work, at most PERSISTENT_MAX_KEYS
     keys (rows·L_cap / (SMs·programs per SM)); else ``"unified"``.
@@ -70,7 +70,7 @@ def choose_kernel(p, L_cap, splits) -> str:
     they are long. Measured on an H200 (results/h200/bench-*.json, graph timings, fp16): B=64, H 32:8, L=512
     42.1 µs unified, 35.9 persistent; B=16, 32:32, L=2048 127.2 vs 125.9; but B=64, 32:32, L=2048 (≈16k keys
     per program) 495.7 vs 517.9, and with 128 rows (one wave of the plain grid) B=16, 32:8, L=512 12.4 vs 14.1."""
-    rows = p.B * p.H_kv
+    rows = B * H_kv
     sms = sm_count()
     keys_per_program = rows * L_cap / (sms * persistent_per_sm())
     if splits == 1 and rows >= PERSISTENT_MIN_WAVES * sms and keys_per_program <= PERSISTENT_MAX_KEYS:

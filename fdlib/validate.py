@@ -1,6 +1,6 @@
-"""Checks on the arguments of :func:`fdlib.decode_attention`; every failure names the argument, what was
-expected and what came. Checks that need the values of ``cache_seqlens`` (a device-to-host copy, which a
-CUDA graph cannot capture) run only with ``validate=True``, the default."""
+"""Checks on the arguments of :func:`fdlib.decode_attention` and :func:`fdlib.plan`; every failure names the
+argument, what was expected and what came. None of them reads a tensor's values from the GPU: the lengths'
+values are checked on the host only when they are on the host (or when the caller asks, ``check_lengths=True``)."""
 from __future__ import annotations
 
 import math
@@ -14,7 +14,7 @@ MAX_HEAD_DIM = 256
 
 
 class Problem(NamedTuple):
-    """A validated call: q as [B, H_q, D], and the sizes every method needs."""
+    """A checked call: q as [B, H_q, D], and the sizes every method needs."""
     q: torch.Tensor
     B: int
     H_q: int
@@ -24,11 +24,9 @@ class Problem(NamedTuple):
     L_max: int
     scale: float
     q_was_4d: bool
-    lengths: tuple | None = None
-    """``cache_seqlens`` read to the host once (validate=True), for the checks and the split choice; else None."""
 
 
-def _shape(t) -> str:
+def shape_str(t) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
@@ -37,30 +35,60 @@ def _tensor(name, t):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
 
 
-def check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, validate) -> Problem:
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _tensor(name, t)
+def check_method(method) -> None:
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(repr(m) for m in METHODS)}, got {method!r}")
+
+
+def check_num_splits(num_splits, method) -> None:
+    if num_splits is None:
+        return
+    from .kernels.config import MAX_SPLITS
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"num_splits: expected an int or None, got {type(num_splits).__name__}")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits: expected 1 <= num_splits <= {MAX_SPLITS}, got {num_splits}")
+    if method == "naive":
+        raise ValueError("num_splits: method='naive' does not split the sequence; pass num_splits=None")
+    if method == "persistent" and num_splits != 1:
+        raise ValueError(f"num_splits: method='persistent' runs each row whole (one split); pass num_splits=None "
+                         f"or 1, got {num_splits}")
+
+
+def check_scale(scale, D: int) -> float:
+    """The scale to use: 1/√D for None, else a finite float."""
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale}")
+    return float(scale)
+
+
+def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse) -> Problem:
+    """Check the arguments of a :func:`fdlib.decode_attention` call (types, shapes, dtypes, devices, strides;
+    the lengths' dtype, shape and device, not their values) and return the sizes."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _tensor(name, t)
+    check_method(method)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
-    if not isinstance(validate, bool):
-        raise TypeError(f"validate: expected a bool, got {type(validate).__name__}")
 
     q_was_4d = q.dim() == 4
     if q.dim() == 4:
         if q.shape[1] != 1:
-            raise ValueError(f"q: a 4-D q must be [B, 1, H_q, D] (one query token per sequence), got {_shape(q)}")
+            raise ValueError(f"q: a 4-D q must be [B, 1, H_q, D] (one query token per sequence), got {shape_str(q)}")
         q3 = q[:, 0]
     elif q.dim() == 3:
         q3 = q
     else:
-        raise ValueError(f"q: expected [B, H_q, D] or [B, 1, H_q, D], got {q.dim()}-D tensor of shape {_shape(q)}")
+        raise ValueError(f"q: expected [B, H_q, D] or [B, 1, H_q, D], got {q.dim()}-D tensor of shape {shape_str(q)}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dim() != 4:
-            raise ValueError(f"{name}: expected [B, L_max, H_kv, D], got {t.dim()}-D tensor of shape {_shape(t)}")
+            raise ValueError(f"{name}: expected [B, L_max, H_kv, D], got {t.dim()}-D tensor of shape {shape_str(t)}")
     if k_cache.shape != v_cache.shape:
-        raise ValueError(f"v_cache: expected the shape of k_cache {_shape(k_cache)}, got {_shape(v_cache)}")
+        raise ValueError(f"v_cache: expected the shape of k_cache {shape_str(k_cache)}, got {shape_str(v_cache)}")
     B, H_q, D = q3.shape
     Bk, L_max, H_kv, Dk = k_cache.shape
     if Bk != B:
@@ -70,7 +98,7 @@ def check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_
     if D < 1 or D > MAX_HEAD_DIM:
         raise ValueError(f"q: head dim D must be between 1 and {MAX_HEAD_DIM}, got {D}")
     if H_kv < 1:
-        raise ValueError(f"k_cache: expected at least one KV head, got H_kv={H_kv} (shape {_shape(k_cache)})")
+        raise ValueError(f"k_cache: expected at least one KV head, got H_kv={H_kv} (shape {shape_str(k_cache)})")
     if H_q < 1 or H_q % H_kv:
         raise ValueError(f"q: H_q={H_q} query heads must be a positive multiple of the cache's H_kv={H_kv} KV heads")
     if B < 1:
@@ -90,41 +118,17 @@ def check(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_
             raise ValueError(f"{name}: the last (head) dimension must be contiguous (stride 1), got strides "
                              f"{tuple(t.stride())}; call .contiguous() first")
 
-    lengths = None
-    if cache_seqlens is not None:
-        _tensor("cache_seqlens", cache_seqlens)
+    if isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"cache_seqlens: dtype must be torch.int32 or torch.int64, got {cache_seqlens.dtype}")
         if tuple(cache_seqlens.shape) != (B,):
-            raise ValueError(f"cache_seqlens: expected shape [{B}] (one length per sequence), got {_shape(cache_seqlens)}")
-        if cache_seqlens.device != q.device:
-            raise ValueError(f"cache_seqlens: must be on q's device ({q.device}), got {cache_seqlens.device}")
-        if validate:
-            lengths = tuple(cache_seqlens.tolist())     # the one device-to-host read of a call
-            lo, hi = min(lengths), max(lengths)
-            if lo < 0:
-                raise ValueError(f"cache_seqlens: lengths must be >= 0, got a minimum of {lo}")
-            if hi > L_max:
-                raise ValueError(f"cache_seqlens: lengths must be <= the cache's L_max={L_max}, got a maximum of {hi}")
+            raise ValueError(f"cache_seqlens: expected shape [{B}] (one length per sequence), got "
+                             f"{shape_str(cache_seqlens)}")
+        if cache_seqlens.device != q.device and cache_seqlens.device.type != "cpu":
+            raise ValueError(f"cache_seqlens: must be on q's device ({q.device}) or on the host (CPU), got "
+                             f"{cache_seqlens.device}")
+    elif cache_seqlens is not None and not isinstance(cache_seqlens, (list, tuple)):
+        raise TypeError(f"cache_seqlens: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
 
-    if num_splits is not None:
-        from .kernels.config import MAX_SPLITS
-        if isinstance(num_splits, bool) or not isinstance(num_splits, int):
-            raise TypeError(f"num_splits: expected an int or None, got {type(num_splits).__name__}")
-        if not 1 <= num_splits <= MAX_SPLITS:
-            raise ValueError(f"num_splits: expected 1 <= num_splits <= {MAX_SPLITS}, got {num_splits}")
-        if method == "naive":
-            raise ValueError("num_splits: method='naive' does not split the sequence; pass num_splits=None")
-        if method == "persistent" and num_splits != 1:
-            raise ValueError(f"num_splits: method='persistent' runs each row whole (one split); pass num_splits=None "
-                             f"or 1, got {num_splits}")
-
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    else:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale: expected a finite number, got {scale}")
-        scale = float(scale)
-    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, scale, q_was_4d, lengths)
+    check_num_splits(num_splits, method)
+    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, check_scale(scale, D), q_was_4d)

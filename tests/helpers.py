@@ -133,9 +133,12 @@ def _lens_list(lens):
 
 
 def counters_zero() -> bool:
-    """Every unified-kernel ticket counter is back at 0 (the kernel resets them itself)."""
+    """Every unified-kernel ticket counter is back at 0 (the kernel resets them itself): the device's shared
+    ones and those of every plan decode_attention keeps."""
+    from fdlib import api
     from fdlib.kernels import unified
-    return all(int(buf.count_nonzero()) == 0 for buf in unified._COUNTERS.values())
+    plans = [p.workspace.counters for p in api._PLANS.values() if p.workspace.counters is not None]
+    return all(int(buf.count_nonzero()) == 0 for buf in [*unified._COUNTERS.values(), *plans])
 
 
 def sync():

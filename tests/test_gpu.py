@@ -80,12 +80,10 @@ def test_large_shapes(B, L, H_kv, group, D, dtype):
 def test_persistent_and_auto_on_many_rows(B, L, H_kv, group, dtype, auto_takes_it):
     """Many rows of short caches, ragged (0, 1 and L among them), against float64; where the H200 benchmark
     showed auto taking the persistent kernel (full-length rows: one split), it still does."""
-    from fdlib.splits import choose_kernel, choose_splits
-    from fdlib.validate import check
+    from fdlib.plan import decide
     q, k, v, lens = problem(B, L, H_kv, group, 128, dtype, seed=B + L)
     if auto_takes_it is not None:
-        full = check(q, k, v, None, None, "auto", None, False, False)
-        kernel = choose_kernel(full, L, 1) if choose_splits(full, L) == 1 else "unified"
+        kernel = decide(B, group * H_kv, H_kv, 128, L, dtype).kernel
         assert kernel == ("persistent" if auto_takes_it else "unified"), kernel
     ref = gpu_reference(q, k, v, lens)
     for method in ("auto", "persistent"):
@@ -97,10 +95,10 @@ def test_persistent_in_a_cuda_graph_with_lengths_changed_in_place():
     B, L, H_kv, group, D = 128, 1024, 4, 4, 128
     q, k, v, lens = problem(B, L, H_kv, group, D, torch.float16, seed=13, lens=[L] * B)
     static_lens = lens.clone()
-    fdlib.decode_attention(q, k, v, static_lens, method="persistent", validate=False)   # compile
+    fdlib.decode_attention(q, k, v, static_lens, method="persistent")   # compile
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = fdlib.decode_attention(q, k, v, static_lens, method="persistent", validate=False)
+        static_out = fdlib.decode_attention(q, k, v, static_lens, method="persistent")
     g = torch.Generator(device="cuda").manual_seed(14)
     for i in range(50):
         new = torch.randint(0, L + 1, (B,), generator=g, device="cuda", dtype=torch.int32)
@@ -125,9 +123,8 @@ def test_stress_back_to_back_unified_vs_split():
         if i % 7 == 0:
             lens[i % B] = 0
         splits = None if i % 3 == 0 else 1 + i % 40
-        validate = i % 2 == 0
-        a = fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=splits, validate=validate)
-        b = fdlib.decode_attention(q, k, v, lens, method="split", num_splits=splits, validate=validate)
+        a = fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=splits)
+        b = fdlib.decode_attention(q, k, v, lens, method="split", num_splits=splits)
         worst = torch.maximum(worst, (a.float() - b.float()).abs().max())
     torch.cuda.synchronize()
     assert worst.item() <= 2e-3, f"unified vs split: max |diff| {worst.item():.3e}"
@@ -145,11 +142,11 @@ def test_cuda_graph_replay_with_lengths_changed_in_place():
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):       # warm up: compile, create the ticket counters
         for _ in range(3):
-            fdlib.decode_attention(q, k, v, static_lens, method="unified", validate=False)
+            fdlib.decode_attention(q, k, v, static_lens, method="unified")
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = fdlib.decode_attention(q, k, v, static_lens, method="unified", validate=False)
+        static_out = fdlib.decode_attention(q, k, v, static_lens, method="unified")
     g = torch.Generator(device="cuda").manual_seed(10)
     worst = 0.0
     for i in range(300):

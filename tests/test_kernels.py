@@ -121,14 +121,16 @@ def test_4d_q_custom_scale_return_lse(method, return_lse):
 
 
 @pytest.mark.parametrize("method", TRITON_METHODS)
-def test_default_lengths_and_validate_false(method):
+def test_default_lengths_and_lengths_shorter_than_planned(method):
     q, k, v, _ = make_problem(2, 2 * N + 3, 4, 2, 32, torch.float32, seed=13)
     full = torch.full((2,), 2 * N + 3, dtype=torch.int32, device=DEVICE)
     out, lse = call(q, k, v, None, method)
     assert_attention_close(out, lse, q, k, v, full, what="default lengths")
     lens = torch.tensor([N + 1, 3], dtype=torch.int32, device=DEVICE)
-    out2, lse2 = call(q, k, v, lens, method, validate=False)
-    assert_attention_close(out2, lse2, q, k, v, lens, what="validate=False")
+    out2, lse2 = call(q, k, v, lens, method)
+    assert_attention_close(out2, lse2, q, k, v, lens, what="lengths shorter than the capacity")
+    out3, lse3 = call(q, k, v, lens, method, max_seqlen=N)     # rows longer than the plan's bound: still covered
+    assert_attention_close(out3, lse3, q, k, v, lens, what="lengths beyond max_seqlen")
 
 
 def test_methods_agree():
@@ -162,11 +164,12 @@ def test_unified_short_sequence_beside_long_one():
         assert_attention_close(out, lse, q, k, v, lens, what=f"splits={splits}")
 
 
-def test_unified_recovers_from_length_beyond_capacity_without_validation():
-    """validate=False trusts the lengths; even a wrong one must not leave a ticket counter stuck."""
+def test_unified_recovers_from_length_beyond_capacity():
+    """A device length beyond the cache is clamped on the device; it must not leave a ticket counter stuck."""
     q, k, v, _ = make_problem(2, 4 * N, 2, 1, 32, torch.float32, seed=17)
     bad = torch.tensor([4 * N + 50, 3], dtype=torch.int32, device=DEVICE)
-    fdlib.decode_attention(q, k, v, bad, method="unified", num_splits=4, validate=False)
+    out, lse = call(q, k, v, bad, "unified", num_splits=4)
+    assert_attention_close(out, lse, q, k, v, bad.clamp(max=4 * N), what="clamped to L_max")
     assert counters_zero()
     lens = torch.tensor([4 * N, 2 * N], dtype=torch.int32, device=DEVICE)
     out, lse = call(q, k, v, lens, "unified", num_splits=4)

@@ -13,7 +13,6 @@ import fdlib
 from fdlib.kernels.config import tile_config
 from fdlib.kernels.persistent import MAX_ROWS_PER_PROGRAM, programs_for, run_persistent
 from fdlib.splits import PERSISTENT_MAX_KEYS, PERSISTENT_MIN_WAVES, choose_kernel, persistent_per_sm, sm_count
-from fdlib.validate import check
 from helpers import BLOCK_N, DEVICE, DTYPES, assert_attention_close, hyp_settings, make_problem
 
 N = BLOCK_N
@@ -111,16 +110,10 @@ def test_auto_picks_persistent_for_many_short_rows_of_one_split():
     rows = PERSISTENT_MIN_WAVES * sms
     short = PERSISTENT_MAX_KEYS * sms * persistent_per_sm() // rows      # the longest L that still qualifies
 
-    def problem(B, L):
-        kv = torch.zeros(B, L, 1, 16, device=DEVICE)
-        return check(torch.zeros(B, 2, 16, device=DEVICE), kv, kv, None, None, "auto", None, False, False)
-
-    many = problem(rows, short)
-    assert choose_kernel(many, short, 1) == "persistent"
-    assert choose_kernel(many, short, 2) == "unified"                      # split rows need the merge
-    assert choose_kernel(problem(rows - 1, short), short, 1) == "unified"  # fewer rows than the threshold
-    longer = problem(rows, short + 1)
-    assert choose_kernel(longer, short + 1, 1) == "unified"               # more work a program: start-up amortised
+    assert choose_kernel(rows, 1, short, 1) == "persistent"
+    assert choose_kernel(rows, 1, short, 2) == "unified"                   # split rows need the merge
+    assert choose_kernel(rows - 1, 1, short, 1) == "unified"               # fewer rows than the threshold
+    assert choose_kernel(rows, 1, short + 1, 1) == "unified"               # more work a program: start-up amortised
 
 
 def test_auto_through_the_persistent_kernel_is_right():
@@ -128,11 +121,9 @@ def test_auto_through_the_persistent_kernel_is_right():
     B = PERSISTENT_MIN_WAVES * sm_count() // 2
     lens = [(7 * i) % (2 * N + 2) for i in range(B)]
     q, k, v, lens_t = make_problem(B, 2 * N + 1, 6, 2, 32, torch.float32, seed=5, lens=lens)
-    from fdlib.splits import choose_splits
-    p = check(q, k, v, lens_t, None, "auto", None, False, True)
-    L_cap = max(lens)
-    if choose_splits(p, L_cap) != 1:
+    p = fdlib.plan(B, 6, 2, 32, 2 * N + 1, dtype=torch.float32, lengths=lens)
+    if p.splits != 1:
         pytest.skip("the split rule splits this shape here; the persistent path is not taken")
-    assert choose_kernel(p, L_cap, 1) == "persistent"
-    out, lse = fdlib.decode_attention(q, k, v, lens_t, method="auto", return_lse=True)
+    assert p.kernel == "persistent"
+    out, lse = p.run(q, k, v, lens_t, return_lse=True)
     assert_attention_close(out, lse, q, k, v, lens_t, what="auto (persistent)")

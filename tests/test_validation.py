@@ -1,6 +1,7 @@
 """Bad arguments to fdlib.decode_attention raise ValueError/TypeError naming the argument and what came."""
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -89,11 +90,17 @@ CASES = [
     ("lens_shape_2x1", with_(cache_seqlens=T([[3], [4]], dtype=torch.int32)), ValueError,
      ["cache_seqlens", "[2, 1]"]),
     ("lens_scalar", with_(cache_seqlens=T(3, dtype=torch.int32)), ValueError, ["cache_seqlens", "[]"]),
-    ("lens_negative", with_(cache_seqlens=T([3, -1], dtype=torch.int32)), ValueError,
+    ("lens_negative", with_(cache_seqlens=[3, -1]), ValueError,
      ["cache_seqlens", ">= 0", "-1"]),
-    ("lens_too_long", with_(cache_seqlens=T([21, 3], dtype=torch.int64)), ValueError,
+    ("lens_too_long", with_(cache_seqlens=[21, 3]), ValueError,
      ["cache_seqlens", "L_max=20", "21"]),
-    ("lens_list", with_(cache_seqlens=[3, 4]), TypeError, ["cache_seqlens", "list"]),
+    ("lens_list_float", with_(cache_seqlens=[3.0, 4]), TypeError, ["cache_seqlens", "ints"]),
+    ("lens_list_short", with_(cache_seqlens=[3]), ValueError, ["cache_seqlens", "expected 2", "[1]"]),
+    ("lens_device_negative", with_(cache_seqlens=T([3, -1], dtype=torch.int32), check_lengths=True), ValueError,
+     ["cache_seqlens", ">= 0", "-1"]),
+    ("lens_device_too_long", with_(cache_seqlens=T([3, 25], dtype=torch.int32), check_lengths=True), ValueError,
+     ["cache_seqlens", "L_max=20", "25"]),
+    ("check_lengths_str", with_(check_lengths="yes"), TypeError, ["check_lengths", "str"]),
     ("lens_other_device", with_(cache_seqlens=T([3, 4], dtype=torch.int32, device="meta")), ValueError,
      ["cache_seqlens", "device", "meta"]),
     ("k_other_device", with_(k_cache=Z(B, L, H_KV, D, device="meta"),
@@ -118,7 +125,7 @@ CASES = [
     ("scale_tensor", with_(scale=T(0.1)), TypeError, ["scale", "Tensor"]),
     ("return_lse_int", with_(return_lse=1), TypeError, ["return_lse", "int"]),
     ("return_lse_none", with_(return_lse=None), TypeError, ["return_lse", "NoneType"]),
-    ("validate_str", with_(validate="yes"), TypeError, ["validate", "str"]),
+    ("validate_gone", with_(validate=False), TypeError, ["validate", "check_lengths", "max_seqlen"]),
     ("q_list", with_(q=[[0.0]]), TypeError, ["q:", "torch.Tensor", "list"]),
     ("k_numpy", with_(k_cache=np.zeros((B, L, H_KV, D), np.float32)), TypeError, ["k_cache", "ndarray"]),
     ("v_none", with_(v_cache=None), TypeError, ["v_cache", "NoneType"]),
@@ -177,68 +184,67 @@ class _NoHostCopy:
 
         def method(self, *a, **k):
             if trap.on:
-                raise AssertionError(f"host read of a tensor ({name}) during validation with validate=False")
+                raise AssertionError(f"host read of a tensor ({name}) during a default decode_attention call")
             return orig(self, *a, **k)
         return method
 
 
-def test_validate_false_skips_value_checks_and_host_copies(monkeypatch):
+@pytest.mark.parametrize("method", ["naive", "split", "unified", "persistent", "auto"])
+def test_default_call_reads_nothing_back_and_clamps_bad_lengths(monkeypatch, method):
+    """A default call never reads tensor values on the host (the plan is made from shapes alone); device
+    lengths outside 0..L_max are clamped on the device (the result is that of the clamped lengths) and the
+    plan's flag records it; check_lengths=True reads them and raises instead."""
     args = base()
+    q, k, v = args["q"], args["k_cache"], args["v_cache"]
+    fdlib.api._PLANS.clear()
     trap = _NoHostCopy(monkeypatch)
-    real_check = fdlib.api.check
-
-    def trapped_check(*a, **k):
-        trap.on = True
-        try:
-            return real_check(*a, **k)
-        finally:
-            trap.on = False
-    monkeypatch.setattr(fdlib.api, "check", trapped_check)
-    seen = {}
-    import fdlib.kernels.config as config
-    real_chunk_for = config.chunk_for
-
-    def spy_chunk_for(L_cap, splits, block_n):
-        seen["L_cap"] = L_cap
-        return real_chunk_for(L_cap, splits, block_n)
-    monkeypatch.setattr(config, "chunk_for", spy_chunk_for)
-
-    # out-of-range lengths pass unchecked (the caller promised they are valid) ...
     bad = torch.tensor([-4, L + 5], dtype=torch.int32, device=DEVICE)
-    fdlib.decode_attention(args["q"], args["k_cache"], args["v_cache"], bad, method="naive", validate=False)
-    # ... and the same lengths are rejected with validate=True (the trap proves that check reads them)
-    with pytest.raises(AssertionError, match="host read"):
-        fdlib.decode_attention(args["q"], args["k_cache"], args["v_cache"], bad, validate=True)
-    monkeypatch.undo()
+    trap.on = True
+    out, lse = fdlib.decode_attention(q, k, v, bad, method=method, return_lse=True)   # plan made and run
+    out2 = fdlib.decode_attention(q, k, v, args["cache_seqlens"], method=method)     # the cached plan
+    trap.on = False
+    clamped = torch.tensor([0, L], dtype=torch.int32, device=DEVICE)
+    assert_attention_close(out, lse, q, k, v, clamped, what=f"{method} with clamped lengths")
+    assert_attention_close(out2, None, q, k, v, args["cache_seqlens"], what=f"{method} cached plan")
+    p = fdlib.api.plan_for(q, k, v, method=method)
+    assert p.clamped() is True and p.clamped() is False     # read, then reset
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        fdlib.decode_attention(q, k, v, bad, method=method, check_lengths=True)
+    assert counters_zero()
 
-    # valid lengths: correct results, and the launch covers the cache's full capacity L_max
-    monkeypatch.setattr(config, "chunk_for", spy_chunk_for)
-    for method in ("split", "unified", "auto"):
-        out, lse = fdlib.decode_attention(**args, method=method, return_lse=True, validate=False)
-        assert seen["L_cap"] == L
-        assert_attention_close(out, lse, args["q"], args["k_cache"], args["v_cache"], args["cache_seqlens"],
-                               what=f"{method} validate=False")
-        short = torch.tensor([9, 7], dtype=torch.int32, device=DEVICE)
-        fdlib.decode_attention(args["q"], args["k_cache"], args["v_cache"], short, method=method)
-        assert seen["L_cap"] == 9, "validate=True covers only the longest actual length"
+
+def test_splits_follow_max_seqlen_or_capacity_never_length_values(monkeypatch):
+    """decode_attention chooses splits for the cache's capacity L_max, or for max_seqlen when given; its plans
+    are keyed by shapes, never by the lengths' values; fdlib.plan takes host lengths."""
+    args = base()
+    q, k, v = args["q"], args["k_cache"], args["v_cache"]
+    short = torch.tensor([9, 7], dtype=torch.int32, device=DEVICE)
+    p1 = fdlib.api.plan_for(q, k, v, args["cache_seqlens"], method="split")
+    p2 = fdlib.api.plan_for(q, k, v, short, method="split")
+    assert p1 is p2 and p1.decision.L_cap == L and p1.decision.basis == "capacity"
+    p3 = fdlib.api.plan_for(q, k, v, short, method="split", max_seqlen=9)
+    assert p3.decision.L_cap == 9 and p3.decision.basis == "max_seqlen"
+    out = fdlib.decode_attention(q, k, v, args["cache_seqlens"], method="split", max_seqlen=9)   # rows > 9: covered
+    assert_attention_close(out, None, q, k, v, args["cache_seqlens"], what="rows longer than max_seqlen")
+    p4 = fdlib.plan(B, H_Q, H_KV, D, L, dtype=torch.float32, device=DEVICE, lengths=[9, 7], method="split")
+    assert p4.decision.L_cap == 9 and p4.decision.basis == "host lengths"
     assert counters_zero()
 
 
 @pytest.mark.parametrize("method", ["split", "unified"])
 def test_out_of_memory_is_reported_with_bytes(monkeypatch, method):
-    """fdlib re-raises torch.OutOfMemoryError with the bytes it needed; simulated here, real on the GPU."""
-    import fdlib.kernels.stage1 as stage1
-    import fdlib.kernels.unified as unified
+    """fdlib re-raises torch.OutOfMemoryError with the bytes its plan's workspace needed; simulated here."""
+    plan_mod = importlib.import_module("fdlib.plan")    # the module (fdlib.plan is also the function)
     oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
     def boom(*a, **k):
         raise oom("CUDA out of memory. Tried to allocate 1.00 GiB")
-    monkeypatch.setattr(stage1, "run_stage1", boom)
-    monkeypatch.setattr(unified, "run_unified", boom)
+    monkeypatch.setattr(plan_mod, "Workspace", boom)
+    fdlib.api._PLANS.clear()
     args = base()
     splits = chunk_for(L, 2, tile_config(D, L).BLOCK_N)[1]   # 2 in the interpreter (16-key tiles), 1 compiled
     with pytest.raises(oom) as info:
         fdlib.decode_attention(**args, method=method, num_splits=2)
     msg = str(info.value)
-    expected = B * H_Q * D * 4 + B * H_Q * 4 + (B * H_Q * splits * (D + 1) * 4 if splits > 1 else 0)
+    expected = plan_mod.workspace_bytes(B, H_Q, D, splits if method == "split" or splits > 1 else 1)
     assert "bytes" in msg and str(expected) in msg and f"splits={splits}" in msg, msg

@@ -154,9 +154,8 @@ def part_small(records):
         scale = 1 / math.sqrt(D)
         out = torch.empty_like(q)
         lse = torch.empty(B, Hq, device="cuda")
-        from fdlib.validate import check
-        from fdlib.splits import choose_splits
-        chosen = choose_splits(check(q, ks[0], vs[0], None, None, "unified", None, False, False), L)
+        from fdlib.plan import decide
+        chosen = decide(B, Hq, Hkv, D, L, q.dtype, method="unified").splits
         line = [f"B=1 {Hq}:{Hkv} L={L} cudnn {records[-1]['us']:.1f} chosen {chosen}:"]
         for s in sorted({chosen, 2, 4, 8, 16, 32}):
             chunk, splits = chunk_for(L, s, cfg.BLOCK_N)

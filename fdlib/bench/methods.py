@@ -16,8 +16,8 @@ fdlib methods (KV cache token-major ``[B, L, H_kv, D]``):
 ``split@S``    forced ``num_splits=S`` (also ``unified@S``, ``auto@S``)
 =============  ===============================================================================
 
-The timed call passes a prebuilt int32 ``cache_seqlens`` (all = L) and ``validate=False``, the way a model
-calls it inside a CUDA graph (no device-to-host copy). Peers (``q`` as ``[B, H_q, 1, D]``, K/V as contiguous
+The timed call passes a prebuilt int32 ``cache_seqlens`` (all = L) on the device, the way a model calls it
+(no device-to-host copy; the plan is made once per shape and cached). Peers (``q`` as ``[B, H_q, 1, D]``, K/V as contiguous
 ``[B, H_kv, L, D]``, ``enable_gqa=True`` when H_q != H_kv; every length = L):
 
 =============  ===============================================================================
@@ -83,7 +83,7 @@ def _fdlib_method(name: str, fd_method: str, num_splits: int | None) -> Method:
         q, k, v, lens = inp.q, inp.k, inp.v, inp.lens
 
         def call():
-            return decode_attention(q, k, v, lens, method=fd_method, num_splits=num_splits, validate=False)
+            return decode_attention(q, k, v, lens, method=fd_method, num_splits=num_splits)
         return call
     return Method(name, "fdlib", "fdlib", make, info={"fdlib_method": fd_method, "num_splits": num_splits})
 
@@ -157,24 +157,16 @@ def to_layout(inp: Inputs, layout: str) -> Inputs:
 
 
 def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None) -> dict:
-    """The split count fdlib asks for and the one it launches for a full-length cache (None if unknowable)."""
+    """The split count fdlib asks for and the one it launches for a full-length cache, and auto's kernel:
+    the plan ``decode_attention`` runs for these inputs (None if unknowable)."""
     if fd_method == "naive":
         return {"splits_requested": None, "splits": None}
-    if fd_method == "persistent":
-        return {"splits_requested": 1, "splits": 1}
     try:
-        from ..kernels.config import chunk_for
-        from ..validate import check
-        from ..splits import choose_kernel, choose_splits
-        L = k.shape[1]
-        requested = num_splits
-        p = check(q, k, v, None, None, fd_method, None, False, False)
-        if requested is None:
-            requested = int(choose_splits(p, L))
-        _, eff = chunk_for(L, requested, block_n(k.shape[-1], L, q.shape[0] * k.shape[2], q.element_size()))
-        rec = {"splits_requested": requested, "splits": int(eff)}
+        from ..api import plan_for
+        d = plan_for(q, k, v, method=fd_method, num_splits=num_splits).decision
+        rec = {"splits_requested": num_splits if num_splits is not None else d.splits, "splits": d.splits}
         if fd_method == "auto":
-            rec["kernel"] = choose_kernel(p, L, int(eff))
+            rec["kernel"] = d.kernel
         return rec
     except Exception as e:  # noqa: BLE001 - bookkeeping only, never fatal
         return {"splits_requested": num_splits, "splits": None, "splits_error": f"{type(e).__name__}: {e}"[:200]}

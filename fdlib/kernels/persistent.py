@@ -23,16 +23,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tile import state_to_partial, tile_update
+from .tile import load_lengths, state_to_partial, tile_update
 
 
 @triton.jit
-def persistent_kernel(Q, K, V, LENS, OUT, LSE,
+def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG,
                       stride_qb, stride_qh,
                       stride_kb, stride_kl, stride_kh,
                       stride_vb, stride_vl, stride_vh,
                       stride_ob, stride_oh, stride_sb, stride_sh,
-                      qk_scale, n_rows, H_KV,
+                      qk_scale, n_rows, H_KV, L_MAX,
                       GROUP: tl.constexpr, D: tl.constexpr,
                       BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       ROWS: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr):
@@ -41,7 +41,7 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE,
     slots = tl.arange(0, ROWS)
     rows = pid + slots * P
     mine = rows < n_rows
-    lens = tl.load(LENS + rows // H_KV, mask=mine, other=0)
+    lens = load_lengths(LENS, rows // H_KV, mine, L_MAX, FLAG)
     tiles = tl.where(mine, tl.maximum(tl.cdiv(lens, BLOCK_N), 1), 0)   # an empty row still takes one tile
     ends = tl.cumsum(tiles, 0)                                          # E_j
     total = tl.sum(tiles, 0)
@@ -73,14 +73,18 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE,
         v = tl.load(V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + pos[:, None] * stride_vl + offs_d[None, :],
                     mask=kv_mask, other=0.0)
         m, l, acc = TILE_UPDATE(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
-        last = t + 1 == end_j
+        # Tile t ends its row: one flag per query row, compared as a [BLOCK_G] block, not a scalar broadcast
+        # into the masks. Triton's interpreter types a scalar comparison by its operands (int32), so broadcasting
+        # `t + 1 == end_j` into `mask & ...` made an int32 mask: Triton 3.6's interpreter took it, 3.9's tl.store
+        # refuses it ("mask has unsupported dtype"). A block comparison stays boolean. Same values compiled.
+        last = (offs_g * 0 + (t + 1)) == end_j
         o, lse = state_to_partial(m, l, acc)
         tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(OUT.dtype.element_ty),
-                 mask=mask_gd & last)
+                 mask=mask_gd & last[:, None])
         tl.store(LSE + b * stride_sb + heads * stride_sh, lse, mask=mask_g & last)
         m = tl.where(last, float("-inf"), m)
         l = tl.where(last, 0.0, l)
-        acc = tl.where(last, 0.0, acc)
+        acc = tl.where(last[:, None], 0.0, acc)
 
 
 MAX_ROWS_PER_PROGRAM = 256
@@ -99,24 +103,27 @@ def programs_for(n_rows: int, sms: int, per_sm: int) -> int:
     return cdiv(n_rows, k)
 
 
-def run_persistent(q, k_cache, v_cache, lens, scale, cfg, out, lse, programs: int, tile_update_fn=None):
-    """One launch of ``programs`` programs over all B·H_kv rows (one split each); writes out and lse in place."""
+def run_persistent(q, k_cache, v_cache, lens, scale, cfg, out, lse, programs: int, tile_update_fn=None, *,
+                   rows_per_program: int | None = None, flag=None):
+    """One launch of ``programs`` programs over all B·H_kv rows (one split each); writes out and lse in place.
+    ``rows_per_program`` (a power of two, at least ⌈rows/programs⌉) fixes the kernel's ROWS so that a plan
+    run on a smaller batch reuses the compiled kernel."""
     from .config import block_sizes, cdiv, fp32_dot
+    from .launch import launch
     from .tile import LOG2E
+    from .unified import scratch_flag
     B, H_q, D = q.shape
     H_kv = k_cache.shape[2]
     group = H_q // H_kv
     n_rows = B * H_kv
     programs = max(1, min(int(programs), n_rows))
     BLOCK_G, BLOCK_D = block_sizes(group, D)
-    rows_per_program = triton.next_power_of_2(cdiv(n_rows, programs))
-    persistent_kernel[(programs,)](
-        q, k_cache, v_cache, lens, out, lse,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        scale * LOG2E, n_rows, H_kv,
-        GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D, ROWS=rows_per_program,
-        FP32_DOT=fp32_dot(q.dtype), TILE_UPDATE=tile_update_fn or tile_update,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    rows = triton.next_power_of_2(cdiv(n_rows, programs))
+    rows = rows if rows_per_program is None else max(rows, rows_per_program)
+    launch(persistent_kernel, (programs,),
+           (q, k_cache, v_cache, lens, out, lse, scratch_flag(q.device) if flag is None else flag),
+           (*q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:2], *lse.stride()[:2],
+            scale * LOG2E, n_rows, H_kv, k_cache.shape[1]),
+           (("GROUP", group), ("D", D), ("BLOCK_G", BLOCK_G), ("BLOCK_N", cfg.BLOCK_N), ("BLOCK_D", BLOCK_D),
+            ("ROWS", rows), ("FP32_DOT", fp32_dot(q.dtype)), ("TILE_UPDATE", tile_update_fn or tile_update),
+            ("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages)))

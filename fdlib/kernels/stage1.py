@@ -1,7 +1,8 @@
 r"""Stage 1 of Flash-Decoding: each program attends over one split of one sequence's KV cache.
 
 Grid ``(B, H_kv, splits)``. Program (b, h_kv, i) covers keys
-:math:`[i\cdot\text{chunk},\ \min((i+1)\cdot\text{chunk},\ L_b))` of sequence b, for all ``group`` query
+:math:`[i\cdot\text{chunk},\ \min((i+1)\cdot\text{chunk},\ L_b))` of sequence b (the last split runs
+to :math:`L_b`), for all ``group`` query
 heads :math:`h = h_{kv}\cdot\text{group} + g` at once (GQA: each K/V tile is loaded once for the group),
 and writes the split's partial result
 
@@ -16,26 +17,25 @@ import torch
 import triton
 import triton.language as tl
 
-from .tile import attend_group
+from .tile import attend_group, load_lengths, split_range
 
 
 @triton.jit
-def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART,
+def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART, FLAG,
                   stride_qb, stride_qh,
                   stride_kb, stride_kl, stride_kh,
                   stride_vb, stride_vl, stride_vh,
                   stride_pb, stride_ph, stride_ps,
                   stride_lb, stride_lh,
-                  qk_scale, chunk,
+                  qk_scale, chunk, L_MAX,
                   GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
                   TILE_UPDATE: tl.constexpr):
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     split = tl.program_id(2)
-    L = tl.load(LENS + b)
-    start = split * chunk
-    end = tl.minimum(start + chunk, L)
+    L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
+    start, end = split_range(split, tl.num_programs(2), chunk, L)
 
     o, lse, heads, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb, stride_kl,
                                           stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
@@ -45,24 +45,28 @@ def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART,
     tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=heads < (h_kv + 1) * GROUP)
 
 
-def run_stage1(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, tile_update_fn=None):
-    """Launch stage 1; returns the partials (O_part [B, H_q, splits, D] float32, lse_part [B, H_q, splits])."""
+def run_stage1(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, tile_update_fn=None, *, o_part=None,
+               lse_part=None, flag=None):
+    """Launch stage 1; returns the partials (O_part [B, H_q, splits, D] float32, lse_part [B, H_q, splits]),
+    written into ``o_part``/``lse_part`` when given (a plan's workspace), else into new tensors. ``flag``
+    ([1] int32) is set to 1 if a length was clamped to 0..L_max (:func:`~fdlib.kernels.tile.load_lengths`)."""
     from .config import block_sizes, fp32_dot
+    from .launch import launch
     from .tile import LOG2E, tile_update
+    from .unified import scratch_flag
     B, H_q, D = q.shape
     H_kv = k_cache.shape[2]
     group = H_q // H_kv
     BLOCK_G, BLOCK_D = block_sizes(group, D)
-    o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
-    lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
-    stage1_kernel[(B, H_kv, splits)](
-        q, k_cache, v_cache, lens, o_part, lse_part,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2),
-        lse_part.stride(0), lse_part.stride(1),
-        scale * LOG2E, chunk,
-        GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
-        FP32_DOT=fp32_dot(q.dtype), TILE_UPDATE=tile_update_fn or tile_update, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if o_part is None:
+        o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
+        lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
+    flag = scratch_flag(q.device) if flag is None else flag
+    launch(stage1_kernel, (B, H_kv, splits),
+           (q, k_cache, v_cache, lens, o_part, lse_part, flag),
+           (*q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_part.stride()[:3],
+            *lse_part.stride()[:2], scale * LOG2E, chunk, k_cache.shape[1]),
+           (("GROUP", group), ("D", D), ("BLOCK_G", BLOCK_G), ("BLOCK_N", cfg.BLOCK_N), ("BLOCK_D", BLOCK_D),
+            ("FP32_DOT", fp32_dot(q.dtype)), ("TILE_UPDATE", tile_update_fn or tile_update),
+            ("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages)))
     return o_part, lse_part

@@ -31,11 +31,11 @@ def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
 def run_stage2(o_part, lse_part, out, lse, kernel=None):
     """Merge partials into ``out [B, H_q, D]`` (any float dtype) and ``lse [B, H_q]`` float32, in place."""
     from .config import block_sizes
+    from .launch import launch
     B, H_q, splits, D = o_part.shape
     BLOCK_D = block_sizes(1, D)[1]
     _, BLOCK_S = combine_blocks(1, splits, BLOCK_D)
-    (kernel or stage2_kernel)[(B, H_q)](
-        o_part, lse_part, out, lse, splits,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        D=D, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, num_warps=4 if BLOCK_D >= 128 else 2)
+    launch(kernel or stage2_kernel, (B, H_q),
+           (o_part, lse_part, out, lse),
+           (splits, *o_part.stride()[:3], *lse_part.stride()[:2], *out.stride()[:2], *lse.stride()[:2]),
+           (("D", D), ("BLOCK_S", BLOCK_S), ("BLOCK_D", BLOCK_D), ("num_warps", 4 if BLOCK_D >= 128 else 2)))

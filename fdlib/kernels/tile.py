@@ -137,6 +137,27 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk
 
 
 @triton.jit
+def load_lengths(LENS, idx, mask, L_MAX, FLAG):
+    r"""The lengths :math:`L = \min(\max(L_{in}, 0), L_{max})` of the sequences ``idx`` (a scalar or a vector,
+    ``mask`` its valid entries): a length outside the cache is clamped on the device, so no kernel ever reads
+    outside it, and ``FLAG[0]`` is set to 1 (no host read: :meth:`fdlib.plan.DecodePlan.clamped` reads it)."""
+    L_in = tl.load(LENS + idx, mask=mask, other=0)
+    L = tl.minimum(tl.maximum(L_in, 0), L_MAX)
+    bad = mask & (L != L_in)
+    tl.store(FLAG + idx * 0, bad.to(tl.int32), mask=bad)
+    return L.to(tl.int32)
+
+
+@triton.jit
+def split_range(split, n_splits, chunk, L):
+    """Keys [start, end) of split ``split`` of a row of L keys cut into ``n_splits`` chunks: the last split runs
+    to L, so a row longer than the plan's chunk·splits (lengths grown since planning) is still covered."""
+    start = split * chunk
+    end = tl.where(split == n_splits - 1, L, tl.minimum(start + chunk, L))
+    return start, end
+
+
+@triton.jit
 def take_ticket(counter_ptr, n_splits):
     """The unified kernel's hand-off: after storing its partial, a program takes a ticket
     t = atomic_add(counter, 1) with acquire-release ordering (release: its partial is visible before the

@@ -20,18 +20,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .tile import attend_group, combine_blocks, combine_heads, take_ticket, tile_update
+from .tile import attend_group, combine_blocks, combine_heads, load_lengths, split_range, take_ticket, tile_update
 
 
 @triton.jit
-def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
+def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG,
                    stride_qb, stride_qh,
                    stride_kb, stride_kl, stride_kh,
                    stride_vb, stride_vl, stride_vh,
                    stride_pb, stride_ph, stride_ps,
                    stride_lb, stride_lh,
                    stride_ob, stride_oh, stride_sb, stride_sh,
-                   qk_scale, chunk, H_KV,
+                   qk_scale, chunk, H_KV, L_MAX,
                    GROUP: tl.constexpr, D: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -39,13 +39,13 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     split = tl.program_id(2)
-    L = tl.load(LENS + b)
+    L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
     # at most the launched splits, so that the ticket count always reaches n_splits - 1 and the counter
-    # is reset, even if a length exceeds the launch's L_cap (possible with validate=False)
+    # is reset, even if a length exceeds the plan's L_cap (lengths grown since planning): the last split
+    # then runs to L
     n_splits = tl.minimum(tl.maximum(tl.cdiv(L, chunk), 1), tl.num_programs(2))
     if split < n_splits:
-        start = split * chunk
-        end = tl.minimum(start + chunk, L)
+        start, end = split_range(split, n_splits, chunk, L)
         o, lse, heads, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb,
                                               stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
                                               GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
@@ -82,9 +82,10 @@ def compiled_resources(dtype, D: int, group: int, block_n: int) -> dict | None:
 
 
 def ticket_counters(n: int, device) -> torch.Tensor:
-    """Zeroed int32 ticket counters, one per (b, h_kv) row, kept between calls (the kernel resets them).
+    """Zeroed int32 ticket counters, one per (b, h_kv) row, kept between calls (the kernel resets them), for
+    launches that bring none (a :class:`~fdlib.plan.DecodePlan` owns its own).
 
-    One buffer per device, shared by every call: calls on several CUDA streams at the same time must not
+    One buffer per device, shared by every such call: calls on several CUDA streams at the same time must not
     overlap (they would share tickets). A buffer that grows keeps the old one alive, so a CUDA graph captured
     with it never writes to freed memory."""
     key = str(device)
@@ -93,7 +94,8 @@ def ticket_counters(n: int, device) -> torch.Tensor:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 f"unified decode: the ticket counters must exist before CUDA-graph capture; need {n}, have "
-                f"{0 if buf is None else buf.numel()}. Run one eager call with the same shape before capturing.")
+                f"{0 if buf is None else buf.numel()}. Run one eager call with the same shape before capturing, "
+                f"or use fdlib.plan(...), whose plan owns its counters.")
         if buf is not None:
             _RETIRED.append(buf)
         buf = torch.zeros(max(n, COUNTERS_MIN), dtype=torch.int32, device=device)
@@ -101,36 +103,50 @@ def ticket_counters(n: int, device) -> torch.Tensor:
     return buf
 
 
+_FLAGS: dict = {}
+
+
+def scratch_flag(device) -> torch.Tensor:
+    """A [1] int32 clamp flag for launches that bring none (see :func:`~fdlib.kernels.tile.load_lengths`)."""
+    key = str(device)
+    if key not in _FLAGS:
+        _FLAGS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _FLAGS[key]
+
+
 def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse, tile_update_fn=None,
-                ticket_fn=None):
-    """One launch: partials, tickets and the merge. Writes ``out`` and ``lse`` in place."""
+                ticket_fn=None, *, o_part=None, lse_part=None, counters=None, flag=None):
+    """One launch: partials, tickets and the merge. Writes ``out`` and ``lse`` in place. ``o_part``,
+    ``lse_part`` ([B, H_q, splits, D] and [B, H_q, splits] float32), ``counters`` (zeroed int32, one per
+    (b, h_kv) row) and ``flag`` are a plan's workspace; without them the call allocates the partials and
+    uses the shared counters and flag of the device."""
     from .config import block_sizes, fp32_dot
+    from .launch import launch
     from .tile import LOG2E
     B, H_q, D = q.shape
     H_kv = k_cache.shape[2]
     group = H_q // H_kv
     BLOCK_G, BLOCK_D = block_sizes(group, D)
-    counters = ticket_counters(B * H_kv, q.device)
+    counters = ticket_counters(B * H_kv, q.device) if counters is None else counters
+    flag = scratch_flag(q.device) if flag is None else flag
     block_h, block_s = combine_blocks(group, splits, BLOCK_D)
-    if splits > 1:
+    if splits == 1:   # one split per row: the program writes out/lse itself and never touches the workspace
+        o_part, lse_part = out, lse
+    elif o_part is None:
         o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
         lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
-    else:   # one split per row: the program writes out/lse itself and never touches the workspace
-        o_part, lse_part = out, lse
-    compiled = unified_kernel[(B, H_kv, splits)](
-        q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2) if splits > 1 else 0,
-        lse_part.stride(0), lse_part.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        scale * LOG2E, chunk, H_kv,
-        GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
-        BLOCK_H=block_h, BLOCK_S=block_s,
-        FP32_DOT=fp32_dot(q.dtype), TILE_UPDATE=tile_update_fn or tile_update,
-        TAKE_TICKET=ticket_fn or take_ticket, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    compiled = launch(unified_kernel, (B, H_kv, splits),
+                      (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag),
+                      (*q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3],
+                       o_part.stride(0), o_part.stride(1), o_part.stride(2) if splits > 1 else 0,
+                       lse_part.stride(0), lse_part.stride(1), *out.stride()[:2], *lse.stride()[:2],
+                       scale * LOG2E, chunk, H_kv, k_cache.shape[1]),
+                      (("GROUP", group), ("D", D), ("BLOCK_G", BLOCK_G), ("BLOCK_N", cfg.BLOCK_N),
+                       ("BLOCK_D", BLOCK_D), ("BLOCK_H", block_h), ("BLOCK_S", block_s),
+                       ("FP32_DOT", fp32_dot(q.dtype)), ("TILE_UPDATE", tile_update_fn or tile_update),
+                       ("TAKE_TICKET", ticket_fn or take_ticket),
+                       ("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages)))
     n_regs = getattr(compiled, "n_regs", None)
-    if n_regs:   # compiled mode: remember the resources the cost model needs
+    if n_regs:   # compiled mode, first launch of this kind: remember the resources the cost model needs
         _RESOURCES[(q.dtype, D, group, cfg.BLOCK_N)] = {"num_warps": cfg.num_warps, "n_regs": n_regs,
-                                           "shared": compiled.metadata.shared}
+                                                        "shared": compiled.metadata.shared}

@@ -1,0 +1,353 @@
+r"""Plan once, run every step: the host-side decisions of decode attention, made once per batch shape.
+
+A serving loop calls attention with the same shapes step after step; only the lengths grow. Everything that
+depends on the shapes alone is decided once, by :func:`plan`, and kept in a frozen :class:`DecodePlan`:
+
+* the kernel: ``"unified"`` (map and reduce in one launch), ``"split"`` (stage 1 + stage 2),
+  ``"persistent"`` (a few programs per SM walk all rows, no split) or ``"naive"`` (PyTorch);
+* the tiles (BLOCK_N keys, warps, stages), the split count and the chunk of keys each split covers,
+  :math:`\text{chunk} = \lceil\lceil L_{cap}/\text{splits}\rceil / N\rceil\cdot N`, chosen by the cost model
+  (:mod:`fdlib.splits`) for L_cap, the longest length the plan is made for;
+* the workspace, owned by the plan: the split partials :math:`O_i` ``[B, H_q, splits, D]`` and
+  :math:`\text{lse}_i` ``[B, H_q, splits]`` (float32), one ticket counter per (b, h_kv) row, the clamp flag,
+  an lse buffer for calls that do not ask for lse, and the all-L_max lengths of calls that pass none.
+
+:meth:`DecodePlan.run` then only launches: it reads nothing back from the GPU, allocates nothing but an
+output the caller did not pass, and does no Python work that grows with B. It can be captured in a CUDA
+graph, and a replay after the lengths were changed in place stays correct.
+
+The lengths a plan is made for are a performance hint, never a correctness condition:
+
+* ``lengths`` (host ints, e.g. a list or a CPU tensor the serving engine already has): the cost model sees
+  the real mix; nothing is read from the GPU.
+* ``max_seqlen``: a bound the caller promises; splits are chosen as if every row were that long.
+* neither: the cache's capacity L_max.
+
+A row longer than the plan's L_cap is still covered (the last split runs to the row's end; it is only
+slower). Lengths on the device outside 0..L_max are clamped there, so no kernel reads outside the cache,
+and the plan's flag records it: :meth:`DecodePlan.clamped` reads the flag (one device-to-host copy, done
+only when the caller asks). Host lengths out of range raise ``ValueError`` at once.
+
+One plan's workspace serves one call at a time: calls that may overlap (several CUDA streams) need a plan each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from . import runtime
+from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config, tile_config, tile_config_for
+from .validate import DTYPES, MAX_HEAD_DIM, METHODS
+
+KERNELS = ("unified", "split", "persistent", "naive")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a launch does, decided on the host from the sizes alone (no tensors)."""
+    kernel: str                 # one of KERNELS
+    splits: int                 # splits launched per row (1 for persistent and naive)
+    chunk: int                  # keys per split (the last split of a row runs to its end)
+    tile: TileConfig | None     # BLOCK_N, warps, stages (None for naive)
+    L_cap: int                  # the longest length the splits were chosen for
+    basis: str                  # "host lengths", "max_seqlen" or "capacity"
+    programs: int = 0           # persistent: programs launched
+    rows_per_program: int = 0   # persistent: the kernel's ROWS (a power of two)
+
+
+def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: int, compiled: bool) -> int:
+    """Splits a launch really has for ``splits`` asked: at most one per BLOCK_N-key tile of L keys
+    (:func:`fdlib.kernels.config.chunk_for`), at most MAX_SPLITS; ``compiled`` picks GPU or interpreter tiles."""
+    tile = tile_config_for(D, max(int(L), 1), compiled_mode=compiled, elem_bytes=elem_bytes, rows=rows)
+    return chunk_for(L, min(int(splits), MAX_SPLITS), tile.BLOCK_N)[1]
+
+
+def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=None, max_seqlen=None,
+           method: str = "auto", num_splits: int | None = None) -> Decision:
+    """The kernel, tiles, splits and chunk for a batch of these sizes on this runtime (see the module doc).
+    ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None."""
+    from .splits import choose_kernel, choose_splits, persistent_per_sm, sm_count
+    if lengths is not None:
+        L_cap, basis = max(max(lengths, default=0), 1), "host lengths"
+    elif max_seqlen is not None:
+        L_cap, basis = max(int(max_seqlen), 1), "max_seqlen"
+    else:
+        L_cap, basis = max(L_max, 1), "capacity"
+    if method == "naive":
+        return Decision("naive", 1, L_cap, None, L_cap, basis)
+    elem_bytes = dtype.itemsize
+    tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv)
+    if method == "persistent":
+        num_splits = 1
+    elif num_splits is None:
+        num_splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths)
+    chunk, splits = chunk_for(L_cap, num_splits, tile.BLOCK_N)
+    kernel = choose_kernel(B, H_kv, L_cap, splits) if method == "auto" else method
+    if kernel != "persistent":
+        return Decision(kernel, splits, chunk, tile, L_cap, basis)
+    from .kernels.persistent import programs_for
+    from .kernels.config import cdiv
+    import triton
+    programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
+    return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes), L_cap, basis, programs,
+                    triton.next_power_of_2(cdiv(B * H_kv, programs)))
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Device memory a plan owns (None where its kernel needs none)."""
+    o_part: torch.Tensor | None      # [B, H_q, splits, D] float32
+    lse_part: torch.Tensor | None    # [B, H_q, splits] float32
+    counters: torch.Tensor | None    # [B·H_kv] int32, zero between calls (the unified kernel resets them)
+    flag: torch.Tensor               # [1] int32: 1 once a device length was clamped to 0..L_max
+    lse: torch.Tensor                # [B, H_q] float32, for calls that do not ask for lse
+    full_lengths: torch.Tensor       # [B] int32, all L_max: calls that pass no cache_seqlens
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self).values() if t is not None)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Everything decided for one batch shape, and the workspace it runs in. Make it with :func:`plan`;
+    call :meth:`run` every step."""
+    B: int
+    H_q: int
+    H_kv: int
+    D: int
+    L_max: int
+    dtype: torch.dtype
+    device: torch.device
+    scale: float
+    method: str
+    decision: Decision
+    workspace: Workspace = field(repr=False)
+    _host_lengths: torch.Tensor = field(repr=False, compare=False)   # [B] int32 on the device: host-given lengths
+
+    @property
+    def kernel(self) -> str:
+        return self.decision.kernel
+
+    @property
+    def splits(self) -> int:
+        return self.decision.splits
+
+    @property
+    def chunk(self) -> int:
+        return self.decision.chunk
+
+    def __str__(self) -> str:
+        d = self.decision
+        tile = f", {d.tile.BLOCK_N}-key tiles" if d.tile else ""
+        extra = f", {d.programs} programs" if d.kernel == "persistent" else ""
+        return (f"DecodePlan: {d.kernel} kernel, {d.splits} split(s) of {d.chunk} keys{tile}{extra}; B={self.B}, "
+                f"H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}, {str(self.dtype)[6:]} on "
+                f"{self.device}; splits chosen for L_cap={d.L_cap} ({d.basis}); workspace "
+                f"{self.workspace.nbytes()} bytes")
+
+    # ------------------------------------------------------------------------------------------- run
+    def run(self, q, k_cache, v_cache, cache_seqlens=None, out=None, lse=None, *, return_lse: bool = False):
+        """Attention of ``q`` ``[B', H_q, D]`` (or ``[B', 1, H_q, D]``, B' <= the planned B) against
+        ``k_cache``/``v_cache`` ``[B', L_max, H_kv, D]`` with ``cache_seqlens`` (int32/int64 ``[B']`` on the
+        device, or host lengths: a list or a CPU tensor; None: all L_max). Writes ``out`` (q's shape and dtype)
+        and ``lse`` (``[B', H_q]`` float32) when given, else returns new ones. Returns ``out``, or
+        ``(out, lse)`` when ``return_lse`` or ``lse`` is given. Launches only (see the module doc)."""
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        q3 = q[:, 0] if q.dim() == 4 else q
+        B = q3.shape[0]
+        if (q3.shape[1:] != (self.H_q, self.D) or q.dtype != self.dtype or q.device != self.device
+                or B > self.B or q.dim() == 4 and q.shape[1] != 1 or q.stride(-1) != 1 and self.D > 1):
+            self._mismatch("q", q, B)
+        kv_shape = (B, self.L_max, self.H_kv, self.D)
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if (t.shape != kv_shape or t.dtype != self.dtype or t.device != self.device
+                    or t.stride(-1) != 1 and self.D > 1):
+                self._mismatch(name, t, B)
+        lens = self._lengths(cache_seqlens, B)
+        if out is None:
+            out3 = torch.empty_like(q3)
+            out = out3 if q.dim() == 3 else out3[:, None]
+        else:
+            if (out.shape != q.shape or out.dtype != self.dtype or out.device != self.device
+                    or out.stride(-1) != 1 and self.D > 1):
+                self._mismatch("out", out, B, want=q)
+            out3 = out[:, 0] if out.dim() == 4 else out
+        want_lse = return_lse or lse is not None
+        if lse is None:
+            lse = torch.empty((B, self.H_q), dtype=torch.float32, device=self.device) if want_lse \
+                else self.workspace.lse
+        elif lse.shape != (B, self.H_q) or lse.dtype != torch.float32 or lse.device != self.device:
+            raise ValueError(f"lse: expected a float32 tensor of shape [{B}, {self.H_q}] on {self.device}, got "
+                             f"{lse.dtype} {list(lse.shape)} on {lse.device}")
+        self._launch(q3, k_cache, v_cache, lens, out3, lse)
+        return (out, lse) if want_lse else out
+
+    def _launch(self, q, k_cache, v_cache, lens, out, lse):
+        d, ws = self.decision, self.workspace
+        if d.kernel == "unified":
+            from .kernels.unified import run_unified
+            run_unified(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, d.tile, out, lse,
+                        o_part=ws.o_part, lse_part=ws.lse_part, counters=ws.counters, flag=ws.flag)
+        elif d.kernel == "split":
+            from .kernels.stage1 import run_stage1
+            from .kernels.stage2 import run_stage2
+            run_stage1(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, d.tile,
+                       o_part=ws.o_part, lse_part=ws.lse_part, flag=ws.flag)
+            run_stage2(ws.o_part, ws.lse_part, out, lse)
+        elif d.kernel == "persistent":
+            from .kernels.persistent import run_persistent
+            run_persistent(q, k_cache, v_cache, lens, self.scale, d.tile, out, lse, d.programs,
+                           rows_per_program=d.rows_per_program, flag=ws.flag)
+        else:
+            from .reference import naive_attention
+            clamped = lens.clamp(0, self.L_max)
+            ws.flag.copy_(torch.maximum(ws.flag, (clamped != lens).any().to(torch.int32)))
+            o, l = naive_attention(q, k_cache, v_cache, clamped, self.scale)
+            out.copy_(o)
+            lse.copy_(l)
+
+    def _lengths(self, cache_seqlens, B):
+        """The lengths as the kernels read them: a dense int32/int64 tensor on the plan's device."""
+        if cache_seqlens is None:
+            return self.workspace.full_lengths
+        if isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.device == self.device:
+            if cache_seqlens.dtype not in (torch.int32, torch.int64) or cache_seqlens.shape != (B,):
+                raise ValueError(f"cache_seqlens: expected an int32 or int64 tensor of shape [{B}], got "
+                                 f"{cache_seqlens.dtype} {list(cache_seqlens.shape)}")
+            # the kernels read LENS + b: a strided view costs one copy (a kernel launch, captured in a graph)
+            return cache_seqlens if cache_seqlens.stride(0) == 1 or B == 1 else cache_seqlens.contiguous()
+        host = host_lengths(cache_seqlens, B, self.L_max, self.device)
+        buf = self._host_lengths[:B]
+        buf.copy_(host, non_blocking=True)
+        return buf
+
+    def _mismatch(self, name, t, B, want=None):
+        """Raise the error that says how ``t`` differs from what this plan was made for."""
+        from .validate import shape_str
+        if want is not None:
+            shape = list(want.shape)
+        elif name == "q":
+            shape = f"[B, {self.H_q}, {self.D}] or [B, 1, {self.H_q}, {self.D}] with B <= {self.B}"
+        else:
+            shape = f"[{B}, {self.L_max}, {self.H_kv}, {self.D}]"
+        if t.dtype != self.dtype:
+            raise TypeError(f"{name}: this plan runs {str(self.dtype)[6:]}, got {str(t.dtype)[6:]}")
+        if t.device != self.device:
+            raise ValueError(f"{name}: this plan runs on device {self.device}, got a tensor on device {t.device}")
+        if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name}: the last (head) dimension must be contiguous (stride 1), got strides "
+                             f"{tuple(t.stride())}")
+        raise ValueError(f"{name}: this plan expects shape {shape}, got {shape_str(t)}. Make a new plan for "
+                         f"other shapes (fdlib.plan(...)); decode_attention keeps one per shape.")
+
+    # ----------------------------------------------------------------------------------------- checks
+    def clamped(self, reset: bool = True) -> bool:
+        """Whether a device length outside 0..L_max was clamped since the last check (reads the flag: one
+        device-to-host copy, so call it outside the hot loop and outside graph capture)."""
+        seen = bool(self.workspace.flag.item())
+        if reset and seen:
+            self.workspace.flag.zero_()
+        return seen
+
+
+def host_lengths(cache_seqlens, B: int, L_max: int, device) -> torch.Tensor:
+    """Lengths the caller has on the host (a list, tuple or CPU tensor) as an int32 CPU tensor, checked:
+    ``ValueError`` naming cache_seqlens when the count or a value is wrong. Reads no GPU memory."""
+    if isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.device.type != "cpu":
+            raise ValueError(f"cache_seqlens: must be on q's device ({device}) or on the host (CPU), got "
+                             f"{cache_seqlens.device}")
+        if cache_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cache_seqlens: dtype must be torch.int32 or torch.int64, got {cache_seqlens.dtype}")
+        t = cache_seqlens.to(torch.int32)
+    elif isinstance(cache_seqlens, (list, tuple)):
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
+            raise TypeError("cache_seqlens: a host list of lengths must hold ints")
+        t = torch.tensor(cache_seqlens, dtype=torch.int32)
+    else:
+        raise TypeError(f"cache_seqlens: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
+    if tuple(t.shape) != (B,):
+        raise ValueError(f"cache_seqlens: expected {B} lengths (one per sequence), got shape {list(t.shape)}")
+    if B:
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0:
+            raise ValueError(f"cache_seqlens: lengths must be >= 0, got a minimum of {lo}")
+        if hi > L_max:
+            raise ValueError(f"cache_seqlens: lengths must be <= the cache's L_max={L_max}, got a maximum of {hi}")
+    return t
+
+
+def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16, device=None, lengths=None,
+         max_seqlen: int | None = None, scale: float | None = None, method: str = "auto",
+         num_splits: int | None = None) -> DecodePlan:
+    """Decide everything for decode attention over a batch of these sizes, and allocate its workspace.
+
+    Args:
+        B, H_q, H_kv, D, L_max: batch, query heads, KV heads (H_q a multiple), head dim, cache capacity.
+        dtype: of q, K and V (float16, bfloat16, float32). device: where they live (default: fdlib's).
+        lengths: the sequences' lengths if the caller has them on the host (a list or a CPU tensor); read
+            without any device sync, they make the cost model see the real mix of lengths.
+        max_seqlen: else, a host bound on the lengths (splits are chosen for it); default: L_max.
+        scale: multiplies q·k (default 1/√D). method, num_splits: as in :func:`fdlib.decode_attention`.
+    """
+    from .validate import check_method, check_num_splits, check_scale
+    for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("D", D), ("L_max", L_max)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if B < 1 or H_kv < 1 or L_max < 0:
+        raise ValueError(f"B, H_kv: expected >= 1 and L_max >= 0, got B={B}, H_kv={H_kv}, L_max={L_max}")
+    if H_q < 1 or H_q % H_kv:
+        raise ValueError(f"H_q: {H_q} query heads must be a positive multiple of H_kv={H_kv} KV heads")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"D: head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
+    if dtype not in DTYPES:
+        raise TypeError(f"dtype: must be float16, bfloat16 or float32, got {dtype}")
+    check_method(method)
+    check_num_splits(num_splits, method)
+    scale = check_scale(scale, D)
+    device = torch.device(runtime.DEVICE if device is None else device)
+    if lengths is not None:
+        lengths = tuple(host_lengths(lengths, B, L_max, device).tolist())
+    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int)
+                                   or not 0 <= max_seqlen <= L_max):
+        raise ValueError(f"max_seqlen: expected an int in 0..L_max={L_max}, got {max_seqlen!r}")
+    if method != "naive":
+        runtime.smoke_check()
+    d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
+               num_splits=num_splits)
+    return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, d, _workspace(B, H_q, H_kv, D, L_max,
+                      d, device), torch.empty(B, dtype=torch.int32, device=device))
+
+
+def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device) -> Workspace:
+    """Allocate what the decided kernel needs; out of memory says how much and what needs less."""
+    partials = d.kernel == "split" or d.kernel == "unified" and d.splits > 1
+    try:
+        f32 = dict(dtype=torch.float32, device=device)
+        return Workspace(
+            o_part=torch.empty((B, H_q, d.splits, D), **f32) if partials else None,
+            lse_part=torch.empty((B, H_q, d.splits), **f32) if partials else None,
+            counters=torch.zeros(B * H_kv, dtype=torch.int32, device=device) if d.kernel == "unified" else None,
+            flag=torch.zeros(1, dtype=torch.int32, device=device),
+            lse=torch.empty((B, H_q), **f32),
+            full_lengths=torch.full((B,), L_max, dtype=torch.int32, device=device))
+    except _OOM as e:
+        need = workspace_bytes(B, H_q, D, d.splits if partials else 1)
+        raise _OOM(f"fdlib.plan: out of memory on {device} allocating the split workspace, {need} bytes "
+                   f"(B={B}, H_q={H_q}, D={D}, splits={d.splits}); fewer splits (num_splits) or a smaller batch "
+                   f"needs less. {e}") from e
+
+
+_OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+def workspace_bytes(B: int, H_q: int, D: int, splits: int) -> int:
+    """Bytes of the split partials O_i and lse_i (float32) for ``splits`` > 1 (0 for one split)."""
+    return B * H_q * splits * (D + 1) * 4 if splits > 1 else 0
+
+
+__all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "launched_splits", "host_lengths",
+           "KERNELS"]
