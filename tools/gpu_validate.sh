@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Everything the course checks on a GPU, for a machine with torch + triton and no network:
 #   bash tools/gpu_validate.sh OUT_DIR [STEPS]
-# STEPS: comma-separated, default tests,sanitizer,calibrate,bench,sweep ("quick" = tests,sanitizer,calibrate)
+# STEPS: comma-separated, default tests,notebooks,sanitizer,calibrate,bench,sweep
+#        ("quick" = tests,sanitizer,calibrate)
 #   tests      GPU test suite (tests/test_gpu.py, tests/test_persistent.py and the bench's GPU tests)
+#   notebooks  every notebook under nbval, as shipped and with the reference solutions (tests/test_notebooks.py);
+#              nbval, ipykernel and their dependencies come from wheels in .whl/ when that folder exists
+#              (installed into /tmp/site, no network)
 #   sanitizer  compute-sanitizer memcheck and racecheck on tools/sanitize_case.py (if compute-sanitizer is there)
 #   calibrate  cost-model calibration (cached under OUT_DIR/run, also copied as calibration.json)
 #   bench      python -m fdlib.bench: fp16 and bf16 full grid
@@ -10,7 +14,7 @@
 # Writes OUT_DIR/gpu-validate.tar.gz (every file, for machines that return few files) and a log.
 set -uo pipefail
 OUT="${1:?usage: tools/gpu_validate.sh OUT_DIR [STEPS]}"
-STEPS="${2:-tests,sanitizer,calibrate,bench,sweep}"
+STEPS="${2:-tests,notebooks,sanitizer,calibrate,bench,sweep}"
 [ "$STEPS" = quick ] && STEPS=tests,sanitizer,calibrate
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 cd "$(dirname "$0")/.."
@@ -24,6 +28,16 @@ LOG="$OUT/run/gpu-validate.log"
     echo "== GPU tests"
     timeout 300 python3 -m pytest tests/test_gpu.py tests/test_persistent.py -q -p no:cacheprovider 2>&1 | tail -5
     timeout 200 python3 -m pytest tests/test_bench.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
+  fi
+  if has notebooks; then
+    echo "== notebooks (nbval, shipped and solved)"
+    nbpath="$PYTHONPATH"
+    if compgen -G ".whl/*.whl" >/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
+      nbpath="$PYTHONPATH:/tmp/site"
+    fi
+    PYTHONPATH="$nbpath" timeout 1500 python3 -m pytest tests/test_notebooks.py -k "as_shipped or solved" \
+      -q -p no:cacheprovider -o addopts= 2>&1 | tail -15
   fi
   if has sanitizer && command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do

@@ -1,0 +1,52 @@
+"""The notebooks are made from their sources (notebooks/src/NN_topic.md, MyST markdown) by notebooks/build.py.
+
+No execution here: the cells of every shipped notebook must be those of its source, and every exercise cell must
+ship the stub its grader recognises as untouched.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import nbformat
+import pytest
+
+pytest.importorskip("jupytext", reason="jupytext reads the notebook sources")
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("notebook_build", ROOT / "notebooks" / "build.py")
+build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build)
+SOURCES = build.sources()
+
+
+def test_every_notebook_has_a_source():
+    shipped = {p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    assert shipped and shipped == {p.stem for p in SOURCES}
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=[p.stem for p in SOURCES])
+def test_notebook_matches_its_source(src):
+    shipped = nbformat.read(ROOT / "notebooks" / f"{src.stem}.ipynb", as_version=4)
+    assert build.cells_of(shipped) == build.cells_of(build.from_source(src)), \
+        f"{src.stem}.ipynb differs from notebooks/src/{src.name}: run python notebooks/build.py {src.stem}"
+
+
+def test_exercise_stubs_are_the_graders():
+    from fdlib.grading import lab03, lab04, lab05
+    graders = {"lab03.tile_update": lab03.STUB, "lab04.stage2_kernel": lab04.STUB,
+               "lab05.predict_time": lab05.PREDICT_STUB, "lab05.choose_splits": lab05.CHOOSE_STUB,
+               "lab05.take_ticket": lab05.TICKET_STUB}
+    seen = set()
+    for src in SOURCES:
+        for cell in build.from_source(src).cells:
+            name = cell.metadata.get("fdlib", {}).get("exercise")
+            if name in graders:
+                seen.add(name)
+                assert cell.source == graders[name].strip("\n"), f"{src.name}: the stub of {name} is not the grader's"
+    assert seen == set(graders)
+
+
+def test_checked_cells_use_the_nbval_tag():
+    for src in SOURCES:
+        assert "NBVAL_CHECK_OUTPUT" not in src.read_text(), f"{src.name}: use the cell tag nbval-check-output"
