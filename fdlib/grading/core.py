@@ -336,6 +336,14 @@ class Result:
         state = "TODO" if self.todo else f"{self.passed}/{self.total} checks passed"
         return f"<Result {self.exercise}: {state}>"
 
+    def _ipython_display_(self) -> None:
+        """A check cell shows its lines once: they were printed while the checks ran, so the Result that ends
+        the cell adds nothing. ``display(result)`` (or a cell ending in it) after that prints them again."""
+        if self.__dict__.pop("_printed", False):
+            return
+        for o in self.outcomes:
+            print(o.line())
+
 
 def run_one(chk: Check, impl: Callable, timeout_s: float | None = None) -> CheckOutcome:
     """Run one check in a daemon thread; every problem becomes an outcome, nothing is raised."""
@@ -404,8 +412,11 @@ def check(target, impl: Callable | None = None, quiet: bool = False, timeout_s: 
         impl = _LEARNER.get(name)
         if impl is None:
             print(f"📝 TODO: run the cell that defines the exercise {name} first")
-            return Result(name, [CheckOutcome(name, "todo", "not defined")], todo=True)
+            res = Result(name, [CheckOutcome(name, "todo", "not defined")], todo=True)
+            res._printed = True
+            return res
     res = run_checks(name, impl, quiet=quiet, timeout_s=timeout_s)
+    res._printed = not quiet                     # its lines are on screen already (see Result._ipython_display_)
     if impl is _LEARNER.get(name):
         _LAST[name] = res
     return res
