@@ -526,6 +526,7 @@ class _Canvas:
             FigureCanvasAgg(self.fig)
         gs = self.fig.add_gridspec(2, 3, height_ratios=[1.0, 1.15], hspace=0.45, wspace=0.12,
                                    left=0.08, right=0.97, top=0.86, bottom=0.09)
+        curve_gs = gs[1, :].subgridspec(1, 2, width_ratios=[2.3, 1.0], wspace=0.02)  # curve | its legend
         self.cmap = LinearSegmentedColormap.from_list("sm", [_IDLE, "#a6dba0", _BUSY]).with_extremes(bad="white")
         self.maps, self.images = [], []
         for i in range(3):
@@ -544,7 +545,7 @@ class _Canvas:
         self.cbar.ax.tick_params(labelsize=7)
         self._shape = None
 
-        ax = self.curve_ax = self.fig.add_subplot(gs[1, :])
+        ax = self.curve_ax = self.fig.add_subplot(curve_gs[0, 0])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("splits (KV sequence cut into this many slices)")
@@ -619,7 +620,8 @@ class _Canvas:
                                  if summ.model == "cost model" else
                                  f"estimate's minimum: {summ.chosen_splits} splits, {summ.chosen_us:.1f} µs")
         self.current_pt.set_data([summ.splits_used], [summ.predicted_us])
-        self.current_pt.set_label(f"this setting: {summ.splits_used} splits, {summ.predicted_us:.1f} µs")
+        self.current_pt.set_label(f"this setting: {summ.splits_used} split{'s' if summ.splits_used != 1 else ''}, "
+                                  f"{summ.predicted_us:.1f} µs")
         self.current_line.set_xdata([summ.splits_used, summ.splits_used])
         m = list(measured)
         self.measured_pts.set_data([p[0] for p in m], [p[1] for p in m])
@@ -636,7 +638,8 @@ class _Canvas:
                   ([self.recorded_pts] if rp else [])
         if self.legend is not None:
             self.legend.remove()
-        self.legend = self.curve_ax.legend(handles=handles, loc="upper right", fontsize=8, framealpha=0.85)
+        self.legend = self.curve_ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                                           fontsize=8, frameon=False, borderaxespad=0.0)   # beside the data
         mode = "two-stage" if not summ.unified else "unified"
         self.curve_ax.set_title(f"Time per decode step vs splits ({mode}, B={summ.B}, H_q={summ.H_q}, "
                                 f"H_kv={summ.H_kv}, L={summ.L}, D={summ.D})", fontsize=10)
@@ -752,7 +755,8 @@ def _make_explorer_class():
             self._measured: dict = {}
             self.last_redraw_s = 0.0
             self.summary: Summary | None = None
-            self.button = W.Button(description="Measure on this GPU", icon="bolt", layout=W.Layout(width="auto"),
+            self.button = W.Button(description="Measure on this GPU", icon="bolt",
+                                   layout=W.Layout(width="auto", min_width="200px"),
                                    tooltip="time fdlib.decode_attention at several split counts (do_bench)")
             self.status = W.HTML()
             self.button.on_click(self._on_measure)
@@ -766,7 +770,7 @@ def _make_explorer_class():
                                      "so recorded results are shown instead</i>")
             for w in c.values():
                 w.observe(self._on_change, names="value")
-            left = W.VBox([*c.values(), W.HBox([self.button, self.status])], layout=W.Layout(width="440px"))
+            left = W.VBox([*c.values(), self.button, self.status], layout=W.Layout(width="440px"))
             super().__init__([W.HBox([left, self.readout]), self.image])
             self.add_class("fdlib-explorer")
             self.update()
