@@ -10,6 +10,10 @@ Vocabulary
   ``@check_case(name, "what it checks")``. It builds fresh inputs from ``gen`` (a generator seeded per check), calls the implementation
   through :func:`call` and compares with :func:`assert_close` / :func:`expect_tensor`. A check fails by raising
   :class:`CheckFailure` with a useful message.
+* **Points**: every check is worth ``points`` (``@check_case(..., points=2)``; 1 unless said otherwise): 2 for a
+  check of the exercise's main case or of the kernel it plugs into, 1 for each edge case. A passed check earns
+  its points, a failed one none; ``./course grade`` sums them per lab (partial credit, as nbgrader and
+  otter-grader give it).
 
 Running checks (:func:`run_checks`): every check runs in its own thread with a timeout; anything it raises
 (learner exceptions, wrong types, grader bugs) becomes a ❌ line, never a traceback. A Python thread cannot be
@@ -62,6 +66,7 @@ class Check:
     name: str
     fn: Callable
     timeout_s: float = DEFAULT_TIMEOUT_S
+    points: float = 1
 
     @property
     def seed(self) -> int:
@@ -89,12 +94,16 @@ def solution(name: str):
     return deco
 
 
-def check_case(name: str, title: str, timeout_s: float = DEFAULT_TIMEOUT_S):
-    """Decorator for one check of exercise ``name``; the check receives ``(impl, gen)`` with a seeded generator."""
+def check_case(name: str, title: str, timeout_s: float = DEFAULT_TIMEOUT_S, points: float = 1):
+    """Decorator for one check of exercise ``name``, worth ``points``; the check receives ``(impl, gen)`` with a
+    seeded generator."""
+    if not points > 0:
+        raise ValueError(f"check_case({name!r}, {title!r}): points must be > 0, got {points!r}")
+
     def deco(fn):
         lst = _CHECKS.setdefault(name, [])
         lst[:] = [c for c in lst if c.name != title]
-        lst.append(Check(name, title, fn, timeout_s))
+        lst.append(Check(name, title, fn, timeout_s, points))
         return fn
     return deco
 
@@ -298,6 +307,7 @@ class CheckOutcome:
     name: str
     status: str          # "pass", "fail", "todo"
     message: str = ""
+    worth: float = 0     # the check's points (earned if status == "pass")
 
     def line(self) -> str:
         if self.status == "pass":
@@ -312,6 +322,12 @@ class Result:
     exercise: str
     outcomes: list[CheckOutcome] = field(default_factory=list)
     todo: bool = False
+    max_points: float = 0    # the points of all the exercise's checks (also for a TODO)
+
+    @property
+    def points(self) -> float:
+        """Points earned: the sum of the passed checks' points."""
+        return sum(o.worth for o in self.outcomes if o.status == "pass")
 
     @property
     def passed(self) -> int:
@@ -367,24 +383,28 @@ def run_one(chk: Check, impl: Callable, timeout_s: float | None = None) -> Check
     t.join(timeout)
     if t.is_alive():
         # The thread cannot be killed; it finishes in the background and its result is dropped.
-        return CheckOutcome(chk.name, "fail", f"timed out after {timeout:g} s (infinite loop? sizes too large?)")
-    return box.get("outcome", CheckOutcome(chk.name, "fail", "the check ended without a result"))
+        out = CheckOutcome(chk.name, "fail", f"timed out after {timeout:g} s (infinite loop? sizes too large?)")
+    else:
+        out = box.get("outcome", CheckOutcome(chk.name, "fail", "the check ended without a result"))
+    out.worth = chk.points
+    return out
 
 
 def run_checks(name: str, impl: Callable, quiet: bool = False, timeout_s: float | None = None) -> Result:
     """Run every check of exercise ``name`` on ``impl``; print one line per check unless ``quiet``."""
-    res = Result(name)
-    for i, chk in enumerate(load_checks(name)):
+    checks = load_checks(name)
+    res = Result(name, max_points=sum(c.points for c in checks))
+    for i, chk in enumerate(checks):
         out = run_one(chk, impl, timeout_s)
         if out.status == "todo" and i == 0:
             res.todo = True
             res.outcomes = [CheckOutcome(chk.name, "todo", f"implement {name} (its body is still the stub), "
-                                         f"then run this cell again")]
+                                         f"then run this cell again", chk.points)]
             if not quiet:
                 print(res.outcomes[0].line())
             return res
         if out.status == "todo":
-            out = CheckOutcome(out.name, "fail", f"raised NotImplementedError: {out.message}")
+            out = CheckOutcome(out.name, "fail", f"raised NotImplementedError: {out.message}", chk.points)
         res.outcomes.append(out)
         if not quiet:
             print(out.line())

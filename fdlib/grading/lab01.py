@@ -36,7 +36,7 @@ def _case(impl, gen, *, B, H_q, H_kv, D, L_max, lengths=None, dtype=torch.float3
     assert_close(lse, ref_lse, "lse", la, 1e-5)
 
 
-@check_case(NAME, "one sequence, 4 heads, D=64, full length")
+@check_case(NAME, "one sequence, 4 heads, D=64, full length", points=2)
 def _basic(impl, gen):
     _case(impl, gen, B=1, H_q=4, H_kv=4, D=64, L_max=48)
 
@@ -46,7 +46,7 @@ def _scale(impl, gen):
     _case(impl, gen, B=2, H_q=2, H_kv=2, D=32, L_max=40, scale=0.3)
 
 
-@check_case(NAME, "ragged lengths 1, 37, 64, 63 (keys past the length are ignored)")
+@check_case(NAME, "ragged lengths 1, 37, 64, 63 (keys past the length are ignored)", points=2)
 def _ragged(impl, gen):
     _case(impl, gen, B=4, H_q=2, H_kv=2, D=32, L_max=64, lengths=[1, 37, 64, 63])
 
@@ -56,7 +56,7 @@ def _empty(impl, gen):
     _case(impl, gen, B=3, H_q=2, H_kv=1, D=16, L_max=20, lengths=[0, 5, 0])
 
 
-@check_case(NAME, "GQA group 3 (H_q=6, H_kv=2): head h reads KV head h // group")
+@check_case(NAME, "GQA group 3 (H_q=6, H_kv=2): head h reads KV head h // group", points=2)
 def _gqa3(impl, gen):
     _case(impl, gen, B=2, H_q=6, H_kv=2, D=64, L_max=33, lengths=[33, 17])
 

@@ -69,7 +69,7 @@ def _online(impl, gen, *, L, D, block, scale=None, spread=1.0, masked=(), tol=2e
         assert_close(state.o_tilde / state.l, o_ref, "O = Õ/ℓ", tol, tol)
 
 
-@check_case(ONLINE, "64 keys in blocks of 16, D=32")
+@check_case(ONLINE, "64 keys in blocks of 16, D=32", points=2)
 def _os_basic(impl, gen):
     _online(impl, gen, L=64, D=32, block=16)
 
@@ -85,7 +85,7 @@ def _os_small(impl, gen):
     _online(impl, gen, L=1, D=8, block=4)
 
 
-@check_case(ONLINE, "the max grows block after block (every block must rescale by e^(m_old − m_new))")
+@check_case(ONLINE, "the max grows block after block (every block must rescale by e^(m_old − m_new))", points=2)
 def _os_growing(impl, gen):
     D, L, block = 16, 48, 8
     q = torch.ones(D) / D ** 0.5
@@ -134,7 +134,7 @@ def _merge(impl, a, b, d, what="merge(a, b)"):
     return _as_state(got, what, tuple(a.m.shape), d)
 
 
-@check_case(MERGE, "two blocks of keys: merge(a, b) is the state of all keys")
+@check_case(MERGE, "two blocks of keys: merge(a, b) is the state of all keys", points=2)
 def _mg_basic(impl, gen):
     (a, b), whole = _states(gen, 5, 16, [7, 12])
     _compare(_merge(impl, a, b, 16), whole, "merge(a, b)")
@@ -170,7 +170,7 @@ def _mg_rows(impl, gen):
     _compare(_merge(impl, a, b, 8), whole, "merge(a, b)")
 
 
-@check_case(MERGE, "commutative and associative: any order and grouping of 3 blocks gives the same state")
+@check_case(MERGE, "commutative and associative: any order and grouping of 3 blocks gives the same state", points=2)
 def _mg_assoc(impl, gen):
     (a, b, c), whole = _states(gen, 3, 8, [4, 9, 6])
     ab_c = _merge(impl, _merge(impl, a, b, 8), c, 8, "merge(merge(a, b), c)")

@@ -234,13 +234,13 @@ def _tile_case(impl, gen, *, valid, state="empty", spread=1.0, m_shift=0.0, qk_s
 
 
 # ---------------------------------------------------------------------------------------------- the checks
-@check_case(NAME, "one tile from the empty state (m=−inf, ℓ=0, Õ=0): 16 rows, 16 keys, D=32, float32")
+@check_case(NAME, "one tile from the empty state (m=−inf, ℓ=0, Õ=0): 16 rows, 16 keys, D=32, float32", points=2)
 def _tile_first(impl, gen):
     require_triton(impl, NAME, STUB)
     _tile_case(impl, gen, valid=[True] * 16)
 
 
-@check_case(NAME, "one tile after earlier keys: the old ℓ and Õ are rescaled by 2^(m − m_new)")
+@check_case(NAME, "one tile after earlier keys: the old ℓ and Õ are rescaled by 2^(m − m_new)", points=2)
 def _tile_rescale(impl, gen):
     require_triton(impl, NAME, STUB)
     _tile_case(impl, gen, valid=[True] * 16, state="seen", m_shift=-3.0)
@@ -262,7 +262,7 @@ def _tile_huge(impl, gen):
     _tile_case(impl, gen, valid=[True] * 16, state="seen", spread=30.0, m_shift=1e4, qk_scale=LOG2E, tol=1e-4)
 
 
-@check_case(NAME, "stage 1 + stage 2: L=64 in 2 splits of 32 keys, group 4 (H_q=8, H_kv=2), D=32, float32")
+@check_case(NAME, "stage 1 + stage 2: L=64 in 2 splits of 32 keys, group 4 (H_q=8, H_kv=2), D=32, float32", points=2)
 def _s1_basic(impl, gen):
     require_triton(impl, NAME, STUB)
     _split_kv(impl, gen, B=1, H_q=8, H_kv=2, D=32, L_max=64, splits=2)

@@ -105,7 +105,7 @@ def _from_stage1(impl, gen, *, B, H_q, H_kv, D, L_max, splits, lengths=None, dty
 
 
 # ---------------------------------------------------------------------------------------------- the checks
-@check_case(NAME, "partials from fdlib's stage 1: B=2, H_q=4, L=64 in 4 splits, D=32 -> attention")
+@check_case(NAME, "partials from fdlib's stage 1: B=2, H_q=4, L=64 in 4 splits, D=32 -> attention", points=2)
 def _st_basic(impl, gen):
     require_triton(impl, NAME, STUB)
     _from_stage1(impl, gen, B=2, H_q=4, H_kv=2, D=32, L_max=64, splits=4)
@@ -123,7 +123,7 @@ def _st_single(impl, gen):
     _synthetic(impl, gen, B=2, H=3, S=1, D=16)
 
 
-@check_case(NAME, "synthetic partials with different lse: weights e^(lse_i − lse), 5 splits")
+@check_case(NAME, "synthetic partials with different lse: weights e^(lse_i − lse), 5 splits", points=2)
 def _st_weights(impl, gen):
     require_triton(impl, NAME, STUB)
     _synthetic(impl, gen, B=2, H=2, S=5, D=32, spread=2.0)
@@ -141,7 +141,7 @@ def _st_huge(impl, gen):
     _synthetic(impl, gen, B=1, H=2, S=4, D=16, spread=1e4, lse_tol=1e-2)
 
 
-@check_case(NAME, "more splits than one block: 100 splits, D=128 (BLOCK_S=64 < splits: loop over blocks)")
+@check_case(NAME, "more splits than one block: 100 splits, D=128 (BLOCK_S=64 < splits: loop over blocks)", points=2)
 def _st_many(impl, gen):
     require_triton(impl, NAME, STUB)
     _synthetic(impl, gen, B=1, H=2, S=100, D=128, spread=2.0, empty=[(0, 1, 99)])

@@ -204,7 +204,7 @@ def _choose_with(predict):
 
 
 # ---------------------------------------------------------------------------------------------- predict_time
-@check_case(PREDICT, "one sequence, L=131072, H_kv=8 on the H200 preset: every candidate split count")
+@check_case(PREDICT, "one sequence, L=131072, H_kv=8 on the H200 preset: every candidate split count", points=2)
 def _p_long(impl, gen):
     _compare_predictions(impl, [131072], 8)
 
@@ -271,7 +271,7 @@ def _choose_vs_model(impl, lengths, H_kv, H_q=32, D=128, dtype_bytes=2, gpu="H20
                            f"({got_t}), expected {ex.chosen}; fastest {best:.2f} µs, counts within 1% of it: {near}")
 
 
-@check_case(CHOOSE, "same choice as fdlib.costmodel on the H200 preset: B 1..64, H_kv 1/8/32, L 256..131072")
+@check_case(CHOOSE, "same choice as fdlib.costmodel on the H200 preset: B 1..64, H_kv 1/8/32, L 256..131072", points=2)
 def _c_grid(impl, gen):
     for B in (1, 2, 4, 16, 64):
         for H_kv in (1, 8, 32):
@@ -419,7 +419,7 @@ def _expect_zero(counters, when):
                            f"the last program must reset its row's counter for the next call")
 
 
-@check_case(TICKET, "one launch: in each row exactly the last program to take a ticket is last (rows of 1, 2, 3, 5, 8)")
+@check_case(TICKET, "one launch: in each row exactly the last program to take a ticket is last (rows of 1, 2, 3, 5, 8)", points=2)
 def _t_contract(impl, gen):
     fn = _triton_impl(impl)
     from fdlib import runtime
@@ -478,7 +478,7 @@ def _unified(fn, gen, *, B, H_q, H_kv, D, L_max, lengths, splits, dtype=torch.fl
             counters.zero_()   # never leave a broken counter behind for the next real call
 
 
-@check_case(TICKET, "inside the unified kernel: ragged batch (lengths 100, 37, 0, 64, 1) vs float64 reference")
+@check_case(TICKET, "inside the unified kernel: ragged batch (lengths 100, 37, 0, 64, 1) vs float64 reference", points=2)
 def _t_unified(impl, gen):
     fn = _triton_impl(impl)
     _unified(fn, gen, B=5, H_q=4, H_kv=2, D=32, L_max=100, lengths=[100, 37, 0, 64, 1], splits=4)
