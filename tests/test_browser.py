@@ -1,10 +1,17 @@
-"""The SM-occupancy explorer in a real JupyterLab, driven by headless Chromium.
+"""The course in a real JupyterLab, driven by headless Chromium: the SM-occupancy explorer, and the
+reveal / reload / restore round trip of an exercise cell (``fdlib.grading.live``).
 
-Starts JupyterLab on 127.0.0.1 (free port, random token) over a temporary root holding a one-cell notebook
-(the explorer at B=1, H_q=32, H_kv=8, L=131072 on the H200 model, splits=1), runs the cell with
+Both start JupyterLab on 127.0.0.1 (free port, random token, and the flag ``./course lab`` adds:
+``--LabApp.expose_app_in_browser=True``) over a temporary root.
+
+The explorer test's root holds a one-cell notebook
+(the explorer at B=1, H_q=32, H_kv=8, L=131072 on the H200 model, splits=1); it runs the cell with
 Shift+Enter, reads the utilization text and the picture, moves the splits slider with the keyboard, and
 checks that both change: 1 split keeps 8 of 132 SMs busy; the cost model's choice, and 256 splits, keep
 nearly all of them busy.
+The round-trip test's root holds the shipped ``notebooks/01_naive_decode.ipynb``: it types into the exercise
+cell without saving, reveals the solution, reloads the notebook from disk, restores the backup, saves, and
+opens the backup from the file browser (see :func:`test_reveal_reload_restore_round_trip`).
 The kernel is this interpreter (``sys.executable``), through a kernelspec written into the temporary
 Jupyter path. On failure, screenshots and the server log go to ``tests/_artifacts/``.
 Uses Debian's ``chromium`` (never downloads a browser); skips when chromium or playwright is missing.
@@ -21,11 +28,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from fdlib.explorer import SPLIT_OPTIONS
+from fdlib.grading.live import LAB_FLAG
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -56,17 +65,29 @@ def _notebook() -> dict:
             "nbformat": 4, "nbformat_minor": 5}
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """A running JupyterLab: yields (url of the notebook with the token, path of its log)."""
+def _need_browser():
     pytest.importorskip("playwright.sync_api", reason="playwright (Python) is not installed")
     if CHROMIUM is None:
         pytest.skip("no chromium on PATH (Debian: apt-get install chromium); the browser test never downloads one")
     pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A running JupyterLab: yields (url of the notebook with the token, path of its log)."""
+    _need_browser()
     pytest.importorskip("jupyterlab_widgets", reason="jupyterlab_widgets (ipywidgets' lab extension) is not installed")
     root = tmp_path / "root"
     root.mkdir()
     (root / "explorer_test.ipynb").write_text(json.dumps(_notebook()))
+    with _jupyterlab(tmp_path, root) as (base, log_path):
+        yield base.replace("/lab?", "/lab/tree/explorer_test.ipynb?"), log_path
+
+
+@contextmanager
+def _jupyterlab(tmp_path, root):
+    """JupyterLab over ``root`` with the flags ``./course lab`` adds, the test kernel and a random token: yields
+    (url of /lab with the token, path of the server log)."""
     share = tmp_path / "share" / "jupyter"
     spec = share / "kernels" / KERNEL
     spec.mkdir(parents=True)
@@ -83,7 +104,8 @@ def lab(tmp_path):
     env.pop("JUPYTER_TOKEN", None)
     port, token = _free_port(), secrets.token_hex(24)
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False"]
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
+           LAB_FLAG]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     log_path = tmp_path / "jupyterlab.log"
@@ -103,7 +125,7 @@ def lab(tmp_path):
             if time.monotonic() > deadline:
                 pytest.fail(f"JupyterLab did not answer within 60 s:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/lab/tree/explorer_test.ipynb?token={token}", log_path
+        yield f"http://127.0.0.1:{port}/lab?token={token}", log_path
     finally:
         proc.terminate()
         try:
@@ -210,3 +232,131 @@ def test_explorer_in_jupyterlab(lab):
             browser.close()
     print(f"browser test: {time.monotonic() - t_start:.1f} s in the browser; "
           f"utilization {util1.split(' — ')[0]!r} -> {util2.split(' — ')[0]!r} -> {util3.split(' — ')[0]!r}")
+
+
+# ---------------------------------------------------------------------------------------------- reveal, reload, restore
+EXERCISE = "lab01.naive_attention"
+MARK = "my own attempt, typed and never saved"
+EXERCISE_CELL = ".jp-Notebook .jp-Cell:has(.cm-content:has-text('@exercise(\"lab01.naive_attention\")'))"
+LIVE_SOURCE = """(name) => {
+  const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+  for (let i = 0; i < cells.length; i++) {
+    const meta = cells.get(i).getMetadata('fdlib');
+    if (meta && meta.exercise === name) return cells.get(i).sharedModel.getSource();
+  }
+  return null;
+}"""
+
+
+@pytest.fixture
+def course_lab(tmp_path):
+    """JupyterLab over a root holding a shipped notebooks/01_naive_decode.ipynb: yields (url, root, log path)."""
+    from shipped import shipped_copy
+    _need_browser()
+    root = tmp_path / "root"
+    (root / "notebooks").mkdir(parents=True)
+    path = shipped_copy("01_naive_decode.ipynb", root / "notebooks")
+    nb = json.loads(path.read_text())
+    nb["metadata"]["kernelspec"] = {"name": KERNEL, "display_name": "fdlib test (venv)", "language": "python"}
+    path.write_text(json.dumps(nb, indent=1))
+    with _jupyterlab(tmp_path, root) as (base, log_path):
+        yield base.replace("/lab?", "/lab/tree/notebooks/01_naive_decode.ipynb?"), root, log_path
+
+
+def _exercise_source(path: Path) -> str:
+    nb = json.loads(path.read_text())
+    cell = next(c for c in nb["cells"] if c.get("metadata", {}).get("fdlib", {}).get("exercise") == EXERCISE)
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def _run_below_exercise(page, code: str):
+    """Insert a cell below the exercise cell (command mode B), type ``code`` into it and run it (Shift+Enter)."""
+    page.locator(EXERCISE_CELL + " .jp-InputPrompt").first.click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("b")
+    page.keyboard.press("Enter")
+    page.keyboard.type(code)
+    page.keyboard.press("Shift+Enter")
+
+
+def test_reveal_reload_restore_round_trip(course_lab):
+    """The learner types into the exercise cell and does not save; reveal_solution backs up what the browser
+    holds and puts the solution in; Reload Notebook from Disk throws the unsaved edit away; restore_backup()
+    lists the backups with their times and puts the typed code back; saving writes it to the file; the file
+    browser opens the backup."""
+    from playwright.sync_api import sync_playwright
+
+    from fdlib.grading import core
+
+    url, root, log_path = course_lab
+    nb_file = root / "notebooks" / "01_naive_decode.ipynb"
+    backups = root / "notebooks" / "backups"
+    shipped_bytes = nb_file.read_bytes()
+    stub = _exercise_source(nb_file)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=60_000)
+        page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.set_default_timeout(60_000)
+        live = lambda: page.evaluate(LIVE_SOURCE, EXERCISE)   # noqa: E731 - the exercise cell as the browser holds it
+        try:
+            page.goto(url)
+            page.wait_for_selector(EXERCISE_CELL)
+            page.wait_for_selector(".jp-StatusBar-Widget:has-text('Idle')", timeout=90_000)
+
+            # 1. type into the exercise cell, do not save
+            page.locator(EXERCISE_CELL + " .cm-content").first.click()
+            page.keyboard.press("Control+End")
+            page.keyboard.press("Enter")
+            page.keyboard.type("# " + MARK)
+            assert MARK in live() and MARK not in nb_file.read_text()
+
+            # 2. reveal: the browser's version (with the typed line) is backed up, the solution goes in
+            _run_below_exercise(page, f'from fdlib.grading import reveal_solution\nreveal_solution("{EXERCISE}")')
+            status = page.wait_for_selector("text=the reference solution is now in", timeout=90_000).inner_text()
+            assert live() == core.solution_source(EXERCISE), live()
+            made = sorted(backups.glob("01_naive_decode.*.ipynb"))
+            assert len(made) == 1 and MARK in _exercise_source(made[0]), made
+            assert made[0].name in status, status
+            assert nb_file.read_bytes() == shipped_bytes            # nothing was written over the notebook
+
+            # 3. File > Reload Notebook from Disk (as notebook 00 used to ask): the unsaved edit is gone
+            page.click(".lm-MenuBar-itemLabel:text-is('File')")
+            page.click(".lm-Menu-itemLabel:text-is('Reload Notebook from Disk')")
+            page.click(".jp-Dialog-button.jp-mod-accept")
+            page.wait_for_function(f"({LIVE_SOURCE})({json.dumps(EXERCISE)}) === {json.dumps(stub)}")
+            page.wait_for_selector(".jp-StatusBar-Widget:has-text('Idle')")
+
+            # 4. restore_backup(): the backups with their times, and the typed code is back
+            _run_below_exercise(page, "from fdlib.grading import restore_backup\nrestore_backup()")
+            page.wait_for_selector("text=is back in its exercise cell", timeout=90_000)
+            listing = page.locator(".jp-Cell:has(.cm-content:has-text('restore_backup()')) .jp-OutputArea").inner_text()
+            assert re.search(r"\[0\] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  before reveal_solution of " + re.escape(EXERCISE),
+                             listing), listing
+            assert made[0].name in listing, listing
+            assert MARK in live() and live().startswith(stub.rstrip()), live()
+            assert len(list(backups.glob("01_naive_decode.*.ipynb"))) == 2   # the state before the restore, too
+
+            # 5. save: the file holds the typed code, and no page script is left in it
+            page.keyboard.press("Control+s")
+            deadline = time.monotonic() + 30
+            while MARK not in _exercise_source(nb_file) and time.monotonic() < deadline:
+                time.sleep(0.3)
+            assert MARK in _exercise_source(nb_file)
+            saved = nb_file.read_text()
+            assert "application/javascript" not in saved and "Nothing was changed" not in saved
+
+            # 6. the backups are where JupyterLab's file browser shows and opens them
+            page.dblclick(".jp-DirListing-item:has-text('backups')")
+            page.dblclick(f".jp-DirListing-item:has-text('{made[0].name}')")
+            page.wait_for_selector(f".lm-TabBar-tab:has-text('{made[0].name}')")
+            page.wait_for_selector(f".jp-NotebookPanel:not(.lm-mod-hidden) .cm-content:has-text('{MARK}')")
+        except BaseException:
+            ARTIFACTS.mkdir(exist_ok=True)
+            try:
+                page.screenshot(path=str(ARTIFACTS / "browser_round_trip_failure.png"), full_page=True)
+                shutil.copy(log_path, ARTIFACTS / "browser_round_trip_jupyterlab.log")
+            except Exception:
+                pass
+            raise
+        finally:
+            browser.close()

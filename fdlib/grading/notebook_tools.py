@@ -1,24 +1,22 @@
-"""Notebook helpers: find a notebook's exercise cells, run them for grading, reset or reveal an exercise.
+"""Notebook helpers: find a notebook's exercise cells and run them for grading; a solved copy for tests.
 
 An exercise cell is a code cell tagged ``exercise`` (cell metadata ``tags``) whose source decorates a function with
 ``@exercise("labNN.name")``; its metadata ``fdlib.exercise`` holds the name and ``fdlib.stub`` the original stub.
 
-:func:`reset_exercise` and :func:`reveal_solution` edit a notebook file. They never overwrite it without first
-saving the learner's version to ``notebooks/.backups/<name>.<timestamp>.ipynb``; :func:`solved_copy` only
-writes a new file. If the notebook is open in
-JupyterLab, reload it there afterwards (File > Reload Notebook from Disk) and do not save the stale tab over it.
+Nothing here writes to a learner's notebook: :func:`solved_copy` only writes a new file. Revealing a solution,
+resetting an exercise and restoring a backup happen in the notebook open in JupyterLab, never in its file
+(:mod:`fdlib.grading.live`; :func:`reveal_solution` and :func:`reset_exercise` are imported here too).
 """
 from __future__ import annotations
 
 import linecache
 import re
-import shutil
-import time
 from pathlib import Path
 
 import nbformat
 
 from . import core
+from .live import reset_exercise, reveal_solution  # noqa: F401 - notebook 00 imports them from here
 
 TAG = "exercise"
 PREAMBLE = ("import math\nimport torch\nimport triton\nimport triton.language as tl\nimport fdlib\n"
@@ -54,6 +52,26 @@ def run_source(src: str, filename: str, ns: dict) -> None:
     exec(compile(src, filename, "exec"), ns)
 
 
+def load_exercise_cells(path) -> tuple[dict, dict]:
+    """Run a notebook's exercise cells one by one after the standard imports: ``({name: function}, {name: error})``.
+
+    A cell that raises (a syntax error, a bad import) is reported under its exercise's name; the other cells
+    still run, so one broken cell does not hide the rest of the lab.
+    """
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    ns: dict = {"__name__": f"notebook_{path.stem}"}
+    exec(compile(PREAMBLE, "<preamble>", "exec"), ns)
+    errors: dict = {}
+    for name, i in exercise_cells(nb).items():
+        try:
+            run_source(_runnable(nb.cells[i].source), f"<{path.name} cell {i} ({name})>", ns)
+        except Exception as e:  # noqa: BLE001 - reported per exercise
+            errors[name] = e
+    found = {v.__exercise__: v for v in ns.values() if callable(v) and hasattr(v, "__exercise__")}
+    return {n: f for n, f in found.items() if n not in errors}, errors
+
+
 def load_exercises(path) -> dict:
     """Run a notebook's exercise cells (only those) after the standard imports; ``{name: function}``.
 
@@ -69,52 +87,6 @@ def load_exercises(path) -> dict:
     except Exception as e:  # noqa: BLE001
         return e  # type: ignore[return-value]
     return {v.__exercise__: v for v in ns.values() if callable(v) and hasattr(v, "__exercise__")}
-
-
-def backup(path) -> Path:
-    """Copy the notebook to ``<its folder>/.backups/<stem>.<timestamp>.ipynb``; returns the copy's path."""
-    path = Path(path)
-    folder = path.parent / ".backups"
-    folder.mkdir(exist_ok=True)
-    ignore = folder / ".gitignore"
-    if not ignore.exists():
-        ignore.write_text("# learners' notebook backups stay out of git\n*\n")
-    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 1_000_000_000:09d}"
-    dst = folder / f"{path.stem}.{stamp}.ipynb"
-    shutil.copy2(path, dst)
-    if dst.read_bytes() != path.read_bytes():  # never go on without an exact copy
-        raise OSError(f"backup of {path} to {dst} is not identical; notebook left untouched")
-    return dst
-
-
-def _edit_exercise(path, name: str, new_source) -> Path:
-    path = Path(path)
-    nb = nbformat.read(path, as_version=4)
-    cells = exercise_cells(nb)
-    if name not in cells:
-        raise KeyError(f"{path.name} has no exercise cell for {name!r} (found: {sorted(cells)})")
-    cell = nb.cells[cells[name]]
-    saved = backup(path)
-    cell.source = new_source(cell)
-    cell.outputs, cell.execution_count = [], None
-    nbformat.write(nb, path)
-    print(f"{path.name}: exercise {name} replaced; your previous version is saved in {saved}")
-    return saved
-
-
-def reset_exercise(path, name: str) -> Path:
-    """Put the original stub back into the exercise cell of ``name`` (after backing the notebook up)."""
-    def stub(cell):
-        src = cell.get("metadata", {}).get("fdlib", {}).get("stub")
-        if src is None:
-            raise KeyError(f"the cell of {name} has no stored stub (metadata fdlib.stub)")
-        return src
-    return _edit_exercise(path, name, stub)
-
-
-def reveal_solution(path, name: str) -> Path:
-    """Write the reference solution into the exercise cell of ``name`` (after backing the notebook up)."""
-    return _edit_exercise(path, name, lambda cell: core.solution_source(name))
 
 
 def solved_copy(path, dst) -> Path:
