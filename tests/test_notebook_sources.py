@@ -27,9 +27,13 @@ def test_every_notebook_has_a_source():
 
 @pytest.mark.parametrize("src", SOURCES, ids=[p.stem for p in SOURCES])
 def test_notebook_matches_its_source(src):
-    shipped = nbformat.read(ROOT / "notebooks" / f"{src.stem}.ipynb", as_version=4)
-    assert build.cells_of(shipped) == build.cells_of(build.from_source(src)), \
-        f"{src.stem}.ipynb differs from notebooks/src/{src.name}: run python notebooks/build.py {src.stem}"
+    from shipped import shipped_json     # the shipped notebook (the committed one where the learner saved work)
+    hint = f"{src.stem}.ipynb differs from notebooks/src/{src.name}: run python notebooks/build.py {src.stem}"
+    try:
+        shipped = nbformat.reads(shipped_json(f"{src.stem}.ipynb"), as_version=4)
+    except AssertionError as e:
+        raise AssertionError(f"{hint}\n{e}") from None
+    assert build.cells_of(shipped) == build.cells_of(build.from_source(src)), hint
 
 
 def test_exercise_stubs_are_the_graders():
