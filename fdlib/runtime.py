@@ -79,6 +79,13 @@ class InterpreterBroken(RuntimeError):
 _SMOKE_DONE = False
 
 
+def _release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as '3.6.0' or '2.4.0rc1'; (0, 0) if unreadable."""
+    import re
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
 def _smoke_kernel():
     import triton.language as tl
 
@@ -116,6 +123,9 @@ def smoke_check() -> None:
         fix = ("triton was imported before fdlib, so its library functions were built for compiled kernels: "
                "import fdlib first (before triton), or set TRITON_INTERPRET=1 in the environment before starting "
                "Python.")
+    elif MODE == "interpreter" and _release(numpy.__version__) >= (2, 4) and _release(triton.__version__) < (3, 7):
+        fix += (" Or keep this numpy and upgrade triton: 3.7.1, 3.8.0 and 3.9.0 pass this check and fdlib's kernel "
+                "tests with numpy 2.4.6; the interpreter of triton 3.6 does not run with numpy >= 2.4.")
     try:
         _row_sums_plus_one[(1,)](x, n, y, BLOCK=8)
     except Exception as e:  # noqa: BLE001 - any failure here means the toolchain is broken, say how to fix it

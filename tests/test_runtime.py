@@ -66,3 +66,19 @@ def test_triton_imported_before_fdlib_gets_a_clear_message():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode != 0
     assert "InterpreterBroken" in r.stderr and "import fdlib first" in r.stderr
+
+
+@pytest.mark.parametrize("triton_v, numpy_v, hint", [("3.6.0", "2.4.6", True), ("3.6.0", "2.3.5", False),
+                                                      ("3.9.0", "2.4.6", False)])
+def test_smoke_check_names_the_triton_that_runs_with_numpy_2_4(monkeypatch, triton_v, numpy_v, hint):
+    """numpy >= 2.4 breaks Triton 3.6's interpreter only; the message says a newer triton is the other way out."""
+    import numpy
+    monkeypatch.setattr(runtime.triton, "jit", lambda fn: _Launcher(True))
+    monkeypatch.setattr(runtime.triton, "__version__", triton_v)
+    monkeypatch.setattr(numpy, "__version__", numpy_v)
+    monkeypatch.setattr(runtime, "_SMOKE_DONE", False)
+    monkeypatch.setattr(runtime, "TRITON_IMPORTED_FIRST", False)
+    with pytest.raises(runtime.InterpreterBroken) as e:
+        runtime.smoke_check()
+    assert ("upgrade triton" in str(e.value)) == (hint and runtime.MODE == "interpreter")
+    assert "constraints.txt" in str(e.value)

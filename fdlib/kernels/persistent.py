@@ -75,8 +75,9 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG,
         m, l, acc = TILE_UPDATE(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
         # Tile t ends its row: one flag per query row, compared as a [BLOCK_G] block, not a scalar broadcast
         # into the masks. Triton's interpreter types a scalar comparison by its operands (int32), so broadcasting
-        # `t + 1 == end_j` into `mask & ...` made an int32 mask: Triton 3.6's interpreter took it, 3.9's tl.store
-        # refuses it ("mask has unsupported dtype"). A block comparison stays boolean. Same values compiled.
+        # `t + 1 == end_j` into `mask & ...` made an int32 mask: the interpreters of Triton 3.6-3.8 took it,
+        # 3.9's tl.store refuses it ("mask has unsupported dtype"). A block comparison stays boolean. Same values
+        # compiled.
         last = (offs_g * 0 + (t + 1)) == end_j
         o, lse = state_to_partial(m, l, acc)
         tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(OUT.dtype.element_ty),
