@@ -57,20 +57,24 @@ def grade(request):
             impl = core.reference(name)
         chk = next(c for c in core.load_checks(name) if c.name == check_name)
         out = core.run_one(chk, impl)
+        if out.status == "todo":
+            request.node.user_properties.append(("grading_todo", True))
         if out.status != "pass":
             pytest.fail(out.line(), pytrace=False)
 
     return run
 
 
-_SCORES: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+_SCORES: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])     # passed, total, still a stub (TODO)
 
 
 def pytest_runtest_logreport(report):
-    lab = dict(report.user_properties).get("grading_lab")
+    props = dict(report.user_properties)
+    lab = props.get("grading_lab")
     if lab and (report.when == "call" or (report.when == "setup" and not report.passed)):
         _SCORES[lab][1] += 1
         _SCORES[lab][0] += int(report.passed)
+        _SCORES[lab][2] += int(bool(props.get("grading_todo")))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -80,5 +84,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr = terminalreporter
     tr.section(f"lab scorecard ({what})")
     for lab in sorted(_SCORES):
-        ok, total = _SCORES[lab]
-        tr.write_line(f"{'✅' if ok == total else '❌'} {lab}: {ok}/{total} checks passed")
+        ok, total, todo = _SCORES[lab]
+        if todo == total:
+            tr.write_line(f"📝 {lab}: not started ({total} checks)")
+        else:
+            tr.write_line(f"{'✅' if ok == total else '❌'} {lab}: {ok}/{total} checks passed")

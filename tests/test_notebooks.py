@@ -77,7 +77,7 @@ def test_grade_notebooks_option(tmp_path):
 
     bad = grade(shipped)
     assert bad.returncode != 0 and "lab scorecard (notebook exercise cells)" in bad.stdout
-    assert "❌ lab01: 0/" in bad.stdout and "📝 TODO: implement lab01.naive_attention" in bad.stdout
+    assert "📝 lab01: not started" in bad.stdout and "📝 TODO: implement lab01.naive_attention" in bad.stdout
     good = grade(solved)
     assert good.returncode == 0, good.stdout[-4000:]
     assert "✅ lab01: " in good.stdout and "✅ lab02: " in good.stdout and "❌ lab" not in good.stdout
