@@ -316,8 +316,9 @@ PAGE_SCRIPT = r"""
   };
   if (!panel) { say('Nothing was changed: this output is not inside a notebook.', true); return; }
   const kernel = panel.sessionContext && panel.sessionContext.session && panel.sessionContext.session.kernel;
-  if (REQ.kernel && kernel && kernel.id !== REQ.kernel) {
-    finish('Nothing was changed: this request came from another kernel (an old output?).', true);
+  if (REQ.kernel && !(kernel && kernel.id === REQ.kernel)) {    // an old output, shown again: never act on it
+    finish('Nothing was changed: this request came from a kernel that is not this notebook\'s now ' +
+           '(an old output?). Run the call again.', true);
     return;
   }
   const path = panel.context.path;
