@@ -77,11 +77,10 @@ def problem(shape: Shape, device, seed: int = 0) -> Problem:
     """Seeded inputs of ``shape`` on ``device``, with the split count and tiles fdlib would use."""
     from fdlib.kernels.config import chunk_for, tile_config
     from fdlib.splits import choose_splits
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)      # drawn where they live: 512 MiB of KV on a GPU
     s = shape
-    q = torch.randn(s.B, s.H_q, s.D, generator=g).to(s.dtype).to(device)
-    k = torch.randn(s.B, s.L, s.H_kv, s.D, generator=g).to(s.dtype).to(device)
-    v = torch.randn(s.B, s.L, s.H_kv, s.D, generator=g).to(s.dtype).to(device)
+    q, k, v = (torch.randn(*dims, generator=g, device=device, dtype=s.dtype)
+               for dims in ((s.B, s.H_q, s.D), (s.B, s.L, s.H_kv, s.D), (s.B, s.L, s.H_kv, s.D)))
     lens = torch.full((s.B,), s.L, dtype=torch.int32, device=device)
     cfg = tile_config(s.D, s.L, s.dtype.itemsize, rows=s.B * s.H_kv)
     chunk, splits = chunk_for(s.L, choose_splits(s.B, s.H_q, s.H_kv, s.D, s.dtype, s.L), cfg.BLOCK_N)
