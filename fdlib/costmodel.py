@@ -20,8 +20,13 @@ than BW, and one program cannot stream faster than ρ (bytes it keeps in flight 
 few programs leave bandwidth unused ("too few splits"), and a last wave with few programs still takes a
 whole program's time (the wave quantisation W). Each program costs a start-up (first loads' latency,
 pipeline fill, storing its partial), spread over the r·SMs slots: t_wave per full wave of programs.
-Merging costs t_merge plus t_split per partial ("too many splits"), and the two-stage path pays a second
-launch. BW, ρ, t_launch, t_wave, t_merge and t_split are measured once per GPU by :func:`calibrate`
+Merging costs t_merge plus t_split per partial ("too many splits"). Who merges decides the critical path
+(the epilogue): in the unified kernel the last program of a row merges all ``group`` query heads, reading
+group·(D+1) floats per split alone on its SM after everything else, so its per-split cost is t_split scaled by
+group·(D+1) / (4·129) (the calibration's 32:8 heads at D=128); the two-stage path spreads the merge over
+B·H_q stage-2 programs of one head each (t_split scaled by (D+1)/(4·129)) and pays the kernel boundary
+t_stage2 instead of t_merge. ``method="auto"`` takes the faster of the two by this prediction
+(:func:`fdlib.splits.choose_auto`). BW, ρ, t_launch, t_wave, t_merge and t_split are measured once per GPU by :func:`calibrate`
 (cached on disk); presets without a live GPU use values scaled from an H200 calibration.
 """
 from __future__ import annotations
@@ -54,11 +59,17 @@ class Calibration:
     t_merge_us: float
     t_split_us: float = 0.0
     source: str = "default"
+    t_stage2_us: float = 1.9   # the two-stage path's kernel boundary: stage 2 after stage 1 under CUDA graphs
 
 
 H200_DEFAULT = Calibration(bw_tbs=5.16, rho_tbs=0.0482, t_launch_us=4.45, t_wave_us=2.51, t_merge_us=0.101,
                            t_split_us=0.0591,
-                           source="H200 calibration of 2026-11-29 (results/h200/calibration.json, rounded)")
+                           source="H200 calibration of 2026-11-29 (results/h200/calibration.json, rounded)",
+                           t_stage2_us=1.9)
+"""t_stage2_us: two_stage - stage1 on an H200 under CUDA graphs was 1.6-2.3 µs at 2-32 splits
+(results/h200/explore/explore.json); the merge work in it is counted by the t_split term."""
+CAL_GROUP, CAL_D = 4, 128
+"""The heads per group and head dim of the calibration points (H 32:8, D=128): t_split is per split there."""
 
 
 def default_calibration(gpu: GPU) -> Calibration:
@@ -67,7 +78,8 @@ def default_calibration(gpu: GPU) -> Calibration:
     f = gpu.bandwidth_tbs / h200.bandwidth_tbs
     return Calibration(H200_DEFAULT.bw_tbs * f, H200_DEFAULT.rho_tbs * max(f, 0.25) ** 0.5,
                        H200_DEFAULT.t_launch_us, H200_DEFAULT.t_wave_us, H200_DEFAULT.t_merge_us,
-                       H200_DEFAULT.t_split_us, source=f"H200 defaults scaled to {gpu.name}")
+                       H200_DEFAULT.t_split_us, source=f"H200 defaults scaled to {gpu.name}",
+                       t_stage2_us=H200_DEFAULT.t_stage2_us)
 
 
 @dataclass(frozen=True)
@@ -114,18 +126,29 @@ def kernel_programs_per_sm(gpu: GPU, D: int, dtype_bytes: int, block_n: int, num
 
 
 def _predict_many(lengths: np.ndarray, H_kv: int, D: int, dtype_bytes: int, chunks: np.ndarray, effs: np.ndarray,
-                  gpu: GPU, cal: Calibration, r: int, method: str):
+                  gpu: GPU, cal: Calibration, r: int, method: str, group: int | None = None):
     """The model's terms for several chunk sizes at once (arrays over candidates); the formula of the module
-    docstring, written once for :func:`predict` and :func:`explain`."""
+    docstring, written once for :func:`predict` and :func:`explain`. ``group`` None: the merge costs as at the
+    calibration points (the lab's formula: two-stage = one more launch); else the epilogue model of the module
+    docstring for that group and D."""
     programs = H_kv * np.maximum(1, -(-lengths[:, None] // chunks[None, :])).sum(axis=0)
     w = waves(programs, r, gpu.sms)
     kv_mb = 2 * float(lengths.sum()) * H_kv * D * dtype_bytes / 1e6
     prog_mb = 2 * chunks * D * dtype_bytes / 1e6
     t_bw = kv_mb / cal.bw_tbs
     t_prog = w * prog_mb / cal.rho_tbs
-    launches = np.where((effs > 1) & (method == "split"), 2, 1)
+    if group is None:
+        launches = np.where((effs > 1) & (method == "split"), 2, 1)
+        merge = np.where(effs > 1, cal.t_merge_us + effs * cal.t_split_us, 0.0)
+    else:
+        launches = 1
+        per_split = cal.t_split_us * (D + 1) / (CAL_GROUP * (CAL_D + 1))
+        if method == "split":   # stage 2 always runs, even at one split
+            merge = cal.t_stage2_us + effs * per_split
+        else:
+            merge = np.where(effs > 1, cal.t_merge_us + effs * per_split * group, 0.0)
     t = (launches * cal.t_launch_us + programs / (r * gpu.sms) * cal.t_wave_us + (t_bw ** 4 + t_prog ** 4) ** 0.25
-         + np.where(effs > 1, cal.t_merge_us + effs * cal.t_split_us, 0.0))
+         + merge)
     return programs, w, t, t_bw >= t_prog
 
 
@@ -153,19 +176,21 @@ def predict(lengths, H_kv: int, D: int, dtype_bytes: int, splits: int, gpu: GPU,
 
 
 def explain(B: int, H_q: int, H_kv: int, L, D: int = 128, dtype_bytes: int = 2, gpu: GPU | str | None = None,
-            method: str = "unified", cal: Calibration | None = None, compiled: dict | None = None) -> Explanation:
+            method: str = "unified", cal: Calibration | None = None, compiled: dict | None = None,
+            epilogue: bool = True) -> Explanation:
     """Every candidate split count with its programs, waves, wave efficiency and predicted µs; ``chosen`` is
     the fastest (the smallest count within 1% of it, since fewer splits mean less merging).
-    ``L`` is one length for all B sequences or a list of B lengths."""
+    ``L`` is one length for all B sequences or a list of B lengths. ``epilogue=False``: the merge as at the
+    calibration points, whatever the group and D (Lab 05's formula, :func:`predict`)."""
     gpu = _gpu(gpu)
     lengths = (int(L),) * B if isinstance(L, (int, float)) else tuple(int(x) for x in L)
     cal = cal or calibration_for(gpu)
     key = tuple(sorted(compiled.items())) if compiled else None
-    return _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, key)
+    return _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, key, epilogue)
 
 
 @functools.lru_cache(maxsize=4096)
-def _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, compiled_key) -> Explanation:
+def _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, compiled_key, epilogue) -> Explanation:
     """explain(), cached: a decode loop asks again and again for the same shapes."""
     from .kernels.config import tile_config_for
     compiled = dict(compiled_key) if compiled_key else None
@@ -173,7 +198,8 @@ def _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, compiled_k
     lengths = np.asarray(lengths, dtype=np.int64)
     r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, compiled)
     chunks, effs = _candidates(lengths, cfg.BLOCK_N)
-    terms = _predict_many(lengths, H_kv, D, dtype_bytes, chunks, effs, gpu, cal, r, method)
+    terms = _predict_many(lengths, H_kv, D, dtype_bytes, chunks, effs, gpu, cal, r, method,
+                          H_q // H_kv if epilogue else None)
     cands = [_candidate(i, chunks, effs, *terms, r, gpu.sms) for i in range(len(chunks))]
     best = min(c.time_us for c in cands)
     chosen = min(c.splits for c in cands if c.time_us <= best * 1.01)
@@ -287,7 +313,7 @@ def calibrate(gpu: GPU | None = None, progress: bool = True) -> Calibration:
         def fn():
             k, v = kv[state["i"] % copies]
             state["i"] += 1
-            decode_attention(q, k, v, method="unified", num_splits=s, validate=False)
+            decode_attention(q, k, v, method="unified", num_splits=s)
         t = triton.testing.do_bench_cudagraph(fn, rep=10, return_mode="median") * 1e3
         rows.append((B, H_kv, L, s, t))
         del kv

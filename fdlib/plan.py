@@ -67,7 +67,7 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
            method: str = "auto", num_splits: int | None = None) -> Decision:
     """The kernel, tiles, splits and chunk for a batch of these sizes on this runtime (see the module doc).
     ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None."""
-    from .splits import choose_kernel, choose_splits, persistent_per_sm, sm_count
+    from .splits import choose_auto, choose_kernel, choose_splits, persistent_per_sm, sm_count
     if lengths is not None:
         L_cap, basis = max(max(lengths, default=0), 1), "host lengths"
     elif max_seqlen is not None:
@@ -78,12 +78,16 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         return Decision("naive", 1, L_cap, None, L_cap, basis)
     elem_bytes = dtype.itemsize
     tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv)
+    kernel = method
     if method == "persistent":
         num_splits = 1
+    elif method == "auto" and num_splits is None:
+        kernel, num_splits = choose_auto(B, H_q, H_kv, D, dtype, L_cap, lengths)
     elif num_splits is None:
         num_splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths)
     chunk, splits = chunk_for(L_cap, num_splits, tile.BLOCK_N)
-    kernel = choose_kernel(B, H_kv, L_cap, splits) if method == "auto" else method
+    if kernel == "auto":   # forced splits: the unified kernel, or the persistent one at one split
+        kernel = choose_kernel(B, H_kv, L_cap, splits)
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
     from .kernels.persistent import programs_for

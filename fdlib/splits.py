@@ -21,24 +21,50 @@ def simple_rule(B: int, H_kv: int, L: int, sms: int, block_n: int) -> int:
 
 
 def choose_splits(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> int:
-    """Splits (the same for every method) for B sequences of ``lengths`` (host ints; None: every sequence
-    counts as L_cap long), H_q query and H_kv KV heads of dim D, elements of ``dtype``."""
-    elem_bytes = dtype.itemsize
-    block_n = tile_config(D, L_cap, elem_bytes, rows=B * H_kv).BLOCK_N
+    """Splits (the same for the unified and two-stage methods, so that they compare like with like) for B
+    sequences of ``lengths`` (host ints; None: every sequence counts as L_cap long), H_q query and H_kv KV
+    heads of dim D, elements of ``dtype``: the unified kernel's best by the cost model."""
+    block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N
     if runtime.INTERPRET:
         return simple_rule(B, H_kv, L_cap, INTERPRETER_SMS, block_n)
+    return _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "unified").chosen
+
+
+def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> tuple[str, int]:
+    """(kernel, splits) of ``method="auto"``: the unified kernel or the two-stage path, whichever the cost
+    model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
+    launch); then the persistent kernel where :func:`choose_kernel` takes it at one split. In the interpreter
+    (no SMs, no timing): the unified kernel at :func:`simple_rule`'s splits."""
+    if runtime.INTERPRET:
+        splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths)
+    else:
+        unified = _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "unified")
+        two_stage = _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "split")
+        t_u = min(c.time_us for c in unified.candidates)
+        t_s = min(c.time_us for c in two_stage.candidates)
+        if t_s < t_u / 1.02:
+            return "split", two_stage.chosen
+        splits = unified.chosen
+    from .kernels.config import chunk_for
+    eff = chunk_for(L_cap, splits, tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N)[1]
+    return choose_kernel(B, H_kv, L_cap, eff), splits
+
+
+def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method):
+    """The cost model's explanation for the live GPU (compiled kernel's resources when known)."""
     import torch
 
     from . import costmodel
     from .gpus import live_gpu
     from .kernels.unified import compiled_resources
     gpu = live_gpu()
+    block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N
     lengths = tuple(lengths) if lengths is not None else (L_cap,) * B
     cal = None
     if torch.cuda.is_current_stream_capturing():   # never calibrate (launch timing kernels) inside a capture
         cal = costmodel.calibration_cached(gpu) or costmodel.default_calibration(gpu)
-    return costmodel.explain(B, H_q, H_kv, lengths, D, elem_bytes, gpu, "unified", cal=cal,
-                             compiled=compiled_resources(dtype, D, H_q // H_kv, block_n)).chosen
+    return costmodel.explain(B, H_q, H_kv, lengths, D, dtype.itemsize, gpu, method, cal=cal,
+                             compiled=compiled_resources(dtype, D, H_q // H_kv, block_n))
 
 
 PERSISTENT_MIN_WAVES = 2

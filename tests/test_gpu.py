@@ -173,8 +173,9 @@ def test_error_before_launch_leaves_counters_valid():
     good = fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=16)
     bad_calls = [
         dict(num_splits=0), dict(scale=float("nan")),
-        dict(cache_seqlens=torch.tensor([1, 2, 3, 5000], dtype=torch.int32, device="cuda")),
-        dict(cache_seqlens=torch.tensor([1, 2, 3, 4], dtype=torch.int32)),          # on the CPU
+        dict(cache_seqlens=torch.tensor([1, 2, 3, 5000], dtype=torch.int32, device="cuda"), check_lengths=True),
+        dict(cache_seqlens=torch.tensor([1, 2, 3, 5000], dtype=torch.int32)),       # on the host: checked at once
+        dict(cache_seqlens=[1, 2, -3, 4]),
     ]
     for bad in bad_calls:
         args = dict(cache_seqlens=lens, method="unified", num_splits=16)
@@ -200,7 +201,7 @@ def test_out_of_memory_names_the_bytes(method):
     with pytest.raises(oom) as info:
         fdlib.decode_attention(q, k, k, method=method, num_splits=splits)
     msg = str(info.value)
-    need = B * H_kv * group * D * 2 + B * H_kv * group * 4 + B * H_kv * group * splits * (D + 1) * 4
+    need = B * H_kv * group * splits * (D + 1) * 4       # the plan's split workspace
     assert "bytes" in msg and str(need) in msg, msg
     del q, k
     torch.cuda.empty_cache()
@@ -208,3 +209,127 @@ def test_out_of_memory_names_the_bytes(method):
     out = fdlib.decode_attention(q, k, v, lens, method=method)
     assert_attention_close(out, None, q, k, v, lens, ref=gpu_reference(q, k, v, lens))
     assert counters_zero()
+
+
+# ---------------------------------------------------------------------------------------------- plan / run
+def _fresh_shape(seed, B=3, L=3000, H_kv=2, group=4, D=128, dtype=torch.float16):
+    """A shape no other test uses, so that its plan is made inside the test."""
+    return problem(B, L + seed, H_kv, group, D, dtype, seed=seed)
+
+
+def test_default_call_never_syncs():
+    """Under torch.cuda.set_sync_debug_mode("error") a default call, plan creation included, does no
+    device-to-host copy and no synchronisation (the calibration is loaded once per GPU beforehand)."""
+    from fdlib import costmodel
+    from fdlib.gpus import live_gpu
+    costmodel.calibration_for(live_gpu())
+    runtime.smoke_check()
+    for method in METHODS:
+        q, k, v, lens = _fresh_shape(seed=21 + METHODS.index(method))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out, lse = fdlib.decode_attention(q, k, v, lens, method=method, return_lse=True)
+            out2 = fdlib.decode_attention(q, k, v, lens, method=method)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert_attention_close(out, lse, q, k, v, lens, ref=gpu_reference(q, k, v, lens), what=method)
+        assert torch.equal(out, out2)
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["after-one-eager-call", "cold"])
+def test_default_call_captures_as_written(warm):
+    """The default call, exactly as written, inside torch.cuda.graph; replays follow lengths changed in place."""
+    q, k, v, lens = _fresh_shape(seed=40 + warm, L=5000)
+    static = lens.clone()
+    if warm:
+        fdlib.decode_attention(q, k, v, static)
+        torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fdlib.decode_attention(q, k, v, static)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for i in range(20):
+        static.copy_(torch.randint(0, k.shape[1] + 1, (q.shape[0],), generator=g, device="cuda", dtype=torch.int32))
+        graph.replay()
+        assert_attention_close(out, None, q, k, v, static, ref=gpu_reference(q, k, v, static), what=f"replay {i}")
+    assert counters_zero()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_captured_plan_replayed_with_new_lengths(method):
+    """plan.run captured once; 100 replays with lengths rewritten in place (0, 1, L, and lengths longer than the
+    plan's host lengths: the last split runs to the row's end) match the float64 reference."""
+    B, L = 6, 6000
+    q, k, v, lens = problem(B, L, 2, 4, 128, torch.bfloat16, seed=50)
+    p = fdlib.plan(B, 8, 2, 128, L, dtype=torch.bfloat16, device="cuda", lengths=[300] * B, method=method)
+    static = lens.clone()
+    out = torch.empty_like(q)
+    lse = torch.empty(B, 8, device="cuda")
+    p.run(q, k, v, static, out=out, lse=lse)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        p.run(q, k, v, static, out=out, lse=lse)
+    g = torch.Generator(device="cuda").manual_seed(51)
+    for i in range(100):
+        new = torch.randint(0, L + 1, (B,), generator=g, device="cuda", dtype=torch.int32)
+        new[i % B] = (0, 1, L)[i % 3]
+        static.copy_(new)
+        graph.replay()
+        if i % 10 == 9:
+            assert_attention_close(out, lse, q, k, v, static, ref=gpu_reference(q, k, v, static),
+                                   what=f"{p} replay {i}")
+    torch.cuda.synchronize()
+    assert p.workspace.counters is None or int(p.workspace.counters.count_nonzero()) == 0
+    assert p.clamped() is False
+
+
+def test_plan_workspace_reused_over_1000_calls():
+    """1000 plan.run calls with changing lengths into caller-owned out/lse: no new memory, the same workspace,
+    counters back at 0, and the last result right; the direct launch gives bit-identical results to Triton's
+    generic launch."""
+    from fdlib.kernels import launch
+    B, L = 4, 8192
+    q, k, v, _ = problem(B, L, 8, 4, 128, torch.float16, seed=60)
+    p = fdlib.plan(B, 32, 8, 128, L, dtype=torch.float16, device="cuda", method="unified", num_splits=12)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, 32, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(61)
+    lens = torch.full((B,), L, dtype=torch.int32, device="cuda")
+    p.run(q, k, v, lens, out=out, lse=lse)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    ptrs = [t.data_ptr() for t in (p.workspace.o_part, p.workspace.lse_part, p.workspace.counters)]
+    for i in range(1000):
+        lens = torch.randint(0, L + 1, (B,), generator=g, device="cuda", dtype=torch.int32)
+        p.run(q, k, v, lens, out=out, lse=lse)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - before <= 4096, "plan.run allocated memory"    # only the lens draws
+    assert ptrs == [t.data_ptr() for t in (p.workspace.o_part, p.workspace.lse_part, p.workspace.counters)]
+    assert int(p.workspace.counters.count_nonzero()) == 0
+    assert_attention_close(out, lse, q, k, v, lens, ref=gpu_reference(q, k, v, lens), what="call 1000")
+    assert launch.FAST_LAUNCH == triton_version_is_36() and (not launch.FAST_LAUNCH or launch._COMPILED)
+    fast = out.clone()
+    saved = launch.FAST_LAUNCH
+    launch.FAST_LAUNCH = False
+    try:
+        p.run(q, k, v, lens, out=out, lse=lse)
+    finally:
+        launch.FAST_LAUNCH = saved
+    assert torch.equal(fast, out), "direct and generic launches differ"
+
+
+def triton_version_is_36():
+    import triton
+    return triton.__version__.startswith("3.6")
+
+
+def test_torch_compile_fullgraph_on_the_gpu():
+    """A decode step calling fdlib.decode_attention compiles with inductor and fullgraph=True; same numbers."""
+    q, k, v, lens = problem(2, 4096, 2, 4, 128, torch.float16, seed=70)
+    w = torch.randn(128, 128, device="cuda", dtype=torch.float16) / 12
+
+    def step(q, k, v, lens):
+        return fdlib.decode_attention(q @ w, k, v, lens).float().sum(-1)
+
+    got = torch.compile(step, fullgraph=True)(q, k, v, lens)
+    torch.testing.assert_close(got, step(q, k, v, lens), atol=2e-2, rtol=2e-3)

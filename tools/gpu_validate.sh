@@ -11,6 +11,8 @@
 #   calibrate  cost-model calibration (cached under OUT_DIR/run, also copied as calibration.json)
 #   bench      python -m fdlib.bench: fp16 and bf16 full grid
 #   sweep      python -m fdlib.bench --sweep-splits, fp16
+#   host       python -m fdlib.bench --host-overhead (µs per back-to-back call, cProfile of decode_attention)
+#   heads      python -m fdlib.bench --heads-sweep (groups 1..16, D 64..256, fp16)
 # Writes OUT_DIR/gpu-validate.tar.gz (every file, for machines that return few files) and a log.
 set -uo pipefail
 OUT="${1:?usage: tools/gpu_validate.sh OUT_DIR [STEPS]}"
@@ -26,7 +28,7 @@ LOG="$OUT/run/gpu-validate.log"
   echo "== git: $(git rev-parse --short HEAD 2>/dev/null || echo 'no git metadata'); steps: $STEPS"
   if has tests; then
     echo "== GPU tests"
-    timeout 300 python3 -m pytest tests/test_gpu.py tests/test_persistent.py -q -p no:cacheprovider 2>&1 | tail -5
+    timeout 400 python3 -m pytest tests/test_gpu.py tests/test_persistent.py tests/test_plan.py -q -p no:cacheprovider 2>&1 | tail -15
     timeout 200 python3 -m pytest tests/test_bench.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
   fi
   if has notebooks; then
@@ -56,6 +58,15 @@ LOG="$OUT/run/gpu-validate.log"
       timeout 300 python3 -m fdlib.bench --dtype "$dt" --out "$OUT/run" --name "bench-$dt" --no-progress \
         --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
     done
+  fi
+  if has host; then
+    echo "== host overhead"
+    timeout 120 python3 -m fdlib.bench --host-overhead --out "$OUT/run" --name host-overhead --no-progress 2>&1 | head -20
+  fi
+  if has heads; then
+    echo "== heads sweep"
+    timeout 420 python3 -m fdlib.bench --heads-sweep --out "$OUT/run" --name heads-sweep --no-progress \
+      --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
   fi
   if has sweep; then
     echo "== sweep"

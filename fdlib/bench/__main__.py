@@ -6,6 +6,8 @@ Examples::
     python -m fdlib.bench --sweep-splits --dtype float16    # unified kernel at every split count, best vs chosen
     python -m fdlib.bench --B 1 --L 131072 --heads 32:8     # one shape
     python -m fdlib.bench --quick                           # tiny shapes, runs in the interpreter on a CPU
+    python -m fdlib.bench --host-overhead                   # µs per call of back-to-back calls (B=1 32:8 L=2048)
+    python -m fdlib.bench --heads-sweep                     # groups 1..16, D 64..256: auto vs every kernel
 """
 from __future__ import annotations
 
@@ -47,6 +49,13 @@ def parser() -> argparse.ArgumentParser:
                                                 "with --sweep-splits, the candidate list")
     m.add_argument("--sweep-splits", action="store_true",
                    help="splits sweep: unified at every candidate split count, best vs the chosen one")
+    m.add_argument("--host-overhead", action="store_true",
+                   help="wall time per call of back-to-back calls (fdlib, SDPA cuDNN, plan.run, graph replay) on "
+                        "one shape (the first of --B/--L/--heads/--D/--dtype; default B=1, 32:8, L=2048, D=128, "
+                        "fp16) and a cProfile of decode_attention")
+    m.add_argument("--heads-sweep", action="store_true",
+                   help="the grid of head layouts: groups 1, 4, 8, 16 (H_q=16, MQA included), D 64, 128, 256, "
+                        "B 1 and 8, L 8k, 64k, 256k, fp16; methods split, unified, persistent, auto, cudnn")
     m.add_argument("--quick", action="store_true",
                    help="tiny shapes, few methods, no graphs (runs on a CPU in the Triton interpreter)")
     t = ap.add_argument_group("timing")
@@ -92,6 +101,23 @@ def main(argv=None) -> int:
             print(f"refusing to overwrite {clash} in {out_dir}: pick another --name/--out or pass --force",
                   file=sys.stderr)
             return 2
+    if args.host_overhead:
+        from .host import run_host_overhead
+        first = lambda xs, d: xs[0] if xs else d   # noqa: E731
+        hq, hkv = first(args.heads, (32, 8))
+        results = run_host_overhead(B=first(args.B, 1), H_q=hq, H_kv=hkv, L=first(args.L, 2048), D=first(args.D, 128),
+                                    dtype=first(args.dtype, "float16"), command=command,
+                                    progress=not args.no_progress)
+        print(report.format_table(results), flush=True)
+        paths = report.write_results(results, args.out, args.name, force=args.force, plot=False)
+        print("\nwrote " + ", ".join(paths.values()), flush=True)
+        return 0
+    if args.heads_sweep:
+        from .harness import HEADS_SWEEP
+        for key, val in HEADS_SWEEP.items():
+            if common.get(key) is None:
+                common[key] = val
+        args.methods = args.methods or ("split", "unified", "persistent", "auto", "cudnn")
     try:
         if args.sweep_splits:
             results = harness.run_sweep(candidates=args.splits, **common)

@@ -35,6 +35,9 @@ SCHEMA = "fdlib.bench/1"
 
 DEFAULT_GRID = dict(B=(1, 4, 16, 64), L=(512, 2048, 8192, 32768, 131072), heads=((32, 8), (32, 32)), D=(128,),
                     dtypes=("float16", "bfloat16"))
+HEADS_SWEEP = dict(B=(1, 8), L=(8192, 65536, 262144), heads=((16, 16), (16, 4), (16, 2), (16, 1)), D=(64, 128, 256),
+                   dtypes=("float16",))
+"""Issue-11 grid of head layouts: groups 1, 4, 8 and 16 (H_kv=1 is MQA) at H_q=16, three head dims."""
 QUICK_GRID = dict(B=(2,), L=(64, 200), heads=((4, 2),), D=(32,), dtypes=("float16",))
 SWEEP_CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 

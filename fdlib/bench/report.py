@@ -101,6 +101,9 @@ def format_table(results) -> str:
     """The run's tables as text (markdown): times per method, then bandwidth, % of ceiling and ratio to cuDNN."""
     if results["kind"] == "sweep":
         return format_sweep_table(results)
+    if results["kind"] == "host":
+        from .host import format_host_table
+        return format_host_table(results)
     recs = results["records"]
     methods = list(dict.fromkeys(r["method"] for r in recs))
     by_shape = {}

@@ -261,7 +261,8 @@ def _choose_call(impl, lengths, H_kv, D=128, dtype_bytes=2, gpu="H200", predict=
 
 def _choose_vs_model(impl, lengths, H_kv, H_q=32, D=128, dtype_bytes=2, gpu="H200"):
     got, g, cal = _choose_call(impl, lengths, H_kv, D, dtype_bytes, gpu)
-    ex = costmodel.explain(len(lengths), max(H_q, H_kv), H_kv, list(lengths), D, dtype_bytes, g, cal=cal)
+    ex = costmodel.explain(len(lengths), max(H_q, H_kv), H_kv, list(lengths), D, dtype_bytes, g, cal=cal,
+                           epilogue=False)
     if got != ex.chosen:
         times = {c.splits: c.time_us for c in ex.candidates}
         best = min(times.values())

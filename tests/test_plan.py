@@ -1,0 +1,186 @@
+"""fdlib.plan / DecodePlan.run (interpreter or GPU): decisions, correctness against float64, reuse across calls,
+host lengths, mismatches, the plan cache of decode_attention, and the torch.compile op."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import fdlib
+import fdlib.api
+from helpers import DEVICE, assert_attention_close, counters_zero, make_problem
+
+METHODS = ("auto", "split", "unified", "persistent", "naive")
+
+
+def small(B=3, L=37, H_q=6, H_kv=2, D=80, dtype=torch.float32, seed=0, lens=(37, 16, 1)):
+    return make_problem(B, L, H_q, H_kv, D, dtype, seed=seed, lens=list(lens))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_plan_run_matches_float64_on_ragged_odd_sizes(method):
+    """Group 3, D=80, lengths 37 (not a multiple of the tile), 16 (one tile), 1; then reused with new lengths."""
+    q, k, v, lens = small()
+    p = fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE, method=method)
+    out, lse = p.run(q, k, v, lens, return_lse=True)
+    assert_attention_close(out, lse, q, k, v, lens, what=f"plan.run {method}")
+    for new in ([0, 5, 37], [17, 33, 2], [36, 0, 0]):
+        lens2 = torch.tensor(new, dtype=torch.int32, device=DEVICE)
+        out, lse = p.run(q, k, v, lens2, return_lse=True)
+        assert_attention_close(out, lse, q, k, v, lens2, what=f"plan.run {method} lengths {new}")
+    assert counters_zero() and p.workspace.counters is None or int(p.workspace.counters.count_nonzero()) == 0
+
+
+def test_plan_owns_its_workspace_and_reuses_it():
+    """The workspace lives in the plan (no module globals), is sized for its splits, and stays the same memory
+    over many calls; out and lse passed by the caller are written in place and returned."""
+    q, k, v, lens = small()
+    p = fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE, method="unified", num_splits=3)
+    ws = p.workspace
+    assert p.kernel == "unified" and p.splits == 3
+    assert ws.o_part.shape == (3, 6, 3, 80) and ws.lse_part.shape == (3, 6, 3) and ws.counters.shape == (6,)
+    ptrs = [t.data_ptr() for t in (ws.o_part, ws.lse_part, ws.counters, ws.flag, ws.lse)]
+    out = torch.empty_like(q)
+    lse = torch.empty(3, 6, dtype=torch.float32, device=DEVICE)
+    for i in range(20):
+        lens_i = torch.tensor([(7 * i) % 38, (3 * i) % 38, i % 38], dtype=torch.int32, device=DEVICE)
+        got, got_lse = p.run(q, k, v, lens_i, out=out, lse=lse)
+        assert got is out and got_lse is lse
+        assert int(ws.counters.count_nonzero()) == 0
+    assert_attention_close(out, lse, q, k, v, lens_i, what="after 20 calls")
+    assert ptrs == [t.data_ptr() for t in (ws.o_part, ws.lse_part, ws.counters, ws.flag, ws.lse)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.B = 4
+
+
+def test_smaller_batch_4d_q_and_default_lengths():
+    """A plan for B=3 runs a batch of 2 (a serving step with fewer live sequences), a [B, 1, H_q, D] q, and
+    no lengths (all L_max)."""
+    q, k, v, lens = small()
+    p = fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE)
+    out = p.run(q[:2, None], k[:2], v[:2], lens[:2])
+    assert out.shape == (2, 1, 6, 80)
+    assert_attention_close(out[:, 0], None, q[:2], k[:2], v[:2], lens[:2], what="B'=2 < B=3, 4-D q")
+    full = torch.full((3,), 37, dtype=torch.int32, device=DEVICE)
+    assert_attention_close(p.run(q, k, v), None, q, k, v, full, what="no lengths")
+
+
+def test_host_lengths_are_read_without_the_device_and_checked_at_once():
+    q, k, v, lens = small()
+    p = fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE, lengths=[37, 16, 1])
+    assert p.decision.basis == "host lengths" and p.decision.L_cap == 37
+    out = p.run(q, k, v, [37, 16, 1])
+    assert_attention_close(out, None, q, k, v, lens, what="host list lengths")
+    with pytest.raises(ValueError, match=r"cache_seqlens: lengths must be <= the cache's L_max=37, got a maximum of 38"):
+        p.run(q, k, v, [38, 1, 1])
+    with pytest.raises(ValueError, match="cache_seqlens: lengths must be >= 0"):
+        p.run(q, k, v, [3, -1, 1])
+    with pytest.raises(ValueError, match=r"cache_seqlens: expected 3 lengths"):
+        p.run(q, k, v, [3, 1])
+    with pytest.raises(TypeError, match="cache_seqlens"):
+        p.run(q, k, v, "37,16,1")
+    with pytest.raises(ValueError, match="lengths"):
+        fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE, lengths=[40, 1, 1])
+
+
+def test_device_lengths_out_of_range_are_clamped_and_flagged():
+    q, k, v, _ = small()
+    p = fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE)
+    assert p.clamped() is False
+    bad = torch.tensor([50, -3, 5], dtype=torch.int32, device=DEVICE)
+    out = p.run(q, k, v, bad)
+    assert_attention_close(out, None, q, k, v, bad.clamp(0, 37), what="clamped lengths")
+    assert p.clamped() is True and p.clamped() is False
+
+
+MISMATCH = [
+    ("q heads", lambda q, k, v: (q[:, :4], k, v), ValueError, ["q:", "[B, 6, 80]", "[3, 4, 80]"]),
+    ("q batch too large", lambda q, k, v: (torch.cat([q, q]), torch.cat([k, k]), torch.cat([v, v])), ValueError,
+     ["q:", "B <= 3", "[6, 6, 80]"]),
+    ("q dtype", lambda q, k, v: (q.half(), k, v), TypeError, ["q:", "float32", "float16"]),
+    ("k L_max", lambda q, k, v: (q, k[:, :30], v), ValueError, ["k_cache:", "[3, 37, 2, 80]", "[3, 30, 2, 80]"]),
+    ("v dtype", lambda q, k, v: (q, k, v.double()), TypeError, ["v_cache:", "float64"]),
+    ("v not a tensor", lambda q, k, v: (q, k, None), TypeError, ["v_cache:", "NoneType"]),
+    ("k batch", lambda q, k, v: (q[:2], k, v[:2]), ValueError, ["k_cache:", "[2, 37, 2, 80]", "[3, 37, 2, 80]"]),
+]
+
+
+@pytest.mark.parametrize("what,edit,exc,fragments", MISMATCH, ids=[m[0] for m in MISMATCH])
+def test_tensors_that_do_not_fit_the_plan_get_clear_errors(what, edit, exc, fragments):
+    q, k, v, lens = small()
+    p = fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE)
+    q2, k2, v2 = edit(q, k, v)
+    with pytest.raises(exc) as info:
+        p.run(q2, k2, v2)
+    for frag in fragments:
+        assert frag in str(info.value), f"{frag!r} not in: {info.value}"
+
+
+def test_out_and_lse_buffers_are_checked():
+    q, k, v, lens = small()
+    p = fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"out: this plan expects shape \[3, 6, 80\], got \[3, 6, 64\]"):
+        p.run(q, k, v, lens, out=torch.empty(3, 6, 64, device=DEVICE))
+    with pytest.raises(ValueError, match=r"lse: expected a float32 tensor of shape \[3, 6\]"):
+        p.run(q, k, v, lens, lse=torch.empty(3, 6, dtype=torch.float16, device=DEVICE))
+
+
+PLAN_ARGS = [
+    (dict(B=0), ValueError, "B"), (dict(H_q=5), ValueError, "H_q"), (dict(D=300), ValueError, "D"),
+    (dict(D=80.0), TypeError, "D"), (dict(dtype=torch.int32), TypeError, "dtype"),
+    (dict(method="fast"), ValueError, "method"), (dict(num_splits=0), ValueError, "num_splits"),
+    (dict(max_seqlen=38), ValueError, "max_seqlen"), (dict(lengths=[1, 2]), ValueError, "cache_seqlens"),
+    (dict(scale=float("inf")), ValueError, "scale"),
+]
+
+
+@pytest.mark.parametrize("over,exc,name", PLAN_ARGS, ids=[a[2] + "-" + str(i) for i, a in enumerate(PLAN_ARGS)])
+def test_plan_rejects_bad_arguments(over, exc, name):
+    args = dict(B=3, H_q=6, H_kv=2, D=80, L_max=37, dtype=torch.float32, device=DEVICE) | over
+    with pytest.raises(exc, match=name):
+        fdlib.plan(**args)
+
+
+def test_decode_attention_caches_plans_by_shape_never_by_lengths():
+    fdlib.api._PLANS.clear()
+    q, k, v, lens = small()
+    for new in ([37, 16, 1], [2, 2, 2], [0, 0, 37]):
+        fdlib.decode_attention(q, k, v, torch.tensor(new, dtype=torch.int32, device=DEVICE))
+    assert len(fdlib.api._PLANS) == 1
+    fdlib.decode_attention(q, k, v, lens, method="split")
+    fdlib.decode_attention(q[:2], k[:2], v[:2], lens[:2])
+    assert len(fdlib.api._PLANS) == 3
+    for i in range(fdlib.api.PLAN_CACHE_SIZE + 5):      # bounded: least recently used plans are dropped
+        fdlib.decode_attention(q, k, v, lens, scale=0.1 + i / 1000, method="naive")
+    assert len(fdlib.api._PLANS) == fdlib.api.PLAN_CACHE_SIZE
+
+
+# ---------------------------------------------------------------------------------------------- torch.compile
+def test_registered_op_and_its_fake_implementation():
+    """torch.ops.fdlib.decode_attention exists; under FakeTensorMode it gives out like q and lse [B, H_q]."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    q, k, v, lens = small()
+    with FakeTensorMode() as mode:
+        fq, fk, fv, fl = (mode.from_tensor(t) for t in (q, k, v, lens))
+        out, lse = torch.ops.fdlib.decode_attention(fq, fk, fv, fl, None, "auto", None, None)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (3, 6) and lse.dtype == torch.float32
+    real_out, real_lse = torch.ops.fdlib.decode_attention(q, k, v, lens, None, "auto", None, None)
+    assert_attention_close(real_out, real_lse, q, k, v, lens, what="the registered op")
+
+
+def test_torch_compile_fullgraph_without_a_graph_break():
+    """A small model step calling fdlib.decode_attention compiles with fullgraph=True (no graph break); the
+    aot_eager backend keeps the CPU test quick and runs the op's fake implementation while tracing."""
+    q, k, v, lens = small()
+    w = torch.randn(80, 80, device=DEVICE)
+
+    def step(q, k, v, lens):
+        out = fdlib.decode_attention(q @ w, k, v, lens)
+        return out * 2.0
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    got = compiled(q, k, v, lens)
+    want = step(q, k, v, lens)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
