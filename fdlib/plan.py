@@ -38,6 +38,10 @@ import torch
 
 from . import runtime
 from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config, tile_config, tile_config_for
+from .kernels.persistent import persistent_args
+from .kernels.stage1 import stage1_args
+from .kernels.stage2 import stage2_args
+from .kernels.unified import remember_resources, unified_args
 from .validate import DTYPES, MAX_HEAD_DIM, METHODS
 
 KERNELS = ("unified", "split", "persistent", "naive")
@@ -90,12 +94,10 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         kernel = choose_kernel(B, H_kv, L_cap, splits)
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
-    from .kernels.persistent import programs_for
-    from .kernels.config import cdiv
-    import triton
+    from .kernels.persistent import programs_for, rows_for
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
     return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes), L_cap, basis, programs,
-                    triton.next_power_of_2(cdiv(B * H_kv, programs)))
+                    rows_for(B * H_kv, programs))
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ class DecodePlan:
     decision: Decision
     workspace: Workspace = field(repr=False)
     _host_lengths: torch.Tensor = field(repr=False, compare=False)   # [B] int32 on the device: host-given lengths
+    _launchers: tuple = field(repr=False, compare=False)             # the kernels with their constexprs fixed
 
     @property
     def kernel(self) -> str:
@@ -190,21 +193,18 @@ class DecodePlan:
         return (out, lse) if want_lse else out
 
     def _launch(self, q, k_cache, v_cache, lens, out, lse):
-        d, ws = self.decision, self.workspace
+        d, ws, go = self.decision, self.workspace, self._launchers
         if d.kernel == "unified":
-            from .kernels.unified import run_unified
-            run_unified(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, d.tile, out, lse,
-                        o_part=ws.o_part, lse_part=ws.lse_part, counters=ws.counters, flag=ws.flag)
+            compiled = go[0](*unified_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, out, lse,
+                                           ws.o_part, ws.lse_part, ws.counters, ws.flag))
+            if compiled is not None:
+                remember_resources(compiled, self.dtype, self.D, self.H_q // self.H_kv, d.tile)
         elif d.kernel == "split":
-            from .kernels.stage1 import run_stage1
-            from .kernels.stage2 import run_stage2
-            run_stage1(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, d.tile,
-                       o_part=ws.o_part, lse_part=ws.lse_part, flag=ws.flag)
-            run_stage2(ws.o_part, ws.lse_part, out, lse)
+            go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
+                               ws.flag))
+            go[1](*stage2_args(ws.o_part, ws.lse_part, out, lse))
         elif d.kernel == "persistent":
-            from .kernels.persistent import run_persistent
-            run_persistent(q, k_cache, v_cache, lens, self.scale, d.tile, out, lse, d.programs,
-                           rows_per_program=d.rows_per_program, flag=ws.flag)
+            go[0](*persistent_args(q, k_cache, v_cache, lens, self.scale, out, lse, d.programs, ws.flag))
         else:
             from .reference import naive_attention
             clamped = lens.clamp(0, self.L_max)
@@ -313,6 +313,8 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
     check_num_splits(num_splits, method)
     scale = check_scale(scale, D)
     device = torch.device(runtime.DEVICE if device is None else device)
+    if device.type == "cuda" and device.index is None:   # "cuda" means the current device, as for tensors
+        device = torch.device("cuda", torch.cuda.current_device())
     if lengths is not None:
         lengths = tuple(host_lengths(lengths, B, L_max, device).tolist())
     if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int)
@@ -323,7 +325,23 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
     d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
                num_splits=num_splits)
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, d, _workspace(B, H_q, H_kv, D, L_max,
-                      d, device), torch.empty(B, dtype=torch.int32, device=device))
+                      d, device), torch.empty(B, dtype=torch.int32, device=device),
+                      _launchers(d, dtype, H_q // H_kv, D))
+
+
+def _launchers(d: Decision, dtype, group: int, D: int) -> tuple:
+    """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`)."""
+    if d.kernel == "unified":
+        from .kernels.unified import unified_launcher
+        return (unified_launcher(dtype, group, D, d.splits, d.tile),)
+    if d.kernel == "split":
+        from .kernels.stage1 import stage1_launcher
+        from .kernels.stage2 import stage2_launcher
+        return stage1_launcher(dtype, group, D, d.tile), stage2_launcher(D, d.splits)
+    if d.kernel == "persistent":
+        from .kernels.persistent import persistent_launcher
+        return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program),)
+    return ()
 
 
 def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device) -> Workspace:

@@ -23,7 +23,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tile import load_lengths, state_to_partial, tile_update
+from .config import block_sizes, fp32_dot
+from .launch import Launcher
+from .tile import LOG2E, load_lengths, state_to_partial, tile_update
 
 
 @triton.jit
@@ -104,27 +106,38 @@ def programs_for(n_rows: int, sms: int, per_sm: int) -> int:
     return cdiv(n_rows, k)
 
 
+def persistent_launcher(dtype, group: int, D: int, cfg, rows_per_program: int, tile_update_fn=None) -> Launcher:
+    """The persistent kernel with its constexprs fixed; ``rows_per_program`` (a power of two) is its ROWS."""
+    BLOCK_G, BLOCK_D = block_sizes(group, D)
+    return Launcher(persistent_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
+                                            ROWS=rows_per_program, FP32_DOT=fp32_dot(dtype),
+                                            TILE_UPDATE=tile_update_fn or tile_update,
+                                            num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+
+def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, flag):
+    """(grid, pointers, scalars) of one launch over all B·H_kv rows (at most one program per row)."""
+    H_kv = k_cache.shape[2]
+    n_rows = q.shape[0] * H_kv
+    qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
+    return ((max(1, min(programs, n_rows)),), (q, k_cache, v_cache, lens, out, lse, flag),
+            (qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], ls[0], ls[1],
+             scale * LOG2E, n_rows, H_kv, k_cache.shape[1]))
+
+
+def rows_for(n_rows: int, programs: int) -> int:
+    """ROWS: the power of two >= the rows each of ``programs`` programs owns."""
+    from .config import cdiv
+    return triton.next_power_of_2(cdiv(n_rows, max(1, min(programs, n_rows))))
+
+
 def run_persistent(q, k_cache, v_cache, lens, scale, cfg, out, lse, programs: int, tile_update_fn=None, *,
-                   rows_per_program: int | None = None, flag=None):
-    """One launch of ``programs`` programs over all B·H_kv rows (one split each); writes out and lse in place.
-    ``rows_per_program`` (a power of two, at least ⌈rows/programs⌉) fixes the kernel's ROWS so that a plan
-    run on a smaller batch reuses the compiled kernel."""
-    from .config import block_sizes, cdiv, fp32_dot
-    from .launch import launch
-    from .tile import LOG2E
+                   flag=None):
+    """One launch of ``programs`` programs over all B·H_kv rows (one split each); writes out and lse in place."""
     from .unified import scratch_flag
     B, H_q, D = q.shape
     H_kv = k_cache.shape[2]
-    group = H_q // H_kv
-    n_rows = B * H_kv
-    programs = max(1, min(int(programs), n_rows))
-    BLOCK_G, BLOCK_D = block_sizes(group, D)
-    rows = triton.next_power_of_2(cdiv(n_rows, programs))
-    rows = rows if rows_per_program is None else max(rows, rows_per_program)
-    launch(persistent_kernel, (programs,),
-           (q, k_cache, v_cache, lens, out, lse, scratch_flag(q.device) if flag is None else flag),
-           (*q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:2], *lse.stride()[:2],
-            scale * LOG2E, n_rows, H_kv, k_cache.shape[1]),
-           (("GROUP", group), ("D", D), ("BLOCK_G", BLOCK_G), ("BLOCK_N", cfg.BLOCK_N), ("BLOCK_D", BLOCK_D),
-            ("ROWS", rows), ("FP32_DOT", fp32_dot(q.dtype)), ("TILE_UPDATE", tile_update_fn or tile_update),
-            ("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages)))
+    programs = int(programs)
+    launcher = persistent_launcher(q.dtype, H_q // H_kv, D, cfg, rows_for(B * H_kv, programs), tile_update_fn)
+    launcher(*persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs,
+                              scratch_flag(q.device) if flag is None else flag))

@@ -17,7 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .tile import attend_group, load_lengths, split_range
+from .config import block_sizes, fp32_dot
+from .launch import Launcher
+from .tile import LOG2E, attend_group, load_lengths, split_range, tile_update
 
 
 @triton.jit
@@ -45,28 +47,33 @@ def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART, FLAG,
     tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=heads < (h_kv + 1) * GROUP)
 
 
+def stage1_launcher(dtype, group: int, D: int, cfg, tile_update_fn=None) -> Launcher:
+    """Stage 1 with its constexprs fixed for q's dtype, the group, D and the tiles."""
+    BLOCK_G, BLOCK_D = block_sizes(group, D)
+    return Launcher(stage1_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
+                                        FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update_fn or tile_update,
+                                        num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+
+def stage1_args(q, k_cache, v_cache, lens, scale, chunk, splits, o_part, lse_part, flag):
+    """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`)."""
+    qs, ks, vs, ps, ls = q.stride(), k_cache.stride(), v_cache.stride(), o_part.stride(), lse_part.stride()
+    return ((q.shape[0], k_cache.shape[2], splits), (q, k_cache, v_cache, lens, o_part, lse_part, flag),
+            (qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2], ls[0], ls[1],
+             scale * LOG2E, chunk, k_cache.shape[1]))
+
+
 def run_stage1(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, tile_update_fn=None, *, o_part=None,
                lse_part=None, flag=None):
     """Launch stage 1; returns the partials (O_part [B, H_q, splits, D] float32, lse_part [B, H_q, splits]),
     written into ``o_part``/``lse_part`` when given (a plan's workspace), else into new tensors. ``flag``
     ([1] int32) is set to 1 if a length was clamped to 0..L_max (:func:`~fdlib.kernels.tile.load_lengths`)."""
-    from .config import block_sizes, fp32_dot
-    from .launch import launch
-    from .tile import LOG2E, tile_update
     from .unified import scratch_flag
     B, H_q, D = q.shape
-    H_kv = k_cache.shape[2]
-    group = H_q // H_kv
-    BLOCK_G, BLOCK_D = block_sizes(group, D)
     if o_part is None:
         o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
         lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
     flag = scratch_flag(q.device) if flag is None else flag
-    launch(stage1_kernel, (B, H_kv, splits),
-           (q, k_cache, v_cache, lens, o_part, lse_part, flag),
-           (*q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_part.stride()[:3],
-            *lse_part.stride()[:2], scale * LOG2E, chunk, k_cache.shape[1]),
-           (("GROUP", group), ("D", D), ("BLOCK_G", BLOCK_G), ("BLOCK_N", cfg.BLOCK_N), ("BLOCK_D", BLOCK_D),
-            ("FP32_DOT", fp32_dot(q.dtype)), ("TILE_UPDATE", tile_update_fn or tile_update),
-            ("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages)))
+    launcher = stage1_launcher(q.dtype, H_q // k_cache.shape[2], D, cfg, tile_update_fn)
+    launcher(*stage1_args(q, k_cache, v_cache, lens, scale, chunk, splits, o_part, lse_part, flag))
     return o_part, lse_part

@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .config import block_sizes
+from .launch import Launcher
 from .tile import combine_blocks, combine_heads
 
 
@@ -28,14 +30,21 @@ def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
                   1, BLOCK_S, BLOCK_D, D, False)
 
 
-def run_stage2(o_part, lse_part, out, lse, kernel=None):
-    """Merge partials into ``out [B, H_q, D]`` (any float dtype) and ``lse [B, H_q]`` float32, in place."""
-    from .config import block_sizes
-    from .launch import launch
-    B, H_q, splits, D = o_part.shape
+def stage2_launcher(D: int, splits: int, kernel=None) -> Launcher:
+    """Stage 2 (or a learner's kernel of the same signature) with its constexprs fixed for D and the splits."""
     BLOCK_D = block_sizes(1, D)[1]
     _, BLOCK_S = combine_blocks(1, splits, BLOCK_D)
-    launch(kernel or stage2_kernel, (B, H_q),
-           (o_part, lse_part, out, lse),
-           (splits, *o_part.stride()[:3], *lse_part.stride()[:2], *out.stride()[:2], *lse.stride()[:2]),
-           (("D", D), ("BLOCK_S", BLOCK_S), ("BLOCK_D", BLOCK_D), ("num_warps", 4 if BLOCK_D >= 128 else 2)))
+    return Launcher(kernel or stage2_kernel, dict(D=D, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D,
+                                                  num_warps=4 if BLOCK_D >= 128 else 2))
+
+
+def stage2_args(o_part, lse_part, out, lse):
+    """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`)."""
+    ps, ls, os_, ss = o_part.stride(), lse_part.stride(), out.stride(), lse.stride()
+    return ((out.shape[0], out.shape[1]), (o_part, lse_part, out, lse),
+            (o_part.shape[2], ps[0], ps[1], ps[2], ls[0], ls[1], os_[0], os_[1], ss[0], ss[1]))
+
+
+def run_stage2(o_part, lse_part, out, lse, kernel=None):
+    """Merge partials into ``out [B, H_q, D]`` (any float dtype) and ``lse [B, H_q]`` float32, in place."""
+    stage2_launcher(o_part.shape[3], o_part.shape[2], kernel)(*stage2_args(o_part, lse_part, out, lse))

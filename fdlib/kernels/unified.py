@@ -20,7 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .tile import attend_group, combine_blocks, combine_heads, load_lengths, split_range, take_ticket, tile_update
+from .config import block_sizes, fp32_dot
+from .launch import Launcher
+from .tile import (LOG2E, attend_group, combine_blocks, combine_heads, load_lengths, split_range, take_ticket,
+                   tile_update)
 
 
 @triton.jit
@@ -114,39 +117,52 @@ def scratch_flag(device) -> torch.Tensor:
     return _FLAGS[key]
 
 
+def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None) -> Launcher:
+    """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits and tiles."""
+    BLOCK_G, BLOCK_D = block_sizes(group, D)
+    block_h, block_s = combine_blocks(group, splits, BLOCK_D)
+    return Launcher(unified_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
+                                         BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
+                                         TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
+                                         num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+
+def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag):
+    """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`)."""
+    if splits == 1:   # one split per row: the program writes out/lse itself and never touches the workspace
+        o_part, lse_part = out, lse
+    qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
+    ps = o_part.stride()
+    return ((q.shape[0], k_cache.shape[2], splits),
+            (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag),
+            (qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2] if splits > 1 else 0,
+             lse_part.stride(0), lse_part.stride(1), os_[0], os_[1], ls[0], ls[1], scale * LOG2E, chunk,
+             k_cache.shape[2], k_cache.shape[1]))
+
+
+def remember_resources(compiled, dtype, D: int, group: int, cfg) -> None:
+    """After a compiled launch: keep the kernel's warps, registers and shared memory for the cost model."""
+    n_regs = getattr(compiled, "n_regs", None)
+    if n_regs:
+        _RESOURCES[(dtype, D, group, cfg.BLOCK_N)] = {"num_warps": cfg.num_warps, "n_regs": n_regs,
+                                                      "shared": compiled.metadata.shared}
+
+
 def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse, tile_update_fn=None,
                 ticket_fn=None, *, o_part=None, lse_part=None, counters=None, flag=None):
     """One launch: partials, tickets and the merge. Writes ``out`` and ``lse`` in place. ``o_part``,
     ``lse_part`` ([B, H_q, splits, D] and [B, H_q, splits] float32), ``counters`` (zeroed int32, one per
     (b, h_kv) row) and ``flag`` are a plan's workspace; without them the call allocates the partials and
     uses the shared counters and flag of the device."""
-    from .config import block_sizes, fp32_dot
-    from .launch import launch
-    from .tile import LOG2E
     B, H_q, D = q.shape
     H_kv = k_cache.shape[2]
     group = H_q // H_kv
-    BLOCK_G, BLOCK_D = block_sizes(group, D)
     counters = ticket_counters(B * H_kv, q.device) if counters is None else counters
     flag = scratch_flag(q.device) if flag is None else flag
-    block_h, block_s = combine_blocks(group, splits, BLOCK_D)
-    if splits == 1:   # one split per row: the program writes out/lse itself and never touches the workspace
-        o_part, lse_part = out, lse
-    elif o_part is None:
+    if splits > 1 and o_part is None:
         o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
         lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
-    compiled = launch(unified_kernel, (B, H_kv, splits),
-                      (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag),
-                      (*q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3],
-                       o_part.stride(0), o_part.stride(1), o_part.stride(2) if splits > 1 else 0,
-                       lse_part.stride(0), lse_part.stride(1), *out.stride()[:2], *lse.stride()[:2],
-                       scale * LOG2E, chunk, H_kv, k_cache.shape[1]),
-                      (("GROUP", group), ("D", D), ("BLOCK_G", BLOCK_G), ("BLOCK_N", cfg.BLOCK_N),
-                       ("BLOCK_D", BLOCK_D), ("BLOCK_H", block_h), ("BLOCK_S", block_s),
-                       ("FP32_DOT", fp32_dot(q.dtype)), ("TILE_UPDATE", tile_update_fn or tile_update),
-                       ("TAKE_TICKET", ticket_fn or take_ticket),
-                       ("num_warps", cfg.num_warps), ("num_stages", cfg.num_stages)))
-    n_regs = getattr(compiled, "n_regs", None)
-    if n_regs:   # compiled mode, first launch of this kind: remember the resources the cost model needs
-        _RESOURCES[(q.dtype, D, group, cfg.BLOCK_N)] = {"num_warps": cfg.num_warps, "n_regs": n_regs,
-                                                        "shared": compiled.metadata.shared}
+    launcher = unified_launcher(q.dtype, group, D, splits, cfg, tile_update_fn, ticket_fn)
+    compiled = launcher(*unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part,
+                                      counters, flag))
+    remember_resources(compiled, q.dtype, D, group, cfg)
