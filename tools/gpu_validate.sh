@@ -28,7 +28,8 @@ LOG="$OUT/run/gpu-validate.log"
   echo "== git: $(git rev-parse --short HEAD 2>/dev/null || echo 'no git metadata'); steps: $STEPS"
   if has tests; then
     echo "== GPU tests"
-    timeout 400 python3 -m pytest tests/test_gpu.py tests/test_persistent.py tests/test_plan.py -q -p no:cacheprovider 2>&1 | tail -15
+    timeout 400 python3 -m pytest tests/test_gpu.py tests/test_persistent.py tests/test_plan.py -q -p no:cacheprovider \
+      -rfE 2>&1 | tee "$OUT/run/gpu-tests.log" | tail -15
     timeout 200 python3 -m pytest tests/test_bench.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
   fi
   if has notebooks; then

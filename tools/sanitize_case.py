@@ -1,5 +1,7 @@
 """A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split, unified and persistent paths,
-ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64.
+ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64; lengths
+outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a smaller
+batch than planned.
 
 compute-sanitizer --tool memcheck python tools/sanitize_case.py
 """
@@ -26,5 +28,16 @@ for lens in ([300, 0, 1], [129, 300, 64], [1, 2, 299]):
     run_persistent(q, k, v, lens, D ** -0.5, persistent_config(D), out, lse, programs=2)
     torch.cuda.synchronize()
     worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
+bad = torch.tensor([L + 1000, -5, 7], device="cuda", dtype=torch.int32)
+ref, _ = fdlib.reference_attention(q, k, v, bad.clamp(0, L))
+for method, splits in (("split", 3), ("unified", 3), ("persistent", None), ("auto", None)):
+    p = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float16, device="cuda", method=method, num_splits=splits)
+    out = p.run(q, k, v, bad)
+    torch.cuda.synchronize()
+    worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
+    assert p.clamped(), method
+    small = p.run(q[:2], k[:2], v[:2], bad[:2])                            # B' = 2 < B = 3
+    torch.cuda.synchronize()
+    worst = max(worst, ((small.double().cpu() - ref[:2]).norm() / ref[:2].norm()).item())
 print(f"sanitize case done, worst relative error {worst:.2e}")
 assert worst < 2e-3

@@ -53,8 +53,9 @@ class Launcher:
             if hit is not None and _no_hooks():
                 run, function, packed, constexprs = hit
                 stream = torch._C._cuda_getCurrentRawStream(ptrs[0].get_device())
-                run(grid[0], grid[1], grid[2], stream, function, packed, None, None, None, *ptrs, *scalars,
-                    *constexprs)
+                n = len(grid)
+                run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, packed, None, None,
+                    None, *ptrs, *scalars, *constexprs)
                 return None
         compiled = self.kernel[grid](*ptrs, *scalars, **self.meta)
         if FAST_LAUNCH and compiled is not None:
