@@ -330,17 +330,18 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
 
 
 def _launchers(d: Decision, dtype, group: int, D: int) -> tuple:
-    """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`)."""
+    """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`);
+    only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan."""
     if d.kernel == "unified":
         from .kernels.unified import unified_launcher
-        return (unified_launcher(dtype, group, D, d.splits, d.tile),)
+        return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,)),)
     if d.kernel == "split":
         from .kernels.stage1 import stage1_launcher
         from .kernels.stage2 import stage2_launcher
-        return stage1_launcher(dtype, group, D, d.tile), stage2_launcher(D, d.splits)
+        return stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,)), stage2_launcher(D, d.splits, dtype_slots=())
     if d.kernel == "persistent":
         from .kernels.persistent import persistent_launcher
-        return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program),)
+        return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,)),)
     return ()
 
 

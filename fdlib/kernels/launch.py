@@ -8,8 +8,8 @@ microseconds that dispatch is a large part of the call's host time (results/h200
 A :class:`Launcher` holds one kernel with its constexprs and options fixed (a plan makes one per kernel it
 runs). Its first launch of a specialisation goes through Triton's generic path, which compiles; it keeps the
 compiled kernel and afterwards calls its launcher directly. The key it checks on every call is what Triton's
-specialisation depends on for these kernels: the pointers' dtypes and 16-byte alignment, and the scalar
-arguments themselves (strides, chunk, sizes, scale). Anything else (a launch hook installed by a profiler, a
+specialisation depends on for these kernels: the pointers' dtypes and 16-byte alignment (direct launches only
+when all are aligned), and the scalar arguments themselves (strides, chunk, sizes, scale). Anything else (a launch hook installed by a profiler, a
 Triton version whose launcher this was not written against, the interpreter) takes the generic path, which
 is always correct.
 """
@@ -28,37 +28,56 @@ FAST_LAUNCH: bool = (runtime.MODE == "gpu" and triton.__version__.startswith("3.
 other versions use the generic launch), unless ``FDLIB_FAST_LAUNCH=0``."""
 
 
+def _hooks():
+    from triton import knobs
+    return knobs.runtime
+
+
+_RUNTIME = _hooks() if FAST_LAUNCH else None
+
+
 def _no_hooks() -> bool:
     """No launch hook is installed (Triton 3.6 keeps them in a HookChain; older versions use None)."""
-    from triton import knobs
-    hook = knobs.runtime.launch_enter_hook
+    hook = _RUNTIME.launch_enter_hook
     return hook is None or not getattr(hook, "calls", True)
 
 
 class Launcher:
     """``kernel[grid](*ptrs, *scalars, **meta)`` for a kernel whose parameters are the pointers, then the
-    scalars, then the constexprs of ``meta`` (plus the launch options ``num_warps``/``num_stages``)."""
+    scalars, then the constexprs of ``meta`` (plus the launch options ``num_warps``/``num_stages``).
 
-    __slots__ = ("kernel", "meta", "_compiled")
+    ``dtype_slots``: the pointers whose dtype may change between calls (None: all of them); the caller
+    guarantees the others keep theirs (a plan checks q, K, V and out against its dtype). Direct launches
+    happen only when every pointer is 16-byte aligned, the specialisation the first launch compiled for;
+    anything else goes through Triton's generic launch."""
 
-    def __init__(self, kernel, meta: dict):
+    __slots__ = ("kernel", "meta", "dtype_slots", "_compiled")
+
+    def __init__(self, kernel, meta: dict, dtype_slots: tuple | None = None):
         self.kernel = kernel
         self.meta = meta
+        self.dtype_slots = dtype_slots
         self._compiled: dict = {}
 
     def __call__(self, grid, ptrs: tuple, scalars: tuple):
+        key = None
         if FAST_LAUNCH:
-            key = (scalars, *[(t.dtype, t.data_ptr() & 15 == 0) for t in ptrs])
-            hit = self._compiled.get(key)
-            if hit is not None and _no_hooks():
-                run, function, packed, constexprs = hit
-                stream = torch._C._cuda_getCurrentRawStream(ptrs[0].get_device())
-                n = len(grid)
-                run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, packed, None, None,
-                    None, *ptrs, *scalars, *constexprs)
-                return None
+            addr = 0
+            for t in ptrs:
+                addr |= t.data_ptr()
+            if addr & 15 == 0:
+                slots = self.dtype_slots
+                key = (scalars, *[t.dtype for t in ptrs]) if slots is None else (scalars, *[ptrs[i].dtype for i in slots])
+                hit = self._compiled.get(key)
+                if hit is not None and _no_hooks():
+                    run, function, packed, constexprs = hit
+                    stream = torch._C._cuda_getCurrentRawStream(ptrs[0].get_device())
+                    n = len(grid)
+                    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, packed, None,
+                        None, None, *ptrs, *scalars, *constexprs)
+                    return None
         compiled = self.kernel[grid](*ptrs, *scalars, **self.meta)
-        if FAST_LAUNCH and compiled is not None:
+        if key is not None and compiled is not None:
             names = self.kernel.arg_names[len(ptrs) + len(scalars):]
             if all(n in self.meta for n in names):   # the constexprs follow the runtime arguments
                 self._compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata,

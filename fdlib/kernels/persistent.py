@@ -106,13 +106,14 @@ def programs_for(n_rows: int, sms: int, per_sm: int) -> int:
     return cdiv(n_rows, k)
 
 
-def persistent_launcher(dtype, group: int, D: int, cfg, rows_per_program: int, tile_update_fn=None) -> Launcher:
+def persistent_launcher(dtype, group: int, D: int, cfg, rows_per_program: int, tile_update_fn=None,
+                        dtype_slots=None) -> Launcher:
     """The persistent kernel with its constexprs fixed; ``rows_per_program`` (a power of two) is its ROWS."""
     BLOCK_G, BLOCK_D = block_sizes(group, D)
     return Launcher(persistent_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                             ROWS=rows_per_program, FP32_DOT=fp32_dot(dtype),
                                             TILE_UPDATE=tile_update_fn or tile_update,
-                                            num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+                                            num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
 def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, flag):

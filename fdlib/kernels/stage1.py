@@ -47,12 +47,12 @@ def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART, FLAG,
     tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=heads < (h_kv + 1) * GROUP)
 
 
-def stage1_launcher(dtype, group: int, D: int, cfg, tile_update_fn=None) -> Launcher:
+def stage1_launcher(dtype, group: int, D: int, cfg, tile_update_fn=None, dtype_slots=None) -> Launcher:
     """Stage 1 with its constexprs fixed for q's dtype, the group, D and the tiles."""
     BLOCK_G, BLOCK_D = block_sizes(group, D)
     return Launcher(stage1_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                         FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update_fn or tile_update,
-                                        num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+                                        num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
 def stage1_args(q, k_cache, v_cache, lens, scale, chunk, splits, o_part, lse_part, flag):

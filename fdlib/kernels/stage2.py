@@ -30,12 +30,12 @@ def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
                   1, BLOCK_S, BLOCK_D, D, False)
 
 
-def stage2_launcher(D: int, splits: int, kernel=None) -> Launcher:
+def stage2_launcher(D: int, splits: int, kernel=None, dtype_slots=None) -> Launcher:
     """Stage 2 (or a learner's kernel of the same signature) with its constexprs fixed for D and the splits."""
     BLOCK_D = block_sizes(1, D)[1]
     _, BLOCK_S = combine_blocks(1, splits, BLOCK_D)
     return Launcher(kernel or stage2_kernel, dict(D=D, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D,
-                                                  num_warps=4 if BLOCK_D >= 128 else 2))
+                                                  num_warps=4 if BLOCK_D >= 128 else 2), dtype_slots)
 
 
 def stage2_args(o_part, lse_part, out, lse):

@@ -117,14 +117,15 @@ def scratch_flag(device) -> torch.Tensor:
     return _FLAGS[key]
 
 
-def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None) -> Launcher:
+def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
+                     dtype_slots=None) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits and tiles."""
     BLOCK_G, BLOCK_D = block_sizes(group, D)
     block_h, block_s = combine_blocks(group, splits, BLOCK_D)
     return Launcher(unified_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                          BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
-                                         num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+                                         num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
 def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag):
