@@ -71,10 +71,25 @@ def main(folder: Path) -> None:
                    f"{f'{pers / c:.3f}' if pers else '-'} |")
     out += ["", "## Targets", ""]
     if ratios:
-        out.append(f"- time(auto)/time(cuDNN): geometric mean {geomean(ratios):.4f} over {len(ratios)} shapes "
-                   f"(target ≤ 1.00), worst {max(ratios):.3f} (target ≤ 1.15 on every shape): "
-                   + ", ".join(f"{k[0]} B={k[1]} {k[2]}:{k[3]} L={k[4]} {x[5]:.3f}" for x in rows
-                               for k in [x[0]] if x[5] > 1.15) or "none above")
+        out.append(f"- time(auto)/time(cuDNN), CUDA graphs: geometric mean {geomean(ratios):.4f} over {len(ratios)} "
+                   f"shapes (target ≤ 0.98), worst {max(ratios):.3f} (target ≤ 1.05): "
+                   + (", ".join(f"{k[0]} B={k[1]} {k[2]}:{k[3]} L={k[4]} {x[5]:.3f}" for x in rows
+                                for k in [x[0]] if x[5] > 1.05) or "none above 1.05"))
+    eager = []
+    for b in benches:
+        by = defaultdict(dict)
+        for r in b["records"]:
+            by[(r["dtype"], r["B"], r["H_q"], r["H_kv"], r["L"])][r["method"]] = r
+        for key, m in sorted(by.items()):
+            e = {k: v.get("eager_us") for k, v in m.items()}
+            if e.get("auto") and e.get("cudnn"):
+                eager.append((key, e["auto"] / e["cudnn"]))
+    if eager:
+        worst = max(eager, key=lambda x: x[1])
+        k = worst[0]
+        out.append(f"- time(auto)/time(cuDNN), eager (L2 flushed before each call): geometric mean "
+                   f"{geomean([x for _, x in eager]):.4f} (target ≤ 1.05), worst {worst[1]:.3f} at {k[0]} B={k[1]} "
+                   f"{k[2]}:{k[3]} L={k[4]} (target ≤ 1.30)")
     out.append(f"- faster than FlashAttention-2 on every shape: {'yes' if not fa2_slower else 'no: ' + str(fa2_slower)}")
     out.append("- ≥ 93% of the read ceiling on every shape with ≥ 512 MB of KV: "
                + ("yes" if not ceil_miss else "missed on " + ", ".join(
@@ -83,16 +98,60 @@ def main(folder: Path) -> None:
                + ("yes" if not uni_slow else "missed on " + ", ".join(
                    f"{k[0]} B={k[1]} {k[2]}:{k[3]} L={k[4]} ({u:.3f})" for k, u in uni_slow)))
     if uni_b1:
-        out.append("- unified vs two-stage at B=1, L ≤ 16k (target ≥ 10% faster, i.e. ratio ≤ 0.909): "
-                   + ", ".join(f"{k[0]} {k[2]}:{k[3]} L={k[4]} {u:.3f}" for k, u in uni_b1))
+        out.append("- (retired target, shown for information) unified/two-stage time at B=1, L ≤ 16k under CUDA "
+                   "graphs: " + ", ".join(f"{k[0]} {k[2]}:{k[3]} L={k[4]} {u:.3f}" for k, u in uni_b1)
+                   + ". The hand-off costs about as much as a kernel boundary under graphs; the one-launch advantage "
+                   "is an eager one (host overhead below).")
     for key, kv, a, c, f, r, pct, u, s, s1, sp, kern, pers, ceil in rows:
         if key[1:] == (1, 32, 8, 131072):
-            out.append(f"- {key[0]} B=1 H 32:8 L=131072: two-stage at its chosen {sp} splits is {s1 / s:.1f}× faster "
-                       f"than the same kernel at 1 split (target ≥ 30×) and reads {kv / s:.2f} TB/s (target ≥ 3.6); "
-                       f"auto ({kern}) is {s1 / a:.1f}× faster than the no-split kernel at {kv / a:.2f} TB/s. "
-                       f"30× would need {s1 / 30:.1f} µs; reading the {kv:.0f} MB once at the ceiling measured in "
-                       f"the run takes {kv / ceil:.1f} µs, so the most any kernel could reach against this "
-                       f"no-split time is {s1 / (kv / ceil):.1f}×")
+            bound = s1 / (kv / ceil)
+            out.append(f"- {key[0]} B=1 H 32:8 L=131072, speedup over the no-split kernel (split1, B·H_kv = 8 "
+                       f"programs) as a fraction of its bound: auto ({kern}, {sp} splits) is {s1 / a:.1f}× faster at "
+                       f"{kv / a:.2f} TB/s (target ≥ 3.6), two-stage {s1 / s:.1f}×; reading the {kv:.0f} MB once at "
+                       f"the ceiling measured in the run takes {kv / ceil:.1f} µs, so no kernel can exceed "
+                       f"{bound:.1f}× against this no-split time: {s1 / a:.1f} of {bound:.1f} "
+                       f"({s1 / a / bound:.0%}). (The earlier ≥ 30× target is retired: it exceeded this bound.)")
+    host = load(folder, "host-overhead.json")
+    if host:
+        hp, sh = host["provenance"], host["shape"]
+        by = {r["variant"]: r for r in host["records"] if r["status"] == "ok"}
+        out += ["", "## Host time per call (back-to-back calls, wall time)", "",
+                f"`{hp['command']}`, {hp['device']}, {hp['date_utc']}; B={sh['B']}, H {sh['H_q']}:{sh['H_kv']}, "
+                f"L={sh['L']}, D={sh['D']}, {sh['dtype']}", ""]
+        for name in ("sdpa_cudnn", "sdpa_cudnn_ctx", "decode_attention", "plan.run", "plan.run_out", "graph_replay",
+                     "triton_empty", "torch_empty3"):
+            if name in by:
+                out.append(f"- {name}: {by[name]['us_per_call']:.1f} µs ({by[name].get('ratio_sdpa_cudnn', 0):.2f}× "
+                           f"SDPA cuDNN)")
+        if "plan.run" in by and "decode_attention" in by:
+            out.append(f"- targets: plan.run ≤ 0.80× SDPA cuDNN: {by['plan.run']['ratio_sdpa_cudnn']:.2f}× "
+                       f"({'met' if by['plan.run']['ratio_sdpa_cudnn'] <= 0.8 else 'missed'}); default "
+                       f"decode_attention ≤ 1.00×: {by['decode_attention']['ratio_sdpa_cudnn']:.2f}× "
+                       f"({'met' if by['decode_attention']['ratio_sdpa_cudnn'] <= 1.0 else 'missed'})")
+    heads = load(folder, "heads-sweep.json")
+    if heads:
+        hp = heads["provenance"]
+        by = defaultdict(dict)
+        for r in heads["records"]:
+            if r["status"] == "ok":
+                by[(r["B"], r["H_q"], r["H_kv"], r["D"], r["L"])][r["method"]] = r
+        vs_min, vs_cudnn = [], []
+        for key, m in sorted(by.items()):
+            if "auto" not in m:
+                continue
+            best = min(m[k]["graph_us"] for k in ("split", "unified", "persistent") if k in m)
+            vs_min.append((key, m["auto"]["graph_us"] / best, m["auto"].get("kernel")))
+            if "cudnn" in m:
+                vs_cudnn.append((key, m["auto"]["graph_us"] / m["cudnn"]["graph_us"]))
+        fmt = lambda k: f"B={k[0]} {k[1]}:{k[2]} D={k[3]} L={k[4]}"   # noqa: E731
+        out += ["", "## Head layouts: groups 1-16, D 64-256 (`--heads-sweep`, fp16, CUDA graphs)", "",
+                f"`{hp['command']}`, {hp['device']}, {hp['date_utc']}", "",
+                f"- time(auto) ≤ 1.02 × min(split, unified, persistent): {sum(r <= 1.02 for _, r, _ in vs_min)} of "
+                f"{len(vs_min)} shapes; geometric mean {geomean([r for _, r, _ in vs_min]):.3f}; misses: "
+                + ", ".join(f"{fmt(k)} {r:.3f} ({kern})" for k, r, kern in vs_min if r > 1.02),
+                f"- time(auto)/time(cuDNN) ≤ 1.05: {sum(r <= 1.05 for _, r in vs_cudnn)} of {len(vs_cudnn)} shapes; "
+                f"geometric mean {geomean([r for _, r in vs_cudnn]):.3f}; misses: "
+                + ", ".join(f"{fmt(k)} {r:.3f}" for k, r in vs_cudnn if r > 1.05)]
     sweep = load(folder, "sweep-fp16.json")
     if sweep:
         out += ["", "## Cost model against an exhaustive sweep of split counts (unified, CUDA-graph µs)", ""]
