@@ -26,21 +26,22 @@ group·(D+1) floats per split alone on its SM after everything else, so its per-
 group·(D+1) / (4·129) (the calibration's 32:8 heads at D=128); the two-stage path spreads the merge over
 B·H_q stage-2 programs of one head each (t_split scaled by (D+1)/(4·129)) and pays the kernel boundary
 t_stage2 instead of t_merge. ``method="auto"`` takes the faster of the two by this prediction
-(:func:`fdlib.splits.choose_auto`). BW, ρ, t_launch, t_wave, t_merge and t_split are measured once per GPU by :func:`calibrate`
-(cached on disk); presets without a live GPU use values scaled from an H200 calibration.
+(:func:`fdlib.splits.choose_auto`). BW, ρ, t_launch, t_wave, t_merge and t_split are measured once per GPU
+by :func:`fdlib.calibration.calibrate` (cached on disk); presets without a live GPU use values scaled from an
+H200 calibration (:func:`default_calibration`).
+
+This module is the formulas only: it times nothing and imports neither the kernels' launchers nor the API.
+Measuring, fitting and the disk cache live in :mod:`fdlib.calibration`.
 """
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .gpus import GPU, PRESETS
+from .gpus import GPU, PRESETS, resolve
 from .kernels.config import chunk_for
 from .occupancy import programs_per_sm, waves
 
@@ -181,10 +182,15 @@ def explain(B: int, H_q: int, H_kv: int, L, D: int = 128, dtype_bytes: int = 2, 
     """Every candidate split count with its programs, waves, wave efficiency and predicted µs; ``chosen`` is
     the fastest (the smallest count within 1% of it, since fewer splits mean less merging).
     ``L`` is one length for all B sequences or a list of B lengths. ``epilogue=False``: the merge as at the
-    calibration points, whatever the group and D (Lab 05's formula, :func:`predict`)."""
-    gpu = _gpu(gpu)
+    calibration points, whatever the group and D (Lab 05's formula, :func:`predict`). ``gpu``: anything
+    :func:`fdlib.gpus.resolve` takes (None: the live GPU, else the H200 preset); ``cal`` None: the GPU's
+    calibration (:func:`fdlib.calibration.calibration_for`: measured once and cached for the live GPU, the
+    defaults for a preset)."""
+    gpu = resolve(gpu)
     lengths = (int(L),) * B if isinstance(L, (int, float)) else tuple(int(x) for x in L)
-    cal = cal or calibration_for(gpu)
+    if cal is None:
+        from .calibration import calibration_for   # measuring needs the kernels; the formulas do not
+        cal = calibration_for(gpu)
     key = tuple(sorted(compiled.items())) if compiled else None
     return _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, key, epilogue)
 
@@ -226,126 +232,3 @@ def fa2_rule(B: int, H_q: int, H_kv: int, L: int, D: int = 128, sms: int = 132, 
         effs.append(waves / math.ceil(waves) if eligible else 0.0)
     best = max(effs)
     return next(s for s, e in enumerate(effs, start=1) if e >= 0.85 * best)
-
-
-# ---------------------------------------------------------------------------------------------- calibration
-
-def _cache_path(gpu_name: str) -> Path:
-    root = Path(os.environ.get("FDLIB_CACHE", Path.home() / ".cache" / "fdlib"))
-    slug = "".join(ch if ch.isalnum() else "-" for ch in gpu_name).strip("-").lower()
-    return root / f"calibration-{slug}.json"
-
-
-_CAL: dict = {}
-
-
-def _gpu(gpu) -> GPU:
-    if isinstance(gpu, GPU):
-        return gpu
-    if gpu is None:
-        from .gpus import live_gpu
-        return live_gpu() or PRESETS["H200"]
-    from .gpus import get
-    return get(gpu)
-
-
-def calibration_cached(gpu: GPU) -> Calibration | None:
-    """The calibration already in memory or on disk for this GPU, without measuring anything."""
-    if gpu.name in _CAL and _CAL[gpu.name] is not None:
-        return _CAL[gpu.name]
-    path = _cache_path(gpu.name)
-    try:
-        return Calibration(**json.loads(path.read_text())) if path.exists() else None
-    except (TypeError, ValueError):
-        return None
-
-
-def calibration_for(gpu: GPU) -> Calibration:
-    """For the live GPU: its calibration from memory or disk, else measured now (:func:`calibrate`, a few
-    seconds) unless ``FDLIB_NO_CALIBRATE=1``; for an H200 preset the H200 defaults; else scaled defaults."""
-    if gpu.name.endswith("(live)"):
-        if gpu.name not in _CAL:
-            _CAL[gpu.name] = calibration_cached(gpu)
-            if _CAL.get(gpu.name) is None and os.environ.get("FDLIB_NO_CALIBRATE", "0") != "1":
-                _CAL[gpu.name] = calibrate(gpu)
-        if _CAL.get(gpu.name) is not None:
-            return _CAL[gpu.name]
-    if gpu.name.startswith("H200") or gpu.name.startswith("NVIDIA H200"):
-        return H200_DEFAULT
-    return default_calibration(gpu)
-
-
-CALIBRATION_POINTS = [(1, 8, 131072, 8), (1, 8, 131072, 16), (1, 8, 131072, 64), (1, 8, 8192, 8),
-                      (1, 8, 8192, 16), (1, 8, 8192, 64), (1, 8, 2048, 16), (1, 8, 2048, 32), (16, 8, 512, 1),
-                      (16, 8, 512, 2), (64, 8, 2048, 1), (64, 8, 2048, 4), (4, 8, 32768, 4), (4, 8, 32768, 16),
-                      (1, 8, 512, 1), (1, 8, 512, 8)]
-"""(B, H_kv, L, splits) timed by :func:`calibrate`, with H_q = 32, D = 128, fp16."""
-
-
-def calibrate(gpu: GPU | None = None, progress: bool = True) -> Calibration:
-    """Time the unified kernel on a few shapes (a few seconds) and fit BW, ρ, t_launch, t_wave, t_merge, t_split.
-
-    The fit: for each (BW, ρ) on a grid, the remaining terms are linear and found by least squares; the
-    pair with the smallest relative error wins. The result is cached in ~/.cache/fdlib (FDLIB_CACHE).
-    """
-    import torch
-    import triton
-
-    from .api import decode_attention
-    gpu = gpu or _gpu(None)
-    points = CALIBRATION_POINTS
-    D, H_q = 128, 32
-    rows = []
-    it = points
-    if progress:
-        try:
-            from tqdm.auto import tqdm
-            it = tqdm(points, desc=f"calibrating fdlib on {gpu.name}", leave=False)
-        except ImportError:
-            pass
-    for B, H_kv, L, s in it:
-        q = torch.randn(B, H_q, D, device="cuda", dtype=torch.float16)
-        copies = max(1, min(8, -(-4 * 60_000_000 // (2 * B * L * H_kv * D * 2))))
-        kv = [(torch.randn(B, L, H_kv, D, device="cuda", dtype=torch.float16),
-               torch.randn(B, L, H_kv, D, device="cuda", dtype=torch.float16)) for _ in range(copies)]
-        state = {"i": 0}
-
-        def fn():
-            k, v = kv[state["i"] % copies]
-            state["i"] += 1
-            decode_attention(q, k, v, method="unified", num_splits=s)
-        t = triton.testing.do_bench_cudagraph(fn, rep=10, return_mode="median") * 1e3
-        rows.append((B, H_kv, L, s, t))
-        del kv
-    cal = fit(rows, gpu, D)
-    path = _cache_path(gpu.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(cal), indent=1))
-    return cal
-
-
-def fit(rows, gpu: GPU, D: int = 128, dtype_bytes: int = 2) -> Calibration:
-    """Fit the model's constants to measured rows (B, H_kv, L, splits, µs)."""
-    from .kernels.config import tile_config_for
-    best = None
-    times = np.array([r[4] for r in rows])
-    for bw in np.linspace(0.7, 1.1, 33) * gpu.bandwidth_tbs:
-        for rho in np.geomspace(0.01, 0.2, 41):
-            A, base = [], []
-            for B, H_kv, L, s, t in rows:
-                cfg = tile_config_for(D, L, compiled_mode=True, elem_bytes=dtype_bytes, rows=B * H_kv)
-                r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages)
-                c = predict([L] * B, H_kv, D, dtype_bytes, s, gpu, Calibration(bw, rho, 0, 0, 0, 0), cfg.BLOCK_N, r)
-                A.append([1.0, c.programs / (r * gpu.sms), 1.0 if c.splits > 1 else 0.0,
-                          c.splits if c.splits > 1 else 0.0])
-                base.append(c.time_us)
-            A, base = np.array(A), np.array(base)
-            w = 1.0 / times                                   # fit relative errors
-            coef, *_ = np.linalg.lstsq(A * w[:, None], (times - base) * w, rcond=None)
-            coef = np.clip(coef, 0.0, None)
-            err = float(np.sqrt(np.mean(((base + A @ coef) / times - 1) ** 2)))
-            if best is None or err < best[0]:
-                best = (err, bw, rho, coef)
-    err, bw, rho, (t_launch, t_wave, t_merge, t_split) = best
-    return Calibration(float(bw), float(rho), float(t_launch), float(t_wave), float(t_merge), float(t_split),
-                       source=f"calibrated on {gpu.name} (rms rel. error {err:.1%})")

@@ -1,8 +1,13 @@
-"""GPU presets for the occupancy explorer and the cost model.
+"""The GPUs fdlib models: datasheet presets, the live GPU, and the one resolver every module uses.
 
 SM counts, memory bandwidth and L2 size from the vendors' datasheets. ``bandwidth_tbs`` is the datasheet
 peak; a program that streams memory reaches less (on one H200 the course measured a 4.65 TB/s read
-ceiling against 4.8 TB/s on paper, see ``results/h200/``). ``live_gpu()`` describes the GPU this process sees.
+ceiling against 4.8 TB/s on paper, see ``results/h200/``).
+
+* :func:`live_gpu` describes the CUDA device this process sees (None without one), :func:`sm_count` its SMs;
+* :func:`resolve` turns what a caller passes (a :class:`GPU`, a preset name, ``"live"``, or None) into a
+  :class:`GPU`: the cost model, the calibration and the explorer all go through it;
+* :func:`choices` lists the names :func:`resolve` accepts, for pickers.
 """
 from __future__ import annotations
 
@@ -53,12 +58,30 @@ def _live_gpu(index: int) -> GPU:
                l2_mb=getattr(prop, "L2_cache_size", 0) / 2**20, smem_per_sm_kb=smem)
 
 
-def get(name: str) -> GPU:
-    if name in PRESETS:
-        return PRESETS[name]
+def sm_count() -> int | None:
+    """SMs of the live GPU (:func:`live_gpu`); None when this process sees no CUDA GPU."""
+    gpu = live_gpu()
+    return gpu.sms if gpu is not None else None
+
+
+def choices() -> list[str]:
+    """Names :func:`resolve` accepts besides ``"live"``: the presets, then the live GPU when there is one."""
     live = live_gpu()
-    if live is not None and name in (live.name, "live"):
+    return list(PRESETS) + ([live.name] if live is not None else [])
+
+
+def resolve(gpu: GPU | str | None = None) -> GPU:
+    """The :class:`GPU` meant by ``gpu``: itself; a preset's name; ``"live"`` or the live GPU's name (a CUDA GPU
+    must be visible); None: the live GPU, or the H200 preset without one."""
+    if isinstance(gpu, GPU):
+        return gpu
+    live = live_gpu()
+    if gpu is None:
+        return live or PRESETS["H200"]
+    if gpu in PRESETS:
+        return PRESETS[gpu]
+    if live is not None and gpu in (live.name, "live"):
         return live
-    if name == "live":
+    if gpu == "live":
         raise ValueError(f"gpu: 'live' needs a CUDA GPU and this process sees none; expected one of {sorted(PRESETS)}")
-    raise ValueError(f"gpu: expected one of {sorted(PRESETS)} or 'live' (on a GPU), got {name!r}")
+    raise ValueError(f"gpu: expected a fdlib.gpus.GPU, one of {choices()} or 'live' (on a GPU), got {gpu!r}")

@@ -45,6 +45,8 @@ INTERPRET: bool = MODE == "interpreter"
 import torch  # noqa: E402  (after the decision on purpose)
 import triton  # noqa: E402
 
+from .gpus import sm_count  # noqa: E402,F401  (SMs of the live GPU, None without one: fdlib.gpus is its one home)
+
 DEVICE: str = "cuda" if MODE == "gpu" else "cpu"
 """Where fdlib puts tensors it creates for its kernels by default (labs and tests use it too)."""
 
@@ -54,13 +56,6 @@ def device_name() -> str:
         return torch.cuda.get_device_name()
     import platform
     return f"CPU ({platform.processor() or platform.machine()})"
-
-
-def sm_count() -> int | None:
-    """Streaming multiprocessors of the live GPU; None in interpreter mode without a GPU."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).multi_processor_count
-    return None
 
 
 def describe() -> str:

@@ -54,7 +54,7 @@ def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method):
     """The cost model's explanation for the live GPU (compiled kernel's resources when known)."""
     import torch
 
-    from . import costmodel
+    from . import calibration, costmodel
     from .gpus import live_gpu
     from .kernels.unified import compiled_resources
     gpu = live_gpu()
@@ -62,7 +62,7 @@ def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method):
     lengths = tuple(lengths) if lengths is not None else (L_cap,) * B
     cal = None
     if torch.cuda.is_current_stream_capturing():   # never calibrate (launch timing kernels) inside a capture
-        cal = costmodel.calibration_cached(gpu) or costmodel.default_calibration(gpu)
+        cal = calibration.calibration_cached(gpu) or costmodel.default_calibration(gpu)
     return costmodel.explain(B, H_q, H_kv, lengths, D, dtype.itemsize, gpu, method, cal=cal,
                              compiled=compiled_resources(dtype, D, H_q // H_kv, block_n))
 
@@ -72,11 +72,13 @@ PERSISTENT_MAX_KEYS = 4096
 
 
 def sm_count() -> int:
-    """SMs of the live GPU; the pretend GPU's INTERPRETER_SMS in the interpreter."""
+    """SMs the choices here plan for: the live GPU's (:func:`fdlib.gpus.sm_count`, the one home of the SM count),
+    or INTERPRETER_SMS in the interpreter. A thin wrapper kept for that pretend GPU: the interpreter has no SMs
+    to fill, and the persistent kernel's program count and :func:`choose_kernel` still need a number."""
     if runtime.INTERPRET:
         return INTERPRETER_SMS
-    from .gpus import live_gpu
-    return live_gpu().sms
+    from .gpus import sm_count as live_sms
+    return live_sms()
 
 
 def persistent_per_sm() -> int:

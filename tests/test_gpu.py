@@ -220,9 +220,9 @@ def _fresh_shape(seed, B=3, L=3000, H_kv=2, group=4, D=128, dtype=torch.float16)
 def test_default_call_never_syncs():
     """Under torch.cuda.set_sync_debug_mode("error") a default call, plan creation included, does no
     device-to-host copy and no synchronisation (the calibration is loaded once per GPU beforehand)."""
-    from fdlib import costmodel
+    from fdlib.calibration import calibration_for
     from fdlib.gpus import live_gpu
-    costmodel.calibration_for(live_gpu())
+    calibration_for(live_gpu())
     runtime.smoke_check()
     for method in METHODS:
         q, k, v, lens = _fresh_shape(seed=21 + METHODS.index(method))

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from fdlib import costmodel
+from fdlib.calibration import calibration_for
 from fdlib.gpus import PRESETS
 
 from .core import CheckFailure, LearnerError, TodoError, assert_close, call, check_case, randn
@@ -131,7 +132,7 @@ def _compare_predictions(impl, lengths, H_kv, D=128, dtype_bytes=2, gpu="H200", 
                          splits=costmodel.CANDIDATES):
     gpu, block_n, r0 = model_inputs(lengths, H_kv, D, dtype_bytes, gpu)
     r = r0 if r is None else r
-    cal = cal or costmodel.calibration_for(gpu)
+    cal = cal or calibration_for(gpu)
     for s in splits:
         ref = costmodel.predict(lengths, H_kv, D, dtype_bytes, s, gpu, cal, block_n, r, "unified")
         args = {"lengths": list(lengths), "H_kv": H_kv, "D": D, "dtype_bytes": dtype_bytes, "splits": s, "gpu": gpu,
@@ -243,7 +244,7 @@ def _p_sweep(impl, gen):
 # ---------------------------------------------------------------------------------------------- choose_splits
 def _choose_call(impl, lengths, H_kv, D=128, dtype_bytes=2, gpu="H200", predict=None):
     gpu, block_n, r = model_inputs(lengths, H_kv, D, dtype_bytes, gpu)
-    cal = costmodel.calibration_for(gpu)
+    cal = calibration_for(gpu)
     if predict is None:
         from .core import reference
         predict = reference(PREDICT)
