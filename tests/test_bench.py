@@ -6,15 +6,15 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
 
 import fdlib
-from fdlib import runtime
+from fdlib import costmodel, runtime
 from fdlib.bench import format_table, load_results, plot_results, run_benchmark, run_sweep, write_results
 from fdlib.bench import harness, methods, timing
+from fdlib.gpus import live_gpu
 
 PROVENANCE = ("device", "sm_count", "mode", "torch", "triton", "cuda", "date_utc", "command", "git_commit")
 gpu = pytest.mark.gpu
@@ -95,17 +95,17 @@ def test_cli_quick_subprocess(tmp_path):
 
 
 def test_sweep_quick(tmp_path, monkeypatch):
-    fake = types.ModuleType("fdlib.costmodel")
-    fake.choose = lambda B, H_kv, L, sms=8: 2   # noqa: E731 - a stand-in cost model
-    monkeypatch.setitem(sys.modules, "fdlib.costmodel", fake)
+    monkeypatch.setattr(costmodel, "choose", lambda B, H_q, H_kv, L, D, dtype_bytes, gpu, method: 2)   # stand-ins
+    monkeypatch.setattr(costmodel, "fa2_rule", lambda B, H_q, H_kv, L, D, sms: 64)
     res = run_sweep(quick=True, L=(96,), candidates=(1, 2, 4, 64), progress=False, command="sweep test")
     (row,) = res["sweep"]
     assert [p["splits"] for p in row["points"]] == [1, 2, 3, 6]   # 4 -> 3 x 32 keys; 64 -> one split per 16-key tile
     assert all(p["status"] == "ok" and p["rel_err"] < 1e-2 for p in row["points"])
     assert row["best"]["splits"] in (1, 2, 3, 6)
     assert row["chosen"]["costmodel"]["splits"] == 2 and row["chosen"]["costmodel"]["ratio_to_best"] >= 1
+    assert row["chosen"]["costmodel"]["call"] == harness.COSTMODEL_CALL
     assert row["chosen"]["fdlib_auto"]["splits"] >= 1
-    assert row["chosen"]["fa2_rule"]["splits"] is None        # the stand-in has no fa2_rule
+    assert row["chosen"]["fa2_rule"]["splits"] == 6                # 64 asked: one split per tile launched
     paths = write_results(res, str(tmp_path), name="s")
     write_results({**res, "kind": "bench", "records": []}, str(tmp_path), name="b", plot=False)
     assert load_results(str(tmp_path), kind="sweep")["kind"] == "sweep"
@@ -113,19 +113,14 @@ def test_sweep_quick(tmp_path, monkeypatch):
     assert os.path.getsize(paths["plot"]) > 0
 
 
-def test_costmodel_missing_is_null(monkeypatch):
-    shape = {"dtype": "float16", "B": 1, "H_q": 4, "H_kv": 2, "L": 64, "D": 32}
-    monkeypatch.setitem(sys.modules, "fdlib.costmodel", None)      # as if the module did not exist
-    row = harness._costmodel_choice(shape)
-    assert row["splits"] is None and "not importable" in row["reason"]
-    assert harness._fa2_rule_choice(shape)["splits"] is None
-
-
-def test_costmodel_real_signature():
-    pytest.importorskip("fdlib.costmodel")
+def test_sweep_asks_the_cost_model():
+    """The sweep's "costmodel" and "fa2_rule" split counts are fdlib.costmodel's for the shape."""
     shape = {"dtype": "bfloat16", "B": 1, "H_q": 32, "H_kv": 8, "L": 8192, "D": 128}
     row = harness._costmodel_choice(shape)
-    assert isinstance(row["splits"], int) and row["splits"] >= 1, row
+    assert row == {"splits": costmodel.choose(1, 32, 8, 8192, 128, 2, gpu=live_gpu()), "call": harness.COSTMODEL_CALL}
+    assert row["splits"] >= 1
+    sms = runtime.sm_count() or 132
+    assert harness._fa2_rule_choice(shape) == {"splits": costmodel.fa2_rule(1, 32, 8, 8192, 128, sms=sms)}
 
 
 def test_method_names_and_forced_splits():

@@ -12,8 +12,15 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+
+import fdlib
+
+from . import harness, report
+from .host import run_host_overhead
+from .methods import expand_methods
 
 
 def _ints(text):
@@ -77,8 +84,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    import fdlib
-    from . import harness, report
     print(fdlib.describe(), file=sys.stderr, flush=True)
     argv_list = sys.argv[1:] if argv is None else list(argv)
     command = "python -m fdlib.bench " + " ".join(shlex.quote(a) for a in argv_list)
@@ -93,7 +98,6 @@ def main(argv=None) -> int:
             return 2
     # Refuse an existing --name before spending GPU time on the run.
     if args.name and not args.force:
-        import os
         probe = {"provenance": harness.provenance(command), "kind": "sweep" if args.sweep_splits else "bench"}
         out_dir = args.out or report.default_out_dir(probe)
         clash = [f for f in (args.name + ext for ext in (".json", ".md", ".png")) if os.path.exists(os.path.join(out_dir, f))]
@@ -102,7 +106,6 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
     if args.host_overhead:
-        from .host import run_host_overhead
         first = lambda xs, d: xs[0] if xs else d   # noqa: E731
         hq, hkv = first(args.heads, (32, 8))
         results = run_host_overhead(B=first(args.B, 1), H_q=hq, H_kv=hkv, L=first(args.L, 2048), D=first(args.D, 128),
@@ -113,8 +116,7 @@ def main(argv=None) -> int:
         print("\nwrote " + ", ".join(paths.values()), flush=True)
         return 0
     if args.heads_sweep:
-        from .harness import HEADS_SWEEP
-        for key, val in HEADS_SWEEP.items():
+        for key, val in harness.HEADS_SWEEP.items():
             if common.get(key) is None:
                 common[key] = val
         args.methods = args.methods or ("split", "unified", "persistent", "auto", "cudnn")
@@ -122,7 +124,6 @@ def main(argv=None) -> int:
         if args.sweep_splits:
             results = harness.run_sweep(candidates=args.splits, **common)
         else:
-            from .methods import expand_methods
             expand_methods(args.methods or ("split",), args.splits)   # unknown names fail before any work
             results = harness.run_benchmark(methods=args.methods, splits=args.splits, ceiling=not args.no_ceiling,
                                             ceiling_gib=args.ceiling_gib, **common)

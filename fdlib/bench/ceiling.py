@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
+from .timing import free_memory, time_eager
 
 
 @triton.jit
@@ -47,7 +48,6 @@ def measure_ceiling(gib: float = 4.0, tiles=None, warmup_ms: float = 25, rep_ms:
 
     In interpreter mode the buffer is capped at 1 MiB and the number only proves the kernel runs.
     """
-    from .timing import free_memory, time_eager
     gpu = runtime.MODE == "gpu"
     nbytes = int(gib * 2**30) if gpu else min(int(gib * 2**30), 2**20)
     n = max(nbytes // 2, 1)

@@ -25,8 +25,12 @@ import sys
 import torch
 import triton
 
-from .. import runtime
+from .. import costmodel, runtime
+from ..gpus import live_gpu
+from ..kernels.config import MAX_SPLITS, chunk_for
+from ..reference import reference_attention
 from . import methods as M
+from .ceiling import measure_ceiling
 from .timing import (L2_FACTOR, Rotating, copies_for_l2, free_memory, l2_bytes, synchronize, time_eager,
                      time_graph)
 
@@ -87,7 +91,6 @@ def make_inputs(shape: dict, seed: int = 0) -> M.Inputs:
 def reference(inp: M.Inputs) -> torch.Tensor:
     """O_ref [B, H_q, D]: float32 on the GPU (one sequence at a time), float64 fdlib reference on the CPU."""
     if inp.q.device.type != "cuda":
-        from ..reference import reference_attention
         return reference_attention(inp.q, inp.k, inp.v)[0]
     B, Hq, D = inp.q.shape
     Hkv = inp.k.shape[2]
@@ -169,7 +172,7 @@ def _git():
 
 
 def provenance(command: str | None) -> dict:
-    from .. import __version__
+    from .. import __version__   # set last in fdlib/__init__.py: read when called
     commit, dirty = _git()
     cudnn = None
     try:
@@ -393,58 +396,30 @@ def l2_note(graphs: bool) -> str:
 def measure_ceiling_or_none(enabled, gib, settings):
     if not enabled:
         return None
-    from .ceiling import measure_ceiling
     return measure_ceiling(gib, warmup_ms=settings["warmup_ms"], rep_ms=settings["rep_ms"],
                            cpu_runs=settings["cpu_runs"])
 
 
 # ----------------------------------------------------------------------------------------------- splits sweep
 
+COSTMODEL_CALL = "choose(B=..., H_q=..., H_kv=..., L=..., D=..., dtype_bytes=..., gpu=..., method=...)"
+"""How :func:`_costmodel_choice` calls the cost model (recorded with its split count)."""
+
+
 def _costmodel_choice(shape) -> dict:
-    """The cost model's split count for a shape, if ``fdlib.costmodel.choose`` exists and its arguments can be
-    matched by name; otherwise None with the reason."""
-    try:
-        from ..costmodel import choose  # noqa: F401
-    except Exception as e:  # noqa: BLE001
-        return {"splits": None, "reason": f"fdlib.costmodel.choose not importable ({_short(e)})"}
-    import inspect
-    sms = runtime.sm_count()
-    known = {"B": shape["B"], "batch": shape["B"], "H_q": shape["H_q"], "H_kv": shape["H_kv"],
-             "group": shape["H_q"] // shape["H_kv"], "L": shape["L"], "L_max": shape["L"], "L_cap": shape["L"],
-             "D": shape["D"], "sms": sms, "sm_count": sms, "num_sms": sms, "dtype": DTYPES[shape["dtype"]],
-             "elem_size": elem_bytes(shape), "dtype_bytes": elem_bytes(shape),
-             "method": "unified",
-             "lengths": [shape["L"]] * shape["B"], "lens": [shape["L"]] * shape["B"]}
-    try:
-        sig = inspect.signature(choose)
-        kwargs, missing = {}, []
-        for name, par in sig.parameters.items():
-            if par.kind in (par.VAR_POSITIONAL, par.VAR_KEYWORD):
-                continue
-            if name in known:
-                kwargs[name] = known[name]
-            elif name == "gpu":
-                from ..gpus import live_gpu
-                kwargs[name] = live_gpu()
-            elif par.default is par.empty:
-                missing.append(name)
-        if missing:
-            return {"splits": None, "reason": f"choose{sig}: no value for {missing}"}
-        s = choose(**kwargs)
-        s = getattr(s, "splits", s)
-        return {"splits": int(s), "call": f"choose({', '.join(f'{k}=...' for k in kwargs)})"}
-    except Exception as e:  # noqa: BLE001
-        return {"splits": None, "reason": _short(e)}
+    """The split count :func:`fdlib.costmodel.choose` picks for the unified kernel on a shape, on the GPU the
+    sweep runs on (the H200 preset without one)."""
+    s = costmodel.choose(B=shape["B"], H_q=shape["H_q"], H_kv=shape["H_kv"], L=shape["L"], D=shape["D"],
+                         dtype_bytes=elem_bytes(shape), gpu=live_gpu(), method="unified")
+    return {"splits": int(s), "call": COSTMODEL_CALL}
 
 
 def _fa2_rule_choice(shape) -> dict:
-    """FlashAttention-2's split heuristic (``fdlib.costmodel.fa2_rule``) for comparison, if it exists."""
-    try:
-        from ..costmodel import fa2_rule
-        sms = runtime.sm_count() or 132
-        return {"splits": int(fa2_rule(shape["B"], shape["H_q"], shape["H_kv"], shape["L"], shape["D"], sms=sms))}
-    except Exception as e:  # noqa: BLE001
-        return {"splits": None, "reason": _short(e)}
+    """FlashAttention-2's split heuristic (:func:`fdlib.costmodel.fa2_rule`) for comparison; 132 SMs (the
+    H200's) without a GPU."""
+    sms = runtime.sm_count() or 132
+    return {"splits": int(costmodel.fa2_rule(shape["B"], shape["H_q"], shape["H_kv"], shape["L"], shape["D"],
+                                             sms=sms))}
 
 
 def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, max_kv_gb=20.0, quick=False,
@@ -453,7 +428,6 @@ def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, 
     """Time ``method="unified"`` at every candidate split count per shape (graph timings on a GPU), plus the
     split counts fdlib (``method="auto"``), ``fdlib.costmodel.choose`` and FlashAttention-2's heuristic
     (``fdlib.costmodel.fa2_rule``) pick; record best vs chosen."""
-    from ..kernels.config import MAX_SPLITS, chunk_for
     B, L, heads, D, dtypes = _grid(quick, B, L, heads, D, dtypes)
     gpu = runtime.MODE == "gpu"
     settings = _settings(gpu, quick, graphs, warmup_ms, rep_ms, graph_rep_ms, cpu_runs, default_cpu_runs=1)
@@ -468,7 +442,7 @@ def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, 
     try:
         for i, shape in enumerate(shapes):
             block_n = M.block_n(shape["D"], shape["L"], shape["B"] * shape["H_kv"], elem_bytes(shape))
-            rows.append(_sweep_shape(shape, cands, settings, seed + i, block_n, chunk_for, timing))
+            rows.append(_sweep_shape(shape, cands, settings, seed + i, block_n, timing))
             bar.update(f"{shape['dtype']} B={shape['B']} H={shape['H_q']}:{shape['H_kv']} L={shape['L']}")
     finally:
         bar.close()
@@ -486,7 +460,7 @@ def run_sweep(B=None, L=None, heads=None, D=None, dtypes=None, candidates=None, 
     }
 
 
-def _sweep_shape(shape, cands, settings, seed, block_n, chunk_for, timing):
+def _sweep_shape(shape, cands, settings, seed, block_n, timing):
     nb = kv_bytes(shape)
     row = dict(shape, kv_bytes=nb, kv_mb=nb / 1e6, points=[], chosen={})
     try:

@@ -37,6 +37,8 @@ from typing import Callable
 import torch
 
 from .. import runtime
+from ..api import decode_attention, plan_for
+from ..kernels.config import MAX_SPLITS, tile_config
 
 FDLIB_METHODS = {
     "naive": ("naive", None),
@@ -77,8 +79,6 @@ class Method:
 
 
 def _fdlib_method(name: str, fd_method: str, num_splits: int | None) -> Method:
-    from .. import decode_attention
-
     def make(inp: Inputs):
         q, k, v, lens = inp.q, inp.k, inp.v, inp.lens
 
@@ -120,7 +120,6 @@ def parse_method(spec: str) -> tuple[str, int | None]:
     if base not in FORCEABLE:
         raise ValueError(f"method {spec!r}: only {', '.join(FORCEABLE)} take a forced split count")
     s = int(forced)
-    from ..kernels.config import MAX_SPLITS
     if not 1 <= s <= MAX_SPLITS:
         raise ValueError(f"method {spec!r}: splits must be in 1..{MAX_SPLITS}")
     return base, s
@@ -162,7 +161,6 @@ def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None) -> dict:
     if fd_method == "naive":
         return {"splits_requested": None, "splits": None}
     try:
-        from ..api import plan_for
         d = plan_for(q, k, v, method=fd_method, num_splits=num_splits).decision
         rec = {"splits_requested": num_splits if num_splits is not None else d.splits, "splits": d.splits}
         if fd_method == "auto":
@@ -175,5 +173,4 @@ def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None) -> dict:
 def block_n(D: int, L: int, rows: int | None = None, elem_bytes: int = 2) -> int:
     """Keys per tile fdlib's kernels use for head dim D, length L, B·H_kv rows and element size (as
     ``decode_attention`` picks it)."""
-    from ..kernels.config import tile_config
     return tile_config(D, L, elem_bytes, rows=rows).BLOCK_N

@@ -15,6 +15,10 @@ import math
 import os
 import re
 
+from matplotlib.figure import Figure
+
+from .host import format_host_table
+
 DPI = 110
 
 
@@ -102,7 +106,6 @@ def format_table(results) -> str:
     if results["kind"] == "sweep":
         return format_sweep_table(results)
     if results["kind"] == "host":
-        from .host import format_host_table
         return format_host_table(results)
     recs = results["records"]
     methods = list(dict.fromkeys(r["method"] for r in recs))
@@ -268,7 +271,6 @@ def plot_results(results, path=None):
 
 
 def _plot_bench(results, where):
-    from matplotlib.figure import Figure
     recs = [r for r in results["records"] if r["status"] == "ok"]
     tk = _timing_key(results)
     shapes = list(dict.fromkeys(_shape_key(r) for r in results["records"]))
@@ -327,7 +329,6 @@ def _plot_bench(results, where):
 
 
 def _plot_sweep(results, where):
-    from matplotlib.figure import Figure
     rows = [r for r in results["sweep"] if r.get("best")]
     fig = Figure(figsize=(max(10.0, 0.22 * len(rows) + 4), 10))
     ax1, ax2 = fig.subplots(2, 1)

@@ -16,12 +16,14 @@ Times are returned in microseconds.
 """
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
 from contextlib import nullcontext
 
 import torch
+import triton.testing
 
 from .. import runtime
 
@@ -64,7 +66,6 @@ def time_eager(fn, warmup_ms: float = 25, rep_ms: float = 100, cpu_runs: int = 3
     """Median µs of ``fn()``: do_bench with the L2 flushed before each run (GPU), or wall clock (interpreter)."""
     with context():
         if runtime.MODE == "gpu":
-            import triton.testing
             return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) * 1e3
         times = []
         for _ in range(max(1, cpu_runs)):
@@ -78,7 +79,6 @@ def time_graph(fn, rep_ms: float = 20, context=nullcontext) -> float:
     """Median µs of one ``fn()`` inside a replayed CUDA graph (``fn`` should be a :class:`Rotating`)."""
     if runtime.MODE != "gpu":
         raise RuntimeError("CUDA graphs need a GPU (this run uses the Triton interpreter)")
-    import triton.testing
     with context():
         return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")) * 1e3
 
@@ -90,7 +90,6 @@ def synchronize():
 
 def free_memory():
     """Give cached blocks back between shapes so a large shape does not fail for a small one's leftovers."""
-    import gc
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
