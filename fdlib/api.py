@@ -18,8 +18,8 @@ PLAN_CACHE_SIZE = 32
 _PLANS: OrderedDict = OrderedDict()
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, method="auto", num_splits=None,
-                     return_lse=False, max_seqlen=None, check_lengths=False, validate=None):
+def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
+                     num_splits=None, return_lse=False, max_seqlen=None, check_lengths=False, validate=None):
     r"""Attention of one query token per sequence against its KV cache.
 
     .. math::  O_{b,h} = \sum_{j < L_b} \operatorname{softmax}_j(\text{scale}\; q_{b,h}\cdot k_{b,j,h_{kv}})\; v_{b,j,h_{kv}},
@@ -27,7 +27,13 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, met
 
     Args:
         q: ``[B, H_q, D]`` (or ``[B, 1, H_q, D]``; the answer has q's shape).
-        k_cache, v_cache: ``[B, L_max, H_kv, D]``, token-major; any strides with a contiguous last dim.
+        k_cache, v_cache: ``[B, L_max, H_kv, D]``, token-major; any strides with a contiguous last dim. Or a
+            paged cache (vLLM/FlashInfer NHD pages): ``[n_pages, page_size, H_kv, D]`` with ``block_table``.
+        block_table: int32 ``[B, max_pages]``: page j of sequence b holds its keys j·page_size ...
+            (j+1)·page_size - 1, so L_max = max_pages·page_size; page_size a power of two from 1 to 256. Pages
+            may be shared between sequences and listed in any order; entries past a sequence's length are
+            never read. An index outside the pool is clamped on the device (never read outside it) and
+            recorded in the plan's flag, like a clamped length.
         cache_seqlens: the valid length of each sequence: int32/int64 ``[B]`` on q's device, or on the host
             (a CPU tensor or a list of ints); default: all L_max.
         scale: multiplies q·k (default 1/√D).
@@ -57,28 +63,31 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, met
                         "default); pass check_lengths=True to check device lengths on the host, and max_seqlen= "
                         "to choose splits for a known bound")
     if torch.compiler.is_compiling():
+        if block_table is not None:
+            raise NotImplementedError("block_table: the torch.compile op takes contiguous caches only (for now)")
         return _compiled_call(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, max_seqlen)
-    p = plan_for(q, k_cache, v_cache, cache_seqlens, scale=scale, method=method, num_splits=num_splits,
-                 return_lse=return_lse, max_seqlen=max_seqlen)
+    p = plan_for(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, method=method,
+                 num_splits=num_splits, return_lse=return_lse, max_seqlen=max_seqlen)
     if check_lengths is not False:
         if check_lengths is not True:
             raise TypeError(f"check_lengths: expected a bool, got {type(check_lengths).__name__}")
         if isinstance(cache_seqlens, torch.Tensor):
             host_lengths(cache_seqlens.cpu(), p.B, p.L_max, p.device)   # the one device-to-host read
     try:
-        return p.run(q, k_cache, v_cache, cache_seqlens, return_lse=return_lse)
+        return p.run(q, k_cache, v_cache, cache_seqlens, block_table=block_table, return_lse=return_lse)
     except (ValueError, TypeError, AttributeError):
         # arguments that do not fit the cached plan: the full checks name what is wrong, in the same words
         # for every call; if they find nothing, the plan's own error stands
-        check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse)
+        check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table)
         raise
 
 
-def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, method="auto", num_splits=None,
-             return_lse=False, max_seqlen=None) -> DecodePlan:
+def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
+             num_splits=None, return_lse=False, max_seqlen=None) -> DecodePlan:
     """The cached plan :func:`decode_attention` runs for these arguments (made and checked on first use)."""
     try:
-        key = (q.shape, k_cache.shape, q.dtype, q.device, scale, method, num_splits, max_seqlen)
+        key = (q.shape, k_cache.shape, q.dtype, q.device, scale, method, num_splits, max_seqlen,
+               None if block_table is None else block_table.shape)
         p = _PLANS.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: the checks say which
         key, p = None, None
@@ -87,9 +96,9 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, scale=None, method="aut
         if return_lse is not True and return_lse is not False:
             raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
         return p
-    pr = check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse)
+    pr = check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table)
     p = plan(pr.B, pr.H_q, pr.H_kv, pr.D, pr.L_max, dtype=q.dtype, device=q.device, max_seqlen=max_seqlen,
-             scale=scale, method=method, num_splits=num_splits)
+             scale=scale, method=method, num_splits=num_splits, page_size=pr.page_size or None)
     _PLANS[key] = p
     while len(_PLANS) > PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)

@@ -127,6 +127,7 @@ class DecodePlan:
     device: torch.device
     scale: float
     method: str
+    page_size: int          # 0: K/V are [B, L_max, H_kv, D]; else pages [n_pages, page_size, H_kv, D]
     decision: Decision
     workspace: Workspace = field(repr=False)
     _host_lengths: torch.Tensor = field(repr=False, compare=False)   # [B] int32 on the device: host-given lengths
@@ -148,16 +149,19 @@ class DecodePlan:
         d = self.decision
         tile = f", {d.tile.BLOCK_N}-key tiles" if d.tile else ""
         extra = f", {d.programs} programs" if d.kernel == "persistent" else ""
+        paged = f", pages of {self.page_size}" if self.page_size else ""
         return (f"DecodePlan: {d.kernel} kernel, {d.splits} split(s) of {d.chunk} keys{tile}{extra}; B={self.B}, "
-                f"H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}, {str(self.dtype)[6:]} on "
+                f"H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, {str(self.dtype)[6:]} on "
                 f"{self.device}; splits chosen for L_cap={d.L_cap} ({d.basis}); workspace "
                 f"{self.workspace.nbytes()} bytes")
 
     # ------------------------------------------------------------------------------------------- run
-    def run(self, q, k_cache, v_cache, cache_seqlens=None, out=None, lse=None, *, return_lse: bool = False):
+    def run(self, q, k_cache, v_cache, cache_seqlens=None, out=None, lse=None, *, block_table=None,
+            return_lse: bool = False):
         """Attention of ``q`` ``[B', H_q, D]`` (or ``[B', 1, H_q, D]``, B' <= the planned B) against
-        ``k_cache``/``v_cache`` ``[B', L_max, H_kv, D]`` with ``cache_seqlens`` (int32/int64 ``[B']`` on the
-        device, or host lengths: a list or a CPU tensor; None: all L_max). Writes ``out`` (q's shape and dtype)
+        ``k_cache``/``v_cache`` ``[B', L_max, H_kv, D]`` (a paged plan: pages ``[n_pages, page_size, H_kv, D]``
+        and ``block_table`` int32 ``[B', L_max / page_size]``) with ``cache_seqlens`` (int32/int64 ``[B']`` on
+        the device, or host lengths: a list or a CPU tensor; None: all L_max). Writes ``out`` (q's shape and dtype)
         and ``lse`` (``[B', H_q]`` float32) when given, else returns new ones. Returns ``out``, or
         ``(out, lse)`` when ``return_lse`` or ``lse`` is given. Launches only (see the module doc)."""
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -168,11 +172,25 @@ class DecodePlan:
         if (q3.shape[1:] != (self.H_q, self.D) or q.dtype != self.dtype or q.device != self.device
                 or B > self.B or q.dim() == 4 and q.shape[1] != 1 or q.stride(-1) != 1 and self.D > 1):
             self._mismatch("q", q, B)
-        kv_shape = (B, self.L_max, self.H_kv, self.D)
-        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-            if (t.shape != kv_shape or t.dtype != self.dtype or t.device != self.device
-                    or t.stride(-1) != 1 and self.D > 1):
-                self._mismatch(name, t, B)
+        if self.page_size:
+            if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
+                    or block_table.shape != (B, self.L_max // self.page_size) or block_table.device != self.device
+                    or block_table.stride(1) != 1 and block_table.shape[1] > 1):
+                self._table_mismatch(block_table, B)
+            kv_shape = (self.page_size, self.H_kv, self.D)
+            for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+                if (t.dim() != 4 or t.shape[1:] != kv_shape or t.shape[0] < 1 or t.dtype != self.dtype
+                        or t.device != self.device or t.stride(-1) != 1 and self.D > 1):
+                    self._mismatch(name, t, B)
+        else:
+            if block_table is not None:
+                raise ValueError("block_table: this plan is for a contiguous cache [B, L_max, H_kv, D]; make a "
+                                 "paged plan with fdlib.plan(..., page_size=...)")
+            kv_shape = (B, self.L_max, self.H_kv, self.D)
+            for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+                if (t.shape != kv_shape or t.dtype != self.dtype or t.device != self.device
+                        or t.stride(-1) != 1 and self.D > 1):
+                    self._mismatch(name, t, B)
         lens = self._lengths(cache_seqlens, B)
         if out is None:
             out3 = torch.empty_like(q3)
@@ -189,26 +207,32 @@ class DecodePlan:
         elif lse.shape != (B, self.H_q) or lse.dtype != torch.float32 or lse.device != self.device:
             raise ValueError(f"lse: expected a float32 tensor of shape [{B}, {self.H_q}] on {self.device}, got "
                              f"{lse.dtype} {list(lse.shape)} on {lse.device}")
-        self._launch(q3, k_cache, v_cache, lens, out3, lse)
+        self._launch(q3, k_cache, v_cache, lens, out3, lse, block_table)
         return (out, lse) if want_lse else out
 
-    def _launch(self, q, k_cache, v_cache, lens, out, lse):
+    def _launch(self, q, k_cache, v_cache, lens, out, lse, bt):
         d, ws, go = self.decision, self.workspace, self._launchers
         if d.kernel == "unified":
             compiled = go[0](*unified_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, out, lse,
-                                           ws.o_part, ws.lse_part, ws.counters, ws.flag))
+                                           ws.o_part, ws.lse_part, ws.counters, ws.flag, bt))
             if compiled is not None:
                 remember_resources(compiled, self.dtype, self.D, self.H_q // self.H_kv, d.tile)
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
-                               ws.flag))
+                               ws.flag, bt))
             go[1](*stage2_args(ws.o_part, ws.lse_part, out, lse))
         elif d.kernel == "persistent":
-            go[0](*persistent_args(q, k_cache, v_cache, lens, self.scale, out, lse, d.programs, ws.flag))
+            go[0](*persistent_args(q, k_cache, v_cache, lens, self.scale, out, lse, d.programs, ws.flag, bt))
         else:
             from .reference import naive_attention
             clamped = lens.clamp(0, self.L_max)
             ws.flag.copy_(torch.maximum(ws.flag, (clamped != lens).any().to(torch.int32)))
+            if bt is not None:   # gather the pages into [B, L_max, H_kv, D]; indices clamped to the pool
+                n = k_cache.shape[0]
+                idx = bt.long().clamp(0, n - 1)
+                ws.flag.copy_(torch.maximum(ws.flag, (idx != bt).any().to(torch.int32)))
+                k_cache = k_cache[idx].reshape(q.shape[0], self.L_max, self.H_kv, self.D)
+                v_cache = v_cache[idx].reshape(q.shape[0], self.L_max, self.H_kv, self.D)
             o, l = naive_attention(q, k_cache, v_cache, clamped, self.scale)
             out.copy_(o)
             lse.copy_(l)
@@ -228,6 +252,12 @@ class DecodePlan:
         buf.copy_(host, non_blocking=True)
         return buf
 
+    def _table_mismatch(self, bt, B):
+        from .validate import check_block_table
+        check_block_table(bt, B, self.device)
+        raise ValueError(f"block_table: this plan expects [{B}, {self.L_max // self.page_size}] (L_max={self.L_max} "
+                         f"in pages of {self.page_size}), got {list(bt.shape)}")
+
     def _mismatch(self, name, t, B, want=None):
         """Raise the error that says how ``t`` differs from what this plan was made for."""
         from .validate import shape_str
@@ -235,6 +265,8 @@ class DecodePlan:
             shape = list(want.shape)
         elif name == "q":
             shape = f"[B, {self.H_q}, {self.D}] or [B, 1, {self.H_q}, {self.D}] with B <= {self.B}"
+        elif self.page_size:
+            shape = f"[n_pages, {self.page_size}, {self.H_kv}, {self.D}]"
         else:
             shape = f"[{B}, {self.L_max}, {self.H_kv}, {self.D}]"
         if t.dtype != self.dtype:
@@ -286,7 +318,7 @@ def host_lengths(cache_seqlens, B: int, L_max: int, device) -> torch.Tensor:
 
 def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16, device=None, lengths=None,
          max_seqlen: int | None = None, scale: float | None = None, method: str = "auto",
-         num_splits: int | None = None) -> DecodePlan:
+         num_splits: int | None = None, page_size: int | None = None) -> DecodePlan:
     """Decide everything for decode attention over a batch of these sizes, and allocate its workspace.
 
     Args:
@@ -296,6 +328,8 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
             without any device sync, they make the cost model see the real mix of lengths.
         max_seqlen: else, a host bound on the lengths (splits are chosen for it); default: L_max.
         scale: multiplies q·k (default 1/√D). method, num_splits: as in :func:`fdlib.decode_attention`.
+        page_size: for a paged cache (pages ``[n_pages, page_size, H_kv, D]`` behind a block table of
+            L_max / page_size entries per sequence): a power of two from 1 to 256 dividing L_max.
     """
     from .validate import check_method, check_num_splits, check_scale
     for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("D", D), ("L_max", L_max)):
@@ -311,6 +345,11 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         raise TypeError(f"dtype: must be float16, bfloat16 or float32, got {dtype}")
     check_method(method)
     check_num_splits(num_splits, method)
+    if page_size is not None:
+        from .validate import check_page_size
+        check_page_size(page_size)
+        if L_max % page_size or L_max == 0:
+            raise ValueError(f"page_size: L_max={L_max} must be a positive multiple of page_size={page_size}")
     scale = check_scale(scale, D)
     device = torch.device(runtime.DEVICE if device is None else device)
     if device.type == "cuda" and device.index is None:   # "cuda" means the current device, as for tensors
@@ -324,24 +363,26 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         runtime.smoke_check()
     d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
                num_splits=num_splits)
-    return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, d, _workspace(B, H_q, H_kv, D, L_max,
-                      d, device), torch.empty(B, dtype=torch.int32, device=device),
-                      _launchers(d, dtype, H_q // H_kv, D))
+    page = page_size or 0
+    return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
+                      _workspace(B, H_q, H_kv, D, L_max, d, device), torch.empty(B, dtype=torch.int32, device=device),
+                      _launchers(d, dtype, H_q // H_kv, D, page))
 
 
-def _launchers(d: Decision, dtype, group: int, D: int) -> tuple:
+def _launchers(d: Decision, dtype, group: int, D: int, page: int) -> tuple:
     """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`);
     only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan."""
     if d.kernel == "unified":
         from .kernels.unified import unified_launcher
-        return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,)),)
+        return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page),)
     if d.kernel == "split":
         from .kernels.stage1 import stage1_launcher
         from .kernels.stage2 import stage2_launcher
-        return stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,)), stage2_launcher(D, d.splits, dtype_slots=())
+        return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page),
+                stage2_launcher(D, d.splits, dtype_slots=()))
     if d.kernel == "persistent":
         from .kernels.persistent import persistent_launcher
-        return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,)),)
+        return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,), page=page),)
     return ()
 
 

@@ -24,6 +24,8 @@ class Problem(NamedTuple):
     L_max: int
     scale: float
     q_was_4d: bool
+    page_size: int = 0
+    """0: K/V are ``[B, L_max, H_kv, D]``; else pages ``[n_pages, page_size, H_kv, D]`` behind a block table."""
 
 
 def shape_str(t) -> str:
@@ -66,9 +68,33 @@ def check_scale(scale, D: int) -> float:
     return float(scale)
 
 
-def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse) -> Problem:
+MAX_PAGE_SIZE = 256
+
+
+def check_block_table(block_table, B: int, device) -> None:
+    """A block table: int32 ``[B, max_pages]`` on q's device, rows of page indices (values are not read)."""
+    _tensor("block_table", block_table)
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"block_table: dtype must be torch.int32, got {block_table.dtype}")
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
+        raise ValueError(f"block_table: expected shape [B={B}, max_pages >= 1], got {shape_str(block_table)}")
+    if block_table.device != device:
+        raise ValueError(f"block_table: must be on q's device ({device}), got {block_table.device}")
+    if block_table.stride(1) != 1 and block_table.shape[1] > 1:
+        raise ValueError(f"block_table: rows must be contiguous (stride 1), got strides {tuple(block_table.stride())}")
+
+
+def check_page_size(page_size) -> None:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1 \
+            or page_size > MAX_PAGE_SIZE or page_size & (page_size - 1):
+        raise ValueError(f"page_size: expected a power of two from 1 to {MAX_PAGE_SIZE}, got {page_size!r}")
+
+
+def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse,
+                 block_table=None) -> Problem:
     """Check the arguments of a :func:`fdlib.decode_attention` call (types, shapes, dtypes, devices, strides;
-    the lengths' dtype, shape and device, not their values) and return the sizes."""
+    the lengths' dtype, shape and device, not their values; the block table's, not its page indices) and
+    return the sizes."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _tensor(name, t)
     check_method(method)
@@ -84,14 +110,21 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
         q3 = q
     else:
         raise ValueError(f"q: expected [B, H_q, D] or [B, 1, H_q, D], got {q.dim()}-D tensor of shape {shape_str(q)}")
+    layout = "[B, L_max, H_kv, D]" if block_table is None else "pages [n_pages, page_size, H_kv, D]"
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dim() != 4:
-            raise ValueError(f"{name}: expected [B, L_max, H_kv, D], got {t.dim()}-D tensor of shape {shape_str(t)}")
+            raise ValueError(f"{name}: expected {layout}, got {t.dim()}-D tensor of shape {shape_str(t)}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"v_cache: expected the shape of k_cache {shape_str(k_cache)}, got {shape_str(v_cache)}")
     B, H_q, D = q3.shape
     Bk, L_max, H_kv, Dk = k_cache.shape
-    if Bk != B:
+    page_size = 0
+    if block_table is not None:
+        check_block_table(block_table, B, q.device)
+        page_size = L_max
+        check_page_size(page_size)
+        L_max = block_table.shape[1] * page_size
+    elif Bk != B:
         raise ValueError(f"k_cache: batch size {Bk} does not match q's batch size {B}")
     if Dk != D:
         raise ValueError(f"k_cache: head dim {Dk} does not match q's head dim D={D}")
@@ -131,4 +164,4 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
         raise TypeError(f"cache_seqlens: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
 
     check_num_splits(num_splits, method)
-    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, check_scale(scale, D), q_was_4d)
+    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, check_scale(scale, D), q_was_4d, page_size)

@@ -83,3 +83,12 @@ class Launcher:
                 self._compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata,
                                        tuple(self.meta[n] for n in names))
         return compiled
+
+
+def paging(k_cache, block_table, flag):
+    """(block-table pointer, its row stride, pages in the pool, L_max) of a launch: a contiguous cache
+    [B, L_max, H_kv, D] has no table (the flag stands in for the unused pointer); a paged one
+    [n_pages, page_size, H_kv, D] has L_max = max_pages · page_size."""
+    if block_table is None:
+        return flag, 0, 1, k_cache.shape[1]
+    return block_table, block_table.stride(0), k_cache.shape[0], block_table.shape[1] * k_cache.shape[1]

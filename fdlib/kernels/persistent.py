@@ -24,20 +24,20 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher
-from .tile import LOG2E, load_lengths, state_to_partial, tile_update
+from .launch import Launcher, paging
+from .tile import LOG2E, load_lengths, page_rows, state_to_partial, tile_update
 
 
 @triton.jit
-def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG,
+def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT,
                       stride_qb, stride_qh,
                       stride_kb, stride_kl, stride_kh,
                       stride_vb, stride_vl, stride_vh,
                       stride_ob, stride_oh, stride_sb, stride_sh,
-                      qk_scale, n_rows, H_KV, L_MAX,
+                      qk_scale, n_rows, H_KV, L_MAX, stride_bt, n_pages,
                       GROUP: tl.constexpr, D: tl.constexpr,
                       BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      ROWS: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr):
+                      ROWS: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     slots = tl.arange(0, ROWS)
@@ -70,10 +70,17 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG,
         q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=mask_gd, other=0.0)
         valid = pos < L
         kv_mask = valid[:, None] & mask_d[None, :]
-        k = tl.load(K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + pos[:, None] * stride_kl + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        v = tl.load(V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + pos[:, None] * stride_vl + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        if PAGE == 0:
+            k = tl.load(K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + pos[:, None] * stride_kl
+                        + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + pos[:, None] * stride_vl
+                        + offs_d[None, :], mask=kv_mask, other=0.0)
+        else:
+            page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, PAGE)
+            k = tl.load(K + (page * stride_kb + slot * stride_kl)[:, None] + h_kv * stride_kh + offs_d[None, :],
+                        mask=kv_mask, other=0.0)
+            v = tl.load(V + (page * stride_vb + slot * stride_vl)[:, None] + h_kv * stride_vh + offs_d[None, :],
+                        mask=kv_mask, other=0.0)
         m, l, acc = TILE_UPDATE(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
         # Tile t ends its row: one scalar flag, uniform over the program, selected into the masks with
         # tl.where (boolean in the compiled kernel and in the interpreter; a scalar compare `&`-ed into a mask
@@ -106,23 +113,26 @@ def programs_for(n_rows: int, sms: int, per_sm: int) -> int:
 
 
 def persistent_launcher(dtype, group: int, D: int, cfg, rows_per_program: int, tile_update_fn=None,
-                        dtype_slots=None) -> Launcher:
-    """The persistent kernel with its constexprs fixed; ``rows_per_program`` (a power of two) is its ROWS."""
+                        dtype_slots=None, page: int = 0) -> Launcher:
+    """The persistent kernel with its constexprs fixed; ``rows_per_program`` (a power of two) is its ROWS;
+    ``page`` the page size of a paged cache (0: contiguous)."""
     BLOCK_G, BLOCK_D = block_sizes(group, D)
     return Launcher(persistent_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                             ROWS=rows_per_program, FP32_DOT=fp32_dot(dtype),
-                                            TILE_UPDATE=tile_update_fn or tile_update,
+                                            TILE_UPDATE=tile_update_fn or tile_update, PAGE=page,
                                             num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
-def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, flag):
-    """(grid, pointers, scalars) of one launch over all B·H_kv rows (at most one program per row)."""
+def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, flag, block_table=None):
+    """(grid, pointers, scalars) of one launch over all B·H_kv rows (at most one program per row); with a
+    ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]."""
     H_kv = k_cache.shape[2]
     n_rows = q.shape[0] * H_kv
     qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
-    return ((max(1, min(programs, n_rows)),), (q, k_cache, v_cache, lens, out, lse, flag),
+    bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
+    return ((max(1, min(programs, n_rows)),), (q, k_cache, v_cache, lens, out, lse, flag, bt),
             (qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], ls[0], ls[1],
-             scale * LOG2E, n_rows, H_kv, k_cache.shape[1]))
+             scale * LOG2E, n_rows, H_kv, L_max, bt_stride, n_pages))
 
 
 def rows_for(n_rows: int, programs: int) -> int:
@@ -132,12 +142,13 @@ def rows_for(n_rows: int, programs: int) -> int:
 
 
 def run_persistent(q, k_cache, v_cache, lens, scale, cfg, out, lse, programs: int, tile_update_fn=None, *,
-                   flag=None):
+                   flag=None, block_table=None):
     """One launch of ``programs`` programs over all B·H_kv rows (one split each); writes out and lse in place."""
     from .unified import scratch_flag
     B, H_q, D = q.shape
     H_kv = k_cache.shape[2]
     programs = int(programs)
-    launcher = persistent_launcher(q.dtype, H_q // H_kv, D, cfg, rows_for(B * H_kv, programs), tile_update_fn)
+    launcher = persistent_launcher(q.dtype, H_q // H_kv, D, cfg, rows_for(B * H_kv, programs), tile_update_fn,
+                                   page=0 if block_table is None else k_cache.shape[1])
     launcher(*persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs,
-                              scratch_flag(q.device) if flag is None else flag))
+                              scratch_flag(q.device) if flag is None else flag, block_table))

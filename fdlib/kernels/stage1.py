@@ -18,21 +18,21 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher
+from .launch import Launcher, paging
 from .tile import LOG2E, attend_group, load_lengths, split_range, tile_update
 
 
 @triton.jit
-def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART, FLAG,
+def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART, FLAG, BT,
                   stride_qb, stride_qh,
                   stride_kb, stride_kl, stride_kh,
                   stride_vb, stride_vl, stride_vh,
                   stride_pb, stride_ph, stride_ps,
                   stride_lb, stride_lh,
-                  qk_scale, chunk, L_MAX,
+                  qk_scale, chunk, L_MAX, stride_bt, n_pages,
                   GROUP: tl.constexpr, D: tl.constexpr,
                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
-                  TILE_UPDATE: tl.constexpr):
+                  TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr):
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -40,31 +40,33 @@ def stage1_kernel(Q, K, V, LENS, O_PART, LSE_PART, FLAG,
     start, end = split_range(split, tl.num_programs(2), chunk, L)
 
     o, lse, heads, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb, stride_kl,
-                                          stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
-                                          GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
+                                          stride_kh, stride_vb, stride_vl, stride_vh, qk_scale, BT, stride_bt, n_pages,
+                                          FLAG, GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
     offs_d = tl.arange(0, BLOCK_D)
     tl.store(O_PART + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :], o, mask=mask_gd)
     tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=heads < (h_kv + 1) * GROUP)
 
 
-def stage1_launcher(dtype, group: int, D: int, cfg, tile_update_fn=None, dtype_slots=None) -> Launcher:
-    """Stage 1 with its constexprs fixed for q's dtype, the group, D and the tiles."""
+def stage1_launcher(dtype, group: int, D: int, cfg, tile_update_fn=None, dtype_slots=None, page: int = 0) -> Launcher:
+    """Stage 1 with its constexprs fixed for q's dtype, the group, D, the tiles and the page size (0: contiguous)."""
     BLOCK_G, BLOCK_D = block_sizes(group, D)
     return Launcher(stage1_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                         FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update_fn or tile_update,
-                                        num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
+                                        PAGE=page, num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
-def stage1_args(q, k_cache, v_cache, lens, scale, chunk, splits, o_part, lse_part, flag):
-    """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`)."""
+def stage1_args(q, k_cache, v_cache, lens, scale, chunk, splits, o_part, lse_part, flag, block_table=None):
+    """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`); with a
+    ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]."""
     qs, ks, vs, ps, ls = q.stride(), k_cache.stride(), v_cache.stride(), o_part.stride(), lse_part.stride()
-    return ((q.shape[0], k_cache.shape[2], splits), (q, k_cache, v_cache, lens, o_part, lse_part, flag),
+    bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
+    return ((q.shape[0], k_cache.shape[2], splits), (q, k_cache, v_cache, lens, o_part, lse_part, flag, bt),
             (qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2], ls[0], ls[1],
-             scale * LOG2E, chunk, k_cache.shape[1]))
+             scale * LOG2E, chunk, L_max, bt_stride, n_pages))
 
 
 def run_stage1(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, tile_update_fn=None, *, o_part=None,
-               lse_part=None, flag=None):
+               lse_part=None, flag=None, block_table=None):
     """Launch stage 1; returns the partials (O_part [B, H_q, splits, D] float32, lse_part [B, H_q, splits]),
     written into ``o_part``/``lse_part`` when given (a plan's workspace), else into new tensors. ``flag``
     ([1] int32) is set to 1 if a length was clamped to 0..L_max (:func:`~fdlib.kernels.tile.load_lengths`)."""
@@ -74,6 +76,7 @@ def run_stage1(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, tile_update
         o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
         lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
     flag = scratch_flag(q.device) if flag is None else flag
-    launcher = stage1_launcher(q.dtype, H_q // k_cache.shape[2], D, cfg, tile_update_fn)
-    launcher(*stage1_args(q, k_cache, v_cache, lens, scale, chunk, splits, o_part, lse_part, flag))
+    launcher = stage1_launcher(q.dtype, H_q // k_cache.shape[2], D, cfg, tile_update_fn,
+                               page=0 if block_table is None else k_cache.shape[1])
+    launcher(*stage1_args(q, k_cache, v_cache, lens, scale, chunk, splits, o_part, lse_part, flag, block_table))
     return o_part, lse_part

@@ -1,6 +1,6 @@
 r"""The Triton pieces every decode kernel shares, each written once: the two pieces of arithmetic below,
 and around them :func:`attend_slice` / :func:`attend_group` (stream one slice of a sequence through
-``tile_update`` and normalise it with :func:`state_to_partial`) and :func:`take_ticket` (the unified
+``tile_update`` and normalise it with :func:`state_to_partial`; contiguous or paged caches, :func:`page_rows`) and :func:`take_ticket` (the unified
 kernel's hand-off to the program that merges).
 
 ``tile_update`` - online softmax over one K/V tile for the query heads of one group.
@@ -117,11 +117,27 @@ def combine_blocks(heads: int, splits: int, block_d: int) -> tuple[int, int]:
 
 
 @triton.jit
+def page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE: tl.constexpr):
+    r"""Paged cache: the page and the slot in it of key positions ``pos`` of one sequence,
+    :math:`\text{page} = \text{table}[\lfloor pos/\text{PAGE}\rfloor]`, slot = pos mod PAGE (``BT_ROW`` points at
+    the sequence's row of the block table). A page index outside 0..n_pages-1 is clamped (no load ever leaves
+    the pool) and sets ``FLAG[0]`` to 1, like a clamped length."""
+    page_in = tl.load(BT_ROW + pos // PAGE, mask=valid, other=0)
+    page = tl.minimum(tl.maximum(page_in, 0), n_pages - 1)
+    bad = valid & (page != page_in)
+    tl.store(FLAG + pos * 0, bad.to(tl.int32), mask=bad)
+    return page.to(tl.int64), pos % PAGE
+
+
+@triton.jit
 def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
+                 BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
-                 TILE_UPDATE: tl.constexpr):
+                 TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr):
     """Stream keys [start, end) of one sequence and KV head through on-chip memory, one BLOCK_N tile at a
-    time, and return the group's state (m, ℓ, Õ). ``k_ptrs``/``v_ptrs`` point at key 0, dims ``offs_d``.
+    time, and return the group's state (m, ℓ, Õ). ``k_ptrs``/``v_ptrs`` point at key 0, dims ``offs_d``
+    (a contiguous cache, PAGE = 0), or at page 0's slot 0 of this KV head (a paged cache: PAGE keys a page,
+    rows gathered through the block table with :func:`page_rows`).
     ``TILE_UPDATE`` is :func:`tile_update` (Lab 03 passes the learner's version to check it)."""
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -130,8 +146,14 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         valid = pos < end
-        k = tl.load(k_ptrs + pos[:, None] * stride_kl, mask=valid[:, None] & mask_d[None, :], other=0.0)
-        v = tl.load(v_ptrs + pos[:, None] * stride_vl, mask=valid[:, None] & mask_d[None, :], other=0.0)
+        kv_mask = valid[:, None] & mask_d[None, :]
+        if PAGE == 0:
+            k = tl.load(k_ptrs + pos[:, None] * stride_kl, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs + pos[:, None] * stride_vl, mask=kv_mask, other=0.0)
+        else:
+            page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
+            k = tl.load(k_ptrs + (page * stride_kb + slot * stride_kl)[:, None], mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs + (page * stride_vb + slot * stride_vl)[:, None], mask=kv_mask, other=0.0)
         m, l, acc = TILE_UPDATE(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
     return m, l, acc
 
@@ -173,21 +195,27 @@ def take_ticket(counter_ptr, n_splits):
 
 @triton.jit
 def attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb, stride_kl, stride_kh,
-                 stride_vb, stride_vl, stride_vh, qk_scale,
+                 stride_vb, stride_vl, stride_vh, qk_scale, BT, stride_bt, n_pages, FLAG,
                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr):
+                 BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr):
     """The partial (O, lse) of the ``GROUP`` query heads h_kv·GROUP + g of sequence b over its keys
     [start, end): load the group's queries once, stream the K/V slice (:func:`attend_slice`), normalise.
-    Also returns the heads and the [BLOCK_G, BLOCK_D] mask of real rows and dims, for the caller's stores."""
+    Also returns the heads and the [BLOCK_G, BLOCK_D] mask of real rows and dims, for the caller's stores.
+    PAGE = 0: K/V are ``[B, L_max, H_kv, D]``; else pages ``[n_pages, PAGE, H_kv, D]`` behind the block table BT."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     heads = h_kv * GROUP + offs_g
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=(offs_g < GROUP)[:, None] & mask_d[None, :], other=0.0)
-    k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
-    v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
+    if PAGE == 0:
+        k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
+        v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
+    else:
+        k_ptrs = K + h_kv * stride_kh + offs_d[None, :]
+        v_ptrs = V + h_kv * stride_vh + offs_d[None, :]
     m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
-                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
+                             BT + b.to(tl.int64) * stride_bt, stride_kb, stride_vb, n_pages, FLAG,
+                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
     o, lse = state_to_partial(m, l, acc)
     return o, lse, heads, (offs_g < GROUP)[:, None] & mask_d[None, :]

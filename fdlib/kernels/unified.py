@@ -21,24 +21,24 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher
+from .launch import Launcher, paging
 from .tile import (LOG2E, attend_group, combine_blocks, combine_heads, load_lengths, split_range, take_ticket,
                    tile_update)
 
 
 @triton.jit
-def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG,
+def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT,
                    stride_qb, stride_qh,
                    stride_kb, stride_kl, stride_kh,
                    stride_vb, stride_vl, stride_vh,
                    stride_pb, stride_ph, stride_ps,
                    stride_lb, stride_lh,
                    stride_ob, stride_oh, stride_sb, stride_sh,
-                   qk_scale, chunk, H_KV, L_MAX,
+                   qk_scale, chunk, H_KV, L_MAX, stride_bt, n_pages,
                    GROUP: tl.constexpr, D: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
-                   TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr):
+                   TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr):
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -51,7 +51,8 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG,
         start, end = split_range(split, n_splits, chunk, L)
         o, lse, heads, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb,
                                               stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
-                                              GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE)
+                                              BT, stride_bt, n_pages, FLAG,
+                                              GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
         offs_d = tl.arange(0, BLOCK_D)
         mask_g = heads < (h_kv + 1) * GROUP
         if n_splits == 1:
@@ -118,27 +119,31 @@ def scratch_flag(device) -> torch.Tensor:
 
 
 def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
-                     dtype_slots=None) -> Launcher:
-    """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits and tiles."""
+                     dtype_slots=None, page: int = 0) -> Launcher:
+    """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles
+    and the page size (0: a contiguous cache)."""
     BLOCK_G, BLOCK_D = block_sizes(group, D)
     block_h, block_s = combine_blocks(group, splits, BLOCK_D)
     return Launcher(unified_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                          BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
-                                         num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
+                                         PAGE=page, num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
-def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag):
-    """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`)."""
+def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag,
+                 block_table=None):
+    """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`); with a
+    ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]."""
     if splits == 1:   # one split per row: the program writes out/lse itself and never touches the workspace
         o_part, lse_part = out, lse
     qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
     ps = o_part.stride()
+    bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((q.shape[0], k_cache.shape[2], splits),
-            (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag),
+            (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt),
             (qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2] if splits > 1 else 0,
              lse_part.stride(0), lse_part.stride(1), os_[0], os_[1], ls[0], ls[1], scale * LOG2E, chunk,
-             k_cache.shape[2], k_cache.shape[1]))
+             k_cache.shape[2], L_max, bt_stride, n_pages))
 
 
 def remember_resources(compiled, dtype, D: int, group: int, cfg) -> None:
@@ -150,7 +155,7 @@ def remember_resources(compiled, dtype, D: int, group: int, cfg) -> None:
 
 
 def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse, tile_update_fn=None,
-                ticket_fn=None, *, o_part=None, lse_part=None, counters=None, flag=None):
+                ticket_fn=None, *, o_part=None, lse_part=None, counters=None, flag=None, block_table=None):
     """One launch: partials, tickets and the merge. Writes ``out`` and ``lse`` in place. ``o_part``,
     ``lse_part`` ([B, H_q, splits, D] and [B, H_q, splits] float32), ``counters`` (zeroed int32, one per
     (b, h_kv) row) and ``flag`` are a plan's workspace; without them the call allocates the partials and
@@ -163,7 +168,8 @@ def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse, 
     if splits > 1 and o_part is None:
         o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
         lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
-    launcher = unified_launcher(q.dtype, group, D, splits, cfg, tile_update_fn, ticket_fn)
+    launcher = unified_launcher(q.dtype, group, D, splits, cfg, tile_update_fn, ticket_fn,
+                                page=0 if block_table is None else k_cache.shape[1])
     compiled = launcher(*unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part,
-                                      counters, flag))
+                                      counters, flag, block_table))
     remember_resources(compiled, q.dtype, D, group, cfg)

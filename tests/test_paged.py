@@ -1,0 +1,112 @@
+"""Paged KV caches: pages [n_pages, page_size, H_kv, D] behind a block table [B, max_pages] (vLLM / FlashInfer NHD),
+through every method, against float64 on the contiguous cache the table describes."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import fdlib
+from helpers import DEVICE, assert_attention_close, counters_zero
+
+METHODS = ("auto", "split", "unified", "persistent", "naive")
+
+
+def paged_problem(gen, B, H_q, H_kv, D, page, max_pages, n_pages, lens, dtype=torch.float32, share=True,
+                  unused=-1):
+    """q, the page pool, a block table (pages shuffled, the first pages of sequence 0 shared with sequence 1
+    when ``share``, entries past each length set to ``unused``), and the contiguous K/V it describes."""
+    q = torch.randn(B, H_q, D, generator=gen).to(dtype)
+    kp = torch.randn(n_pages, page, H_kv, D, generator=gen).to(dtype)
+    vp = torch.randn(n_pages, page, H_kv, D, generator=gen).to(dtype)
+    bt = torch.stack([torch.randperm(n_pages, generator=gen)[:max_pages] for _ in range(B)]).to(torch.int32)
+    if share and B > 1:
+        bt[1, : max_pages // 2] = bt[0, : max_pages // 2]
+    for b, L in enumerate(lens):
+        used = -(-L // page)
+        bt[b, used:] = unused
+    idx = bt.long().clamp(0, n_pages - 1)
+    k = kp[idx].reshape(B, max_pages * page, H_kv, D)
+    v = vp[idx].reshape(B, max_pages * page, H_kv, D)
+    to = lambda t: t.to(DEVICE)   # noqa: E731
+    return to(q), to(kp), to(vp), to(bt), to(k), to(v), torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+
+
+@settings(max_examples=12, deadline=None)
+@given(page=st.sampled_from([1, 4, 16, 64]), B=st.integers(1, 3), H_kv=st.integers(1, 2),
+       group=st.sampled_from([1, 3, 4]), D=st.sampled_from([16, 32, 80]), data=st.data())
+def test_paged_matches_float64_for_every_method(page, B, H_kv, group, D, data):
+    max_pages = max(1, 96 // page) if page < 64 else 2
+    L_max = max_pages * page
+    edges = [0, 1, page - 1, page, page + 1, 16, 17, L_max - 1, L_max]
+    lens = [data.draw(st.sampled_from([x for x in edges if 0 <= x <= L_max] + [data.draw(st.integers(0, L_max))]))
+            for _ in range(B)]
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    q, kp, vp, bt, k, v, lens_t = paged_problem(gen, B, group * H_kv, H_kv, D, page, max_pages,
+                                                max_pages * B + 3, lens)
+    for method in METHODS:
+        out, lse = fdlib.decode_attention(q, kp, vp, lens_t, block_table=bt, method=method, return_lse=True)
+        assert_attention_close(out, lse, q, k, v, lens_t, what=f"{method} page={page} lens={lens}")
+    assert counters_zero()
+
+
+def test_paged_plan_reused_with_new_tables_and_a_smaller_batch():
+    gen = torch.Generator().manual_seed(1)
+    q, kp, vp, bt, k, v, lens = paged_problem(gen, 3, 8, 2, 32, 16, 4, 20, [64, 20, 0])
+    p = fdlib.plan(3, 8, 2, 32, 64, dtype=torch.float32, device=DEVICE, page_size=16)
+    assert p.page_size == 16 and "pages of 16" in str(p)
+    assert_attention_close(p.run(q, kp, vp, lens, block_table=bt), None, q, k, v, lens, what="first table")
+    q2, kp2, vp2, bt2, k2, v2, lens2 = paged_problem(gen, 3, 8, 2, 32, 16, 4, 20, [5, 64, 33])
+    assert_attention_close(p.run(q2, kp2, vp2, lens2, block_table=bt2), None, q2, k2, v2, lens2, what="new table")
+    out = p.run(q2[:2], kp2, vp2, lens2[:2], block_table=bt2[:2])
+    assert_attention_close(out, None, q2[:2], k2[:2], v2[:2], lens2[:2], what="B'=2")
+    assert p.clamped() is False, "unused table entries (-1 past each length) are never read"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_page_index_outside_the_pool_is_clamped_and_flagged(method):
+    """A used table entry outside 0..n_pages-1 reads the nearest page of the pool, never outside it, and sets
+    the plan's flag."""
+    gen = torch.Generator().manual_seed(2)
+    q, kp, vp, bt, k, v, lens = paged_problem(gen, 2, 4, 1, 32, 4, 5, 12, [20, 7], share=False)
+    bt[0, 1], bt[1, 0] = 1000, -7
+    idx = bt.long().clamp(0, 11)
+    k = kp[idx].reshape(2, 20, 1, 32)
+    v = vp[idx].reshape(2, 20, 1, 32)
+    p = fdlib.plan(2, 4, 1, 32, 20, dtype=torch.float32, device=DEVICE, page_size=4, method=method)
+    out = p.run(q, kp, vp, lens, block_table=bt)
+    assert_attention_close(out, None, q, k, v, lens, what=f"{method} with clamped page indices")
+    assert p.clamped() is True
+
+
+PAGED_ERRORS = [
+    ("int64 table", lambda bt: bt.long(), {}, TypeError, ["block_table", "int32", "int64"]),
+    ("1-D table", lambda bt: bt[0], {}, ValueError, ["block_table", "[B=2"]),
+    ("table for another batch", lambda bt: bt[:1], {}, ValueError, ["block_table", "[B=2"]),
+    ("page of 3", None, {"page": 3}, ValueError, ["page_size", "power of two", "3"]),
+    ("not a tensor", lambda bt: bt.tolist(), {}, TypeError, ["block_table", "list"]),
+]
+
+
+@pytest.mark.parametrize("what,edit,over,exc,fragments", PAGED_ERRORS, ids=[e[0] for e in PAGED_ERRORS])
+def test_bad_block_tables_get_clear_errors(what, edit, over, exc, fragments):
+    gen = torch.Generator().manual_seed(3)
+    page = over.get("page", 4)
+    q, kp, vp, bt, k, v, lens = paged_problem(gen, 2, 4, 2, 16, page, 3, 8, [5, 2])
+    with pytest.raises(exc) as info:
+        fdlib.decode_attention(q, kp, vp, lens, block_table=edit(bt) if edit else bt)
+    for frag in fragments:
+        assert frag in str(info.value), f"{frag!r} not in: {info.value}"
+
+
+def test_a_paged_plan_needs_its_table_and_a_contiguous_plan_refuses_one():
+    gen = torch.Generator().manual_seed(4)
+    q, kp, vp, bt, k, v, lens = paged_problem(gen, 2, 4, 2, 16, 4, 3, 8, [5, 2])
+    paged = fdlib.plan(2, 4, 2, 16, 12, dtype=torch.float32, device=DEVICE, page_size=4)
+    with pytest.raises(TypeError, match="block_table"):
+        paged.run(q, kp, vp, lens)
+    flat = fdlib.plan(2, 4, 2, 16, 12, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(ValueError, match="block_table: this plan is for a contiguous cache"):
+        flat.run(q, k, v, lens, block_table=bt)
+    with pytest.raises(ValueError, match="page_size: L_max=10 must be a positive multiple of page_size=4"):
+        fdlib.plan(2, 4, 2, 16, 10, dtype=torch.float32, device=DEVICE, page_size=4)
