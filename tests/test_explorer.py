@@ -2,21 +2,13 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
-import types
 
 import pytest
 
+from fdlib import costmodel
 from fdlib import explorer as E
 from fdlib.gpus import PRESETS
-
-
-@pytest.fixture(autouse=True)
-def _fresh_caches():
-    E._explain.cache_clear()
-    yield
-    E._explain.cache_clear()
 
 
 @pytest.fixture
@@ -87,62 +79,64 @@ def test_draw_has_titles_units_and_device(no_results):
     assert maps and "8/132 SMs busy" in maps[0].get_title()
 
 
-def test_fallback_without_cost_model(monkeypatch):
-    monkeypatch.setitem(sys.modules, "fdlib.costmodel", None)   # import fails
-    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=1)
-    assert s.model == E.NO_COST_MODEL and "no cost model" in str(s)
-    assert s.chosen_splits > 1 and s.chosen_us < s.predicted_us
+def test_times_and_programs_per_sm_are_the_cost_models():
+    """One model serves the explorer and the library: r and the predicted µs are fdlib.costmodel.explain's."""
+    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=16, gpu="H200")
+    ex = costmodel.explain(1, 32, 8, 131072, gpu="H200")
+    times = {c.splits: c.time_us for c in ex.candidates}
+    assert s.programs_per_sm == ex.programs_per_sm and s.predicted_exact and s.predicted_us == times[16]
+    assert (s.chosen_splits, s.chosen_us) == (ex.chosen, times[ex.chosen])
+    assert "[cost model]" in str(s)
+    per_head = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=16, gpu="H200", gqa=False, unified=False)
+    assert per_head.predicted_us == {c.splits: c.time_us for c in costmodel.explain(
+        1, 32, 32, 131072, gpu="H200", method="split").candidates}[16]
 
 
-def _fake_costmodel(chosen=16, fail=False):
-    mod = types.ModuleType("fdlib.costmodel")
-
-    def explain(B, H_q, H_kv, L, D, dtype_bytes, gpu, method):
-        if fail:
-            raise RuntimeError("boom")
-        cands = [types.SimpleNamespace(splits=s, programs=B * H_kv * s, waves=1, wave_efficiency=0.5,
-                                       time_us=100.0 + abs(s - chosen)) for s in (1, 2, 4, 8, 16, 32, 64)]
-        return types.SimpleNamespace(chosen=chosen, candidates=cands, programs_per_sm=3)
-
-    mod.explain = explain
-    return mod
+def test_time_between_candidates_is_interpolated():
+    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=7, gpu="H200")     # 6 and 8 are candidates, 7 is not
+    times = {c.splits: c.time_us for c in costmodel.explain(1, 32, 8, 131072, gpu="H200").candidates}
+    assert s.splits_used == 7 and 7 not in times and not s.predicted_exact and "(interpolated)" in str(s)
+    assert min(times[6], times[8]) <= s.predicted_us <= max(times[6], times[8])
 
 
-def test_uses_the_cost_model_interface(monkeypatch):
-    monkeypatch.setitem(sys.modules, "fdlib.costmodel", _fake_costmodel(chosen=16))
-    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=16)
-    assert (s.model, s.chosen_splits, s.programs_per_sm, s.predicted_us) == ("cost model", 16, 3, 100.0)
-    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=12)      # between candidates 8 and 16
-    assert not s.predicted_exact and 100.0 < s.predicted_us < 108.0 and "(interpolated)" in str(s)
+def _bench_file(records, device="NVIDIA H200"):
+    """A results file as ``python -m fdlib.bench`` writes it (the fields the explorer reads)."""
+    return json.dumps({"schema": "fdlib.bench/1", "kind": "bench", "provenance": {"device": device},
+                       "settings": {"graphs": True}, "records": records})
 
 
-def test_broken_cost_model_falls_back(monkeypatch):
-    monkeypatch.setitem(sys.modules, "fdlib.costmodel", _fake_costmodel(fail=True))
-    s = E.summary(B=1, H_q=32, H_kv=8, L=131072, splits=1)
-    assert s.model.startswith(E.NO_COST_MODEL) and "RuntimeError" in s.model
+def _rec(method, splits, L=131072, B=1, status="ok", graph_us=None, eager_us=None):
+    return {"method": method, "splits": splits, "status": status, "graph_us": graph_us, "eager_us": eager_us,
+            "dtype": "bfloat16", "B": B, "H_q": 32, "H_kv": 8, "L": L, "D": 128}
 
 
-def test_recorded_results_are_loaded_defensively(tmp_path, monkeypatch):
+def test_recorded_results_come_from_bench_files(tmp_path, monkeypatch):
+    """Only the benchmark's results files are read (fdlib.bench.report.load_results); other JSON is skipped."""
     monkeypatch.setenv("FDLIB_RESULTS", str(tmp_path))
     (tmp_path / "broken.json").write_text("{not json")
-    (tmp_path / "sweep.json").write_text(json.dumps({
-        "provenance": {"device": "NVIDIA H200"},
-        "records": [
-            {"shape": [1, 32, 8, 131072, 128, "bfloat16"], "method": "unified", "splits": 1, "graph_us": 900.0},
-            {"shape": {"B": 1, "H_q": 32, "H_kv": 8, "L": 131072, "D": 128, "dtype": "bfloat16"},
-             "method": "unified", "splits": 16, "graph_us": 60.0, "eager_us": 70.0},
-            {"shape": [1, 32, 8, 131072, 128, "bfloat16"], "method": "split", "splits": 16, "graph_us": 80.0},
-            {"shape": [1, 32, 8, 4096, 128, "bfloat16"], "method": "unified", "splits": 4, "graph_us": 9.0},
-            {"shape": [1, 32, 8, 131072, 128, "bfloat16"], "splits": "auto", "graph_us": 1.0},
-            {"splits": 3},
-        ]}))
+    (tmp_path / "calibration.json").write_text(json.dumps({"bw_tbs": 5.0, "splits": 3, "graph_us": 1.0}))
+    (tmp_path / "bench.json").write_text(_bench_file([
+        _rec("unified", 1, graph_us=900.0, eager_us=950.0),
+        _rec("unified", 16, graph_us=60.0, eager_us=70.0),
+        _rec("split", 16, graph_us=80.0),
+        _rec("unified", 4, L=4096, graph_us=9.0),
+        _rec("unified", 32, status="error"),
+        _rec("cudnn", None, graph_us=50.0),
+    ]))
     pts, dev = E.recorded(1, 32, 8, 131072)
     assert pts == [(1, 900.0), (16, 60.0)] and dev == "NVIDIA H200"
     assert E.recorded(1, 32, 8, 131072, unified=False)[0] == [(16, 80.0)]
     assert E.recorded(2, 32, 8, 131072) == ([], None)
+    assert E.recorded(1, 32, 8, 131072, dtype_bytes=4) == ([], None)
     fig = E.draw(1, 32, 8, 131072, 1)
     labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert any("recorded on NVIDIA H200" in t for t in labels)
+
+
+def test_recorded_eager_only_results_say_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("FDLIB_RESULTS", str(tmp_path))
+    (tmp_path / "bench.json").write_text(_bench_file([_rec("unified", 2, eager_us=70.0)]))
+    assert E.recorded(1, 32, 8, 131072) == ([(2, 70.0)], "NVIDIA H200, eager timing")
 
 
 def test_recorded_bench_sweep_format(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ import triton.language as tl
 
 import fdlib
 from fdlib.bench.timing import Rotating, copies_for_l2, time_graph
+from fdlib.gpus import sm_count
 from fdlib.kernels.config import TileConfig, chunk_for, tile_config
 from fdlib.kernels.persistent import run_persistent
 from fdlib.kernels.stage1 import run_stage1
@@ -191,7 +192,7 @@ def main():
     ap.add_argument("--part", default="all", choices=("short", "small", "all"))
     args = ap.parse_args()
     print(fdlib.describe(), flush=True)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count()
     records = []
     t0 = time.time()
     try:

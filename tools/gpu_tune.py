@@ -18,6 +18,7 @@ import torch
 import triton
 
 import fdlib
+from fdlib.gpus import sm_count
 from fdlib.kernels.config import TileConfig, chunk_for
 from fdlib.kernels.stage1 import run_stage1
 from fdlib.kernels.stage2 import run_stage2
@@ -68,7 +69,7 @@ def main():
     if args.quick:
         shapes, cfgs = shapes[:2], cfgs[:4]
     D, dtype = 128, torch.float16
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count()
     records = []
     for (B, Hq, Hkv, L) in shapes:
         kv_bytes = 2 * B * Hkv * L * D * 2

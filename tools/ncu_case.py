@@ -14,6 +14,7 @@ import sys
 import torch
 
 import fdlib  # noqa: F401  (decides the runtime before any kernel is defined)
+from fdlib.gpus import sm_count
 from fdlib.kernels.config import TileConfig, chunk_for, tile_config
 from fdlib.kernels.persistent import run_persistent
 from fdlib.kernels.stage1 import run_stage1
@@ -35,7 +36,7 @@ def calls(case):
     cfg = tile_config(D, L, 2, rows=B * Hkv)
     chunk, splits = chunk_for(L, splits, cfg.BLOCK_N)
     s = 1 / math.sqrt(D)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = sm_count()
     if case == "short":
         return [lambda: run_unified(q, k, v, lens, s, chunk, splits, cfg, out, lse),
                 lambda: run_persistent(q, k, v, lens, s, TileConfig(64, 4, 3), out, lse, 2 * sms)]

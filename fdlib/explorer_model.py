@@ -1,0 +1,297 @@
+r"""What the SM-occupancy explorer draws: the numbers of one setting, computed without drawing anything.
+
+A split-KV decode launch runs
+
+.. math:: P = B \cdot H \cdot \text{splits}, \qquad
+          H = H_{kv}\ \text{(GQA packing)}\ \text{or}\ H_q\ \text{(one program per query head)}
+
+programs. With ``r`` programs per SM and S SMs they run in :math:`\lceil P/(rS) \rceil` waves
+(:func:`fdlib.occupancy.schedule`). With B = 1 and H_kv = 8, one split keeps 8 of an H200's 132 SMs busy
+and the other 124 idle; cutting the KV sequence into splits multiplies the programs until every SM streams
+its own slice. The two-stage method adds a second, small launch of B·H_q merge programs.
+
+* :func:`summary` -- the numbers of one setting (programs, waves, utilization, busy SMs per wave,
+  predicted µs) as a :class:`Summary`, with a deterministic text form for checked notebook cells;
+* :func:`summary_and_curve` -- the same with the schedule and the cost model's curve, what a picture needs;
+* :func:`recorded` -- measured µs of the same shape from the committed benchmark results.
+
+r, the splits a launch really has and every predicted time come from the cost model
+(:func:`fdlib.costmodel.explain`, r by :func:`fdlib.costmodel.kernel_programs_per_sm`) and the planner
+(:func:`fdlib.plan.launched_splits`): the explorer draws the model the library decides with.
+:mod:`fdlib.explorer` draws it (matplotlib) and puts it behind sliders (ipywidgets).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import costmodel, gpus
+from .kernels.config import MAX_SPLITS
+from .occupancy import Schedule, programs_per_sm, schedule
+
+STAGE2_WARPS = 4
+"""Warps of a stage-2 (merge) program, for the programs per SM of the two-stage method's second launch."""
+
+
+def gpu_tile(D: int, L: int, rows: int | None = None, dtype_bytes: int = 2):
+    """The compiled kernels' tile (BLOCK_N keys, warps, stages) for head dim D, length L, B·H_kv rows and
+    element size, as :func:`fdlib.kernels.config.tile_config_for` picks it on a GPU (the explorer models a
+    GPU even on a CPU)."""
+    from .kernels.config import tile_config_for
+    return tile_config_for(D, L, compiled_mode=True, elem_bytes=dtype_bytes, rows=rows)
+
+
+def splits_used(L: int, splits: int, D: int = 128, rows: int | None = None, dtype_bytes: int = 2) -> int:
+    """Splits the kernels really launch on a GPU: the planner's :func:`fdlib.plan.launched_splits`."""
+    from .plan import launched_splits
+    return launched_splits(L, splits, D, rows, dtype_bytes, compiled=True)
+
+
+def time_at(cands, splits: int) -> tuple[float, bool]:
+    """(predicted µs at ``splits``, exact?) -- log-log interpolation between candidates when not one of them."""
+    xs = [int(c.splits) for c in cands]
+    ts = [float(c.time_us) for c in cands]
+    if splits in xs:
+        return ts[xs.index(splits)], True
+    if splits <= xs[0]:
+        return ts[0], False
+    if splits >= xs[-1]:
+        return ts[-1], False
+    i = int(np.searchsorted(xs, splits))
+    f = (math.log(splits) - math.log(xs[i - 1])) / (math.log(xs[i]) - math.log(xs[i - 1]))
+    return math.exp((1 - f) * math.log(ts[i - 1]) + f * math.log(ts[i])), False
+
+
+def per_sm_text(r: int) -> str:
+    return f"{r} program{'s' if r != 1 else ''}/SM"
+
+
+# ----------------------------------------------------------------------------------------------- summary
+@dataclass(frozen=True)
+class Summary:
+    """The numbers of one setting. ``str()``/``repr()`` give the same deterministic text."""
+    gpu: str
+    sms: int
+    B: int
+    H_q: int
+    H_kv: int
+    L: int
+    D: int
+    dtype_bytes: int
+    gqa: bool
+    unified: bool
+    splits: int                  # requested
+    splits_used: int             # launched: at most one split per BLOCK_N-key tile
+    block_n: int                 # keys per tile of the compiled kernel for this D and L
+    programs: int                # of the main (stage-1 / unified) launch
+    programs_per_sm: int
+    waves: int
+    tail_programs: int
+    wave_efficiency: float
+    utilization: float           # SMs with work, averaged over the waves
+    busy_sms_per_wave: tuple = field(repr=False)
+    stage2_programs: int         # 0 for the unified kernel
+    stage2_waves: int
+    predicted_us: float
+    predicted_exact: bool        # False: interpolated between the cost model's candidates
+    chosen_splits: int           # the cost model's choice for this shape
+    chosen_us: float
+
+    @property
+    def group(self) -> int:
+        return self.H_q // self.H_kv
+
+    @property
+    def mode(self) -> str:
+        pack = "GQA packed (one program per KV head)" if self.gqa else "one program per query head"
+        return f"{pack}, {'unified kernel' if self.unified else 'two-stage (stage 1 + stage 2)'}"
+
+    @property
+    def busy_sms_first_wave(self) -> int:
+        return self.busy_sms_per_wave[0] if self.busy_sms_per_wave else 0
+
+    @property
+    def busy_sms_last_wave(self) -> int:
+        return self.busy_sms_per_wave[-1] if self.busy_sms_per_wave else 0
+
+    def busy_text(self) -> str:
+        w = self.waves
+        if w == 0:
+            return "none"
+        if w == 1:
+            return f"{self.busy_sms_per_wave[0]} of {self.sms}"
+        full = f"{self.sms} of {self.sms} in wave{'s 1-' + str(w - 1) if w > 2 else ' 1'}"
+        return f"{full}, {self.busy_sms_per_wave[-1]} of {self.sms} in the tail (wave {w})"
+
+    def lines(self) -> list[str]:
+        split_txt = f"{self.splits}" if self.splits == self.splits_used else \
+            f"{self.splits} requested, {self.splits_used} launched (one per {self.block_n}-key tile at most)"
+        progs = f"{self.programs} = B {self.B} × {'H_kv ' + str(self.H_kv) if self.gqa else 'H_q ' + str(self.H_q)}" \
+                f" × splits {self.splits_used}"
+        if self.stage2_programs:
+            progs += f" (+ stage 2: {self.stage2_programs} programs, {self.stage2_waves} wave" \
+                     f"{'s' if self.stage2_waves != 1 else ''})"
+        approx = "" if self.predicted_exact else " (interpolated)"
+        return [
+            f"model of {self.gpu}, {self.sms} SMs, {per_sm_text(self.programs_per_sm)}; {self.mode}",
+            f"shape: B={self.B} H_q={self.H_q} H_kv={self.H_kv} (group {self.group}) L={self.L} D={self.D} "
+            f"dtype={self.dtype_bytes} bytes",
+            f"splits: {split_txt}",
+            f"programs: {progs}",
+            f"waves: {self.waves} (tail wave: {self.tail_programs} programs), "
+            f"wave efficiency {self.wave_efficiency:.1%}",
+            f"busy SMs per wave: {self.busy_text()}",
+            f"SM utilization: {self.utilization:.1%}",
+            f"predicted time per decode step: {self.predicted_us:.1f} µs{approx} [cost model]",
+            f"cost model's choice: {self.chosen_splits} splits, {self.chosen_us:.1f} µs",
+        ]
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    __repr__ = __str__
+
+    def _repr_pretty_(self, p, cycle):   # IPython: the same text
+        p.text(str(self))
+
+
+def check_shape(B, H_q, H_kv, L, splits, D, dtype_bytes):
+    """ValueError naming the argument unless every size is an integer >= 1, H_q a multiple of H_kv and
+    splits at most MAX_SPLITS."""
+    for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("L", L), ("splits", splits), ("D", D),
+                    ("dtype_bytes", dtype_bytes)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+    if H_q % H_kv:
+        raise ValueError(f"H_q ({H_q}) must be a multiple of H_kv ({H_kv}): "
+                         "group = H_q/H_kv query heads share a KV head")
+    if splits > MAX_SPLITS:
+        raise ValueError(f"splits: expected 1..{MAX_SPLITS}, got {splits}")
+
+
+def wave_rows(s: Schedule, waves: list[int]) -> list[np.ndarray]:
+    """Programs per SM in the given (0-based) waves; round-robin like :func:`fdlib.occupancy.placement`."""
+    rows = []
+    for w in waves:
+        n = s.slots if w < s.waves - 1 else s.tail_programs
+        full, extra = divmod(n, s.sms)
+        row = np.full(s.sms, full, dtype=int)
+        row[:extra] += 1
+        rows.append(row)
+    return rows
+
+
+def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=True, D=128, dtype_bytes=2):
+    """(:class:`Summary`, the main launch's :class:`~fdlib.occupancy.Schedule`, the cost model's
+    :class:`~fdlib.costmodel.Explanation` over split counts) of one setting; ``gpu`` as
+    :func:`fdlib.gpus.resolve` takes it."""
+    check_shape(B, H_q, H_kv, L, splits, D, dtype_bytes)
+    g = gpus.resolve(gpu)
+    heads = H_kv if gqa else H_q
+    # One program per query head is the packed kernel with group 1: each query head streams its own KV copy.
+    ex = costmodel.explain(B=int(B), H_q=int(H_q), H_kv=int(heads), L=int(L), D=int(D), dtype_bytes=int(dtype_bytes),
+                           gpu=g, method="unified" if unified else "split")
+    r = int(ex.programs_per_sm)
+    used = splits_used(L, splits, D, B * heads, dtype_bytes)
+    P = B * heads * used
+    s = schedule(P, r, g.sms)
+    busy = tuple([g.sms] * (s.waves - 1) + [s.busy_sms_last_wave]) if s.waves else ()
+    s2 = schedule(B * H_q, programs_per_sm(g, STAGE2_WARPS, 64, 0), g.sms) if not unified else None
+    t, exact = time_at(ex.candidates, used)
+    chosen_t, _ = time_at(ex.candidates, int(ex.chosen))
+    summ = Summary(gpu=g.name, sms=g.sms, B=int(B), H_q=int(H_q), H_kv=int(H_kv), L=int(L), D=int(D),
+                   dtype_bytes=int(dtype_bytes), gqa=bool(gqa), unified=bool(unified), splits=int(splits),
+                   splits_used=used, block_n=gpu_tile(D, L, B * heads, dtype_bytes).BLOCK_N, programs=P,
+                   programs_per_sm=r, waves=s.waves, tail_programs=s.tail_programs,
+                   wave_efficiency=s.wave_efficiency, utilization=s.utilization, busy_sms_per_wave=busy,
+                   stage2_programs=s2.programs if s2 else 0, stage2_waves=s2.waves if s2 else 0,
+                   predicted_us=t, predicted_exact=exact, chosen_splits=int(ex.chosen), chosen_us=chosen_t)
+    return summ, s, ex
+
+
+def summary(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: bool = True, unified: bool = True,
+            D: int = 128, dtype_bytes: int = 2) -> Summary:
+    """The numbers of one setting: programs, waves, utilization, busy SMs per wave, predicted µs.
+
+    >>> print(summary(B=1, H_q=32, H_kv=8, L=131072, splits=1).busy_text())
+    8 of 132
+    """
+    return summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_bytes)[0]
+
+
+# ----------------------------------------------------------------------------------------------- recorded results
+def results_dir() -> Path:
+    """Where committed benchmark results live: ``$FDLIB_RESULTS`` or the checkout's ``results/``."""
+    return Path(os.environ.get("FDLIB_RESULTS", Path(__file__).resolve().parent.parent / "results"))
+
+
+def _point(shape: dict, method: str, point: dict, device: str, sweep: bool) -> tuple | None:
+    """(shape key, method, splits, µs, device, timing, sweep) of one timed point of a results file, or None
+    when it has no split count or did not pass; CUDA-graph µs where the run has them, else eager."""
+    sp = point.get("splits")
+    if not isinstance(sp, int) or sp < 1 or point.get("status") != "ok":
+        return None
+    us, timing = point.get("graph_us"), "graph"
+    if us is None:
+        us, timing = point.get("us", point.get("eager_us")), "eager"
+    if us is None:
+        return None
+    import torch
+    key = (int(shape["B"]), int(shape["H_q"]), int(shape["H_kv"]), int(shape["L"]), int(shape["D"]),
+           getattr(torch, shape["dtype"]).itemsize)
+    return key, str(method), sp, float(us), device, timing, sweep
+
+
+@functools.lru_cache(maxsize=8)
+def _load_points(root: str, stamp: tuple) -> tuple:
+    """Every timed point of the ``python -m fdlib.bench`` results under ``root`` (bench records and sweep
+    points; read by :func:`fdlib.bench.report.load_results`); ``stamp`` (paths and mtimes) invalidates the
+    cache when files change."""
+    from .bench.report import load_results
+    out = []
+    for path in sorted(Path(root).rglob("*.json")):
+        try:
+            res = load_results(path)
+        except ValueError:   # not a results file of fdlib.bench (a calibration, a tuning run, a tool's output)
+            continue
+        device = res["provenance"]["device"]
+        if res["kind"] == "sweep":
+            method = res["settings"]["method"]
+            out += [_point(row, method, p, device, True) for row in res["sweep"] for p in row["points"]]
+        elif res["kind"] == "bench":
+            out += [_point(rec, rec["method"], rec, device, False) for rec in res["records"]]
+    return tuple(p for p in out if p is not None)
+
+
+def recorded(B, H_q, H_kv, L, D=128, dtype_bytes=2, unified=True) -> tuple[list[tuple[int, float]], str | None]:
+    """Benchmark results committed under :func:`results_dir` for this shape: ([(splits, µs)], device) or
+    ([], None) when none match.
+
+    Reads every ``python -m fdlib.bench`` results file there; prefers ``--sweep-splits`` sweeps and CUDA-graph
+    times, and keeps one device and timing only (the fastest time per split count).
+    """
+    root = results_dir()
+    if not root.is_dir():
+        return [], None
+    try:
+        stamp = tuple((str(p), p.stat().st_mtime_ns) for p in sorted(root.rglob("*.json")))
+    except OSError:
+        return [], None
+    want_methods = ("unified", "auto") if unified else ("split",)
+    match = [r for r in _load_points(str(root), stamp)
+             if r[0] == (B, H_q, H_kv, L, D, dtype_bytes) and r[1] in want_methods]
+    if not match:
+        return [], None
+    match.sort(key=lambda r: (not r[6], r[5] != "graph"))      # sweeps first, graph timings first
+    best = match[0]
+    pts = {}
+    for _, _, sp, us, dev, timing, sweep in match:
+        if (dev, timing, sweep) == best[4:]:
+            pts[sp] = min(us, pts.get(sp, float("inf")))
+    label = best[4] + ("" if best[5] == "graph" else f", {best[5]} timing")
+    return sorted(pts.items()), label
