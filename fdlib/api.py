@@ -40,7 +40,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         method: ``"auto"`` (splits from the cost model; the unified kernel, or the persistent one when every
             row is one split of a short cache and there are many rows: :func:`fdlib.splits.choose_kernel`),
             ``"unified"``, ``"split"`` (stage 1 + stage 2 kernels), ``"persistent"`` (one launch of a few
-            programs per SM walking all rows, no split) or ``"naive"`` (PyTorch matmul-softmax-matmul).
+            programs per SM walking all rows, no split), ``"balanced"`` (ragged batches: the batch cut into work
+            items of near-equal size on the device, :mod:`fdlib.schedule`) or ``"naive"`` (PyTorch
+            matmul-softmax-matmul).
         num_splits: force the number of KV splits (1..256) instead of letting fdlib choose; at most one split
             per tile of keys is launched (:func:`fdlib.kernels.config.chunk_for`).
         return_lse: also return lse ``[B, H_q]`` float32 (natural log).

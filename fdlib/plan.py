@@ -38,13 +38,14 @@ import torch
 
 from . import runtime
 from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config, tile_config, tile_config_for
+from .kernels.balanced import balanced_args
 from .kernels.persistent import persistent_args
 from .kernels.stage1 import stage1_args
 from .kernels.stage2 import stage2_args
 from .kernels.unified import remember_resources, unified_args
 from .validate import DTYPES, MAX_HEAD_DIM, METHODS
 
-KERNELS = ("unified", "split", "persistent", "naive")
+KERNELS = ("unified", "split", "persistent", "balanced", "naive")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Decision:
     basis: str                  # "host lengths", "max_seqlen" or "capacity"
     programs: int = 0           # persistent: programs launched
     rows_per_program: int = 0   # persistent: the kernel's ROWS (a power of two)
+    budget: int = 0             # balanced: P, the work items the batch is cut into (fdlib.schedule)
 
 
 def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: int, compiled: bool) -> int:
@@ -92,6 +94,11 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     chunk, splits = chunk_for(L_cap, num_splits, tile.BLOCK_N)
     if kernel == "auto":   # forced splits: the unified kernel, or the persistent one at one split
         kernel = choose_kernel(B, H_kv, L_cap, splits)
+    if kernel == "balanced":
+        from .kernels.balanced import MAX_BATCH
+        if B > MAX_BATCH:
+            raise ValueError(f"method: 'balanced' keeps the batch's lengths in registers, B <= {MAX_BATCH}, got B={B}")
+        return Decision("balanced", splits, chunk, tile, L_cap, basis, budget=B * splits)
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
     from .kernels.persistent import programs_for, rows_for
@@ -223,6 +230,9 @@ class DecodePlan:
             go[1](*stage2_args(ws.o_part, ws.lse_part, out, lse))
         elif d.kernel == "persistent":
             go[0](*persistent_args(q, k_cache, v_cache, lens, self.scale, out, lse, d.programs, ws.flag, bt))
+        elif d.kernel == "balanced":
+            go[0](*balanced_args(q, k_cache, v_cache, lens, self.scale, d.budget, out, lse, ws.o_part, ws.lse_part,
+                                 ws.counters, ws.flag, bt))
         else:
             from .reference import naive_attention
             clamped = lens.clamp(0, self.L_max)
@@ -366,10 +376,10 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
                       _workspace(B, H_q, H_kv, D, L_max, d, device), torch.empty(B, dtype=torch.int32, device=device),
-                      _launchers(d, dtype, H_q // H_kv, D, page))
+                      _launchers(d, dtype, H_q // H_kv, D, page, B))
 
 
-def _launchers(d: Decision, dtype, group: int, D: int, page: int) -> tuple:
+def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int) -> tuple:
     """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`);
     only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan."""
     if d.kernel == "unified":
@@ -380,6 +390,9 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int) -> tuple:
         from .kernels.stage2 import stage2_launcher
         return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page),
                 stage2_launcher(D, d.splits, dtype_slots=()))
+    if d.kernel == "balanced":
+        from .kernels.balanced import balanced_launcher
+        return (balanced_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page),)
     if d.kernel == "persistent":
         from .kernels.persistent import persistent_launcher
         return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,), page=page),)
@@ -391,10 +404,18 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device) -> Workspace:
     partials = d.kernel == "split" or d.kernel == "unified" and d.splits > 1
     try:
         f32 = dict(dtype=torch.float32, device=device)
+        if d.kernel == "balanced":   # partials by item: a row's items are consecutive (fdlib.schedule)
+            from .kernels.balanced import items_max
+            n = items_max(B, d.budget)
+            o_part, lse_part = torch.empty((n, H_q, D), **f32), torch.empty((H_q, n), **f32)
+        else:
+            o_part = torch.empty((B, H_q, d.splits, D), **f32) if partials else None
+            lse_part = torch.empty((B, H_q, d.splits), **f32) if partials else None
         return Workspace(
-            o_part=torch.empty((B, H_q, d.splits, D), **f32) if partials else None,
-            lse_part=torch.empty((B, H_q, d.splits), **f32) if partials else None,
-            counters=torch.zeros(B * H_kv, dtype=torch.int32, device=device) if d.kernel == "unified" else None,
+            o_part=o_part,
+            lse_part=lse_part,
+            counters=(torch.zeros(B * H_kv, dtype=torch.int32, device=device)
+                      if d.kernel in ("unified", "balanced") else None),
             flag=torch.zeros(1, dtype=torch.int32, device=device),
             lse=torch.empty((B, H_q), **f32),
             full_lengths=torch.full((B,), L_max, dtype=torch.int32, device=device))

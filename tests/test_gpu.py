@@ -255,7 +255,7 @@ def test_default_call_captures_as_written(warm):
     assert counters_zero()
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHODS + ("balanced",))
 def test_captured_plan_replayed_with_new_lengths(method):
     """plan.run captured once; 100 replays with lengths rewritten in place (0, 1, L, and lengths longer than the
     plan's host lengths: the last split runs to the row's end) match the float64 reference."""

@@ -11,7 +11,7 @@ import fdlib
 import fdlib.api
 from helpers import DEVICE, assert_attention_close, counters_zero, make_problem
 
-METHODS = ("auto", "split", "unified", "persistent", "naive")
+METHODS = ("auto", "split", "unified", "persistent", "balanced", "naive")
 
 
 def small(B=3, L=37, H_q=6, H_kv=2, D=80, dtype=torch.float32, seed=0, lens=(37, 16, 1)):

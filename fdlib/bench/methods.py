@@ -12,6 +12,8 @@ fdlib methods (KV cache token-major ``[B, L, H_kv, D]``):
 ``split``      ``method="split"``: stage 1 + stage 2 with the splits fdlib chooses
 ``unified``    ``method="unified"``: one launch, splits fdlib chooses
 ``persistent`` ``method="persistent"``: one launch of a few programs per SM over all rows, no split
+``balanced``   ``method="balanced"``: ragged batches cut into near-equal work items on the device (not in
+               the default list)
 ``auto``       ``method="auto"``
 ``split@S``    forced ``num_splits=S`` (also ``unified@S``, ``auto@S``)
 =============  ===============================================================================
@@ -46,6 +48,7 @@ FDLIB_METHODS = {
     "split": ("split", None),
     "unified": ("unified", None),
     "persistent": ("persistent", None),
+    "balanced": ("balanced", None),
     "auto": ("auto", None),
 }
 PEERS = {

@@ -1,0 +1,109 @@
+r"""The balanced kernel: the unified kernel over a work list of near-equal items, built on the device.
+
+Grid ``(P + B, H_kv)`` for a budget of P items (:mod:`fdlib.schedule`). Every program loads all B lengths and
+computes the schedule itself, the same in every program:
+
+.. math::
+    t_b = \max(1, \lceil L_b/N\rceil),\quad c = \lceil \textstyle\sum_b t_b / P\rceil,\quad
+    n_b = \lceil t_b / c\rceil,\quad E_b = n_0 + \dots + n_b
+
+Program i takes item i: its row is :math:`b = \#\{b : E_b \le i\}`, its split :math:`j = i - (E_b - n_b)`,
+its keys :math:`[j\,cN,\ \min((j+1)\,cN,\ L_b))`. Items past :math:`E_{B-1}` exit at once. A row of one item
+writes :math:`O = \tilde O/\ell` and lse itself; a row of several stores its partials at its items' slots and
+the last of them to take a ticket merges them (:func:`~fdlib.kernels.tile.take_ticket`,
+:func:`~fdlib.kernels.tile.combine_heads`), as in the unified kernel. Nothing is read on the host, so a
+captured graph stays balanced when the lengths change in place.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .config import block_sizes, fp32_dot
+from .launch import Launcher, paging
+from .tile import (LOG2E, attend_group, combine_blocks, combine_heads, load_lengths, split_range, take_ticket,
+                   tile_update)
+
+MAX_BATCH = 4096
+"""Every program keeps all B lengths in registers; larger batches use the other kernels."""
+
+
+@triton.jit
+def balanced_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT,
+                    stride_qb, stride_qh,
+                    stride_kb, stride_kl, stride_kh,
+                    stride_vb, stride_vl, stride_vh,
+                    stride_pi, stride_ph,
+                    stride_lh,
+                    stride_ob, stride_oh, stride_sb, stride_sh,
+                    qk_scale, n_batch, budget, H_KV, L_MAX, stride_bt, n_pages,
+                    GROUP: tl.constexpr, D: tl.constexpr,
+                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr, FP32_DOT: tl.constexpr,
+                    TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr):
+    item = tl.program_id(0)
+    h_kv = tl.program_id(1)
+    # the schedule, computed alike by every program (fdlib.schedule.balanced)
+    offs_b = tl.arange(0, BLOCK_B)
+    mine = offs_b < n_batch
+    lens = load_lengths(LENS, offs_b, mine, L_MAX, FLAG)
+    tiles = tl.where(mine, tl.maximum(tl.cdiv(lens, BLOCK_N), 1), 0)
+    c = tl.maximum(tl.cdiv(tl.sum(tiles, 0), budget), 1)
+    n = tl.where(mine, tl.cdiv(tiles, c), 0)
+    ends = tl.cumsum(n, 0)                                              # E_b
+    if item < tl.sum(n, 0):
+        b = tl.sum((ends <= item).to(tl.int32), 0)                      # the row of this item
+        here = offs_b == b
+        n_b = tl.sum(tl.where(here, n, 0), 0)
+        first = tl.sum(tl.where(here, ends, 0), 0) - n_b
+        L = tl.sum(tl.where(here, lens, 0), 0)
+        start, end = split_range(item - first, n_b, c * BLOCK_N, L)
+        o, lse, heads, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb,
+                                              stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
+                                              BT, stride_bt, n_pages, FLAG,
+                                              GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_g = heads < (h_kv + 1) * GROUP
+        if n_b == 1:
+            tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                     o.to(OUT.dtype.element_ty), mask=mask_gd)
+            tl.store(LSE + b * stride_sb + heads * stride_sh, lse, mask=mask_g)
+        else:
+            tl.store(O_PART + item.to(tl.int64) * stride_pi + heads[:, None] * stride_ph + offs_d[None, :], o,
+                     mask=mask_gd)
+            tl.store(LSE_PART + heads * stride_lh + item, lse, mask=mask_g)
+            if take_ticket(COUNTERS + b * H_KV + h_kv, n_b):
+                h0 = h_kv * GROUP
+                combine_heads(O_PART + first.to(tl.int64) * stride_pi + h0 * stride_ph,
+                              LSE_PART + h0 * stride_lh + first, n_b, GROUP, stride_ph, stride_pi, stride_lh,
+                              OUT + b * stride_ob + h0 * stride_oh, stride_oh, LSE + b * stride_sb + h0 * stride_sh,
+                              stride_sh, BLOCK_H, BLOCK_S, BLOCK_D, D, True)
+
+
+def items_max(B: int, budget: int) -> int:
+    """Slots the workspace needs: Σ n_b <= budget + B (each row rounds its item count up once)."""
+    return budget + B
+
+
+def balanced_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, page: int = 0) -> Launcher:
+    """The balanced kernel with its constexprs fixed (BLOCK_B covers the planned batch B)."""
+    BLOCK_G, BLOCK_D = block_sizes(group, D)
+    block_h, block_s = combine_blocks(group, 16, BLOCK_D)
+    return Launcher(balanced_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
+                                          BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=max(16, triton.next_power_of_2(B)),
+                                          FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, PAGE=page,
+                                          num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
+
+
+def balanced_args(q, k_cache, v_cache, lens, scale, budget, out, lse, o_part, lse_part, counters, flag,
+                  block_table=None):
+    """(grid, pointers, scalars) of one launch; ``o_part`` [items, H_q, D] and ``lse_part`` [H_q, items] float32
+    (a row's partials lie at its consecutive items) with items >= :func:`items_max`."""
+    B = q.shape[0]
+    qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
+    bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
+    return ((items_max(B, budget), k_cache.shape[2]),
+            (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt),
+            (qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], o_part.stride(0), o_part.stride(1),
+             lse_part.stride(0), os_[0], os_[1], ls[0], ls[1], scale * LOG2E, B, budget, k_cache.shape[2], L_max,
+             bt_stride, n_pages))
