@@ -10,7 +10,7 @@ import torch
 from fdlib.grading import core
 from fdlib.grading.core import GuardedBuffer, TodoError, call, check_case, run_checks
 from fdlib.online_softmax import State
-from helpers import assert_one_todo_line, not_implemented_stub, todo_stub
+from helpers import assert_one_todo_line, cell_function, not_implemented_stub, todo_stub
 
 NAIVE, ONLINE, MERGE = "lab01.naive_attention", "lab02.online_softmax", "lab02.merge"
 
@@ -69,6 +69,18 @@ def test_correct_variant_passes():
 def test_stub_is_todo(name, stub, capsys):
     res = run_checks(name, stub)
     assert_one_todo_line(res, capsys.readouterr().out, name)
+
+
+@pytest.mark.parametrize("name", core.exercises())
+def test_shipped_stub_is_todo(name, capsys):
+    """The stub its grader module holds (the exercise cell as shipped), run as that cell, prints one TODO line:
+    a Python stub calls todo(), a Triton stub is recognised by its code."""
+    fn = cell_function(core.stub_source(name), name.split(".")[1])
+    try:
+        res = run_checks(name, fn)
+        assert_one_todo_line(res, capsys.readouterr().out, name)
+    finally:
+        core._LEARNER.pop(name, None)
 
 
 @pytest.mark.parametrize("wrong", WRONG_NAIVE, ids=list(WRONG_NAIVE))

@@ -9,19 +9,13 @@ from fdlib.grading import core, lab03, lab04  # first: importing fdlib picks the
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from fdlib.grading.core import run_checks
-from helpers import assert_one_todo_line, cell_function
+from helpers import cell_function
 
 TILE, STAGE2 = lab03.NAME, lab04.NAME
 
 
 # ---------------------------------------------------------------------------------------------- stubs
-@pytest.mark.parametrize("name,stub,fn", [(TILE, lab03.STUB, "tile_update"), (STAGE2, lab04.STUB, "stage2_kernel")])
-def test_stub_is_todo(name, stub, fn, capsys):
-    res = run_checks(name, cell_function(stub, fn))
-    assert_one_todo_line(res, capsys.readouterr().out, name)
-    core._LEARNER.pop(name, None)
-
-
+# (the shipped stubs print one TODO line: tests/test_grader_meta.py::test_shipped_stub_is_todo)
 @pytest.mark.parametrize("name", [TILE, STAGE2])
 def test_solution_source_runs_as_a_cell(name):
     """What reveal_solution writes into a cell defines a function that passes (source from a Triton function)."""

@@ -6,6 +6,10 @@ Vocabulary
   ``@exercise("lab01.naive_attention")``. Its stub body calls :func:`todo` (or raises ``NotImplementedError``).
 * A **solution** is the reference implementation of an exercise (``labsolutions/labNN_topic.py``), registered
   with ``@solution(name)``.
+* A **stub** is the exercise cell as shipped, kept as text in ``fdlib/grading/labNN.py`` and registered with
+  :func:`exercise_stub` (``notebooks/src`` must hold the same text, ``tests/test_notebook_sources.py`` checks
+  it). A Triton stub cannot call :func:`todo` (it has to compile), so it is recognised by its code: its
+  ``guard`` runs before each of the exercise's checks (:mod:`fdlib.grading.triton_exercise`).
 * A **check** is a small function ``check_fn(impl, gen)`` written once in ``fdlib/grading/labNN.py`` with
   ``@check_case(name, "what it checks")``. It builds fresh inputs from ``gen`` (a generator seeded per check), calls the implementation
   through :func:`call` and compares with :func:`assert_close` / :func:`expect_tensor`. A check fails by raising
@@ -57,6 +61,8 @@ def todo(name: str = "this exercise"):
 _LEARNER: dict[str, Callable] = {}
 _SOLUTIONS: dict[str, Callable] = {}
 _CHECKS: dict[str, list["Check"]] = {}
+_STUBS: dict[str, str] = {}
+_GUARDS: dict[str, Callable] = {}
 _LAST: dict[str, "Result"] = {}
 
 
@@ -106,6 +112,22 @@ def check_case(name: str, title: str, timeout_s: float = DEFAULT_TIMEOUT_S, poin
         lst.append(Check(name, title, fn, timeout_s, points))
         return fn
     return deco
+
+
+def exercise_stub(name: str, source: str, guard: Callable | None = None) -> str:
+    """Register ``source`` as the stub of exercise ``name``; returns it. ``guard(impl)``, if given, runs before
+    each of the exercise's checks: it raises :class:`TodoError` for the untouched stub and
+    :class:`CheckFailure` for an implementation of the wrong kind (e.g. not a Triton function)."""
+    _STUBS[name] = source
+    if guard is not None:
+        _GUARDS[name] = guard
+    return source
+
+
+def stub_source(name: str) -> str:
+    """The stub of exercise ``name`` (the text of its exercise cell as shipped)."""
+    load_checks(name)
+    return _STUBS[name].strip("\n")
 
 
 def _lab(name: str) -> str:
@@ -369,6 +391,8 @@ def run_one(chk: Check, impl: Callable, timeout_s: float | None = None) -> Check
     def target():
         gen = torch.Generator().manual_seed(chk.seed)
         try:
+            if chk.exercise in _GUARDS:
+                _GUARDS[chk.exercise](impl)
             chk.fn(impl, gen)
             box["outcome"] = CheckOutcome(chk.name, "pass")
         except (TodoError, NotImplementedError) as e:

@@ -13,9 +13,21 @@ import torch
 
 from fdlib.reference import reference_attention
 
-from .core import TOL, assert_close, call, check_case, expect_tensor, expect_tuple, randn
+from .core import TOL, assert_close, call, check_case, exercise_stub, expect_tensor, expect_tuple, randn
 
 NAME = "lab01.naive_attention"
+
+STUB = exercise_stub(NAME, '''
+@exercise("lab01.naive_attention")
+def naive_attention(q, k_cache, v_cache, cache_seqlens, scale):
+    """Decode attention, the obvious way.
+
+    q [B, H_q, D]; k_cache, v_cache [B, L_max, H_kv, D]; cache_seqlens [B] (int32); scale: a float.
+    Returns (out [B, H_q, D] in q's dtype, lse [B, H_q] float32). Query head h reads KV head h // group.
+    Keys at positions >= cache_seqlens[b] are ignored; a sequence of length 0 gives out = 0, lse = -inf.
+    """
+    todo("lab01.naive_attention")
+''')
 
 
 def _case(impl, gen, *, B, H_q, H_kv, D, L_max, lengths=None, dtype=torch.float32, scale=None, spread=1.0,

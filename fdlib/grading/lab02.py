@@ -14,10 +14,28 @@ import torch
 
 from fdlib.online_softmax import State, block_state
 
-from .core import CheckFailure, assert_close, call, check_case, expect_tensor, expect_tuple, randn
+from .core import CheckFailure, assert_close, call, check_case, exercise_stub, expect_tensor, expect_tuple, randn
 
 ONLINE = "lab02.online_softmax"
 MERGE = "lab02.merge"
+
+ONLINE_STUB = exercise_stub(ONLINE, '''
+@exercise("lab02.online_softmax")
+def online_softmax(q, k, v, block, scale):
+    """Attention of one query q [D] over keys k [L, D] and values v [L, D], `block` keys at a time.
+
+    Returns State(m, l, o_tilde) (or a tuple): m = max_j s_j, l = sum_j exp(s_j - m),
+    o_tilde = sum_j exp(s_j - m) v_j with s_j = scale * q . k_j. No keys (or only -inf scores): (-inf, 0, 0).
+    """
+    todo("lab02.online_softmax")
+''')
+
+MERGE_STUB = exercise_stub(MERGE, '''
+@exercise("lab02.merge")
+def merge(a, b):
+    """The state of the union of two disjoint key sets. a, b: State(m [N], l [N], o_tilde [N, D])."""
+    todo("lab02.merge")
+''')
 FLOATS = (torch.float32, torch.float64)
 
 

@@ -17,28 +17,29 @@ Most checks run fdlib's real stage-1 kernel with the learner's function injected
 harness kernel, to test states the stage-1 kernel never produces (a fully masked tile).
 
 An untouched stub (the exercise cell as shipped, :data:`STUB`) is recognised by comparing its code with the
-stub's (comments and docstring aside) and reported as a TODO.
+stub's (comments and docstring aside) and reported as a TODO (:mod:`fdlib.grading.triton_exercise`).
 """
 from __future__ import annotations
 
-import ast
-import inspect
 import math
-import textwrap
 
 import torch
 import triton
 import triton.language as tl
 
+from fdlib import runtime
 from fdlib.kernels.config import INTERPRETER_CONFIG, TileConfig, tile_config
+from fdlib.kernels.stage1 import run_stage1
+from fdlib.kernels.stage2 import run_stage2
 from fdlib.kernels.tile import LOG2E
 from fdlib.reference import reference_attention
 
-from .core import TOL, CheckFailure, LearnerError, TodoError, assert_close, check_case, randn
+from .core import TOL, assert_close, check_case, randn
+from .triton_exercise import launch, triton_stub
 
 NAME = "lab03.tile_update"
 
-STUB = '''
+STUB = triton_stub(NAME, '''
 @exercise("lab03.tile_update")
 @triton.jit
 def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr):
@@ -55,67 +56,13 @@ def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr):
     #       alpha = 2^(m - m_new) and p = 2^(s - m_new) (careful when m_new is -inf: use 0 instead);
     #       l = alpha * l + sum(p); acc = alpha * acc + p @ v.
     return m, l, acc
-'''
+''')
 
 
-# ---------------------------------------------------------------------------------------------- stubs and launches
-def _body_code(src: str) -> str | None:
-    """The code of the first function in ``src`` without its docstring (comments are not in the AST)."""
-    try:
-        tree = ast.parse(textwrap.dedent(src))
-    except SyntaxError:
-        return None
-    fn = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
-    if fn is None:
-        return None
-    body = fn.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
-        body = body[1:]
-    return ast.dump(ast.Module(body=body, type_ignores=[]))
-
-
-def is_untouched(impl, stub_src: str) -> bool:
-    """True if ``impl`` (a Triton function) has the code of the stub ``stub_src``."""
-    fn = getattr(impl, "fn", impl)
-    try:
-        src = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return False
-    mine = _body_code(src)
-    return mine is not None and mine == _body_code(stub_src)
-
-
-def require_triton(impl, name: str, stub_src: str) -> None:
-    """TODO for the untouched stub; a clear failure unless ``impl`` is a ``@triton.jit`` function."""
-    if is_untouched(impl, stub_src):
-        raise TodoError(f"implement {name}")
-    if not isinstance(impl, triton.runtime.KernelInterface):
-        raise CheckFailure(f"expected a @triton.jit function, got {type(impl).__name__}: put @triton.jit "
-                           f"right above the def (and @exercise(\"{name}\") above that)")
-
-
-def launch(what: str, fn):
-    """Run ``fn()`` (a kernel launch with the learner's code inside); its exceptions become ❌ lines."""
-    try:
-        return fn()
-    except (TodoError, NotImplementedError, CheckFailure):
-        raise
-    except Exception as e:  # noqa: BLE001
-        msg = " ".join(str(e).split())
-        if len(msg) > 400:
-            msg = msg[:400] + " ..."
-        raise LearnerError(f"{what} raised {type(e).__name__}: {msg}") from e
-
-
+# ---------------------------------------------------------------------------------------------- tiles
 def _cfg() -> TileConfig:
     """The interpreter's 16-key tiles here; on a GPU the compiled tiles for these small shapes."""
     return INTERPRETER_CONFIG if INTERPRETER_CONFIG == tile_config() else tile_config(64, 256)
-
-
-def _device():
-    from fdlib import runtime
-    return runtime.DEVICE
 
 
 # ---------------------------------------------------------------------------------------------- stage 1 + stage 2
@@ -129,7 +76,7 @@ def split_kv_problem(gen, *, B, H_q, H_kv, D, L_max, splits, lengths=None, dtype
     if k_ramp:     # later keys score higher: the running max grows tile after tile
         k = k + k_ramp * torch.linspace(0, 1, L_max)[None, :, None, None] * q.mean(1).sign()[:, None, None, :]
     v = randn(gen, B, L_max, H_kv, D)
-    dev = _device()
+    dev = runtime.DEVICE
     q, k, v = (t.to(dtype).to(dev) for t in (q, k, v))
     lens = torch.full((B,), L_max, dtype=torch.int32) if lengths is None else torch.tensor(lengths, dtype=torch.int32)
     cfg = _cfg()
@@ -142,14 +89,12 @@ def _split_kv(impl, gen, *, B, H_q, H_kv, D, L_max, splits, lengths=None, dtype=
     """Stage 1 with the learner's tile update (split i covers keys [i·chunk, (i+1)·chunk), see
     :func:`split_kv_problem`), then fdlib's stage 2; compare out/lse (and optionally every split's partial)
     with the float64 reference."""
-    from fdlib.kernels.stage1 import run_stage1
-    from fdlib.kernels.stage2 import run_stage2
     q, k, v, lens, scale, chunk, cfg = split_kv_problem(gen, B=B, H_q=H_q, H_kv=H_kv, D=D, L_max=L_max,
                                                         splits=splits, lengths=lengths, dtype=dtype,
                                                         spread=spread, k_ramp=k_ramp)
     dev = q.device
     o_part, lse_part = launch("stage 1 with your tile_update", lambda: run_stage1(
-        q, k, v, lens, scale, chunk, splits, cfg, tile_update_fn=impl))
+        q, k, v, lens, scale=scale, chunk=chunk, splits=splits, cfg=cfg, tile_update_fn=impl))
     atol, rtol = TOL[dtype]
     if check_partials:
         for i in range(splits):
@@ -194,7 +139,7 @@ def _one_tile_kernel(Q, K, V, VALID, M, L, ACC, M_OUT, L_OUT, ACC_OUT, qk_scale,
 
 def _one_tile(impl, q, k, v, valid, m, l, acc, qk_scale):
     """(m, ℓ, Õ) from the learner's function on one tile (float32 inputs, FP32_DOT=True)."""
-    dev = _device()
+    dev = runtime.DEVICE
     G, D = q.shape
     N = k.shape[0]
     outs = [torch.full_like(m, float("nan")), torch.full_like(l, float("nan")), torch.full_like(acc, float("nan"))]
@@ -236,20 +181,17 @@ def _tile_case(impl, gen, *, valid, state="empty", spread=1.0, m_shift=0.0, qk_s
 # ---------------------------------------------------------------------------------------------- the checks
 @check_case(NAME, "one tile from the empty state (m=−inf, ℓ=0, Õ=0): 16 rows, 16 keys, D=32, float32", points=2)
 def _tile_first(impl, gen):
-    require_triton(impl, NAME, STUB)
     _tile_case(impl, gen, valid=[True] * 16)
 
 
 @check_case(NAME, "one tile after earlier keys: the old ℓ and Õ are rescaled by 2^(m − m_new)", points=2)
 def _tile_rescale(impl, gen):
-    require_triton(impl, NAME, STUB)
     _tile_case(impl, gen, valid=[True] * 16, state="seen", m_shift=-3.0)
     _tile_case(impl, gen, valid=[True] * 16, state="seen", m_shift=3.0)
 
 
 @check_case(NAME, "a partly masked tile (keys past the end score −inf) and a fully masked one (no NaN)")
 def _tile_masked(impl, gen):
-    require_triton(impl, NAME, STUB)
     _tile_case(impl, gen, valid=[True] * 5 + [False] * 11, state="seen")
     _tile_case(impl, gen, valid=[False] * 16, state="seen")
     _tile_case(impl, gen, valid=[False] * 16, state="empty")
@@ -257,48 +199,40 @@ def _tile_masked(impl, gen):
 
 @check_case(NAME, "huge logits on one tile (|score| ~ 1e4, old max 1e4 below or above): no overflow")
 def _tile_huge(impl, gen):
-    require_triton(impl, NAME, STUB)
     _tile_case(impl, gen, valid=[True] * 16, state="seen", spread=30.0, m_shift=-1e4, qk_scale=LOG2E, tol=1e-4)
     _tile_case(impl, gen, valid=[True] * 16, state="seen", spread=30.0, m_shift=1e4, qk_scale=LOG2E, tol=1e-4)
 
 
 @check_case(NAME, "stage 1 + stage 2: L=64 in 2 splits of 32 keys, group 4 (H_q=8, H_kv=2), D=32, float32", points=2)
 def _s1_basic(impl, gen):
-    require_triton(impl, NAME, STUB)
     _split_kv(impl, gen, B=1, H_q=8, H_kv=2, D=32, L_max=64, splits=2)
 
 
 @check_case(NAME, "ragged lengths 0, 1, 37, 50 (not multiples of the 16-key tile), 2 splits")
 def _s1_ragged(impl, gen):
-    require_triton(impl, NAME, STUB)
     _split_kv(impl, gen, B=4, H_q=4, H_kv=1, D=32, L_max=50, splits=2, lengths=[0, 1, 37, 50])
 
 
 @check_case(NAME, "more splits than tiles: L=40 in 8 splits; splits past the end are empty (O=0, lse=−inf)")
 def _s1_many(impl, gen):
-    require_triton(impl, NAME, STUB)
     _split_kv(impl, gen, B=2, H_q=2, H_kv=2, D=16, L_max=40, splits=8, lengths=[40, 9], check_partials=True)
 
 
 @check_case(NAME, "GQA group 3 (H_q=6, H_kv=2), head dim 80, lengths 45 and 20")
 def _s1_gqa3(impl, gen):
-    require_triton(impl, NAME, STUB)
     _split_kv(impl, gen, B=2, H_q=6, H_kv=2, D=80, L_max=45, splits=2, lengths=[45, 20])
 
 
 @check_case(NAME, "group 1 (H_q = H_kv = 2), float16 inputs (float32 state), L=70 in 3 splits")
 def _s1_fp16(impl, gen):
-    require_triton(impl, NAME, STUB)
     _split_kv(impl, gen, B=1, H_q=2, H_kv=2, D=32, L_max=70, splits=3, dtype=torch.float16)
 
 
 @check_case(NAME, "the max grows tile after tile (L=96 in one split: every tile must rescale ℓ and Õ)")
 def _s1_growing(impl, gen):
-    require_triton(impl, NAME, STUB)
     _split_kv(impl, gen, B=1, H_q=4, H_kv=1, D=16, L_max=96, splits=1, k_ramp=3.0)
 
 
 @check_case(NAME, "huge logits (|score| ~ 1e4) across tiles and splits: no overflow, no NaN")
 def _s1_huge(impl, gen):
-    require_triton(impl, NAME, STUB)
     _split_kv(impl, gen, B=1, H_q=2, H_kv=1, D=16, L_max=48, splits=2, spread=30.0, lse_tol=5e-2)

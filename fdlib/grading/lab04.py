@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import torch
 
+from fdlib import runtime
+from fdlib.kernels.stage1 import run_stage1
+from fdlib.kernels.stage2 import run_stage2
 from fdlib.reference import reference_attention
 
 from .core import TOL, CheckFailure, GuardedBuffer, assert_close, check_case, randn
-from .lab03 import _device, launch, require_triton, split_kv_problem
+from .lab03 import split_kv_problem
+from .triton_exercise import launch, triton_stub
 
 NAME = "lab04.stage2_kernel"
 
-STUB = '''
+STUB = triton_stub(NAME, '''
 @exercise("lab04.stage2_kernel")
 @triton.jit
 def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
@@ -49,7 +53,8 @@ def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
     h = tl.program_id(1)
     # TODO: load lse_i and O_i (masked: split < n_splits, d < D), subtract the max before tl.exp,
     #       normalise by the sum of the weights, store out and lse.
-'''
+''')
+
 
 def merge_reference(o_part: torch.Tensor, lse_part: torch.Tensor):
     """(out, lse) in float64: lse = logsumexp_i lse_i, out = Σ_i e^(lse_i − lse) O_i; all-empty rows give (0, −inf)."""
@@ -62,9 +67,8 @@ def merge_reference(o_part: torch.Tensor, lse_part: torch.Tensor):
 
 def _stage2(impl, o_part, lse_part, dtype):
     """Run the learner's kernel through run_stage2 into guarded buffers; returns (out, lse) on the CPU."""
-    from fdlib.kernels.stage2 import run_stage2
     B, H, S, D = o_part.shape
-    dev = _device()
+    dev = runtime.DEVICE
     out = GuardedBuffer((B, H, D), dtype=dtype, device=dev, fill=float("nan"))
     lse = GuardedBuffer((B, H), dtype=torch.float32, device=dev, fill=float("nan"))
     o_in, l_in = o_part.to(dev).contiguous(), lse_part.to(dev).contiguous()
@@ -93,10 +97,9 @@ def _synthetic(impl, gen, *, B, H, S, D, spread=3.0, empty=(), dtype=torch.float
 
 def _from_stage1(impl, gen, *, B, H_q, H_kv, D, L_max, splits, lengths=None, dtype=torch.float32):
     """Partials from fdlib's stage 1, merged by the learner's stage 2; compared with the attention reference."""
-    from fdlib.kernels.stage1 import run_stage1
     q, k, v, lens, scale, chunk, cfg = split_kv_problem(gen, B=B, H_q=H_q, H_kv=H_kv, D=D, L_max=L_max,
                                                         splits=splits, lengths=lengths, dtype=dtype)
-    o_part, lse_part = run_stage1(q, k, v, lens, scale, chunk, splits, cfg)
+    o_part, lse_part = run_stage1(q, k, v, lens, scale=scale, chunk=chunk, splits=splits, cfg=cfg)
     got_o, got_l = _stage2(impl, o_part, lse_part, dtype)
     ref_o, ref_l = reference_attention(q, k, v, lens, scale)
     atol, rtol = TOL[dtype]
@@ -107,49 +110,41 @@ def _from_stage1(impl, gen, *, B, H_q, H_kv, D, L_max, splits, lengths=None, dty
 # ---------------------------------------------------------------------------------------------- the checks
 @check_case(NAME, "partials from fdlib's stage 1: B=2, H_q=4, L=64 in 4 splits, D=32 -> attention", points=2)
 def _st_basic(impl, gen):
-    require_triton(impl, NAME, STUB)
     _from_stage1(impl, gen, B=2, H_q=4, H_kv=2, D=32, L_max=64, splits=4)
 
 
 @check_case(NAME, "float16 output, head dim 80 (BLOCK_D = 128: mask d < D), ragged lengths 50 and 3")
 def _st_fp16(impl, gen):
-    require_triton(impl, NAME, STUB)
     _from_stage1(impl, gen, B=2, H_q=2, H_kv=1, D=80, L_max=50, splits=3, lengths=[50, 3], dtype=torch.float16)
 
 
 @check_case(NAME, "a single split: out = O_0, lse = lse_0")
 def _st_single(impl, gen):
-    require_triton(impl, NAME, STUB)
     _synthetic(impl, gen, B=2, H=3, S=1, D=16)
 
 
 @check_case(NAME, "synthetic partials with different lse: weights e^(lse_i − lse), 5 splits", points=2)
 def _st_weights(impl, gen):
-    require_triton(impl, NAME, STUB)
     _synthetic(impl, gen, B=2, H=2, S=5, D=32, spread=2.0)
 
 
 @check_case(NAME, "empty splits (lse=−inf, O=0) weigh 0; a row of only empty splits gives out=0, lse=−inf")
 def _st_empty(impl, gen):
-    require_triton(impl, NAME, STUB)
     _synthetic(impl, gen, B=2, H=2, S=4, D=16, empty=[(0, 0, 0), (0, 0, 3), (1, 1, None), (0, 1, 1)])
 
 
 @check_case(NAME, "huge lse gaps (±1e4 between splits): subtract the max before exp, no overflow, no NaN")
 def _st_huge(impl, gen):
-    require_triton(impl, NAME, STUB)
     _synthetic(impl, gen, B=1, H=2, S=4, D=16, spread=1e4, lse_tol=1e-2)
 
 
 @check_case(NAME, "more splits than one block: 100 splits, D=128 (BLOCK_S=64 < splits: loop over blocks)", points=2)
 def _st_many(impl, gen):
-    require_triton(impl, NAME, STUB)
     _synthetic(impl, gen, B=1, H=2, S=100, D=128, spread=2.0, empty=[(0, 1, 99)])
 
 
 @check_case(NAME, "20 splits with large positive lse (~ 100 .. 1000): no overflow in e^(lse_i)")
 def _st_big(impl, gen):
-    require_triton(impl, NAME, STUB)
     o = randn(gen, 1, 2, 20, 16)
     lse = 100.0 + torch.rand(1, 2, 20, generator=gen) * 900.0
     got_o, got_l = _stage2(impl, o, lse, torch.float32)

@@ -31,18 +31,25 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
-from fdlib import costmodel
+from fdlib import costmodel, runtime
 from fdlib.calibration import calibration_for
 from fdlib.gpus import PRESETS
+from fdlib.kernels import unified
+from fdlib.kernels.config import chunk_for, tile_config, tile_config_for
+from fdlib.occupancy import schedule
+from fdlib.reference import reference_attention
 
-from .core import CheckFailure, LearnerError, TodoError, assert_close, call, check_case, randn
+from .core import CheckFailure, LearnerError, assert_close, call, check_case, exercise_stub, randn, reference
+from .triton_exercise import require_triton_function, triton_stub
 
 PREDICT = "lab05.predict_time"
 CHOOSE = "lab05.choose_splits"
 TICKET = "lab05.take_ticket"
 
-PREDICT_STUB = '''
+PREDICT_STUB = exercise_stub(PREDICT, '''
 @exercise("lab05.predict_time")
 def predict_time(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r):
     """Predicted µs of one unified decode step that asks for `splits` splits, and the split count it uses.
@@ -56,18 +63,18 @@ def predict_time(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r):
     #       P programs, W = ceil(P / (r * SMs)) waves, K/BW and W * c/rho in µs, their smax, the start-up
     #       term, and the merge term when more than one split is used.
     todo("lab05.predict_time")
-'''
+''')
 
-CHOOSE_STUB = '''
+CHOOSE_STUB = exercise_stub(CHOOSE, '''
 @exercise("lab05.choose_splits")
 def choose_splits(lengths, H_kv, D, dtype_bytes, gpu, cal, block_n, r, predict):
     """The split count to launch: call predict(lengths, H_kv, D, dtype_bytes, s, gpu, cal, block_n, r)
     -> (time_us, splits_used) for every s in fdlib.costmodel.CANDIDATES, and return the smallest
     splits_used whose time is within 1% of the fastest."""
     todo("lab05.choose_splits")
-'''
+''')
 
-TICKET_STUB = '''
+TICKET_STUB = triton_stub(TICKET, '''
 @exercise("lab05.take_ticket")
 @triton.jit
 def take_ticket(counter_ptr, n_splits):
@@ -80,7 +87,7 @@ def take_ticket(counter_ptr, n_splits):
     #       partial stored before it visible to whoever arrives last?), decide from the old value whether this
     #       program is the last, and if it is, leave the counter ready for the next call.
     return n_splits < 0
-'''
+''', require=require_triton_function)
 
 SWEEP_FILE = Path(__file__).resolve().parents[2] / "results" / "h200" / "sweep-fp16.json"
 SWEEP_TOLERANCE = 1.10
@@ -89,7 +96,6 @@ SWEEP_TOLERANCE = 1.10
 # ---------------------------------------------------------------------------------------------- cost model helpers
 def model_inputs(lengths, H_kv, D=128, dtype_bytes=2, gpu="H200"):
     """(gpu, block_n, r) exactly as :func:`fdlib.costmodel.explain` derives them (no compiled kernel known)."""
-    from fdlib.kernels.config import tile_config_for
     gpu = PRESETS[gpu] if isinstance(gpu, str) else gpu
     cfg = tile_config_for(D, max(list(lengths) + [1]), compiled_mode=True, elem_bytes=dtype_bytes,
                           rows=len(lengths) * H_kv)
@@ -99,8 +105,6 @@ def model_inputs(lengths, H_kv, D=128, dtype_bytes=2, gpu="H200"):
 
 def _terms(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r) -> str:
     """The reference's terms, for mismatch reports."""
-    from fdlib.kernels.config import chunk_for
-    from fdlib.occupancy import schedule
     chunk, s = chunk_for(max(max(lengths), 1), splits, block_n)
     P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
     W = schedule(P, r, gpu.sms).waves
@@ -246,7 +250,6 @@ def _choose_call(impl, lengths, H_kv, D=128, dtype_bytes=2, gpu="H200", predict=
     gpu, block_n, r = model_inputs(lengths, H_kv, D, dtype_bytes, gpu)
     cal = calibration_for(gpu)
     if predict is None:
-        from .core import reference
         predict = reference(PREDICT)
     args = {"lengths": list(lengths), "H_kv": H_kv, "D": D, "dtype_bytes": dtype_bytes, "gpu": gpu, "cal": cal,
             "block_n": block_n, "r": r, "predict": predict}
@@ -332,54 +335,14 @@ def _c_sweep(impl, gen):
 
 
 # ---------------------------------------------------------------------------------------------- take_ticket
-def _is_triton_function(fn) -> bool:
-    try:
-        from triton.runtime.jit import JITFunction
-    except ImportError:  # pragma: no cover
-        JITFunction = ()
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # pragma: no cover
-        InterpretedFunction = ()
-    return isinstance(fn, (JITFunction, InterpretedFunction))
-
-
-def _triton_impl(impl):
-    """The learner's function, if it is a Triton function; the untouched stub (or a plain Python stub) is a TODO."""
-    from .lab03 import is_untouched
-    if is_untouched(impl, TICKET_STUB):
-        raise TodoError(f"implement {TICKET}")
-    if _is_triton_function(impl):
-        return impl
-    try:
-        impl(None, 1)
-    except (TodoError, NotImplementedError):
-        raise
-    except Exception:  # noqa: BLE001 - anything else: not a Triton function
-        pass
-    raise CheckFailure("take_ticket must be a Triton function: put @triton.jit on the line under @exercise(...)")
-
-
-_PROBE = None
-
-
-def _probe_kernel():
-    """A tiny kernel: program p belongs to row ROW_OF[p]; it takes a ticket and records whether it was last."""
-    global _PROBE
-    if _PROBE is None:
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def ticket_probe(COUNTERS, ROW_OF, N_OF, IS_LAST, TAKE_TICKET: tl.constexpr):
-            pid = tl.program_id(0)
-            row = tl.load(ROW_OF + pid)
-            n = tl.load(N_OF + row)
-            last = TAKE_TICKET(COUNTERS + row, n)
-            tl.store(IS_LAST + pid, tl.where(last, 1, 0))
-
-        _PROBE = ticket_probe
-    return _PROBE
+@triton.jit
+def _ticket_probe(COUNTERS, ROW_OF, N_OF, IS_LAST, TAKE_TICKET: tl.constexpr):
+    """Program p belongs to row ROW_OF[p]; it takes a ticket and records whether it was last."""
+    pid = tl.program_id(0)
+    row = tl.load(ROW_OF + pid)
+    n = tl.load(N_OF + row)
+    last = TAKE_TICKET(COUNTERS + row, n)
+    tl.store(IS_LAST + pid, tl.where(last, 1, 0))
 
 
 def _probe(fn, counters, ns, gen):
@@ -390,12 +353,11 @@ def _probe(fn, counters, ns, gen):
     is_last = torch.full((len(row_of),), -1, dtype=torch.int32, device=device)
     n_of = torch.tensor(ns, dtype=torch.int32, device=device)
     try:
-        _probe_kernel()[(len(row_of),)](counters, row_of, n_of, is_last, TAKE_TICKET=fn)
+        _ticket_probe[(len(row_of),)](counters, row_of, n_of, is_last, TAKE_TICKET=fn)
     except Exception as e:  # noqa: BLE001
         raise LearnerError(f"running your take_ticket inside a kernel raised {type(e).__name__}: "
                            f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
     is_last, row_of = is_last.cpu(), row_of.cpu()
-    from fdlib import runtime
     for i, n in enumerate(ns):
         mine = (row_of == i).nonzero().flatten()
         lasts = mine[is_last[mine] == 1].tolist()
@@ -423,31 +385,23 @@ def _expect_zero(counters, when):
 
 @check_case(TICKET, "one launch: in each row exactly the last program to take a ticket is last (rows of 1, 2, 3, 5, 8)", points=2)
 def _t_contract(impl, gen):
-    fn = _triton_impl(impl)
-    from fdlib import runtime
     counters = torch.zeros(5, dtype=torch.int32, device=runtime.DEVICE)
-    _probe(fn, counters, [1, 2, 3, 5, 8], gen)
+    _probe(impl, counters, [1, 2, 3, 5, 8], gen)
     _expect_zero(counters, "after the launch")
 
 
 @check_case(TICKET, "back-to-back launches on the same counters: the reset makes the second launch right too")
 def _t_back_to_back(impl, gen):
-    fn = _triton_impl(impl)
-    from fdlib import runtime
     counters = torch.zeros(4, dtype=torch.int32, device=runtime.DEVICE)
     for call_no in (1, 2, 3):
         try:
-            _probe(fn, counters, [4, 2, 6, 3], gen)
+            _probe(impl, counters, [4, 2, 6, 3], gen)
         except CheckFailure as e:
             raise CheckFailure(f"launch {call_no} of 3: {e}") from None
 
 
 def _unified(fn, gen, *, B, H_q, H_kv, D, L_max, lengths, splits, dtype=torch.float32, calls=1):
     """Run the real unified kernel with the learner's ticket; out/lse pre-filled with NaN; counters checked."""
-    from fdlib import runtime
-    from fdlib.kernels import unified
-    from fdlib.kernels.config import chunk_for, tile_config
-    from fdlib.reference import reference_attention
     dev = runtime.DEVICE
     lens = torch.tensor(lengths, dtype=torch.int32, device=dev)
     cfg = tile_config(D, L_max, torch.tensor([], dtype=dtype).element_size(), rows=B * H_kv)
@@ -465,7 +419,8 @@ def _unified(fn, gen, *, B, H_q, H_kv, D, L_max, lengths, splits, dtype=torch.fl
             out = torch.full_like(q, float("nan"))
             lse = torch.full((B, H_q), float("nan"), dtype=torch.float32, device=dev)
             try:
-                unified.run_unified(q, k, v, lens, scale, chunk, n_splits, cfg, out, lse, ticket_fn=fn)
+                unified.run_unified(q, k, v, lens, scale=scale, chunk=chunk, splits=n_splits, cfg=cfg, out=out,
+                                    lse=lse, ticket_fn=fn)
             except Exception as e:  # noqa: BLE001
                 raise LearnerError(f"the unified kernel with your take_ticket raised {type(e).__name__}: "
                                    f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
@@ -482,11 +437,9 @@ def _unified(fn, gen, *, B, H_q, H_kv, D, L_max, lengths, splits, dtype=torch.fl
 
 @check_case(TICKET, "inside the unified kernel: ragged batch (lengths 100, 37, 0, 64, 1) vs float64 reference", points=2)
 def _t_unified(impl, gen):
-    fn = _triton_impl(impl)
-    _unified(fn, gen, B=5, H_q=4, H_kv=2, D=32, L_max=100, lengths=[100, 37, 0, 64, 1], splits=4)
+    _unified(impl, gen, B=5, H_q=4, H_kv=2, D=32, L_max=100, lengths=[100, 37, 0, 64, 1], splits=4)
 
 
 @check_case(TICKET, "unified kernel, 3 calls back to back (new inputs each), GQA group 4, fp16: counters back at 0")
 def _t_unified_repeat(impl, gen):
-    fn = _triton_impl(impl)
-    _unified(fn, gen, B=2, H_q=8, H_kv=2, D=16, L_max=80, lengths=[80, 50], splits=5, dtype=torch.float16, calls=3)
+    _unified(impl, gen, B=2, H_q=8, H_kv=2, D=16, L_max=80, lengths=[80, 50], splits=5, dtype=torch.float16, calls=3)

@@ -23,7 +23,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import core
+import nbformat
+
+import fdlib
+
+from . import core, speed
+from .notebook_tools import exercise_cells, load_exercise_cells
 
 ROOT = Path(__file__).resolve().parents[2]
 EMOJI = {"pass": "✅", "fail": "❌", "todo": "📝"}
@@ -96,9 +101,6 @@ def notebook_of(lab: str, folder: Path) -> Path | None:
 
 
 def exercise_order(nb: Path) -> dict[str, int]:
-    import nbformat
-
-    from .notebook_tools import exercise_cells
     try:
         return exercise_cells(nbformat.read(nb, as_version=4))
     except Exception:  # noqa: BLE001 - an unreadable notebook is reported by the loader
@@ -108,7 +110,6 @@ def exercise_order(nb: Path) -> dict[str, int]:
 def grade_lab(lab: str, folder: Path, learner: dict | None = None) -> LabGrade:
     """Run the checks of every exercise of ``lab`` on the exercise cells of its notebook in ``folder``.
     ``learner`` (optional) collects the learner's functions that pass all their checks, by exercise name."""
-    from .notebook_tools import load_exercise_cells
     t0 = time.perf_counter()
     nb = notebook_of(lab, folder)
     grade = LabGrade(lab, nb)
@@ -241,7 +242,6 @@ def main(argv=None, stream=None) -> int:
         out(f"./course grade: expected a folder of notebooks, got {folder} (not a folder)")
         return 2
     t0 = time.perf_counter()
-    import fdlib
     out(f"Grading the exercise cells of the notebooks in {folder} as saved on disk (save in JupyterLab first).")
     out(f"{fdlib.describe()}")
     grades, learner = [], {}
@@ -252,7 +252,6 @@ def main(argv=None, stream=None) -> int:
         for line in lab_lines(grade, out.sym, args.verbose):
             out(line)
     if args.speed:
-        from . import speed
         out()
         for line in speed.report_lines(learner):
             out(line)

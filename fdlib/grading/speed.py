@@ -25,6 +25,15 @@ from typing import Callable
 
 import torch
 
+from fdlib import runtime
+from fdlib.bench.ceiling import measure_ceiling
+from fdlib.bench.timing import free_memory, time_eager
+from fdlib.kernels.config import chunk_for, tile_config
+from fdlib.kernels.stage1 import run_stage1
+from fdlib.kernels.stage2 import run_stage2
+from fdlib.kernels.unified import run_unified
+from fdlib.splits import choose_splits
+
 from .core import TOL, CheckFailure, assert_close
 
 TILE, STAGE2, TICKET = "lab03.tile_update", "lab04.stage2_kernel", "lab05.take_ticket"
@@ -75,8 +84,6 @@ class Problem:
 
 def problem(shape: Shape, device, seed: int = 0) -> Problem:
     """Seeded inputs of ``shape`` on ``device``, with the split count and tiles fdlib would use."""
-    from fdlib.kernels.config import chunk_for, tile_config
-    from fdlib.splits import choose_splits
     g = torch.Generator(device=device).manual_seed(seed)      # drawn where they live: 512 MiB of KV on a GPU
     s = shape
     q, k, v = (torch.randn(*dims, generator=g, device=device, dtype=s.dtype)
@@ -90,23 +97,21 @@ def problem(shape: Shape, device, seed: int = 0) -> Problem:
 def pipelines(p: Problem) -> list[tuple[str, str, Callable[[Callable | None], Callable[[], tuple]]]]:
     """(label, exercise, make) per pipeline: ``make(piece)`` is a zero-argument launch returning (out, lse), with
     the learner's ``piece`` in it (None: fdlib's own)."""
-    from fdlib.kernels.stage1 import run_stage1
-    from fdlib.kernels.stage2 import run_stage2
-    from fdlib.kernels.unified import run_unified
     out = torch.empty_like(p.q)
     lse = torch.empty(p.q.shape[:2], dtype=torch.float32, device=p.q.device)
 
     def split(tile=None, stage2=None):
         def run():
-            o_part, lse_part = run_stage1(p.q, p.k, p.v, p.lens, p.scale, p.chunk, p.splits, p.cfg,
-                                          tile_update_fn=tile)
+            o_part, lse_part = run_stage1(p.q, p.k, p.v, p.lens, scale=p.scale, chunk=p.chunk, splits=p.splits,
+                                          cfg=p.cfg, tile_update_fn=tile)
             run_stage2(o_part, lse_part, out, lse, kernel=stage2)
             return out, lse
         return run
 
     def unified(ticket=None):
         def run():
-            run_unified(p.q, p.k, p.v, p.lens, p.scale, p.chunk, p.splits, p.cfg, out, lse, ticket_fn=ticket)
+            run_unified(p.q, p.k, p.v, p.lens, scale=p.scale, chunk=p.chunk, splits=p.splits, cfg=p.cfg, out=out,
+                        lse=lse, ticket_fn=ticket)
             return out, lse
         return run
 
@@ -166,12 +171,9 @@ def table(shape: Shape, p: Problem, rows: list[Timing], ceiling_tbs: float, devi
 
 def report_lines(learner: dict) -> list[str]:
     """The ``--speed`` section: timed on a CUDA GPU, a one-line skip anywhere else."""
-    from fdlib import runtime
     if runtime.MODE != "gpu" or not torch.cuda.is_available():
         return ["Speed: skipped: no CUDA GPU here (kernels run in Triton's interpreter, whose times say nothing "
                 "about a GPU). Run ./course grade --speed on a machine with an NVIDIA GPU."]
-    from fdlib.bench.ceiling import measure_ceiling
-    from fdlib.bench.timing import free_memory, time_eager
     ceiling = measure_ceiling()["tbs"]
     p, rows = measure(learner, SHAPE, runtime.DEVICE, time_eager)
     del p.k, p.v
