@@ -19,7 +19,8 @@ _PLANS: OrderedDict = OrderedDict()
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
-                     num_splits=None, return_lse=False, max_seqlen=None, check_lengths=False, validate=None):
+                     num_splits=None, return_lse=False, max_seqlen=None, check_lengths=False, batch_invariant=False,
+                     validate=None):
     r"""Attention of one query token per sequence against its KV cache.
 
     .. math::  O_{b,h} = \sum_{j < L_b} \operatorname{softmax}_j(\text{scale}\; q_{b,h}\cdot k_{b,j,h_{kv}})\; v_{b,j,h_{kv}},
@@ -52,6 +53,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             device-to-host copy: a sync, not allowed in CUDA-graph capture). By default nothing is read:
             such a length is clamped on the device and recorded (see :meth:`fdlib.plan.DecodePlan.clamped`;
             :func:`plan_for` gives the plan a call uses). Host lengths are always checked, for free.
+        batch_invariant: a sequence's out and lse are bitwise the same whatever its batchmates, the batch size,
+            its place in the batch and the run (:func:`fdlib.plan.invariant_decision`: fixed chunk, tiles and
+            merge order). The default mode is deterministic run to run for the same batch.
 
     Every call is :func:`fdlib.plan` (made once per shape, dtype, device, method, splits and max_seqlen,
     and cached; never keyed by length values) followed by :meth:`DecodePlan.run`: no device-to-host copy,
@@ -69,7 +73,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             raise NotImplementedError("block_table: the torch.compile op takes contiguous caches only (for now)")
         return _compiled_call(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, max_seqlen)
     p = plan_for(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, method=method,
-                 num_splits=num_splits, return_lse=return_lse, max_seqlen=max_seqlen)
+                 num_splits=num_splits, return_lse=return_lse, max_seqlen=max_seqlen, batch_invariant=batch_invariant)
     if check_lengths is not False:
         if check_lengths is not True:
             raise TypeError(f"check_lengths: expected a bool, got {type(check_lengths).__name__}")
@@ -85,11 +89,11 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
 
 
 def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
-             num_splits=None, return_lse=False, max_seqlen=None) -> DecodePlan:
+             num_splits=None, return_lse=False, max_seqlen=None, batch_invariant=False) -> DecodePlan:
     """The cached plan :func:`decode_attention` runs for these arguments (made and checked on first use)."""
     try:
         key = (q.shape, k_cache.shape, q.dtype, q.device, scale, method, num_splits, max_seqlen,
-               None if block_table is None else block_table.shape)
+               None if block_table is None else block_table.shape, batch_invariant)
         p = _PLANS.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: the checks say which
         key, p = None, None
@@ -100,7 +104,8 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
         return p
     pr = check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table)
     p = plan(pr.B, pr.H_q, pr.H_kv, pr.D, pr.L_max, dtype=q.dtype, device=q.device, max_seqlen=max_seqlen,
-             scale=scale, method=method, num_splits=num_splits, page_size=pr.page_size or None)
+             scale=scale, method=method, num_splits=num_splits, page_size=pr.page_size or None,
+             batch_invariant=batch_invariant)
     _PLANS[key] = p
     while len(_PLANS) > PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)

@@ -60,6 +60,7 @@ class Decision:
     programs: int = 0           # persistent: programs launched
     rows_per_program: int = 0   # persistent: the kernel's ROWS (a power of two)
     budget: int = 0             # balanced: P, the work items the batch is cut into (fdlib.schedule)
+    invariant: bool = False     # batch-invariant: fixed chunk, tiles and merge blocks (see decide)
 
 
 def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: int, compiled: bool) -> int:
@@ -69,11 +70,37 @@ def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: i
     return chunk_for(L, min(int(splits), MAX_SPLITS), tile.BLOCK_N)[1]
 
 
+INVARIANT_CHUNK = 1024
+"""Keys per split in batch-invariant mode on a GPU (32, two 16-key tiles, in the interpreter)."""
+
+
+def invariant_decision(D: int, L_max: int, dtype) -> Decision:
+    r"""Batch-invariant decode: every number that shapes a row's arithmetic is fixed by D and the dtype alone,
+    never by the batch: the unified kernel, tiles of BLOCK_N keys (as for a long cache of a large batch),
+    split j of a row covering keys :math:`[j\cdot C, (j+1)\cdot C)` for a fixed chunk C
+    (:data:`INVARIANT_CHUNK`), :math:`n_b = \lceil L_b / C\rceil` splits taken on the device, and the merge
+    reading the partials in index order in blocks whose size does not depend on the launch. The ticket
+    decides only *who* merges. So a sequence's out and lse are bitwise the same whatever its batchmates,
+    the batch size, its place in the batch, the run, and whether the cache is paged (same L_max)."""
+    compiled = not runtime.INTERPRET
+    tile = tile_config_for(D, 1 << 30, compiled_mode=compiled, elem_bytes=dtype.itemsize, rows=1 << 30)
+    want = INVARIANT_CHUNK if compiled else 32
+    chunk = -(-want // tile.BLOCK_N) * tile.BLOCK_N
+    splits = max(1, min(-(-max(L_max, 1) // chunk), MAX_SPLITS))
+    return Decision("unified", splits, chunk, tile, max(L_max, 1), "batch-invariant: fixed chunk", invariant=True)
+
+
 def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=None, max_seqlen=None,
-           method: str = "auto", num_splits: int | None = None) -> Decision:
+           method: str = "auto", num_splits: int | None = None, batch_invariant: bool = False) -> Decision:
     """The kernel, tiles, splits and chunk for a batch of these sizes on this runtime (see the module doc).
-    ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None."""
+    ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None;
+    ``batch_invariant``: :func:`invariant_decision`."""
     from .splits import choose_auto, choose_kernel, choose_splits, persistent_per_sm, sm_count
+    if batch_invariant:
+        if method not in ("auto", "unified") or num_splits is not None:
+            raise ValueError(f"batch_invariant: runs the unified kernel at a fixed chunk; pass method='auto' or "
+                             f"'unified' and num_splits=None, got method={method!r}, num_splits={num_splits!r}")
+        return invariant_decision(D, L_max, dtype)
     if lengths is not None:
         L_cap, basis = max(max(lengths, default=0), 1), "host lengths"
     elif max_seqlen is not None:
@@ -328,7 +355,7 @@ def host_lengths(cache_seqlens, B: int, L_max: int, device) -> torch.Tensor:
 
 def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16, device=None, lengths=None,
          max_seqlen: int | None = None, scale: float | None = None, method: str = "auto",
-         num_splits: int | None = None, page_size: int | None = None) -> DecodePlan:
+         num_splits: int | None = None, page_size: int | None = None, batch_invariant: bool = False) -> DecodePlan:
     """Decide everything for decode attention over a batch of these sizes, and allocate its workspace.
 
     Args:
@@ -340,6 +367,7 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         scale: multiplies q·k (default 1/√D). method, num_splits: as in :func:`fdlib.decode_attention`.
         page_size: for a paged cache (pages ``[n_pages, page_size, H_kv, D]`` behind a block table of
             L_max / page_size entries per sequence): a power of two from 1 to 256 dividing L_max.
+        batch_invariant: results bitwise independent of the batch (:func:`invariant_decision`).
     """
     from .validate import check_method, check_num_splits, check_scale
     for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("D", D), ("L_max", L_max)):
@@ -371,8 +399,10 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         raise ValueError(f"max_seqlen: expected an int in 0..L_max={L_max}, got {max_seqlen!r}")
     if method != "naive":
         runtime.smoke_check()
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
     d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
-               num_splits=num_splits)
+               num_splits=num_splits, batch_invariant=batch_invariant)
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
                       _workspace(B, H_q, H_kv, D, L_max, d, device), torch.empty(B, dtype=torch.int32, device=device),
@@ -384,7 +414,8 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int) -> tup
     only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan."""
     if d.kernel == "unified":
         from .kernels.unified import unified_launcher
-        return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page),)
+        return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page,
+                                 merge_splits=MAX_SPLITS if d.invariant else None),)
     if d.kernel == "split":
         from .kernels.stage1 import stage1_launcher
         from .kernels.stage2 import stage2_launcher

@@ -12,7 +12,11 @@ import torch
 
 import fdlib
 from fdlib import runtime
+from fdlib.calibration import calibration_for
+from fdlib.gpus import live_gpu
+from fdlib.kernels import launch
 from fdlib.kernels.config import chunk_for, tile_config
+from fdlib.plan import decide
 from fdlib.reference import _scores, _softmax_av
 from helpers import assert_attention_close, counters_zero
 
@@ -80,7 +84,6 @@ def test_large_shapes(B, L, H_kv, group, D, dtype):
 def test_persistent_and_auto_on_many_rows(B, L, H_kv, group, dtype, auto_takes_it):
     """Many rows of short caches, ragged (0, 1 and L among them), against float64; where the H200 benchmark
     showed auto taking the persistent kernel (full-length rows: one split), it still does."""
-    from fdlib.plan import decide
     q, k, v, lens = problem(B, L, H_kv, group, 128, dtype, seed=B + L)
     if auto_takes_it is not None:
         kernel = decide(B, group * H_kv, H_kv, 128, L, dtype).kernel
@@ -220,8 +223,6 @@ def _fresh_shape(seed, B=3, L=3000, H_kv=2, group=4, D=128, dtype=torch.float16)
 def test_default_call_never_syncs():
     """Under torch.cuda.set_sync_debug_mode("error") a default call, plan creation included, does no
     device-to-host copy and no synchronisation (the calibration is loaded once per GPU beforehand)."""
-    from fdlib.calibration import calibration_for
-    from fdlib.gpus import live_gpu
     calibration_for(live_gpu())
     runtime.smoke_check()
     for method in METHODS:
@@ -287,7 +288,6 @@ def test_plan_workspace_reused_over_1000_calls():
     """1000 plan.run calls with changing lengths into caller-owned out/lse: no new memory, the same workspace,
     counters back at 0, and the last result right; the direct launch gives bit-identical results to Triton's
     generic launch."""
-    from fdlib.kernels import launch
     B, L = 4, 8192
     q, k, v, _ = problem(B, L, 8, 4, 128, torch.float16, seed=60)
     p = fdlib.plan(B, 32, 8, 128, L, dtype=torch.float16, device="cuda", method="unified", num_splits=12)
@@ -333,3 +333,20 @@ def test_torch_compile_fullgraph_on_the_gpu():
 
     got = torch.compile(step, fullgraph=True)(q, k, v, lens)
     torch.testing.assert_close(got, step(q, k, v, lens), atol=2e-2, rtol=2e-3)
+
+
+def test_batch_invariance_over_200_random_batches():
+    """Each of 24 sequences (ragged, fp16, 32:8, D=128, L_max=8192) decoded alone, then in 200 random batches
+    of 1 to 16 (random batchmates and positions): out and lse bitwise equal every time."""
+    n, L = 24, 8192
+    q, k, v, lens = problem(n, L, 8, 4, 128, torch.float16, seed=80)
+    alone = [fdlib.decode_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], lens[i:i + 1], batch_invariant=True,
+                                    return_lse=True) for i in range(n)]
+    g = torch.Generator().manual_seed(81)
+    for trial in range(200):
+        idx = torch.randperm(n, generator=g)[:int(torch.randint(1, 17, (1,), generator=g))].cuda()
+        o, lse = fdlib.decode_attention(q[idx], k[idx], v[idx], lens[idx], batch_invariant=True, return_lse=True)
+        for pos, i in enumerate(idx.tolist()):
+            assert torch.equal(o[pos], alone[i][0][0]) and torch.equal(lse[pos], alone[i][1][0]), (trial, i, pos)
+    assert_attention_close(alone[0][0], alone[0][1], q[:1], k[:1], v[:1], lens[:1],
+                           ref=gpu_reference(q[:1], k[:1], v[:1], lens[:1]))

@@ -260,7 +260,8 @@ def _run_methods(shape, built, settings, seed):
             try:
                 rec = _measure(m, copies, ref, tol, settings)
                 if m.kind == "fdlib":
-                    rec.update(M.fdlib_splits(base.q, base.k, base.v, m.info["fdlib_method"], m.info["num_splits"]))
+                    rec.update(M.fdlib_splits(base.q, base.k, base.v, m.info["fdlib_method"], m.info["num_splits"],
+                                               m.info.get("batch_invariant", False)))
             except Exception as e:  # noqa: BLE001 - a method that raises is recorded, the run goes on
                 status = "unavailable" if (m.kind == "peer" or _is_oom(e)) else "error"
                 rec = {"method": name, "kind": m.kind, **m.info, "status": status, "reason": _short(e)}

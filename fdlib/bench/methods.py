@@ -14,6 +14,7 @@ fdlib methods (KV cache token-major ``[B, L, H_kv, D]``):
 ``persistent`` ``method="persistent"``: one launch of a few programs per SM over all rows, no split
 ``balanced``   ``method="balanced"``: ragged batches cut into near-equal work items on the device (not in
                the default list)
+``invariant``  ``batch_invariant=True``: fixed chunk, tiles and merge order (not in the default list)
 ``auto``       ``method="auto"``
 ``split@S``    forced ``num_splits=S`` (also ``unified@S``, ``auto@S``)
 =============  ===============================================================================
@@ -49,6 +50,7 @@ FDLIB_METHODS = {
     "unified": ("unified", None),
     "persistent": ("persistent", None),
     "balanced": ("balanced", None),
+    "invariant": ("auto", None),
     "auto": ("auto", None),
 }
 PEERS = {
@@ -82,13 +84,18 @@ class Method:
 
 
 def _fdlib_method(name: str, fd_method: str, num_splits: int | None) -> Method:
+    invariant = name == "invariant"
+
     def make(inp: Inputs):
         q, k, v, lens = inp.q, inp.k, inp.v, inp.lens
 
         def call():
-            return decode_attention(q, k, v, lens, method=fd_method, num_splits=num_splits)
+            return decode_attention(q, k, v, lens, method=fd_method, num_splits=num_splits, batch_invariant=invariant)
         return call
-    return Method(name, "fdlib", "fdlib", make, info={"fdlib_method": fd_method, "num_splits": num_splits})
+    info = {"fdlib_method": fd_method, "num_splits": num_splits}
+    if invariant:
+        info["batch_invariant"] = True
+    return Method(name, "fdlib", "fdlib", make, info=info)
 
 
 def _peer_method(name: str, backend_name: str) -> Method:
@@ -158,13 +165,13 @@ def to_layout(inp: Inputs, layout: str) -> Inputs:
     return Inputs(inp.q.unsqueeze(2), inp.k.transpose(1, 2).contiguous(), inp.v.transpose(1, 2).contiguous())
 
 
-def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None) -> dict:
+def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None, batch_invariant: bool = False) -> dict:
     """The split count fdlib asks for and the one it launches for a full-length cache, and auto's kernel:
     the plan ``decode_attention`` runs for these inputs (None if unknowable)."""
     if fd_method == "naive":
         return {"splits_requested": None, "splits": None}
     try:
-        d = plan_for(q, k, v, method=fd_method, num_splits=num_splits).decision
+        d = plan_for(q, k, v, method=fd_method, num_splits=num_splits, batch_invariant=batch_invariant).decision
         rec = {"splits_requested": num_splits if num_splits is not None else d.splits, "splits": d.splits}
         if fd_method == "auto":
             rec["kernel"] = d.kernel

@@ -119,11 +119,12 @@ def scratch_flag(device) -> torch.Tensor:
 
 
 def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
-                     dtype_slots=None, page: int = 0) -> Launcher:
+                     dtype_slots=None, page: int = 0, merge_splits: int | None = None) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles
-    and the page size (0: a contiguous cache)."""
+    and the page size (0: a contiguous cache). ``merge_splits``: size the merge's blocks for this many splits
+    instead of the launched ones (batch-invariant plans fix it, so the merge order never depends on the launch)."""
     BLOCK_G, BLOCK_D = block_sizes(group, D)
-    block_h, block_s = combine_blocks(group, splits, BLOCK_D)
+    block_h, block_s = combine_blocks(group, merge_splits or splits, BLOCK_D)
     return Launcher(unified_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                          BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
