@@ -14,7 +14,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 import fdlib
-from fdlib import runtime
+from fdlib import api, runtime
+from fdlib.grading import todo
+from fdlib.grading.notebook_tools import PREAMBLE, run_source
+from fdlib.kernels import unified
 from fdlib.kernels.config import tile_config
 
 DEVICE = runtime.DEVICE
@@ -135,8 +138,6 @@ def _lens_list(lens):
 def counters_zero() -> bool:
     """Every unified-kernel ticket counter is back at 0 (the kernel resets them itself): the device's shared
     ones and those of every plan decode_attention keeps."""
-    from fdlib import api
-    from fdlib.kernels import unified
     plans = [p.workspace.counters for p in api._PLANS.values() if p.workspace.counters is not None]
     return all(int(buf.count_nonzero()) == 0 for buf in [*unified._COUNTERS.values(), *plans])
 
@@ -152,7 +153,6 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs 
 # ---------------------------------------------------------------------------------------------- grader meta-tests
 def todo_stub(*args, **kwargs):
     """An untouched exercise body that calls todo()."""
-    from fdlib.grading import todo
     todo("this exercise")
 
 
@@ -169,7 +169,6 @@ def assert_one_todo_line(res, out: str, name: str) -> None:
 
 def cell_function(src: str, name: str):
     """Define a notebook cell's function the way --grade-notebooks does (source kept for @triton.jit)."""
-    from fdlib.grading.notebook_tools import PREAMBLE, run_source
     ns = {"__name__": f"cell_{name}"}
     exec(compile(PREAMBLE, "<preamble>", "exec"), ns)
     run_source(src, f"<cell {name}>", ns)

@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import fdlib
 from fdlib import schedule
+from fdlib.kernels.balanced import MAX_BATCH
 from helpers import DEVICE, assert_attention_close, counters_zero, make_problem
 
 
@@ -59,6 +60,5 @@ def test_balanced_plan_reuse_smaller_batch_and_paged_cache():
 
 
 def test_balanced_refuses_batches_above_its_register_budget():
-    from fdlib.kernels.balanced import MAX_BATCH
     with pytest.raises(ValueError, match=f"B <= {MAX_BATCH}"):
         fdlib.plan(MAX_BATCH + 1, 2, 1, 16, 64, dtype=torch.float32, device=DEVICE, method="balanced")

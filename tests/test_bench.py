@@ -12,9 +12,10 @@ import torch
 
 import fdlib
 from fdlib import costmodel, runtime
-from fdlib.bench import format_table, load_results, plot_results, run_benchmark, run_sweep, write_results
+from fdlib.bench import device_slug, format_table, load_results, plot_results, run_benchmark, run_sweep, write_results
 from fdlib.bench import harness, methods, timing
 from fdlib.gpus import live_gpu
+from fdlib.kernels.config import tile_config
 
 PROVENANCE = ("device", "sm_count", "mode", "torch", "triton", "cuda", "date_utc", "command", "git_commit")
 gpu = pytest.mark.gpu
@@ -141,7 +142,6 @@ def test_grid_skips_large_shapes():
 
 
 def test_device_slug_and_foreign_json(tmp_path):
-    from fdlib.bench import device_slug
     assert device_slug("NVIDIA H200") == "h200" and device_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
     (tmp_path / "tune.json").write_text('{"device": "x", "records": []}')   # another tool's file is ignored
     with pytest.raises(FileNotFoundError):
@@ -240,6 +240,5 @@ def test_gpu_sweep_one_shape():
 
 def test_block_n_follows_the_element_size():
     """The splits a record reports are counted in the tiles decode_attention uses for that dtype."""
-    from fdlib.kernels.config import tile_config
     for elem in (2, 4):
         assert methods.block_n(128, 8192, 8, elem) == tile_config(128, 8192, elem, rows=8).BLOCK_N

@@ -34,7 +34,9 @@ from pathlib import Path
 import pytest
 
 from fdlib.explorer import SPLIT_OPTIONS
+from fdlib.grading import core
 from fdlib.grading.live import LAB_FLAG
+from shipped import shipped_copy
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -251,7 +253,6 @@ LIVE_SOURCE = """(name) => {
 @pytest.fixture
 def course_lab(tmp_path):
     """JupyterLab over a root holding a shipped notebooks/01_naive_decode.ipynb: yields (url, root, log path)."""
-    from shipped import shipped_copy
     _need_browser()
     root = tmp_path / "root"
     (root / "notebooks").mkdir(parents=True)
@@ -285,8 +286,6 @@ def test_reveal_reload_restore_round_trip(course_lab):
     lists the backups with their times and puts the typed code back; saving writes it to the file; the file
     browser opens the backup."""
     from playwright.sync_api import sync_playwright
-
-    from fdlib.grading import core
 
     url, root, log_path = course_lab
     nb_file = root / "notebooks" / "01_naive_decode.ipynb"

@@ -6,9 +6,11 @@ import time
 
 import pytest
 
+import fdlib
 from fdlib import costmodel
 from fdlib import explorer as E
 from fdlib.gpus import PRESETS
+from fdlib.kernels.config import tile_config_for
 
 
 @pytest.fixture
@@ -220,7 +222,6 @@ def test_measured_points_are_overlaid(no_results, monkeypatch):
 
 @pytest.mark.gpu
 def test_measure_on_gpu(no_results):
-    import fdlib
     if fdlib.runtime.MODE != "gpu":
         pytest.skip("needs a CUDA GPU")
     pts = E.measure(1, 32, 8, 8192, [1, 4, 16])
@@ -234,7 +235,6 @@ def test_measure_on_gpu(no_results):
 
 def test_float32_uses_the_kernels_float32_tiles():
     """The explorer's tiles and launched splits follow the element size, as the kernels and the cost model do."""
-    from fdlib.kernels.config import tile_config_for
     s = E.summary(B=1, H_q=32, H_kv=8, L=4096, splits=64, dtype_bytes=4)
     assert s.block_n == tile_config_for(128, 4096, compiled_mode=True, elem_bytes=4, rows=8).BLOCK_N == 64
     assert s.splits_used == 64

@@ -11,6 +11,7 @@ import triton.language as tl  # noqa: E402
 from fdlib.grading import core
 from fdlib.grading.core import run_checks
 from fdlib.kernels import unified
+from fdlib.kernels.config import chunk_for
 from helpers import assert_one_todo_line, not_implemented_stub, todo_stub
 
 PREDICT, CHOOSE, TICKET = "lab05.predict_time", "lab05.choose_splits", "lab05.take_ticket"
@@ -19,7 +20,6 @@ PREDICT, CHOOSE, TICKET = "lab05.predict_time", "lab05.choose_splits", "lab05.ta
 # ---------------------------------------------------------------------------------------------- predict_time
 def _predict(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r, *, corner="smax", waves="ceil",
              per_program=True, merge=True, merge_splits="used", startup=True):
-    from fdlib.kernels.config import chunk_for
     chunk, used = chunk_for(max(max(lengths), 1), splits, block_n)
     P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
     slots = r * gpu.sms

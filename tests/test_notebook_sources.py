@@ -11,6 +11,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from fdlib.grading import core
+from shipped import shipped_json     # the shipped notebook (the committed one where the learner saved work)
+
 pytest.importorskip("jupytext", reason="jupytext reads the notebook sources")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +30,6 @@ def test_every_notebook_has_a_source():
 
 @pytest.mark.parametrize("src", SOURCES, ids=[p.stem for p in SOURCES])
 def test_notebook_matches_its_source(src):
-    from shipped import shipped_json     # the shipped notebook (the committed one where the learner saved work)
     hint = f"{src.stem}.ipynb differs from notebooks/src/{src.name}: run python notebooks/build.py {src.stem}"
     try:
         shipped = nbformat.reads(shipped_json(f"{src.stem}.ipynb"), as_version=4)
@@ -39,7 +41,6 @@ def test_notebook_matches_its_source(src):
 def test_exercise_stubs_are_the_graders():
     """Every exercise cell ships the stub its grader module holds (fdlib.grading.core.stub_source), and every
     exercise with checks has its cell."""
-    from fdlib.grading import core
     graders = {name: core.stub_source(name) for name in core.exercises()}
     seen = set()
     for src in SOURCES:
