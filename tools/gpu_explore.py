@@ -31,6 +31,7 @@ from fdlib.kernels.persistent import run_persistent
 from fdlib.kernels.stage1 import run_stage1
 from fdlib.kernels.stage2 import run_stage2
 from fdlib.kernels.unified import run_unified
+from fdlib.plan import decide
 
 
 @triton.jit
@@ -109,16 +110,16 @@ def part_short(records, sms):
         lse = torch.empty(B, Hq, device="cuda")
         cur = tile_config(D, L, 2, rows=B * Hkv)
         chunk, _ = chunk_for(L, 1, cur.BLOCK_N)
-        t, e = timed(lambda i: (lambda: run_unified(q, ks[i], vs[i], lens, 1 / math.sqrt(D), chunk, 1, cur, out, lse)),
-                     n, r, out)
+        t, e = timed(lambda i: (lambda: run_unified(q, ks[i], vs[i], lens, scale=1 / math.sqrt(D), chunk=chunk, splits=1,
+                                                    cfg=cur, out=out, lse=lse)), n, r, out)
         records.append(dict(base, method="unified@1", BLOCK_N=cur.BLOCK_N, num_warps=cur.num_warps,
                             num_stages=cur.num_stages, us=t, err=e))
         for cfg in cfgs:
             for per_sm in (1, 2, 3, 4):
                 P = sms * per_sm
                 try:
-                    t, e = timed(lambda i: (lambda: run_persistent(q, ks[i], vs[i], lens, 1 / math.sqrt(D), cfg, out,
-                                                                   lse, P)), n, r, out)
+                    t, e = timed(lambda i: (lambda: run_persistent(q, ks[i], vs[i], lens, scale=1 / math.sqrt(D),
+                                                                   cfg=cfg, out=out, lse=lse, programs=P)), n, r, out)
                 except Exception as ex:  # noqa: BLE001
                     print("FAIL", cfg, per_sm, repr(ex)[:200], flush=True)
                     continue
@@ -155,7 +156,6 @@ def part_small(records):
         scale = 1 / math.sqrt(D)
         out = torch.empty_like(q)
         lse = torch.empty(B, Hq, device="cuda")
-        from fdlib.plan import decide
         chosen = decide(B, Hq, Hkv, D, L, q.dtype, method="unified").splits
         line = [f"B=1 {Hq}:{Hkv} L={L} cudnn {records[-1]['us']:.1f} chosen {chosen}:"]
         for s in sorted({chosen, 2, 4, 8, 16, 32}):
@@ -163,18 +163,18 @@ def part_small(records):
             if splits != s:
                 continue
             parts = {}
-            op, lp = run_stage1(q, ks[0], vs[0], lens, scale, chunk, splits, cfg)
+            launch = dict(scale=scale, chunk=chunk, splits=splits, cfg=cfg)     # every kernel's launch scalars
+            op, lp = run_stage1(q, ks[0], vs[0], lens, **launch)
             variants = {
-                "stage1": (lambda i: (lambda: run_stage1(q, ks[i], vs[i], lens, scale, chunk, splits, cfg)), False),
+                "stage1": (lambda i: (lambda: run_stage1(q, ks[i], vs[i], lens, **launch)), False),
                 "stage2": (lambda i: (lambda: run_stage2(op, lp, out, lse)), False),
-                "two_stage": (lambda i: (lambda: run_stage2(*run_stage1(q, ks[i], vs[i], lens, scale, chunk, splits,
-                                                                        cfg), out, lse)), True),
-                "unified": (lambda i: (lambda: run_unified(q, ks[i], vs[i], lens, scale, chunk, splits, cfg, out,
-                                                           lse)), True),
-                "unified_noticket": (lambda i: (lambda: run_unified(q, ks[i], vs[i], lens, scale, chunk, splits, cfg,
-                                                                    out, lse, ticket_fn=ticket_none)), False),
-                "unified_relaxed": (lambda i: (lambda: run_unified(q, ks[i], vs[i], lens, scale, chunk, splits, cfg,
-                                                                   out, lse, ticket_fn=ticket_relaxed)), False),
+                "two_stage": (lambda i: (lambda: run_stage2(*run_stage1(q, ks[i], vs[i], lens, **launch), out, lse)),
+                              True),
+                "unified": (lambda i: (lambda: run_unified(q, ks[i], vs[i], lens, **launch, out=out, lse=lse)), True),
+                "unified_noticket": (lambda i: (lambda: run_unified(q, ks[i], vs[i], lens, **launch, out=out, lse=lse,
+                                                                    ticket_fn=ticket_none)), False),
+                "unified_relaxed": (lambda i: (lambda: run_unified(q, ks[i], vs[i], lens, **launch, out=out, lse=lse,
+                                                                   ticket_fn=ticket_relaxed)), False),
             }
             for name, (make, chk) in variants.items():
                 t, e = timed(make, n, r, out, check=chk)

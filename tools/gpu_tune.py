@@ -8,6 +8,7 @@ of the KV cache that each call reads from HBM, not from the L2 left by the previ
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import math
@@ -112,9 +113,11 @@ def main():
                         pass
                     def call(i, method=method):
                         if method == "unified":
-                            run_unified(q, ks[i], vs[i], lens, scale, chunk, splits, cfg, out, lse)
+                            run_unified(q, ks[i], vs[i], lens, scale=scale, chunk=chunk, splits=splits, cfg=cfg,
+                                        out=out, lse=lse)
                         else:
-                            op, lp = run_stage1(q, ks[i], vs[i], lens, scale, chunk, splits, cfg)
+                            op, lp = run_stage1(q, ks[i], vs[i], lens, scale=scale, chunk=chunk, splits=splits,
+                                                cfg=cfg)
                             run_stage2(op, lp, out, lse)
                     try:
                         call(0)
@@ -146,7 +149,6 @@ def main():
                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
                    "records": records}, fh)
     # per-config summary: geometric mean of time relative to the best config per (shape, method)
-    import collections
     groups = collections.defaultdict(list)
     for rec in records:
         groups[(rec["B"], rec["H_kv"], rec["L"], rec["method"])].append(rec)

@@ -38,12 +38,13 @@ def calls(case):
     s = 1 / math.sqrt(D)
     sms = sm_count()
     if case == "short":
-        return [lambda: run_unified(q, k, v, lens, s, chunk, splits, cfg, out, lse),
-                lambda: run_persistent(q, k, v, lens, s, TileConfig(64, 4, 3), out, lse, 2 * sms)]
-    op, lp = run_stage1(q, k, v, lens, s, chunk, splits, cfg)
-    return [lambda: run_stage1(q, k, v, lens, s, chunk, splits, cfg),
+        return [lambda: run_unified(q, k, v, lens, scale=s, chunk=chunk, splits=splits, cfg=cfg, out=out, lse=lse),
+                lambda: run_persistent(q, k, v, lens, scale=s, cfg=TileConfig(64, 4, 3), out=out, lse=lse,
+                                       programs=2 * sms)]
+    op, lp = run_stage1(q, k, v, lens, scale=s, chunk=chunk, splits=splits, cfg=cfg)
+    return [lambda: run_stage1(q, k, v, lens, scale=s, chunk=chunk, splits=splits, cfg=cfg),
             lambda: run_stage2(op, lp, out, lse),
-            lambda: run_unified(q, k, v, lens, s, chunk, splits, cfg, out, lse)]
+            lambda: run_unified(q, k, v, lens, scale=s, chunk=chunk, splits=splits, cfg=cfg, out=out, lse=lse)]
 
 
 def main():

@@ -25,7 +25,7 @@ for lens in ([300, 0, 1], [129, 300, 64], [1, 2, 299]):
         torch.cuda.synchronize()
         worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
     out, lse = torch.empty_like(q), torch.empty(B, H_q, device="cuda")   # the persistent kernel, 3 rows a program
-    run_persistent(q, k, v, lens, D ** -0.5, persistent_config(D), out, lse, programs=2)
+    run_persistent(q, k, v, lens, scale=D ** -0.5, cfg=persistent_config(D), out=out, lse=lse, programs=2)
     torch.cuda.synchronize()
     worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
 bad = torch.tensor([L + 1000, -5, 7], device="cuda", dtype=torch.int32)
