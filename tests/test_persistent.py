@@ -26,7 +26,7 @@ def run(q, k, v, lens, programs, scale=None):
     scale = 1 / math.sqrt(D) if scale is None else scale
     out = torch.full_like(q, float("nan"))
     lse = torch.full((B, H_q), float("nan"), device=q.device)
-    run_persistent(q, k, v, lens, scale, tile_config(D, k.shape[1]), out, lse, programs)
+    run_persistent(q, k, v, lens, scale=scale, cfg=tile_config(D, k.shape[1]), out=out, lse=lse, programs=programs)
     return out, lse
 
 
