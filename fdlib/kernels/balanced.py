@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging
-from .tile import (LOG2E, attend_group, combine_blocks, combine_heads, load_lengths, split_range, take_ticket,
+from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
                    tile_update)
 
 MAX_BATCH = 4096
@@ -62,22 +62,10 @@ def balanced_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, B
                                               stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
                                               BT, stride_bt, n_pages, FLAG,
                                               GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
-        offs_d = tl.arange(0, BLOCK_D)
-        mask_g = heads < (h_kv + 1) * GROUP
-        if n_b == 1:
-            tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                     o.to(OUT.dtype.element_ty), mask=mask_gd)
-            tl.store(LSE + b * stride_sb + heads * stride_sh, lse, mask=mask_g)
-        else:
-            tl.store(O_PART + item.to(tl.int64) * stride_pi + heads[:, None] * stride_ph + offs_d[None, :], o,
-                     mask=mask_gd)
-            tl.store(LSE_PART + heads * stride_lh + item, lse, mask=mask_g)
-            if take_ticket(COUNTERS + b * H_KV + h_kv, n_b):
-                h0 = h_kv * GROUP
-                combine_heads(O_PART + first.to(tl.int64) * stride_pi + h0 * stride_ph,
-                              LSE_PART + h0 * stride_lh + first, n_b, GROUP, stride_ph, stride_pi, stride_lh,
-                              OUT + b * stride_ob + h0 * stride_oh, stride_oh, LSE + b * stride_sb + h0 * stride_sh,
-                              stride_sh, BLOCK_H, BLOCK_S, BLOCK_D, D, True)
+        finish_row(o, lse, heads, mask_gd, h_kv * GROUP, item - first, n_b,
+                   O_PART + first.to(tl.int64) * stride_pi, stride_ph, stride_pi, LSE_PART + first, stride_lh,
+                   COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_oh, LSE + b * stride_sb, stride_sh,
+                   GROUP, BLOCK_H, BLOCK_S, BLOCK_D, D, take_ticket)
 
 
 def items_max(B: int, budget: int) -> int:

@@ -194,6 +194,31 @@ def take_ticket(counter_ptr, n_splits):
 
 
 @triton.jit
+def finish_row(o, lse, heads, mask_gd, h0, split, n_splits, O_ROW, stride_ph, stride_ps, LSE_ROW, stride_lh,
+               COUNTER, OUT_ROW, stride_oh, LSE_OUT_ROW, stride_sh,
+               GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+               D: tl.constexpr, TAKE_TICKET: tl.constexpr):
+    """After a program's split: a row of one split writes O and lse of its query heads ``heads`` (h0 the
+    group's first) directly; otherwise the partial goes to slot ``split`` of the row's partials
+    (``O_ROW + h·stride_ph + split·stride_ps``, ``LSE_ROW + h·stride_lh + split``), and the program that draws
+    the last ticket of ``COUNTER`` merges the row's ``n_splits`` partials (:func:`combine_heads`). Shared by
+    the unified and balanced kernels."""
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = heads < h0 + GROUP
+    if n_splits == 1:
+        tl.store(OUT_ROW + heads[:, None] * stride_oh + offs_d[None, :], o.to(OUT_ROW.dtype.element_ty),
+                 mask=mask_gd)
+        tl.store(LSE_OUT_ROW + heads * stride_sh, lse, mask=mask_g)
+    else:
+        tl.store(O_ROW + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :], o, mask=mask_gd)
+        tl.store(LSE_ROW + heads * stride_lh + split, lse, mask=mask_g)
+        if TAKE_TICKET(COUNTER, n_splits):
+            combine_heads(O_ROW + h0 * stride_ph, LSE_ROW + h0 * stride_lh, n_splits, GROUP, stride_ph, stride_ps,
+                          stride_lh, OUT_ROW + h0 * stride_oh, stride_oh, LSE_OUT_ROW + h0 * stride_sh, stride_sh,
+                          BLOCK_H, BLOCK_S, BLOCK_D, D, True)
+
+
+@triton.jit
 def attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb, stride_kl, stride_kh,
                  stride_vb, stride_vl, stride_vh, qk_scale, BT, stride_bt, n_pages, FLAG,
                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging
-from .tile import (LOG2E, attend_group, combine_blocks, combine_heads, load_lengths, split_range, take_ticket,
+from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
                    tile_update)
 
 
@@ -53,22 +53,10 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                                               stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
                                               BT, stride_bt, n_pages, FLAG,
                                               GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
-        offs_d = tl.arange(0, BLOCK_D)
-        mask_g = heads < (h_kv + 1) * GROUP
-        if n_splits == 1:
-            tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                     o.to(OUT.dtype.element_ty), mask=mask_gd)
-            tl.store(LSE + b * stride_sb + heads * stride_sh, lse, mask=mask_g)
-        else:
-            tl.store(O_PART + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
-                     o, mask=mask_gd)
-            tl.store(LSE_PART + b * stride_lb + heads * stride_lh + split, lse, mask=mask_g)
-            if TAKE_TICKET(COUNTERS + b * H_KV + h_kv, n_splits):
-                h0 = h_kv * GROUP
-                combine_heads(O_PART + b * stride_pb + h0 * stride_ph, LSE_PART + b * stride_lb + h0 * stride_lh,
-                              n_splits, GROUP, stride_ph, stride_ps, stride_lh,
-                              OUT + b * stride_ob + h0 * stride_oh, stride_oh, LSE + b * stride_sb + h0 * stride_sh,
-                              stride_sh, BLOCK_H, BLOCK_S, BLOCK_D, D, True)
+        finish_row(o, lse, heads, mask_gd, h_kv * GROUP, split, n_splits, O_PART + b * stride_pb, stride_ph,
+                   stride_ps, LSE_PART + b * stride_lb, stride_lh, COUNTERS + b * H_KV + h_kv,
+                   OUT + b * stride_ob, stride_oh, LSE + b * stride_sb, stride_sh,
+                   GROUP, BLOCK_H, BLOCK_S, BLOCK_D, D, TAKE_TICKET)
 
 
 _COUNTERS: dict = {}
