@@ -179,7 +179,7 @@ def _source(cell: dict) -> str:
 
 def exercise_sources(nb: dict) -> dict[str, str]:
     """``{exercise name: source}`` of the exercise cells of a notebook read as JSON."""
-    from .notebook_tools import exercise_name
+    from .notebook_tools import exercise_name   # notebook_tools imports this module: read when called
     out = {}
     for cell in nb.get("cells", []):
         cell = {**cell, "source": _source(cell)}
