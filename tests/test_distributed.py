@@ -1,0 +1,257 @@
+"""Context-parallel decode (fdlib.distributed): the merge's math in one process, then 2 and 3 gloo processes on
+the CPU (Triton's interpreter) against the float64 reference on the whole cache, and 2 GPUs with NCCL (gpu).
+
+Children are spawned (torch.multiprocessing): each imports this module, whose first import is fdlib, so the
+runtime (and TRITON_INTERPRET, inherited from this process's environment) is decided before any kernel is
+defined. Every rank saves its (out, lse) to a file; the parent compares them with the reference.
+"""
+from __future__ import annotations
+
+import fdlib  # noqa: I001  (first: decides the runtime before any kernel is defined, here and in every child)
+
+import math
+import socket
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fdlib import runtime
+from fdlib.distributed import (decode_attention_cp, local_seqlens, merge_partials, merge_stacked,
+                               shard_bounds)
+from fdlib.online_softmax import merge_lse
+from fdlib.reference import reference_attention
+from helpers import assert_attention_close, gen, make_problem
+
+HAVE_GLOO = dist.is_available() and dist.is_gloo_available()
+needs_gloo = pytest.mark.skipif(not HAVE_GLOO or not runtime.INTERPRET,
+                                reason="needs torch.distributed with gloo, and Triton's interpreter for CPU tensors "
+                                       "(with compiled kernels, test_two_gpus_nccl covers the same)")
+INF = float("inf")
+
+
+# ------------------------------------------------------------------------------------------ merge math
+def test_merge_stacked_matches_lse_merge_and_keeps_empty_rows_clean():
+    """merge_stacked (the merge's code with amax/sum for the collectives) = online_softmax.merge_lse, with
+    empty splits, rows empty on every split, and lse values whose plain exp overflows float32."""
+    g = gen(1)
+    o = torch.randn(3, 2, 4, 8, generator=g)
+    lse = torch.randn(3, 2, 4, generator=g) * 30
+    lse[0, 0, 0] = -INF                     # one empty split
+    lse[:, 1, 1] = -INF                     # empty on every split
+    lse[1, 0, 2], lse[2, 0, 2] = 1000.0, 999.0     # e^1000 overflows: only the max-shifted form survives
+    lse[:, 1, 3] = -1000.0                  # e^-1000 underflows to 0 for every split
+    o[0, 0, 0] = float("nan")               # an empty split's O is ignored, whatever it holds
+    out, l = merge_stacked(o, lse)
+    ref_o, ref_l = merge_lse(torch.where(torch.isneginf(lse)[..., None], 0.0, o), lse, dim=0)
+    torch.testing.assert_close(out, ref_o, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(l, ref_l, rtol=1e-6, atol=1e-5)
+    assert torch.isfinite(out).all()
+    assert (out[1, 1] == 0).all() and torch.isneginf(l[1, 1])
+    assert l[0, 2].item() == pytest.approx(1000.0 + math.log1p(math.exp(-1.0)), abs=1e-4)
+    assert l[1, 3].item() == pytest.approx(-1000.0 + math.log(3.0), abs=1e-4)
+    assert out.dtype == torch.float32 and l.dtype == torch.float32
+
+
+def test_merge_of_key_slices_is_attention_over_the_whole_cache():
+    """Reference attention over disjoint key slices (one empty for some rows), merged: attention over all keys."""
+    B, L, H_q, H_kv, D = 3, 29, 4, 2, 16
+    q, k, v, _ = make_problem(B, L, H_q, H_kv, D, torch.float64, seed=2)
+    q, k, v = q.cpu(), k.cpu(), v.cpu()
+    lens = torch.tensor([29, 6, 0])
+    bounds = [0, 7, 7, 20, 29]              # a zero-width slice; sequence 1 lives in the first slice only
+    parts = [reference_attention(q, k[:, a:b], v[:, a:b], local_seqlens(lens, a, b))
+             for a, b in zip(bounds, bounds[1:])]
+    out, l = merge_stacked(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+    ref_o, ref_l = reference_attention(q, k, v, lens)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, ref_o, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(l, ref_l, rtol=1e-12, atol=1e-12)
+    assert (out[2] == 0).all() and torch.isneginf(l[2]).all()
+
+
+def test_merge_dtypes_shapes_and_nan():
+    g = gen(3)
+    o = torch.randn(2, 2, 1, 3, 8, generator=g).to(torch.bfloat16)     # [splits, B, 1, H_q, D]
+    lse = torch.randn(2, 2, 3, generator=g)
+    out, l = merge_stacked(o, lse)
+    assert out.dtype == torch.bfloat16 and tuple(out.shape) == (2, 1, 3, 8) and l.dtype == torch.float32
+    ref, _ = merge_lse(o.float()[:, :, 0], lse, dim=0)
+    torch.testing.assert_close(out[:, 0].float(), ref, rtol=8e-3, atol=8e-3)
+    lse[1, 0, 0] = float("nan")                                       # NaN in one split: that row only
+    out, l = merge_stacked(o, lse)
+    assert torch.isnan(out[0, 0, 0]).all() and torch.isnan(l[0, 0])
+    assert torch.isfinite(out[1]).all() and torch.isfinite(l[1]).all()
+
+
+def test_merge_errors_name_the_argument():
+    o, lse = torch.zeros(2, 3, 8), torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="lse: expected shape"):
+        merge_partials(o, torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="o: expected"):
+        merge_partials(torch.zeros(2, 3), lse)
+    with pytest.raises(TypeError, match="o: expected a floating-point"):
+        merge_partials(o.int(), lse)
+    with pytest.raises(TypeError, match="lse: "):
+        merge_partials(o, lse.long())
+    with pytest.raises(ValueError, match="lse: expected shape"):
+        merge_stacked(o[None], lse)
+    if not dist.is_initialized():
+        with pytest.raises(RuntimeError, match="group: torch.distributed is not initialized"):
+            merge_partials(o, lse)
+
+
+def test_slicing_helpers():
+    assert [shard_bounds(10, 3, r) for r in range(3)] == [(0, 4), (4, 7), (7, 10)]
+    assert [shard_bounds(2, 3, r) for r in range(3)] == [(0, 1), (1, 2), (2, 2)]
+    assert local_seqlens([0, 5, 9, 30], 4, 9) == [0, 1, 5, 5]
+    t = local_seqlens(torch.tensor([0, 5, 9, 30]), 4, 9)
+    assert t.dtype == torch.int32 and t.tolist() == [0, 1, 5, 5]
+    with pytest.raises(ValueError, match="rank"):
+        shard_bounds(10, 2, 2)
+
+
+# ------------------------------------------------------------------------------------------ world size 1
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_gloo
+def test_world_size_one_group_in_process():
+    """A one-rank gloo group: the merge is the identity (0 for empty rows), decode_attention_cp =
+    decode_attention, and the errors of decode_attention name this function's arguments."""
+    if dist.is_initialized():
+        pytest.skip("a default process group already exists in this process")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=60))
+    try:
+        q, k, v, lens = make_problem(2, 21, 4, 2, 16, torch.float32, seed=4, lens=[21, 0])
+        want_o, want_l = fdlib.decode_attention(q, k, v, lens, return_lse=True)
+        out, l = decode_attention_cp(q, k, v, lens, return_lse=True)
+        torch.testing.assert_close(out, want_o, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(l, want_l, rtol=1e-6, atol=1e-6)
+        assert decode_attention_cp(q, k, v, lens).shape == q.shape
+        lse = want_l.clone()
+        merged, _ = merge_partials(want_o, lse, group=dist.group.WORLD)
+        torch.testing.assert_close(merged, want_o, rtol=0, atol=0)
+        assert torch.equal(lse, want_l), "merge_partials must not modify its inputs"
+        with pytest.raises(ValueError, match="slice_seqlens"):
+            decode_attention_cp(q, k, v, torch.tensor([1, 2, 3], dtype=torch.int32))
+        with pytest.raises(ValueError, match="k_slice"):
+            decode_attention_cp(q, k[:, :, :, :8], v[:, :, :, :8], lens)
+        with pytest.raises(TypeError, match="return_lse"):
+            decode_attention_cp(q, k, v, lens, return_lse=1)
+    finally:
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------ several processes
+def _worker(rank, world, init, backend, cases, problem_dir, out_dir):
+    import fdlib  # noqa: F401,F811  (already first through this module's import; said again for the reader)
+    device = "cuda" if backend == "nccl" else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    try:
+        sub = dist.new_group(list(range(world)))          # an explicit group as well as the default one
+        for i, case in enumerate(cases):
+            p = torch.load(f"{problem_dir}/case{i}.pt")
+            q, k, v, lens = (p[n].to(device) for n in ("q", "k", "v", "lens"))
+            a, b = case["bounds"][rank], case["bounds"][rank + 1]
+            sl = local_seqlens(lens, a, b)
+            if case.get("host_lengths"):
+                sl = sl.tolist()
+            kw = dict(case.get("kwargs", {}))
+            group = sub if case.get("subgroup") else None
+            out, lse = decode_attention_cp(q, k[:, a:b], v[:, a:b], sl, group=group, return_lse=True, **kw)
+            res = {"out": out.cpu(), "lse": lse.cpu()}
+            if case.get("graph"):                         # capture one step in a CUDA graph and replay it
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    decode_attention_cp(q, k[:, a:b], v[:, a:b], sl, return_lse=True, **kw)
+                torch.cuda.current_stream().wait_stream(s)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    g_out, g_lse = decode_attention_cp(q, k[:, a:b], v[:, a:b], sl, return_lse=True, **kw)
+                g_out.zero_()
+                graph.replay()
+                torch.cuda.synchronize()
+                res.update(graph_out=g_out.cpu(), graph_lse=g_lse.cpu())
+            torch.save(res, f"{out_dir}/case{i}_rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(world, backend, cases, tmp_path, device="cpu"):
+    """Save every case's problem, spawn ``world`` ranks, compare each rank's (out, lse) with the reference."""
+    problems = []
+    for i, case in enumerate(cases):
+        B, L, H_q, H_kv, D, dtype, lens = (case[n] for n in ("B", "L", "H_q", "H_kv", "D", "dtype", "lens"))
+        assert len(case["bounds"]) == world + 1 and case["bounds"][0] == 0 and case["bounds"][-1] == L
+        q, k, v, lens = make_problem(B, L, H_q, H_kv, D, dtype, seed=10 + i, lens=lens)
+        q, k, v, lens = q.cpu(), k.cpu(), v.cpu(), lens.cpu()
+        torch.save({"q": q, "k": k, "v": v, "lens": lens}, tmp_path / f"case{i}.pt")
+        problems.append((q, k, v, lens))
+    mp.spawn(_worker, args=(world, f"tcp://127.0.0.1:{_free_port()}", backend, cases, str(tmp_path),
+                            str(tmp_path)), nprocs=world, join=True)
+    for i, (case, (q, k, v, lens)) in enumerate(zip(cases, problems)):
+        ref = reference_attention(q, k, v, lens)
+        first = None
+        for rank in range(world):
+            r = torch.load(tmp_path / f"case{i}_rank{rank}.pt")
+            what = f"case {i} ({world} ranks, {backend}, bounds {case['bounds']}), rank {rank}"
+            assert_attention_close(r["out"], r["lse"], q, k, v, lens, what=what, ref=ref)
+            if "graph_out" in r:
+                assert_attention_close(r["graph_out"], r["graph_lse"], q, k, v, lens, what=what + " graph", ref=ref)
+            if first is None:
+                first = r
+            else:       # every rank ends with the same answer
+                assert torch.equal(r["out"], first["out"]) and torch.equal(r["lse"], first["lse"]), what
+
+
+@needs_gloo
+@pytest.mark.timeout(120)
+def test_two_ranks_gloo(tmp_path):
+    """Uneven slices [0, 13) and [13, 37); sequence 1 (length 9) is empty on rank 1, sequence 2 everywhere;
+    then fp16 with the split kernels and the slice lengths as a host list."""
+    cases = [
+        dict(B=3, L=37, H_q=4, H_kv=2, D=32, dtype=torch.float32, lens=[37, 9, 0], bounds=[0, 13, 37]),
+        dict(B=2, L=40, H_q=4, H_kv=1, D=16, dtype=torch.float16, lens=[40, 26], bounds=[0, 27, 40],
+             kwargs=dict(method="split", num_splits=2), host_lengths=True),
+    ]
+    _run(2, "gloo", cases, tmp_path)
+
+
+@needs_gloo
+@pytest.mark.timeout(120)
+def test_three_ranks_gloo(tmp_path):
+    """Three ranks: an explicit subgroup; in the second case the middle rank holds no position at all and
+    sequence 1 (length 17) exactly fills rank 0's slice."""
+    cases = [
+        dict(B=3, L=40, H_q=4, H_kv=2, D=16, dtype=torch.float32, lens=[33, 4, 0], bounds=[0, 6, 25, 40],
+             subgroup=True),
+        dict(B=3, L=30, H_q=2, H_kv=2, D=32, dtype=torch.float16, lens=[30, 17, 0], bounds=[0, 17, 17, 30],
+             kwargs=dict(method="unified")),
+    ]
+    _run(3, "gloo", cases, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(runtime.INTERPRET or not torch.cuda.is_available() or torch.cuda.device_count() < 2
+                    or not (dist.is_available() and dist.is_nccl_available()),
+                    reason="needs 2 CUDA GPUs, compiled Triton kernels and NCCL")
+def test_two_gpus_nccl(tmp_path):
+    """The same on 2 GPUs with NCCL, larger: uneven slices, ragged lengths, fp16 and bf16, CUDA-graph replay."""
+    cases = [
+        dict(B=4, L=4096, H_q=32, H_kv=8, D=128, dtype=torch.float16, lens=[4096, 1000, 0, 3001],
+             bounds=[0, 1500, 4096], graph=True),
+        dict(B=3, L=2048, H_q=8, H_kv=1, D=64, dtype=torch.bfloat16, lens=[2048, 700, 0], bounds=[0, 1024, 2048],
+             kwargs=dict(method="split")),
+    ]
+    _run(2, "nccl", cases, tmp_path)
