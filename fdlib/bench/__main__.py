@@ -8,6 +8,7 @@ Examples::
     python -m fdlib.bench --quick                           # tiny shapes, runs in the interpreter on a CPU
     python -m fdlib.bench --host-overhead                   # µs per call of back-to-back calls (B=1 32:8 L=2048)
     python -m fdlib.bench --heads-sweep                     # groups 1..16, D 64..256: auto vs every kernel
+    python -m fdlib.bench --ragged --page-size 16           # ragged batches on a paged cache (--L: mean lengths)
 """
 from __future__ import annotations
 
@@ -63,6 +64,10 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--heads-sweep", action="store_true",
                    help="the grid of head layouts: groups 1, 4, 8, 16 (H_q=16, MQA included), D 64, 128, 256, "
                         "B 1 and 8, L 8k, 64k, 256k, fp16; methods split, unified, persistent, auto, cudnn")
+    m.add_argument("--ragged", action="store_true",
+                   help="ragged batches (constant, uniform and Zipf-like lengths of mean 1k, 8k, 32k; B 8, 32, 128; "
+                        "32:8 and 32:32; fp16 and bf16): fdlib's methods, effective bandwidth of the rows' bytes")
+    m.add_argument("--page-size", type=int, help="with --ragged: a paged cache of this many keys a page")
     m.add_argument("--quick", action="store_true",
                    help="tiny shapes, few methods, no graphs (runs on a CPU in the Triton interpreter)")
     t = ap.add_argument_group("timing")
@@ -111,6 +116,18 @@ def main(argv=None) -> int:
         results = run_host_overhead(B=first(args.B, 1), H_q=hq, H_kv=hkv, L=first(args.L, 2048), D=first(args.D, 128),
                                     dtype=first(args.dtype, "float16"), command=command,
                                     progress=not args.no_progress)
+        print(report.format_table(results), flush=True)
+        paths = report.write_results(results, args.out, args.name, force=args.force, plot=False)
+        print("\nwrote " + ", ".join(paths.values()), flush=True)
+        return 0
+    if args.ragged:
+        from .ragged import run_ragged
+        results = run_ragged(B=args.B, heads=args.heads, D=args.D, dtypes=args.dtype, means=args.L,
+                             methods=args.methods, page_size=args.page_size, max_kv_gb=args.max_kv_gb,
+                             quick=args.quick, graphs=False if args.no_graphs else None, warmup_ms=args.warmup,
+                             rep_ms=args.rep, graph_rep_ms=args.graph_rep, seed=args.seed,
+                             ceiling=not args.no_ceiling, ceiling_gib=args.ceiling_gib,
+                             progress=not args.no_progress, command=command)
         print(report.format_table(results), flush=True)
         paths = report.write_results(results, args.out, args.name, force=args.force, plot=False)
         print("\nwrote " + ", ".join(paths.values()), flush=True)

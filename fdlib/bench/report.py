@@ -107,6 +107,9 @@ def format_table(results) -> str:
         return format_sweep_table(results)
     if results["kind"] == "host":
         return format_host_table(results)
+    if results["kind"] == "ragged":
+        from .ragged import format_ragged_table   # ragged imports the harness, which imports this module
+        return format_ragged_table(results)
     recs = results["records"]
     methods = list(dict.fromkeys(r["method"] for r in recs))
     by_shape = {}

@@ -1,0 +1,187 @@
+r"""``python -m fdlib.bench --ragged``: ragged batches, contiguous or paged, as continuous batching makes them.
+
+Every shape draws one length per sequence from a distribution of mean :math:`\bar L`:
+
+* ``constant``: every row :math:`\bar L`;
+* ``uniform``: uniform in :math:`[1, 2\bar L]`;
+* ``zipf``: most rows short, a few long: :math:`L = 1 + \lfloor \bar L\, x\rfloor` with x drawn from a Lomax
+  (Pareto II) law of shape 1.5 scaled to mean 1, capped at :math:`8\bar L`.
+
+The cache is either contiguous ``[B, L_max, H_kv, D]`` (L_max the longest row) or pages of ``--page-size``
+keys behind a shuffled block table (a pool of exactly the pages the rows use). The bytes a step must read are
+:math:`2\sum_b L_b H_{kv} D\,\text{elem}`; effective bandwidth is those bytes over the time, and % of ceiling
+compares it with the read ceiling measured in the same run. SDPA takes no ragged lengths without a mask, so
+the peers are fdlib's own methods. Timings as in the dense bench (:mod:`fdlib.bench.timing`: eager with the
+L2 flushed, CUDA graphs rotating over copies of the inputs).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import runtime
+from .harness import DTYPES, Progress, measure_ceiling_or_none, provenance, rel_error
+from .timing import Rotating, copies_for_l2, free_memory, synchronize, time_eager, time_graph
+
+DISTS = ("constant", "uniform", "zipf")
+RAGGED_GRID = dict(B=(8, 32, 128), heads=((32, 8), (32, 32)), D=(128,), dtypes=("float16", "bfloat16"),
+                   means=(1024, 8192, 32768), dists=DISTS)
+QUICK_RAGGED = dict(B=(3,), heads=((4, 2),), D=(32,), dtypes=("float16",), means=(40,), dists=DISTS)
+RAGGED_METHODS = ("auto", "split", "unified", "persistent", "balanced")
+
+
+def draw_lengths(dist: str, B: int, mean: int, seed: int = 0) -> list[int]:
+    """B lengths from ``dist`` (see the module doc) with mean ``mean``, reproducible from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    if dist == "constant":
+        return [mean] * B
+    if dist == "uniform":
+        return torch.randint(1, 2 * mean + 1, (B,), generator=g).tolist()
+    if dist == "zipf":
+        a = 1.5
+        u = torch.rand(B, generator=g, dtype=torch.float64)
+        x = ((1 - u) ** (-1 / a) - 1) * (a - 1)           # Lomax(shape a), scaled to mean 1
+        return [int(v) for v in torch.clamp(1 + torch.floor(mean * x), 1, 8 * mean).tolist()]
+    raise ValueError(f"dist: expected one of {', '.join(DISTS)}, got {dist!r}")
+
+
+def _inputs(shape, lens, page_size, seed):
+    """q, K and V (contiguous or a shuffled page pool with its table), the lengths on the device."""
+    dt, dev = DTYPES[shape["dtype"]], runtime.DEVICE
+    B, Hq, Hkv, D = (shape[k] for k in ("B", "H_q", "H_kv", "D"))
+    g = torch.Generator(device=dev).manual_seed(seed)
+    q = torch.randn(B, Hq, D, generator=g, device=dev, dtype=dt)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=dev)
+    if not page_size:
+        L_max = max(max(lens), 1)
+        k = torch.randn(B, L_max, Hkv, D, generator=g, device=dev, dtype=dt)
+        v = torch.randn(B, L_max, Hkv, D, generator=g, device=dev, dtype=dt)
+        return q, k, v, lens_t, None
+    pages = [max(1, -(-L // page_size)) for L in lens]
+    n = sum(pages)
+    k = torch.randn(n, page_size, Hkv, D, generator=g, device=dev, dtype=dt)
+    v = torch.randn(n, page_size, Hkv, D, generator=g, device=dev, dtype=dt)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+    bt = torch.zeros(B, max(pages), dtype=torch.int32)
+    at = 0
+    for b, p in enumerate(pages):
+        bt[b, :p] = order[at:at + p]
+        at += p
+    return q, k, v, lens_t, bt.to(dev)
+
+
+def _reference(q, k, v, lens, bt):
+    """O_ref [B, H_q, D] float32, one sequence at a time (pages gathered through the table)."""
+    B, Hq, D = q.shape
+    Hkv = k.shape[2]
+    out = torch.zeros(B, Hq, D, dtype=torch.float32, device=q.device)
+    for b, L in enumerate(lens.tolist()):
+        if L == 0:
+            continue
+        if bt is None:
+            kb, vb = k[b, :L], v[b, :L]
+        else:
+            idx = bt[b, : -(-L // k.shape[1])].long()
+            kb, vb = k[idx].reshape(-1, Hkv, D)[:L], v[idx].reshape(-1, Hkv, D)[:L]
+        qg = q[b].float().reshape(Hkv, Hq // Hkv, D)
+        p = torch.softmax(torch.matmul(qg, kb.float().permute(1, 2, 0)) / math.sqrt(D), dim=-1)
+        out[b] = torch.matmul(p, vb.float().permute(1, 0, 2)).reshape(Hq, D)
+    return out
+
+
+def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, methods=None, page_size=None,
+               max_kv_gb=20.0, quick=False, graphs=None, warmup_ms=None, rep_ms=None, graph_rep_ms=None, seed=0,
+               ceiling=True, ceiling_gib=None, progress=True, command=None) -> dict:
+    """Time fdlib's methods on the ragged grid (see the module doc); a results dict of kind ``"ragged"``."""
+    grid = dict(QUICK_RAGGED if quick else RAGGED_GRID)
+    for name, val in (("B", B), ("heads", heads), ("D", D), ("dtypes", dtypes), ("means", means), ("dists", dists)):
+        if val:
+            grid[name] = tuple(val)
+    gpu = runtime.MODE == "gpu"
+    settings = {"graphs": gpu and graphs is not False, "warmup_ms": warmup_ms or 25, "rep_ms": rep_ms or 100,
+                "graph_rep_ms": graph_rep_ms or 20, "cpu_runs": 1, "page_size": page_size or 0,
+                "l2_handling": "eager: 256 MB zero-fill before each call; graphs: rotate over copies holding >= 4x L2"}
+    ceil = measure_ceiling_or_none(ceiling and gpu, ceiling_gib or 4, settings)
+    methods = tuple(methods or RAGGED_METHODS)
+    shapes = [dict(dtype=dt, B=b, H_q=hq, H_kv=hkv, D=d, mean=m, dist=dist)
+              for dt in grid["dtypes"] for (hq, hkv) in grid["heads"] for d in grid["D"] for b in grid["B"]
+              for m in grid["means"] for dist in grid["dists"]]
+    records, skipped = [], []
+    bar = Progress(len(shapes), "ragged", progress)
+    for i, shape in enumerate(shapes):
+        lens = draw_lengths(shape["dist"], shape["B"], shape["mean"], seed + i)
+        elem = DTYPES[shape["dtype"]].itemsize
+        need = 2 * shape["H_kv"] * shape["D"] * elem
+        stored = need * (shape["B"] * max(lens) if not page_size else sum(-(-L // page_size) * page_size for L in lens))
+        base = dict(shape, L_mean=sum(lens) / len(lens), L_max=max(lens), page_size=page_size or 0,
+                    kv_mb=need * sum(lens) / 1e6)
+        if stored > max_kv_gb * 1e9:
+            skipped.append(dict(base, reason=f"cache {stored / 1e9:.1f} GB > --max-kv-gb {max_kv_gb}"))
+            bar.update()
+            continue
+        inp = _inputs(shape, lens, page_size, seed + i)
+        ref = _reference(*inp)
+        n = copies_for_l2(int(stored)) if settings["graphs"] else 1
+        copies = [inp] + [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp) for _ in range(n - 1)]
+        for name in methods:
+            records.append(_measure(name, copies, ref, base, settings, ceil))
+        del copies, inp, ref
+        free_memory()
+        bar.update()
+    bar.close()
+    return {"schema": "fdlib.bench/1", "kind": "ragged", "provenance": provenance(command), "settings": settings,
+            "ceiling": ceil, "records": records, "skipped": skipped}
+
+
+def _measure(name, copies, ref, base, settings, ceil):
+    import fdlib
+    from ..api import plan_for
+    rec = dict(base, method=name, status="ok")
+
+    def make(c):
+        q, k, v, lens, bt = c
+        return lambda: fdlib.decode_attention(q, k, v, lens, block_table=bt, method=name)
+    calls = [make(c) for c in copies]
+    try:
+        out = calls[0]()
+        synchronize()
+        q, k, v, lens, bt = copies[0]
+        d = plan_for(q, k, v, lens, block_table=bt, method=name).decision
+        rec.update(kernel=d.kernel, splits=d.splits, rel_err=rel_error(out, ref))
+        if not math.isfinite(rec["rel_err"]) or rec["rel_err"] >= 1e-2:
+            return dict(rec, status="failed", reason=f"relative error {rec['rel_err']:.3g}")
+        rec["eager_us"] = time_eager(calls[0], settings["warmup_ms"], settings["rep_ms"], settings["cpu_runs"])
+        if settings["graphs"]:
+            rec["graph_us"] = time_graph(Rotating(calls), settings["graph_rep_ms"])
+    except Exception as e:  # noqa: BLE001 - one method's failure is recorded, the run goes on
+        return dict(rec, status="error", reason=f"{type(e).__name__}: {e}"[:300])
+    t = rec.get("graph_us") or rec["eager_us"]
+    rec["tbs"] = base["kv_mb"] / t                  # MB/µs = TB/s
+    if ceil and ceil.get("tbs"):
+        rec["pct_ceiling"] = 100 * rec["tbs"] / ceil["tbs"]
+    return rec
+
+
+def format_ragged_table(results) -> str:
+    prov = results["provenance"]
+    ceil = results.get("ceiling") or {}
+    lines = [f"device: {prov['device']} | mode: {prov['mode']} | torch {prov['torch']} | triton {prov['triton']} | "
+             f"{prov['date_utc']}", f"command: {prov['command']}",
+             f"read ceiling: {ceil['tbs']:.2f} TB/s" if ceil.get("tbs") else "read ceiling: not measured",
+             f"page size: {results['settings']['page_size'] or 'contiguous cache'}", "",
+             "| dtype | B | H_q:H_kv | dist | mean L | max L | KV MB | method | kernel | µs (eager / graph) | TB/s | "
+             "% ceiling |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["records"]:
+        lead = (f"| {r['dtype']} | {r['B']} | {r['H_q']}:{r['H_kv']} | {r['dist']} | {r['L_mean']:.0f} | {r['L_max']} "
+                f"| {r['kv_mb']:.1f} | {r['method']} |")
+        if r["status"] != "ok":
+            lines.append(f"{lead} | {r['status']}: {r.get('reason', '')} | | |")
+            continue
+        g = r.get("graph_us")
+        graph = "—" if g is None else f"{g:.1f}"
+        pct = "" if r.get("pct_ceiling") is None else f"{r['pct_ceiling']:.0f}"
+        lines.append(f"{lead} {r.get('kernel')} | {r['eager_us']:.1f} / {graph} | {r['tbs']:.2f} | {pct} |")
+    for s in results.get("skipped", []):
+        lines.append(f"skipped: {s['dtype']} B={s['B']} {s['H_q']}:{s['H_kv']} {s['dist']} mean {s['mean']} ({s['reason']})")
+    return "\n".join(lines)
