@@ -51,7 +51,7 @@ LOG="$OUT/run/gpu-validate.log"
   fi
   if has calibrate; then
     echo "== calibration"
-    timeout 60 python3 -c "from fdlib.costmodel import calibrate; print(calibrate(progress=False))"
+    timeout 60 python3 -c "from fdlib.calibration import calibrate; print(calibrate(progress=False))"
     cp "$OUT"/run/calibration-*.json "$OUT/run/calibration.json" 2>/dev/null
   fi
   if has bench; then
