@@ -43,7 +43,7 @@ from .kernels.persistent import persistent_args
 from .kernels.stage1 import stage1_args
 from .kernels.stage2 import stage2_args
 from .kernels.unified import remember_resources, unified_args
-from .validate import DTYPES, MAX_HEAD_DIM, METHODS
+from .validate import DTYPES, MAX_HEAD_DIM
 
 KERNELS = ("unified", "split", "persistent", "balanced", "naive")
 
