@@ -95,9 +95,9 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int) -> str:
     Why: with one split and many rows the plain grid starts one program per row, and each pays its start-up
     (launch, lengths and queries, pipeline fill and drain) at the same moment as its neighbours on the SM;
     the persistent kernel pays it once per program. That matters when rows are short and stops mattering when
-    they are long. Measured on an H200 (results/h200/bench-*.json, graph timings, fp16): B=64, H 32:8, L=512
-    42.1 µs unified, 35.9 persistent; B=16, 32:32, L=2048 127.2 vs 125.9; but B=64, 32:32, L=2048 (≈16k keys
-    per program) 495.7 vs 517.9, and with 128 rows (one wave of the plain grid) B=16, 32:8, L=512 12.4 vs 14.1."""
+    they are long. Measured on an H200 (results/h200/bench-float16.json, graph timings): B=64, H 32:8, L=512
+    41.8 µs unified, 36.3 persistent; B=16, 32:32, L=2048 127.7 vs 127.0; but B=64, 32:32, L=2048 (≈16k keys
+    per program) 495.9 vs 531.4, and with 128 rows (one wave of the plain grid) B=16, 32:8, L=512 12.3 vs 15.6."""
     rows = B * H_kv
     sms = sm_count()
     keys_per_program = rows * L_cap / (sms * persistent_per_sm())
