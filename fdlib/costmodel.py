@@ -67,7 +67,7 @@ H200_DEFAULT = Calibration(bw_tbs=5.16, rho_tbs=0.0482, t_launch_us=4.45, t_wave
                            t_split_us=0.0591,
                            source="H200 calibration of 2026-11-29 (results/h200/calibration.json, rounded)",
                            t_stage2_us=1.9)
-"""t_stage2_us: two_stage - stage1 on an H200 under CUDA graphs was 1.6-2.3 µs at 2-32 splits
+"""t_stage2_us: two_stage - stage1 on an H200 under CUDA graphs was 1.9-2.3 µs at 2-32 splits
 (results/h200/explore/explore.json); the merge work in it is counted by the t_split term."""
 CAL_GROUP, CAL_D = 4, 128
 """The heads per group and head dim of the calibration points (H 32:8, D=128): t_split is per split there."""
