@@ -14,6 +14,7 @@
 #   host       python -m fdlib.bench --host-overhead (µs per back-to-back call, cProfile of decode_attention)
 #   heads      python -m fdlib.bench --heads-sweep (groups 1..16, D 64..256, fp16)
 #   ragged     python -m fdlib.bench --ragged, fp16: contiguous cache, then pages of 16 keys
+#   invariant  python -m fdlib.bench --methods auto,invariant,cudnn, fp16: the cost of batch_invariant=True
 # Writes OUT_DIR/gpu-validate.tar.gz (every file, for machines that return few files) and a log.
 set -uo pipefail
 OUT="${1:?usage: tools/gpu_validate.sh OUT_DIR [STEPS]}"
@@ -76,6 +77,11 @@ LOG="$OUT/run/gpu-validate.log"
       --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
     timeout 280 python3 -m fdlib.bench --ragged --page-size 16 --dtype float16 --out "$OUT/run" \
       --name ragged-fp16-page16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
+  fi
+  if has invariant; then
+    echo "== batch-invariant cost"
+    timeout 280 python3 -m fdlib.bench --methods auto,invariant,cudnn --dtype float16 --out "$OUT/run" \
+      --name invariant-fp16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
   fi
   if has sweep; then
     echo "== sweep"
