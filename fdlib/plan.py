@@ -4,7 +4,9 @@ A serving loop calls attention with the same shapes step after step; only the le
 depends on the shapes alone is decided once, by :func:`plan`, and kept in a frozen :class:`DecodePlan`:
 
 * the kernel: ``"unified"`` (map and reduce in one launch), ``"split"`` (stage 1 + stage 2),
-  ``"persistent"`` (a few programs per SM walk all rows, no split) or ``"naive"`` (PyTorch);
+  ``"persistent"`` (a few programs per SM walk all rows, no split), ``"balanced"`` (a ragged batch cut into
+  near-equal work items on the device, :mod:`fdlib.schedule`) or ``"naive"`` (PyTorch); for a contiguous cache
+  ``[B, L_max, H_kv, D]`` or pages ``[n_pages, page_size, H_kv, D]`` behind a block table;
 * the tiles (BLOCK_N keys, warps, stages), the split count and the chunk of keys each split covers,
   :math:`\text{chunk} = \lceil\lceil L_{cap}/\text{splits}\rceil / N\rceil\cdot N`, chosen by the cost model
   (:mod:`fdlib.splits`) for L_cap, the longest length the plan is made for;
@@ -38,12 +40,15 @@ import torch
 
 from . import runtime
 from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config, tile_config, tile_config_for
-from .kernels.balanced import balanced_args
-from .kernels.persistent import persistent_args
-from .kernels.stage1 import stage1_args
-from .kernels.stage2 import stage2_args
-from .kernels.unified import remember_resources, unified_args
-from .validate import DTYPES, MAX_HEAD_DIM
+from .kernels.balanced import MAX_BATCH, balanced_args, balanced_launcher, items_max
+from .kernels.persistent import persistent_args, persistent_launcher, programs_for, rows_for
+from .kernels.stage1 import stage1_args, stage1_launcher
+from .kernels.stage2 import stage2_args, stage2_launcher
+from .kernels.unified import remember_resources, unified_args, unified_launcher
+from .reference import naive_attention
+from .splits import choose_auto, choose_kernel, choose_splits, persistent_per_sm, sm_count
+from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits, check_page_size,
+                       check_scale, shape_str)
 
 KERNELS = ("unified", "split", "persistent", "balanced", "naive")
 
@@ -95,7 +100,6 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     """The kernel, tiles, splits and chunk for a batch of these sizes on this runtime (see the module doc).
     ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None;
     ``batch_invariant``: :func:`invariant_decision`."""
-    from .splits import choose_auto, choose_kernel, choose_splits, persistent_per_sm, sm_count
     if batch_invariant:
         if method not in ("auto", "unified") or num_splits is not None:
             raise ValueError(f"batch_invariant: runs the unified kernel at a fixed chunk; pass method='auto' or "
@@ -122,13 +126,11 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     if kernel == "auto":   # forced splits: the unified kernel, or the persistent one at one split
         kernel = choose_kernel(B, H_kv, L_cap, splits)
     if kernel == "balanced":
-        from .kernels.balanced import MAX_BATCH
         if B > MAX_BATCH:
             raise ValueError(f"method: 'balanced' keeps the batch's lengths in registers, B <= {MAX_BATCH}, got B={B}")
         return Decision("balanced", splits, chunk, tile, L_cap, basis, budget=B * splits)
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
-    from .kernels.persistent import programs_for, rows_for
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
     return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes), L_cap, basis, programs,
                     rows_for(B * H_kv, programs))
@@ -261,7 +263,6 @@ class DecodePlan:
             go[0](*balanced_args(q, k_cache, v_cache, lens, self.scale, d.budget, out, lse, ws.o_part, ws.lse_part,
                                  ws.counters, ws.flag, bt))
         else:
-            from .reference import naive_attention
             clamped = lens.clamp(0, self.L_max)
             ws.flag.copy_(torch.maximum(ws.flag, (clamped != lens).any().to(torch.int32)))
             if bt is not None:   # gather the pages into [B, L_max, H_kv, D]; indices clamped to the pool
@@ -290,14 +291,12 @@ class DecodePlan:
         return buf
 
     def _table_mismatch(self, bt, B):
-        from .validate import check_block_table
         check_block_table(bt, B, self.device)
         raise ValueError(f"block_table: this plan expects [{B}, {self.L_max // self.page_size}] (L_max={self.L_max} "
                          f"in pages of {self.page_size}), got {list(bt.shape)}")
 
     def _mismatch(self, name, t, B, want=None):
         """Raise the error that says how ``t`` differs from what this plan was made for."""
-        from .validate import shape_str
         if want is not None:
             shape = list(want.shape)
         elif name == "q":
@@ -369,7 +368,6 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
             L_max / page_size entries per sequence): a power of two from 1 to 256 dividing L_max.
         batch_invariant: results bitwise independent of the batch (:func:`invariant_decision`).
     """
-    from .validate import check_method, check_num_splits, check_scale
     for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("D", D), ("L_max", L_max)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
@@ -384,7 +382,6 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
     check_method(method)
     check_num_splits(num_splits, method)
     if page_size is not None:
-        from .validate import check_page_size
         check_page_size(page_size)
         if L_max % page_size or L_max == 0:
             raise ValueError(f"page_size: L_max={L_max} must be a positive multiple of page_size={page_size}")
@@ -413,19 +410,14 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int) -> tup
     """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`);
     only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan."""
     if d.kernel == "unified":
-        from .kernels.unified import unified_launcher
         return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page,
                                  merge_splits=MAX_SPLITS if d.invariant else None),)
     if d.kernel == "split":
-        from .kernels.stage1 import stage1_launcher
-        from .kernels.stage2 import stage2_launcher
         return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page),
                 stage2_launcher(D, d.splits, dtype_slots=()))
     if d.kernel == "balanced":
-        from .kernels.balanced import balanced_launcher
         return (balanced_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page),)
     if d.kernel == "persistent":
-        from .kernels.persistent import persistent_launcher
         return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,), page=page),)
     return ()
 
@@ -436,7 +428,6 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device) -> Workspace:
     try:
         f32 = dict(dtype=torch.float32, device=device)
         if d.kernel == "balanced":   # partials by item: a row's items are consecutive (fdlib.schedule)
-            from .kernels.balanced import items_max
             n = items_max(B, d.budget)
             o_part, lse_part = torch.empty((n, H_q, D), **f32), torch.empty((H_q, n), **f32)
         else:
