@@ -117,15 +117,23 @@ def combine_blocks(heads: int, splits: int, block_d: int) -> tuple[int, int]:
 
 
 @triton.jit
+def clamp_and_flag(x, hi, valid, FLAG):
+    """min(max(x, 0), hi) for the ``valid`` entries of ``x`` (a scalar or a vector read from memory); where that
+    changes a valid entry, ``FLAG[0]`` is set to 1. Lengths and page indices go through it, so no kernel ever
+    reads outside the cache or the page pool, and nothing has to be read back on the host to know it."""
+    y = tl.minimum(tl.maximum(x, 0), hi)
+    bad = valid & (y != x)
+    tl.store(FLAG + y * 0, bad.to(tl.int32), mask=bad)
+    return y
+
+
+@triton.jit
 def page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE: tl.constexpr):
     r"""Paged cache: the page and the slot in it of key positions ``pos`` of one sequence,
     :math:`\text{page} = \text{table}[\lfloor pos/\text{PAGE}\rfloor]`, slot = pos mod PAGE (``BT_ROW`` points at
     the sequence's row of the block table). A page index outside 0..n_pages-1 is clamped (no load ever leaves
     the pool) and sets ``FLAG[0]`` to 1, like a clamped length."""
-    page_in = tl.load(BT_ROW + pos // PAGE, mask=valid, other=0)
-    page = tl.minimum(tl.maximum(page_in, 0), n_pages - 1)
-    bad = valid & (page != page_in)
-    tl.store(FLAG + pos * 0, bad.to(tl.int32), mask=bad)
+    page = clamp_and_flag(tl.load(BT_ROW + pos // PAGE, mask=valid, other=0), n_pages - 1, valid, FLAG)
     return page.to(tl.int64), pos % PAGE
 
 
@@ -163,11 +171,7 @@ def load_lengths(LENS, idx, mask, L_MAX, FLAG):
     r"""The lengths :math:`L = \min(\max(L_{in}, 0), L_{max})` of the sequences ``idx`` (a scalar or a vector,
     ``mask`` its valid entries): a length outside the cache is clamped on the device, so no kernel ever reads
     outside it, and ``FLAG[0]`` is set to 1 (no host read: :meth:`fdlib.plan.DecodePlan.clamped` reads it)."""
-    L_in = tl.load(LENS + idx, mask=mask, other=0)
-    L = tl.minimum(tl.maximum(L_in, 0), L_MAX)
-    bad = mask & (L != L_in)
-    tl.store(FLAG + idx * 0, bad.to(tl.int32), mask=bad)
-    return L.to(tl.int32)
+    return clamp_and_flag(tl.load(LENS + idx, mask=mask, other=0), L_MAX, mask, FLAG).to(tl.int32)
 
 
 @triton.jit
