@@ -139,8 +139,8 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
 @dataclass(frozen=True)
 class Workspace:
     """Device memory a plan owns (None where its kernel needs none)."""
-    o_part: torch.Tensor | None      # [B, H_q, splits, D] float32
-    lse_part: torch.Tensor | None    # [B, H_q, splits] float32
+    o_part: torch.Tensor | None      # [B, H_q, splits, D] float32 (balanced: [items, H_q, D])
+    lse_part: torch.Tensor | None    # [B, H_q, splits] float32 (balanced: [H_q, items])
     counters: torch.Tensor | None    # [B·H_kv] int32, zero between calls (the unified kernel resets them)
     flag: torch.Tensor               # [1] int32: 1 once a device length was clamped to 0..L_max
     lse: torch.Tensor                # [B, H_q] float32, for calls that do not ask for lse
@@ -425,11 +425,11 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int) -> tup
 def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device) -> Workspace:
     """Allocate what the decided kernel needs; out of memory says how much and what needs less."""
     partials = d.kernel == "split" or d.kernel == "unified" and d.splits > 1
+    slots = items_max(B, d.budget) if d.kernel == "balanced" else B * d.splits if partials else 0
     try:
         f32 = dict(dtype=torch.float32, device=device)
         if d.kernel == "balanced":   # partials by item: a row's items are consecutive (fdlib.schedule)
-            n = items_max(B, d.budget)
-            o_part, lse_part = torch.empty((n, H_q, D), **f32), torch.empty((H_q, n), **f32)
+            o_part, lse_part = torch.empty((slots, H_q, D), **f32), torch.empty((H_q, slots), **f32)
         else:
             o_part = torch.empty((B, H_q, d.splits, D), **f32) if partials else None
             lse_part = torch.empty((B, H_q, d.splits), **f32) if partials else None
@@ -442,7 +442,7 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device) -> Workspace:
             lse=torch.empty((B, H_q), **f32),
             full_lengths=torch.full((B,), L_max, dtype=torch.int32, device=device))
     except _OOM as e:
-        need = workspace_bytes(B, H_q, D, d.splits if partials else 1)
+        need = workspace_bytes(slots, H_q, D)
         raise _OOM(f"fdlib.plan: out of memory on {device} allocating the split workspace, {need} bytes "
                    f"(B={B}, H_q={H_q}, D={D}, splits={d.splits}); fewer splits (num_splits) or a smaller batch "
                    f"needs less. {e}") from e
@@ -451,9 +451,9 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device) -> Workspace:
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
-def workspace_bytes(B: int, H_q: int, D: int, splits: int) -> int:
-    """Bytes of the split partials O_i and lse_i (float32) for ``splits`` > 1 (0 for one split)."""
-    return B * H_q * splits * (D + 1) * 4 if splits > 1 else 0
+def workspace_bytes(slots: int, H_q: int, D: int) -> int:
+    """Bytes of the float32 split partials O_i and lse_i of ``slots`` partials per query head."""
+    return slots * H_q * (D + 1) * 4
 
 
 __all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "launched_splits", "host_lengths",
