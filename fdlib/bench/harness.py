@@ -89,21 +89,33 @@ def make_inputs(shape: dict, seed: int = 0) -> M.Inputs:
 
 
 def reference(inp: M.Inputs) -> torch.Tensor:
-    """O_ref [B, H_q, D]: float32 on the GPU (one sequence at a time), float64 fdlib reference on the CPU."""
+    """O_ref [B, H_q, D]: float32 on the GPU (:func:`reference_rows`), float64 fdlib reference on the CPU."""
     if inp.q.device.type != "cuda":
         return reference_attention(inp.q, inp.k, inp.v)[0]
-    B, Hq, D = inp.q.shape
-    Hkv = inp.k.shape[2]
+    return reference_rows(inp.q, inp.k, inp.v)
+
+
+def reference_rows(q, k, v, lens=None, block_table=None) -> torch.Tensor:
+    """O_ref [B, H_q, D] in float32, one sequence at a time (the whole score matrix of a long cache never
+    exists at once): every row L_max long, or ``lens`` long; K/V contiguous, or pages gathered through
+    ``block_table``. A length-0 row gives 0."""
+    B, Hq, D = q.shape
+    Hkv = k.shape[2]
     scale = 1.0 / math.sqrt(D)
-    out = torch.empty(B, Hq, D, dtype=torch.float32, device=inp.q.device)
+    out = torch.zeros(B, Hq, D, dtype=torch.float32, device=q.device)
     for b in range(B):
-        qg = inp.q[b].float().reshape(Hkv, Hq // Hkv, D)
-        k = inp.k[b].float().permute(1, 2, 0)                 # [H_kv, D, L]
-        p = torch.softmax(torch.matmul(qg, k) * scale, dim=-1)
-        del k
-        v = inp.v[b].float().permute(1, 0, 2)                 # [H_kv, L, D]
-        out[b] = torch.matmul(p, v).reshape(Hq, D)
-        del v, p
+        L = k.shape[1] if lens is None else int(lens[b])
+        if L == 0:
+            continue
+        if block_table is None:
+            kb, vb = k[b, :L], v[b, :L]
+        else:
+            idx = block_table[b, : -(-L // k.shape[1])].long()
+            kb, vb = k[idx].reshape(-1, Hkv, D)[:L], v[idx].reshape(-1, Hkv, D)[:L]
+        qg = q[b].float().reshape(Hkv, Hq // Hkv, D)
+        p = torch.softmax(torch.matmul(qg, kb.float().permute(1, 2, 0)) * scale, dim=-1)    # [H_kv, group, L]
+        out[b] = torch.matmul(p, vb.float().permute(1, 0, 2)).reshape(Hq, D)
+        del p
     return out
 
 

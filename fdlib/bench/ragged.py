@@ -21,7 +21,7 @@ import math
 import torch
 
 from .. import runtime
-from .harness import DTYPES, Progress, measure_ceiling_or_none, provenance, rel_error
+from .harness import DTYPES, Progress, measure_ceiling_or_none, provenance, reference_rows, rel_error
 from .timing import Rotating, copies_for_l2, free_memory, synchronize, time_eager, time_graph
 
 DISTS = ("constant", "uniform", "zipf")
@@ -71,25 +71,6 @@ def _inputs(shape, lens, page_size, seed):
     return q, k, v, lens_t, bt.to(dev)
 
 
-def _reference(q, k, v, lens, bt):
-    """O_ref [B, H_q, D] float32, one sequence at a time (pages gathered through the table)."""
-    B, Hq, D = q.shape
-    Hkv = k.shape[2]
-    out = torch.zeros(B, Hq, D, dtype=torch.float32, device=q.device)
-    for b, L in enumerate(lens.tolist()):
-        if L == 0:
-            continue
-        if bt is None:
-            kb, vb = k[b, :L], v[b, :L]
-        else:
-            idx = bt[b, : -(-L // k.shape[1])].long()
-            kb, vb = k[idx].reshape(-1, Hkv, D)[:L], v[idx].reshape(-1, Hkv, D)[:L]
-        qg = q[b].float().reshape(Hkv, Hq // Hkv, D)
-        p = torch.softmax(torch.matmul(qg, kb.float().permute(1, 2, 0)) / math.sqrt(D), dim=-1)
-        out[b] = torch.matmul(p, vb.float().permute(1, 0, 2)).reshape(Hq, D)
-    return out
-
-
 def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, methods=None, page_size=None,
                max_kv_gb=20.0, quick=False, graphs=None, warmup_ms=None, rep_ms=None, graph_rep_ms=None, seed=0,
                ceiling=True, ceiling_gib=None, progress=True, command=None) -> dict:
@@ -121,12 +102,13 @@ def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, 
             bar.update()
             continue
         inp = _inputs(shape, lens, page_size, seed + i)
-        ref = _reference(*inp)
+        q, k, v, lens_t, bt = inp
+        ref = reference_rows(q, k, v, lens_t.tolist(), bt)
         n = copies_for_l2(int(stored)) if settings["graphs"] else 1
         copies = [inp] + [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp) for _ in range(n - 1)]
         for name in methods:
             records.append(_measure(name, copies, ref, base, settings, ceil))
-        del copies, inp, ref
+        del copies, inp, ref, q, k, v
         free_memory()
         bar.update()
     bar.close()
