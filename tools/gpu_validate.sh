@@ -3,7 +3,8 @@
 #   bash tools/gpu_validate.sh OUT_DIR [STEPS]
 # STEPS: comma-separated, default tests,notebooks,sanitizer,calibrate,bench,sweep
 #        ("quick" = tests,sanitizer,calibrate)
-#   tests      GPU test suite (tests/test_gpu.py, tests/test_persistent.py and the bench's GPU tests)
+#   tests      GPU test suite (tests/test_gpu.py, test_persistent, test_plan, test_paged, test_balanced,
+#              test_invariance on compiled kernels, and the bench's GPU tests)
 #   notebooks  every notebook under nbval, as shipped and with the reference solutions (tests/test_notebooks.py);
 #              nbval, ipykernel and their dependencies come from wheels in .whl/ when that folder exists
 #              (installed into /tmp/site, no network)
@@ -30,7 +31,7 @@ LOG="$OUT/run/gpu-validate.log"
   echo "== git: $(git rev-parse --short HEAD 2>/dev/null || echo 'no git metadata'); steps: $STEPS"
   if has tests; then
     echo "== GPU tests"
-    timeout 400 python3 -m pytest tests/test_gpu.py tests/test_persistent.py tests/test_plan.py -q -p no:cacheprovider \
+    timeout 480 python3 -m pytest tests/test_gpu.py tests/test_persistent.py tests/test_plan.py tests/test_paged.py tests/test_balanced.py tests/test_invariance.py -q -p no:cacheprovider \
       -rfE 2>&1 | tee "$OUT/run/gpu-tests.log" | tail -15
     timeout 200 python3 -m pytest tests/test_bench.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
   fi

@@ -1,7 +1,7 @@
 """A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split, unified and persistent paths,
 ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64; lengths
 outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a smaller
-batch than planned.
+batch than planned; a paged, ragged batch (shared and unused pages) through every method.
 
 compute-sanitizer --tool memcheck python tools/sanitize_case.py
 """
@@ -39,5 +39,20 @@ for method, splits in (("split", 3), ("unified", 3), ("persistent", None), ("aut
     small = p.run(q[:2], k[:2], v[:2], bad[:2])                            # B' = 2 < B = 3
     torch.cuda.synchronize()
     worst = max(worst, ((small.double().cpu() - ref[:2]).norm() / ref[:2].norm()).item())
+# A paged, ragged batch: pages of 16 keys, shuffled, a shared prefix, -1 past each length; every method.
+page, n_pages = 16, 64
+kp = torch.randn(n_pages, page, H_kv, D, device="cuda", dtype=torch.float16)
+vp = torch.randn(n_pages, page, H_kv, D, device="cuda", dtype=torch.float16)
+bt = torch.stack([torch.randperm(n_pages, device="cuda")[:19] for _ in range(B)]).to(torch.int32)
+bt[1, :8] = bt[0, :8]
+lens = torch.tensor([300, 17, 0], device="cuda", dtype=torch.int32)
+bt[1, 2:] = -1
+bt[2, :] = -1
+idx = bt.long().clamp(0, n_pages - 1)
+ref, _ = fdlib.reference_attention(q, kp[idx].flatten(1, 2), vp[idx].flatten(1, 2), lens)
+for method in ("split", "unified", "persistent", "balanced", "auto"):
+    out = fdlib.decode_attention(q, kp, vp, lens, block_table=bt, method=method)
+    torch.cuda.synchronize()
+    worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
 print(f"sanitize case done, worst relative error {worst:.2e}")
 assert worst < 2e-3
