@@ -172,6 +172,10 @@ class Progress:
 # ----------------------------------------------------------------------------------------------- provenance
 
 def _git():
+    """(commit, dirty) of the code that runs. A run from a ``git archive`` snapshot has no git metadata: its commit
+    comes from ``FDLIB_GIT_COMMIT`` (set by ``tools/gpu_snapshot.sh``), and a snapshot is clean by construction."""
+    if os.environ.get("FDLIB_GIT_COMMIT"):
+        return os.environ["FDLIB_GIT_COMMIT"], False
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
