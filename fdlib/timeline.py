@@ -1,0 +1,445 @@
+r"""Per-SM timelines of a ragged decode batch: who runs where, and when, from the model or from the GPU.
+
+A launch of P programs runs on S SMs with r slots each. The hardware block scheduler hands program i (in grid
+order, the first grid axis fastest) to the first slot that is free; a program then pays a start-up, streams its
+K/V slice, and, if it is the last of its row to finish, merges the row's partials. The **model timeline**
+(:func:`model_timeline`) plays that out with the cost model's constants (:mod:`fdlib.costmodel`):
+
+* start-up :math:`t_{\text{wave}}` per program (first loads, pipeline fill, the partial's store);
+* streaming of :math:`c_i = 2\,n_i\,D\,\text{elem}` bytes for a program of :math:`n_i` keys of one KV head, all
+  streaming programs sharing the GPU: each at rate :math:`\min(\rho,\ BW/n_{\text{streaming}})` (one program
+  cannot go faster than ρ, all together not faster than BW);
+* the merge of a row's :math:`n_b` partials by its last program, :math:`t_{\text{merge}} + n_b\,t_{\text{split}}
+  \cdot \text{group}\,(D+1)/(4\cdot 129)` (the cost model's epilogue), or, for the two-stage path, a kernel boundary
+  :math:`t_{\text{stage2}}` and the stage-2 merge after the last stage-1 program;
+* programs that have no keys of their row (split :math:`j \ge n_b`, items past the work list) exit at once.
+
+Three schedules (``schedule=``):
+
+* ``"split"`` / ``"unified"``: every row cut into splits of ``chunk`` keys sized for the **longest** row, as
+  :func:`fdlib.plan.decide` does on a GPU (splits from :func:`fdlib.costmodel.explain`); grid ``(B, H_kv, splits)``;
+* ``"balanced"``: FlashInfer-style chunking (:func:`fdlib.schedule.balanced`, budget P = B·splits as the plan
+  sets it); grid ``(P + B, H_kv)``;
+* ``"stream-k"``: **a model only** (fdlib has no stream-K kernel): one program per slot, program p owns tiles
+  :math:`[\lfloor pT/P\rfloor, \lfloor (p+1)T/P\rfloor)` of the batch's T tiles laid end to end over the rows
+  (b, h_kv); a slice may span row boundaries; every row split between programs is merged by the program that
+  finishes its last piece (the ticket). Each extra piece costs one more partial store (:math:`t_{\text{split}}`).
+
+The **recorded timeline** (:func:`from_buffer`) reads what ``plan.run(..., timeline=buf)`` wrote on a GPU: one
+row (SM id, start ns, end ns) per program (``tools/record_timeline.py`` saves them with provenance;
+:func:`load_recorded` reads those files).
+
+:func:`draw_gantt` draws either kind (one lane per slot of each SM, µs on the x axis); :attr:`Timeline.makespan`
+and :attr:`Timeline.idle_fraction` are the numbers to compare: the time from the first program's start to the last
+one's end, and the share of SM time in it with no program of the launch running on the SM.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import costmodel, gpus
+from .kernels.config import chunk_for, tile_config_for
+from .schedule import balanced
+
+SCHEDULES = ("split", "unified", "balanced", "stream-k")
+SCHEMA = "fdlib.timeline/1"
+BATCH = dict(B=32, H_q=32, H_kv=8, D=128, dtype="float16")
+"""The ragged batch of issue 13 (measured at 68% of the read ceiling with ``auto``): B=32, H 32:8, D=128, fp16."""
+
+
+def batch_lengths(dist: str = "uniform", seed: int = 0, B: int = 32) -> list[int]:
+    """Lengths of the lab's ragged batches (:func:`fdlib.bench.ragged.draw_lengths`): ``"uniform"`` in 1..32768
+    (mean 16k, the issue's batch), ``"zipf"`` Zipf-like of mean 8192 (most short, a few long)."""
+    from .bench.ragged import draw_lengths
+    if dist == "uniform":
+        return draw_lengths("uniform", B, 16384, seed)
+    if dist == "zipf":
+        return draw_lengths("zipf", B, 8192, seed)
+    raise ValueError(f"dist: expected 'uniform' or 'zipf', got {dist!r}")
+
+
+# ----------------------------------------------------------------------------------------------- data
+@dataclass
+class Timeline:
+    """Programs of one launch (or two, for the two-stage path) on the SMs of one GPU.
+
+    ``sm``, ``start_us``, ``end_us``, ``row`` (the sequence b a program works on; -1 when it spans several or is
+    unknown) are arrays with one entry per program that did work. ``bands``: (label, start µs, end µs) spans that
+    involve every SM (the two-stage path's kernel boundary and stage 2)."""
+    sm: np.ndarray
+    start_us: np.ndarray
+    end_us: np.ndarray
+    row: np.ndarray
+    sms: int
+    device: str
+    mode: str
+    source: str                       # "cost model", "stream-K model" or "recorded on ..."
+    bands: list = field(default_factory=list)
+    kv_mb: float | None = None        # bytes the launch must read (for the effective bandwidth)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def programs(self) -> int:
+        return int(len(self.sm))
+
+    @property
+    def makespan(self) -> float:
+        """µs from the first program's start to the end of the last program or band."""
+        if not self.programs:
+            return 0.0
+        last = max([float(self.end_us.max())] + [b[2] for b in self.bands])
+        return last - float(self.start_us.min())
+
+    def busy_us(self) -> np.ndarray:
+        """[sms] µs during which each SM runs at least one program (the union of its programs' intervals)."""
+        busy = np.zeros(self.sms)
+        order = np.lexsort((self.start_us, self.sm))
+        sm, s, e = self.sm[order], self.start_us[order], self.end_us[order]
+        for k in np.unique(sm):
+            sel = sm == k
+            cur_s = cur_e = None
+            tot = 0.0
+            for a, b in zip(s[sel], e[sel]):
+                if cur_e is None or a > cur_e:
+                    if cur_e is not None:
+                        tot += cur_e - cur_s
+                    cur_s, cur_e = a, b
+                else:
+                    cur_e = max(cur_e, b)
+            if cur_e is not None:
+                tot += cur_e - cur_s
+            busy[int(k)] = tot
+        for label, a, b in self.bands:
+            if "merge" in label:   # the stage-2 merge keeps every SM busy; the kernel boundary does not
+                busy += b - a
+        return busy
+
+    @property
+    def idle_fraction(self) -> float:
+        """1 − Σ_SM busy time / (SMs × makespan)."""
+        span = self.makespan
+        return 0.0 if span <= 0 else float(1.0 - self.busy_us().sum() / (self.sms * span))
+
+    def lines(self) -> list[str]:
+        out = [f"{self.mode} on {self.device} [{self.source}]: {self.programs} programs, makespan "
+               f"{self.makespan:.1f} µs, SMs idle {self.idle_fraction:.1%} of it"]
+        if self.kv_mb:
+            out[0] += f", {self.kv_mb / self.makespan:.2f} TB/s effective" if self.makespan else ""
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+# ----------------------------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class _Program:
+    pieces: tuple            # ((row key, MB), ...) streamed one after another
+    startup_us: float
+    row: int                 # b, or -1 for a slice over several sequences
+
+
+def simulate(progs: list, sms: int, r: int, bw_tbs: float, rho_tbs: float, merge_us: dict) -> tuple:
+    r"""Play a launch out: programs dispatched in list order to the first free slot (slots start round-robin over
+    the SMs), each paying its start-up, streaming its pieces at :math:`\min(\rho, BW/n)` with n programs
+    streaming (processor sharing, tracked in "virtual bytes" so each event costs O(log P)), then the merge of
+    every row (key of ``merge_us``) whose last piece it finished. Returns (sm, start µs, end µs) arrays."""
+    n = len(progs)
+    sm = np.zeros(n, dtype=np.int64)
+    start = np.zeros(n)
+    end = np.zeros(n)
+    left = {}
+    for p in progs:
+        for key, _ in p.pieces:
+            left[key] = left.get(key, 0) + 1
+    free = [(0.0, k * sms + s, s) for k in range(r) for s in range(sms)]   # (time freed, order, SM)
+    heapq.heapify(free)
+    order = r * sms
+    fixed: list = []             # (end time, pid, phase) of start-up and merge phases
+    stream: list = []            # (virtual finish, pid)
+    V, t, nxt, active = 0.0, 0.0, 0, 0
+    mb_of = [sum(mb for _, mb in p.pieces) for p in progs]
+
+    def finish_stream(pid, now):
+        extra = 0.0
+        for key, _ in progs[pid].pieces:
+            left[key] -= 1
+            if left[key] == 0:
+                extra += merge_us.get(key, 0.0)
+        if extra > 0:
+            heapq.heappush(fixed, (now + extra, pid, "merge"))
+        else:
+            done(pid, now)
+
+    def done(pid, now):
+        nonlocal order, active
+        end[pid] = now
+        active -= 1
+        heapq.heappush(free, (now, order, int(sm[pid])))
+        order += 1
+
+    while nxt < n or active:
+        while nxt < n and free and free[0][0] <= t + 1e-12:
+            _, _, s = heapq.heappop(free)
+            sm[nxt], start[nxt] = s, t
+            active += 1
+            heapq.heappush(fixed, (t + progs[nxt].startup_us, nxt, "startup"))
+            nxt += 1
+        n_str = len(stream)
+        rate = min(rho_tbs, bw_tbs / n_str) if n_str else 0.0
+        t_fixed = fixed[0][0] if fixed else np.inf
+        t_str = t + (stream[0][0] - V) / rate if n_str else np.inf
+        t_free = free[0][0] if (free and nxt < n and free[0][0] > t) else np.inf
+        t_new = min(t_fixed, t_str, t_free)
+        if t_new == np.inf:
+            break
+        V += rate * (t_new - t)
+        t = t_new
+        while stream and stream[0][0] <= V + 1e-9:
+            _, pid = heapq.heappop(stream)
+            finish_stream(pid, t)
+        while fixed and fixed[0][0] <= t + 1e-12:
+            _, pid, phase = heapq.heappop(fixed)
+            if phase == "startup":
+                if mb_of[pid] > 0:
+                    heapq.heappush(stream, (V + mb_of[pid], pid))
+                else:
+                    finish_stream(pid, t)
+            else:
+                done(pid, t)
+    return sm, start, end
+
+
+def model_inputs(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int = 2, gpu="H200", cal=None):
+    """(gpu, calibration, tile, r): what the cost model uses for this batch on ``gpu`` (a preset name or
+    :class:`fdlib.gpus.GPU`): the compiled tiles for the longest row, r programs per SM."""
+    g = gpus.resolve(gpu)
+    if cal is None:
+        from .calibration import calibration_for
+        cal = calibration_for(g)
+    L_cap = max(max(lengths, default=0), 1)
+    tile = tile_config_for(D, L_cap, compiled_mode=True, elem_bytes=dtype_bytes, rows=len(lengths) * H_kv)
+    r = costmodel.kernel_programs_per_sm(g, D, dtype_bytes, tile.BLOCK_N, tile.num_warps, tile.num_stages)
+    return g, cal, tile, r
+
+
+def model_splits(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int = 2, gpu="H200", cal=None) -> int:
+    """The split count the plan takes on that GPU for these lengths (the cost model's choice for the unified
+    kernel, used by the split and unified methods alike: :func:`fdlib.splits.choose_splits`)."""
+    g, cal, _, _ = model_inputs(lengths, H_q, H_kv, D, dtype_bytes, gpu, cal)
+    return costmodel.explain(len(lengths), H_q, H_kv, list(lengths), D, dtype_bytes, g, "unified", cal=cal).chosen
+
+
+def _merge_cost(cal, n: int, group: int, D: int) -> float:
+    """The cost model's epilogue: the last program of a row merges n partials of ``group`` heads."""
+    per_split = cal.t_split_us * (D + 1) / (costmodel.CAL_GROUP * (costmodel.CAL_D + 1))
+    return cal.t_merge_us + n * per_split * group if n > 1 else 0.0
+
+
+def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int = 2, schedule: str = "split",
+                   gpu="H200", splits: int | None = None, budget: int | None = None, cal=None) -> Timeline:
+    r"""The model timeline (module docstring) of one decode step over a batch of ``lengths`` with ``schedule``.
+
+    ``splits``: the split count (default: the cost model's choice for this batch, :func:`model_splits`);
+    ``budget``: the balanced schedule's P (default B·splits, as :func:`fdlib.plan.decide` sets it) or the
+    stream-K program count (default: one per slot, r·SMs)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule: expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    lengths = [int(x) for x in lengths]
+    if not lengths or min(lengths) < 0:
+        raise ValueError(f"lengths: expected at least one length, all >= 0, got {lengths[:8]}")
+    if H_q < 1 or H_kv < 1 or H_q % H_kv:
+        raise ValueError(f"H_q: {H_q} query heads must be a positive multiple of H_kv={H_kv}")
+    g, cal, tile, r = model_inputs(lengths, H_q, H_kv, D, dtype_bytes, gpu, cal)
+    N, group, B = tile.BLOCK_N, H_q // H_kv, len(lengths)
+    if splits is None:
+        splits = model_splits(lengths, H_q, H_kv, D, dtype_bytes, g, cal)
+    L_cap = max(max(lengths), 1)
+    chunk, used = chunk_for(L_cap, splits, N)
+    mb_per_key = 2 * D * dtype_bytes / 1e6
+    progs, merge, bands, info = [], {}, [], {"splits": used, "chunk": chunk, "block_n": N, "programs_per_sm": r}
+    if schedule in ("split", "unified"):
+        n_b = [max(1, -(-L // chunk)) for L in lengths]
+        for j in range(used):                               # grid (B, H_kv, splits): b fastest
+            for h in range(H_kv):
+                for b, L in enumerate(lengths):
+                    if j >= n_b[b]:
+                        progs.append(_Program((), 0.0, b))  # exits at once
+                        continue
+                    keys = (L if j == n_b[b] - 1 else min((j + 1) * chunk, L)) - j * chunk
+                    progs.append(_Program((((b, h), keys * mb_per_key),), cal.t_wave_us, b))
+        if schedule == "unified":
+            merge = {(b, h): _merge_cost(cal, n_b[b], group, D) for b in range(B) for h in range(H_kv)}
+        mode = f"{'two-stage split' if schedule == 'split' else 'unified'} schedule, {used} splits of {chunk} keys"
+    elif schedule == "balanced":
+        P = budget if budget is not None else B * used
+        s = balanced(lengths, P, N)
+        info.update(budget=P, items=s.items, chunk_tiles=s.chunk_tiles)
+        n_b = s.splits.tolist()
+        c_keys = s.chunk_tiles * N
+        for h in range(H_kv):                               # grid (P + B, H_kv): items fastest
+            for b, L in enumerate(lengths):
+                for j in range(n_b[b]):
+                    keys = (L if j == n_b[b] - 1 else min((j + 1) * c_keys, L)) - min(j * c_keys, L)
+                    progs.append(_Program((((b, h), max(keys, 0) * mb_per_key),), cal.t_wave_us, b))
+            progs += [_Program((), 0.0, -1)] * (P + B - s.items)
+        merge = {(b, h): _merge_cost(cal, n_b[b], group, D) for b in range(B) for h in range(H_kv)}
+        mode = f"balanced schedule, {s.items} items of ≤ {s.chunk_tiles} tiles (budget {P})"
+    else:
+        P = budget if budget is not None else r * g.sms
+        tiles = [max(1, -(-L // N)) for L in lengths]
+        rows = [(b, h) for h in range(H_kv) for b in range(B)]
+        bounds = np.concatenate([[0], np.cumsum([tiles[b] for b, _ in rows])])   # row k: tiles [bounds[k], bounds[k+1])
+        T = int(bounds[-1])
+        cuts = [p * T // P for p in range(P + 1)]
+        parts: dict = {}
+        for p in range(P):
+            a, e = cuts[p], cuts[p + 1]
+            pieces = []
+            k = int(np.searchsorted(bounds, a, side="right") - 1)
+            while a < e:
+                b, h = rows[k]
+                hi = min(e, int(bounds[k + 1]))
+                t0, t1 = a - int(bounds[k]), hi - int(bounds[k])
+                keys = max(0, min(t1 * N, lengths[b]) - min(t0 * N, lengths[b]))
+                pieces.append(((b, h), keys * mb_per_key))
+                parts[(b, h)] = parts.get((b, h), 0) + 1
+                a, k = hi, k + 1
+            row = pieces[0][0][0] if len({pc[0][0] for pc in pieces}) == 1 else -1
+            progs.append(_Program(tuple(pieces), cal.t_wave_us + (len(pieces) - 1) * cal.t_split_us if pieces
+                                  else 0.0, row))
+        merge = {key: _merge_cost(cal, n, group, D) for key, n in parts.items()}
+        info.update(programs=P, tiles=T, tiles_per_program=T / P)
+        mode = f"stream-K schedule, {P} programs of ~{T / P:.1f} tiles"
+    sm, start, end = simulate(progs, g.sms, r, cal.bw_tbs, cal.rho_tbs, merge)
+    work = np.array([bool(p.pieces) for p in progs], dtype=bool)
+    if schedule == "split":
+        t1 = float(end.max()) if len(end) else 0.0
+        per_split = cal.t_split_us * (D + 1) / (costmodel.CAL_GROUP * (costmodel.CAL_D + 1))
+        bands = [("kernel boundary", t1, t1 + cal.t_stage2_us),
+                 ("stage 2: merge", t1 + cal.t_stage2_us, t1 + cal.t_stage2_us + used * per_split)]
+    kv_mb = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6
+    source = "stream-K model (fdlib has no stream-K kernel)" if schedule == "stream-k" else "cost model"
+    return Timeline(sm[work], start[work], end[work], np.array([p.row for p in progs])[work], g.sms, g.name, mode,
+                    source, bands, kv_mb, dict(info, B=B, H_q=H_q, H_kv=H_kv, D=D, dtype_bytes=dtype_bytes,
+                                               calibration=cal.source))
+
+
+# ----------------------------------------------------------------------------------------------- recorded
+def from_buffer(buf, device: str, mode: str, sms: int | None = None, kv_mb: float | None = None,
+                source: str | None = None, rows=None) -> Timeline:
+    """A timeline from what ``plan.run(..., timeline=buf)`` recorded: ``buf`` int64 ``[n_programs, 3]``
+    (SM id, start ns, end ns; a tensor, array or nested list). Rows that never ran (end <= 0) are dropped; times
+    become µs from the first start. ``rows``: the sequence of each program, if known."""
+    a = np.asarray(buf.cpu().numpy() if hasattr(buf, "cpu") else buf, dtype=np.int64).reshape(-1, 3)
+    ran = a[:, 2] > 0
+    a = a[ran]
+    if not len(a):
+        raise ValueError("buf: no program recorded a start and an end (was the timeline flag passed to run?)")
+    if (a[:, 2] < a[:, 1]).any():
+        raise ValueError("buf: a program ends before it starts (columns must be SM id, start ns, end ns)")
+    t0 = a[:, 1].min()
+    sms = int(sms if sms is not None else a[:, 0].max() + 1)
+    row = np.asarray(rows, dtype=np.int64)[ran] if rows is not None else np.full(len(a), -1)
+    return Timeline(a[:, 0].copy(), (a[:, 1] - t0) / 1e3, (a[:, 2] - t0) / 1e3, row, sms, device, mode,
+                    source or f"recorded on {device}", [], kv_mb)
+
+
+def load_recorded(path) -> list[Timeline]:
+    """The timelines of one ``tools/record_timeline.py`` file (``timeline-*.json``), each with its provenance
+    line in ``info["provenance"]``."""
+    data = json.loads(Path(path).read_text())
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a timeline file of tools/record_timeline.py (schema {data.get('schema')!r})")
+    prov = data["provenance"]
+    out = []
+    for run in data["runs"]:
+        tl = from_buffer(run["programs"], prov["device"], run["mode"], sms=prov.get("sm_count"),
+                         kv_mb=data["batch"]["kv_mb"],
+                         source=f"recorded on {prov['device']} {prov['date_utc'][:10]}")
+        tl.info.update(run, provenance=provenance_line(prov), batch=data["batch"])
+        tl.info.pop("programs", None)
+        out.append(tl)
+    return out
+
+
+def save_recorded(path, batch: dict, runs: list, provenance: dict) -> Path:
+    """Write one ``timeline-*.json`` file: ``batch`` (name, B, H_q, H_kv, D, dtype, lengths, seed, kv_mb),
+    ``runs`` (each: method, mode, kernel, splits, ..., ``programs`` as [[SM id, start ns, end ns], ...]) and the
+    run's ``provenance`` (:func:`fdlib.bench.harness.provenance`). :func:`load_recorded` reads it back."""
+    path = Path(path)
+    path.write_text(json.dumps({"schema": SCHEMA, "provenance": provenance, "batch": batch, "runs": runs}))
+    return path
+
+
+def provenance_line(prov: dict) -> str:
+    return (f"recorded on {prov['device']} {prov['date_utc'][:10]} (torch {prov['torch']}, triton {prov['triton']}, "
+            f"fdlib {prov['fdlib']}), command: {prov['command']}")
+
+
+# ----------------------------------------------------------------------------------------------- drawing
+def lanes(tl: Timeline) -> np.ndarray:
+    """A lane per program within its SM (0, 1, ...), so programs that share an SM at once do not overlap."""
+    lane = np.zeros(tl.programs, dtype=np.int64)
+    for k in np.unique(tl.sm):
+        idx = np.flatnonzero(tl.sm == k)
+        idx = idx[np.argsort(tl.start_us[idx], kind="stable")]
+        ends: list[float] = []
+        for i in idx:
+            for j, e in enumerate(ends):
+                if e <= tl.start_us[i] + 1e-9:
+                    ends[j] = tl.end_us[i]
+                    lane[i] = j
+                    break
+            else:
+                lane[i] = len(ends)
+                ends.append(tl.end_us[i])
+    return lane
+
+
+def draw_gantt(tl: Timeline, ax=None, max_sms: int | None = None, title: str | None = None):
+    """The per-SM timeline: one horizontal band per SM (a thin lane per slot in use), a bar per program
+    coloured by its sequence b (grey: spans several), µs on the x axis; the makespan, idle fraction and the
+    source in the title. ``max_sms``: draw only the first SMs (the numbers still count all)."""
+    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4.6))
+    lane = lanes(tl)
+    width = max(int(lane.max()) + 1 if tl.programs else 1, 1)
+    shown = tl.sms if max_sms is None else min(max_sms, tl.sms)
+    cmap = colormaps["tab20"]
+    bars: dict = {}
+    for i in range(tl.programs):
+        if tl.sm[i] >= shown:
+            continue
+        y = tl.sm[i] + lane[i] / width
+        color = "0.55" if tl.row[i] < 0 else cmap(int(tl.row[i]) % 20)
+        bars.setdefault(color, []).append(((tl.start_us[i], tl.end_us[i] - tl.start_us[i]), y))
+    for color, items in bars.items():
+        for (x, w), y in items:
+            ax.broken_barh([(x, w)], (y, 0.9 / width), facecolors=color, edgecolor="white", linewidth=0.3)
+    for label, a, b in tl.bands:
+        ax.axvspan(a, b, color="tab:red" if "merge" in label else "0.85", alpha=0.35, lw=0,
+                   label=label)
+    ax.set_ylim(shown, 0)
+    ax.set_xlim(0, max(tl.makespan, 1e-3) * 1.02)
+    ax.set_xlabel("time since the first program started (µs)")
+    ax.set_ylabel(f"SM id ({shown} of {tl.sms} shown)" if shown < tl.sms else f"SM id ({tl.sms} SMs)")
+    ax.grid(False)
+    ax.set_title(title or f"{tl.mode}\n{tl.device}, {tl.source}: makespan {tl.makespan:.1f} µs, "
+                          f"SMs idle {tl.idle_fraction:.0%}", fontsize=9.5)
+    if tl.bands:
+        ax.legend(loc="lower right", fontsize=8)
+    return ax
+
+
+__all__ = ["BATCH", "batch_lengths", "Timeline", "model_timeline", "model_splits", "simulate", "from_buffer", "load_recorded", "save_recorded",
+           "draw_gantt",
+           "SCHEDULES"]
