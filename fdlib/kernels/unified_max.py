@@ -38,6 +38,11 @@ so no program ever needs another's max, and no tile rescales its accumulator. Th
    skipped; unmarked rows cost one early-exit program per split. (The alternative, reading the marks on the host
    and relaunching only when one is set, saves that launch but syncs, and cannot be captured in a CUDA graph.)
 
+The P·V product keeps p in float32's range for every input dtype: float16/bfloat16 values are widened (exactly)
+to tf32 for the tensor cores, so p keeps 10 mantissa bits (the exact kernels round p to fp16/bf16) and the
+float32 window holds; p rounded to float16 would overflow above e^11 and the window would shrink to
+[ln 2^-14, ln 65504], about 21 nats.
+
 Empty rows (L_b = 0) give O = 0, lse = −∞ and are never marked.
 """
 from __future__ import annotations
@@ -184,8 +189,8 @@ def unified_max_kernel(Q, K, V, LENS, PHI, O_PART, L_PART, F_PART, COUNTERS, OUT
             l += tl.sum(p, 1)
             if FP32_DOT:
                 acc += tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                acc += tl.dot(p.to(v.dtype), v)
+            else:   # p may be up to e^b: keep float32's range (tf32: 10 mantissa bits, as fp16's P; v exact)
+                acc += tl.dot(p, v.to(tl.float32), input_precision="tf32")
         flagged = tl.max(out_of_window, 1)
         OUT_ROW = OUT + b * stride_ob
         LSE_ROW = LSE + b * stride_sb
