@@ -99,6 +99,7 @@ def _merge_group(O_ROW, L_ROW, h0, n_splits, GROUP, stride_ph, stride_ps, stride
                         cache_modifier=".cg")
         o_i = tl.load(O_ROW + hh[:, None, None] * stride_ph + sp[None, :, None] * stride_ps + offs_d[None, None, :],
                       mask=mask_hs[:, :, None] & mask_d[None, None, :], other=0.0, cache_modifier=".cg")
+        o_i = tl.where((lse_i == float("-inf"))[:, :, None], 0.0, o_i)   # an empty split weighs 0, whatever O_i holds
         m_new = tl.maximum(m, tl.max(lse_i, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_ref)
