@@ -19,11 +19,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from fdlib import runtime
-from fdlib.distributed import (decode_attention_cp, local_seqlens, merge_partials, merge_stacked,
-                               shard_bounds)
+from fdlib.distributed import (DEFAULT_MERGE, MERGES, decode_attention_cp, decode_slice, local_seqlens,
+                               merge_partials, merge_stacked, shard_bounds)
 from fdlib.online_softmax import merge_lse
 from fdlib.reference import reference_attention
-from helpers import assert_attention_close, gen, make_problem
+from hypothesis import given
+from hypothesis import strategies as st
+from helpers import assert_attention_close, gen, hyp_settings, make_problem
 
 HAVE_GLOO = dist.is_available() and dist.is_gloo_available()
 needs_gloo = pytest.mark.skipif(not HAVE_GLOO or not runtime.INTERPRET,
@@ -113,6 +115,89 @@ def test_slicing_helpers():
         shard_bounds(10, 2, 2)
 
 
+# ------------------------------------------------------------------------------------------ q_len > 1, one process
+def causal_lengths(lens, T: int, t: int) -> torch.Tensor:
+    """Keys query t of q_len = T sees, per sequence: L_b - T + 1 + t, at least 0 (the new tokens are in the cache)."""
+    return (lens.to(torch.int64) - (T - 1) + t).clamp_min(0)
+
+
+def assert_causal_close(out, lse, q, k, v, lens, what):
+    """out, lse vs the float64 reference: for a q_len-T q, query t is one-token decode over its first
+    L_b - T + 1 + t keys (fdlib.reference_attention per query token)."""
+    if q.dim() == 4 and q.shape[1] > 1:
+        T = q.shape[1]
+        assert tuple(out.shape) == tuple(q.shape) and tuple(lse.shape) == (q.shape[0], T, q.shape[2]), what
+        for t in range(T):
+            assert_attention_close(out[:, t], lse[:, t], q[:, t], k, v, causal_lengths(lens, T, t),
+                                   what=f"{what}, query {t} of {T}")
+    else:
+        assert_attention_close(out, lse, q, k, v, lens, what=what)
+
+
+def _slices_merged(q, k, v, lens, bounds, **kw):
+    """decode_slice on every slice [bounds[i], bounds[i+1]) in this process, merged with merge_stacked."""
+    parts = [decode_slice(q, k[:, a:b], v[:, a:b], cache_seqlens=lens, slice_start=a, **kw)
+             for a, b in zip(bounds, bounds[1:])]
+    return merge_stacked(torch.stack([p[0].float() for p in parts]), torch.stack([p[1] for p in parts]))
+
+
+@given(T=st.integers(2, 6), H_kv=st.integers(1, 3), group=st.sampled_from([1, 3, 4]),
+       lens=st.lists(st.integers(0, 40), min_size=1, max_size=4), cuts=st.lists(st.integers(0, 40), max_size=3),
+       data=st.data())
+@hyp_settings(max_examples=12)
+def test_qlen_slices_merge_to_causal_attention(T, H_kv, group, lens, cuts, data):
+    """q_len > 1 (hypothesis: q_len, group, ragged lengths incl. 0 and < q_len, any cut points incl. empty
+    slices and cuts inside the new tokens): each slice's partial, merged, is causal attention over the cache."""
+    L = 40
+    bounds = [0, *sorted(cuts), L]
+    B, D = len(lens), 16
+    q, k, v, lens_t = make_problem(B, L, H_kv * group, H_kv, D, torch.float32, seed=len(lens) * 7 + T, lens=lens)
+    q4 = torch.randn(B, T, H_kv * group, D, generator=gen(T)).to(q.device)
+    out, lse = _slices_merged(q4, k, v, lens_t, bounds)
+    assert_causal_close(out, lse, q4, k.cpu(), v.cpu(), lens_t.cpu(), f"bounds {bounds}, lens {lens}, q_len {T}")
+
+
+def test_qlen_one_slice_fp16_paged_and_errors():
+    """The whole cache as one slice (world size 1's work) in fp16, then as pages behind a shuffled block table;
+    a 4-D q needs cache_seqlens and slice_start; errors name the argument."""
+    B, L, H_q, H_kv, D, T, P = 3, 32, 8, 2, 32, 4, 8
+    q, k, v, lens = make_problem(B, L, H_q, H_kv, D, torch.float16, seed=5, lens=[32, 5, 2])
+    q4 = torch.randn(B, T, H_q, D, generator=gen(6)).to(torch.float16).to(q.device)
+    out, lse = decode_slice(q4, k, v, cache_seqlens=lens, slice_start=0)
+    assert_causal_close(out.to(torch.float16), lse, q4, k.cpu(), v.cpu(), lens.cpu(), "one slice fp16")
+    perm = torch.randperm(B * L // P, generator=gen(7))
+    pages_k = k.reshape(B * L // P, P, H_kv, D)[torch.argsort(perm)]
+    pages_v = v.reshape(B * L // P, P, H_kv, D)[torch.argsort(perm)]
+    table = perm.reshape(B, L // P).to(torch.int32).to(q.device)
+    assert torch.equal(pages_k[table[1, 2].long()], k[1, 2 * P:3 * P])
+    out_p, lse_p = decode_slice(q4, pages_k, pages_v, cache_seqlens=lens, slice_start=0, block_table=table)
+    assert_causal_close(out_p.to(torch.float16), lse_p, q4, k.cpu(), v.cpu(), lens.cpu(), "one slice fp16, paged")
+    with pytest.raises(ValueError, match="cache_seqlens, slice_start: q has q_len=4"):
+        decode_slice(q4, k, v, lens)
+    with pytest.raises(ValueError, match="cache_seqlens, slice_start: pass both"):
+        decode_slice(q4, k, v, cache_seqlens=lens)
+    with pytest.raises(ValueError, match="slice_start: expected an int"):
+        decode_slice(q4, k, v, cache_seqlens=lens, slice_start=-1)
+    with pytest.raises(ValueError, match="slice_seqlens: pass either"):
+        decode_slice(q4, k, v, lens, cache_seqlens=lens, slice_start=0)
+    with pytest.raises(ValueError, match="cache_seqlens: expected"):
+        decode_slice(q4, k, v, cache_seqlens=lens[:2], slice_start=0)
+
+
+def test_merge_qlen_layout_and_merge_name():
+    """merge_stacked takes [splits, B, q_len, H_q, D] partials; a bad merge name is refused by name."""
+    g = gen(8)
+    o, lse = torch.randn(3, 2, 4, 3, 8, generator=g), torch.randn(3, 2, 4, 3, generator=g)
+    lse[:, 1, 2] = -INF
+    out, l = merge_stacked(o, lse)
+    ref_o, ref_l = merge_lse(o, lse, dim=0)
+    torch.testing.assert_close(out, ref_o, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(l, ref_l, rtol=1e-6, atol=1e-5)
+    assert (out[1, 2] == 0).all() and torch.isneginf(l[1, 2]).all()
+    with pytest.raises(ValueError, match="merge: expected one of 'allgather', 'allreduce'"):
+        merge_partials(o[0], lse[0], merge="ring")
+
+
 # ------------------------------------------------------------------------------------------ world size 1
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -136,9 +221,16 @@ def test_world_size_one_group_in_process():
         torch.testing.assert_close(l, want_l, rtol=1e-6, atol=1e-6)
         assert decode_attention_cp(q, k, v, lens).shape == q.shape
         lse = want_l.clone()
-        merged, _ = merge_partials(want_o, lse, group=dist.group.WORLD)
-        torch.testing.assert_close(merged, want_o, rtol=0, atol=0)
-        assert torch.equal(lse, want_l), "merge_partials must not modify its inputs"
+        for merge in MERGES:
+            merged, merged_l = merge_partials(want_o, lse, group=dist.group.WORLD, merge=merge)
+            torch.testing.assert_close(merged, want_o, rtol=0, atol=0)
+            assert torch.equal(torch.isneginf(merged_l), torch.isneginf(want_l)), merge
+            assert torch.equal(lse, want_l), "merge_partials must not modify its inputs"
+        q4 = torch.randn(2, 3, 4, 16, generator=gen(9))
+        out4, lse4 = decode_attention_cp(q4, k, v, cache_seqlens=lens, slice_start=0, return_lse=True)
+        assert_causal_close(out4, lse4, q4, k, v, lens, "world size 1, q_len 3")
+        with pytest.raises(ValueError, match="merge: expected one of"):
+            decode_attention_cp(q, k, v, lens, merge="tree")
         with pytest.raises(ValueError, match="slice_seqlens"):
             decode_attention_cp(q, k, v, torch.tensor([1, 2, 3], dtype=torch.int32))
         with pytest.raises(ValueError, match="k_slice"):
@@ -162,10 +254,14 @@ def _worker(rank, world, init, backend, cases, problem_dir, out_dir):
             p = torch.load(f"{problem_dir}/case{i}.pt")
             q, k, v, lens = (p[n].to(device) for n in ("q", "k", "v", "lens"))
             a, b = case["bounds"][rank], case["bounds"][rank + 1]
-            sl = local_seqlens(lens, a, b)
-            if case.get("host_lengths"):
-                sl = sl.tolist()
-            kw = dict(case.get("kwargs", {}))
+            kw = dict(case.get("kwargs", {}), merge=case.get("merge", DEFAULT_MERGE))
+            if q.dim() == 4 and q.shape[1] > 1:            # q_len > 1: whole lengths and the slice's start
+                kw.update(cache_seqlens=lens, slice_start=a)
+                sl = None
+            else:
+                sl = local_seqlens(lens, a, b)
+                if case.get("host_lengths"):
+                    sl = sl.tolist()
             group = sub if case.get("subgroup") else None
             out, lse = decode_attention_cp(q, k[:, a:b], v[:, a:b], sl, group=group, return_lse=True, **kw)
             res = {"out": out.cpu(), "lse": lse.cpu()}
@@ -173,11 +269,12 @@ def _worker(rank, world, init, backend, cases, problem_dir, out_dir):
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(s):
-                    decode_attention_cp(q, k[:, a:b], v[:, a:b], sl, return_lse=True, **kw)
+                    decode_attention_cp(q, k[:, a:b], v[:, a:b], sl, group=group, return_lse=True, **kw)
                 torch.cuda.current_stream().wait_stream(s)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
-                    g_out, g_lse = decode_attention_cp(q, k[:, a:b], v[:, a:b], sl, return_lse=True, **kw)
+                    g_out, g_lse = decode_attention_cp(q, k[:, a:b], v[:, a:b], sl, group=group, return_lse=True,
+                                                       **kw)
                 g_out.zero_()
                 graph.replay()
                 torch.cuda.synchronize()
@@ -195,19 +292,21 @@ def _run(world, backend, cases, tmp_path, device="cpu"):
         assert len(case["bounds"]) == world + 1 and case["bounds"][0] == 0 and case["bounds"][-1] == L
         q, k, v, lens = make_problem(B, L, H_q, H_kv, D, dtype, seed=10 + i, lens=lens)
         q, k, v, lens = q.cpu(), k.cpu(), v.cpu(), lens.cpu()
+        if case.get("q_len", 1) > 1:
+            q = torch.randn(B, case["q_len"], H_q, D, generator=gen(20 + i)).to(dtype)
         torch.save({"q": q, "k": k, "v": v, "lens": lens}, tmp_path / f"case{i}.pt")
         problems.append((q, k, v, lens))
     mp.spawn(_worker, args=(world, f"tcp://127.0.0.1:{_free_port()}", backend, cases, str(tmp_path),
                             str(tmp_path)), nprocs=world, join=True)
     for i, (case, (q, k, v, lens)) in enumerate(zip(cases, problems)):
-        ref = reference_attention(q, k, v, lens)
         first = None
         for rank in range(world):
             r = torch.load(tmp_path / f"case{i}_rank{rank}.pt")
-            what = f"case {i} ({world} ranks, {backend}, bounds {case['bounds']}), rank {rank}"
-            assert_attention_close(r["out"], r["lse"], q, k, v, lens, what=what, ref=ref)
+            what = (f"case {i} ({world} ranks, {backend}, merge {case.get('merge', DEFAULT_MERGE)}, "
+                    f"bounds {case['bounds']}), rank {rank}")
+            assert_causal_close(r["out"], r["lse"], q, k, v, lens, what)
             if "graph_out" in r:
-                assert_attention_close(r["graph_out"], r["graph_lse"], q, k, v, lens, what=what + " graph", ref=ref)
+                assert_causal_close(r["graph_out"], r["graph_lse"], q, k, v, lens, what + " graph")
             if first is None:
                 first = r
             else:       # every rank ends with the same answer
@@ -215,29 +314,44 @@ def _run(world, backend, cases, tmp_path, device="cpu"):
 
 
 @needs_gloo
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_two_ranks_gloo(tmp_path):
     """Uneven slices [0, 13) and [13, 37); sequence 1 (length 9) is empty on rank 1, sequence 2 everywhere;
-    then fp16 with the split kernels and the slice lengths as a host list."""
-    cases = [
-        dict(B=3, L=37, H_q=4, H_kv=2, D=32, dtype=torch.float32, lens=[37, 9, 0], bounds=[0, 13, 37]),
-        dict(B=2, L=40, H_q=4, H_kv=1, D=16, dtype=torch.float16, lens=[40, 26], bounds=[0, 27, 40],
-             kwargs=dict(method="split", num_splits=2), host_lengths=True),
+    then fp16 with the split kernels and the slice lengths as a host list; each with both merges; then
+    q_len = 3 and 4 (speculative decoding) with the new tokens on one rank, straddling the boundary, and on
+    the other rank, sequences shorter than q_len, a length-0 sequence."""
+    cases = []
+    for merge in MERGES:
+        cases += [
+            dict(B=3, L=37, H_q=4, H_kv=2, D=32, dtype=torch.float32, lens=[37, 9, 0], bounds=[0, 13, 37],
+                 merge=merge),
+            dict(B=2, L=40, H_q=4, H_kv=1, D=16, dtype=torch.float16, lens=[40, 26], bounds=[0, 27, 40],
+                 kwargs=dict(method="split", num_splits=2), host_lengths=True, merge=merge),
+        ]
+    cases += [
+        dict(B=5, L=30, H_q=6, H_kv=2, D=16, dtype=torch.float32, lens=[30, 14, 12, 2, 0], bounds=[0, 13, 30],
+             q_len=3, merge="allgather"),
+        dict(B=4, L=24, H_q=4, H_kv=4, D=32, dtype=torch.float16, lens=[24, 11, 9, 3], bounds=[0, 10, 24],
+             q_len=4, merge="allreduce", kwargs=dict(method="unified")),
     ]
     _run(2, "gloo", cases, tmp_path)
 
 
 @needs_gloo
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_three_ranks_gloo(tmp_path):
     """Three ranks: an explicit subgroup; in the second case the middle rank holds no position at all and
-    sequence 1 (length 17) exactly fills rank 0's slice."""
-    cases = [
-        dict(B=3, L=40, H_q=4, H_kv=2, D=16, dtype=torch.float32, lens=[33, 4, 0], bounds=[0, 6, 25, 40],
-             subgroup=True),
-        dict(B=3, L=30, H_q=2, H_kv=2, D=32, dtype=torch.float16, lens=[30, 17, 0], bounds=[0, 17, 17, 30],
-             kwargs=dict(method="unified")),
-    ]
+    sequence 1 (length 17) exactly fills rank 0's slice; both merges; q_len = 2 across all three ranks."""
+    cases = []
+    for merge in MERGES:
+        cases += [
+            dict(B=3, L=40, H_q=4, H_kv=2, D=16, dtype=torch.float32, lens=[33, 4, 0], bounds=[0, 6, 25, 40],
+                 subgroup=True, merge=merge),
+            dict(B=3, L=30, H_q=2, H_kv=2, D=32, dtype=torch.float16, lens=[30, 17, 0], bounds=[0, 17, 17, 30],
+                 kwargs=dict(method="unified"), merge=merge),
+        ]
+    cases.append(dict(B=4, L=21, H_q=3, H_kv=1, D=16, dtype=torch.float32, lens=[21, 8, 7, 1], bounds=[0, 7, 8, 21],
+                      q_len=2, merge="allreduce", subgroup=True))
     _run(3, "gloo", cases, tmp_path)
 
 
@@ -252,6 +366,10 @@ def test_two_gpus_nccl(tmp_path):
         dict(B=4, L=4096, H_q=32, H_kv=8, D=128, dtype=torch.float16, lens=[4096, 1000, 0, 3001],
              bounds=[0, 1500, 4096], graph=True),
         dict(B=3, L=2048, H_q=8, H_kv=1, D=64, dtype=torch.bfloat16, lens=[2048, 700, 0], bounds=[0, 1024, 2048],
-             kwargs=dict(method="split")),
+             kwargs=dict(method="split"), merge="allreduce"),
+        dict(B=4, L=4096, H_q=32, H_kv=8, D=128, dtype=torch.float16, lens=[4096, 1503, 1500, 2], bounds=[0, 1500, 4096],
+             q_len=4, graph=True, merge="allreduce"),
+        dict(B=2, L=2048, H_q=32, H_kv=8, D=128, dtype=torch.bfloat16, lens=[2048, 1025], bounds=[0, 1024, 2048],
+             q_len=4, graph=True, merge="allgather"),
     ]
     _run(2, "nccl", cases, tmp_path)
