@@ -43,11 +43,62 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
         t_u = min(c.time_us for c in unified.candidates)
         t_s = min(c.time_us for c in two_stage.candidates)
         if t_s < t_u / 1.02:
-            return "split", two_stage.chosen
-        splits = unified.chosen
+            kernel, splits = "split", two_stage.chosen
+        else:
+            kernel, splits = None, unified.chosen
+        if lengths is not None and len(set(lengths)) > 1:
+            gain, bal = min((balance_gain(lengths, H_kv, D, dtype, L_cap, splits, b), b)
+                            for b in balanced_candidates(B, H_kv, splits))
+            if gain < BALANCED_GAIN:
+                return "balanced", bal
+        if kernel is not None:
+            return kernel, splits
     from .kernels.config import chunk_for
     eff = chunk_for(L_cap, splits, tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N)[1]
     return choose_kernel(B, H_kv, L_cap, eff), splits
+
+
+# The balanced kernel takes a ragged batch when the model below predicts it at most this fraction of the
+# split schedule's time: its items pay a partial write and a merge that the model leaves out.
+BALANCED_GAIN = 0.9
+START_KEYS = 128     # a program's start-up (launch, q and lengths loads, pipeline fill), in keys of D=128 streamed
+
+
+def balanced_candidates(B: int, H_kv: int, splits: int) -> list[int]:
+    """splits the balanced kernel is tried at (its budget is P = B·splits items per KV head): the split
+    schedule's, and 1, 2 and 4 times what makes P·H_kv programs two per SM. More items even out the SMs' loads;
+    each also pays a start-up, which :func:`balance_gain` counts."""
+    need = cdiv(2 * sm_count(), max(B * H_kv, 1))
+    return sorted({splits, need, 2 * need, 4 * need} & set(range(1, MAX_SPLITS + 1)) or {1})
+
+
+def makespan(pieces, sms: int) -> float:
+    """Time to run ``pieces`` (costs, in launch order) on ``sms`` SMs when each SM takes the next piece as soon as
+    it is free (the hardware's block scheduler, one program at a time per SM; co-resident programs share the
+    SM's bandwidth, so this is the same finish time): list scheduling with a heap."""
+    import heapq
+    free = [0.0] * min(sms, len(pieces))
+    for c in pieces:
+        t = heapq.heappop(free)
+        heapq.heappush(free, t + c)
+    return max(free, default=0.0)
+
+
+def balance_gain(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int, bal_splits: int) -> float:
+    """Predicted time(balanced) / time(split schedule) for host ``lengths``: every row cut into pieces of the
+    split schedule's chunk (sized for the longest row, L_cap / splits), against the balanced schedule's
+    near-equal items (:func:`fdlib.schedule.balanced` at a budget of B·bal_splits), each piece costing
+    START_KEYS + its keys (scaled by D/128), for each of the H_kv heads, on the live GPU's SMs."""
+    from .kernels.config import chunk_for
+    from .schedule import items
+    B = len(lengths)
+    block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N
+    chunk = chunk_for(L_cap, splits, block_n)[0]
+    start = START_KEYS * 128 / D
+    split = [start + min(chunk, L - j * chunk) for L in lengths for j in range(max(1, cdiv(L, chunk)))]
+    bal = [start + (e - s) for _, s, e in items(lengths, B * bal_splits, block_n)]
+    sms = sm_count()
+    return makespan(bal * H_kv, sms) / max(makespan(split * H_kv, sms), 1e-9)
 
 
 def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method):

@@ -389,8 +389,8 @@ def test_paged_ragged_large(page, method):
 @pytest.mark.parametrize("method", METHODS + ("balanced",))
 def test_captured_paged_plan_replayed_with_new_lengths_and_tables(method):
     """A paged plan captured once; replays with lengths and block tables rewritten in place stay exact."""
-    B, L_max, page = 5, 5000, 16
-    q, kp, vp, bt, k, v, lens = paged_gpu(B, L_max, 2, 4, 128, page, torch.bfloat16, seed=95, lens=[5000] * B)
+    B, L_max, page = 5, 5008, 16
+    q, kp, vp, bt, k, v, lens = paged_gpu(B, L_max, 2, 4, 128, page, torch.bfloat16, seed=95, lens=[5008] * B)
     p = fdlib.plan(B, 8, 2, 128, L_max, dtype=torch.bfloat16, device="cuda", lengths=[400] * B, method=method,
                    page_size=page)
     s_lens, s_bt = lens.clone(), bt.clone()

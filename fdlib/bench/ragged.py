@@ -11,7 +11,10 @@ The cache is either contiguous ``[B, L_max, H_kv, D]`` (L_max the longest row) o
 keys behind a shuffled block table (a pool of exactly the pages the rows use). The bytes a step must read are
 :math:`2\sum_b L_b H_{kv} D\,\text{elem}`; effective bandwidth is those bytes over the time, and % of ceiling
 compares it with the read ceiling measured in the same run. SDPA takes no ragged lengths without a mask, so
-the peers are fdlib's own methods. Timings as in the dense bench (:mod:`fdlib.bench.timing`: eager with the
+the peers are fdlib's own methods. Each method is planned per batch from the batch's lengths on the host
+(``fdlib.plan(..., lengths=...)``, outside the timed region), and the timed step is ``plan.run``: a serving
+engine knows its lengths when it builds a step, as FlashInfer's ``plan()`` outside a graph and ``run()`` inside
+it do. With lengths, ``auto`` may take the balanced kernel (:func:`fdlib.splits.choose_auto`). Timings as in the dense bench (:mod:`fdlib.bench.timing`: eager with the
 L2 flushed, CUDA graphs rotating over copies of the inputs).
 """
 from __future__ import annotations
@@ -122,14 +125,17 @@ def _measure(name, copies, ref, base, settings, ceil):
     rec = dict(base, method=name, status="ok")
 
     def make(c):
+        """A serving step: plan once for this batch from its host lengths (outside any graph), run every call."""
         q, k, v, lens, bt = c
-        return lambda: fdlib.decode_attention(q, k, v, lens, block_table=bt, method=name)
-    calls = [make(c) for c in copies]
+        shape = plan_for(q, k, v, lens, block_table=bt, method=name)    # the checked sizes of these tensors
+        p = fdlib.plan(shape.B, shape.H_q, shape.H_kv, shape.D, shape.L_max, dtype=q.dtype, device=q.device,
+                       lengths=lens.tolist(), method=name, page_size=shape.page_size or None)
+        return p, (lambda: p.run(q, k, v, lens, block_table=bt))
+    plans, calls = zip(*(make(c) for c in copies))
     try:
         out = calls[0]()
         synchronize()
-        q, k, v, lens, bt = copies[0]
-        d = plan_for(q, k, v, lens, block_table=bt, method=name).decision
+        d = plans[0].decision
         rec.update(kernel=d.kernel, splits=d.splits, rel_err=rel_error(out, ref))
         if not math.isfinite(rec["rel_err"]) or rec["rel_err"] >= 1e-2:
             return dict(rec, status="failed", reason=f"relative error {rec['rel_err']:.3g}")

@@ -1,0 +1,44 @@
+"""auto's choice of the balanced kernel for ragged host lengths (fdlib.splits.balance_gain): the list-scheduling
+model it rests on, and its verdicts on batches whose answer is clear."""
+from __future__ import annotations
+
+import torch
+
+from fdlib import splits
+
+
+def test_makespan_is_list_scheduling():
+    assert splits.makespan([], 4) == 0.0
+    assert splits.makespan([5.0], 4) == 5.0
+    assert splits.makespan([3.0, 3.0, 3.0, 3.0], 2) == 6.0
+    assert splits.makespan([10.0, 1.0, 1.0, 1.0], 2) == 10.0     # the long piece sets the end
+    assert splits.makespan([1.0, 1.0, 1.0, 10.0], 2) == 11.0     # ... later when it starts late
+
+
+def best_gain(lengths, H_kv, L_cap, s):
+    return min(splits.balance_gain(lengths, H_kv, 128, torch.float16, L_cap, s, b)
+               for b in splits.balanced_candidates(len(lengths), H_kv, s))
+
+
+def test_equal_lengths_gain_nothing():
+    assert best_gain([4096] * 16, 1, 4096, 1) >= splits.BALANCED_GAIN
+
+
+def test_one_long_row_among_short_ones_is_balanced():
+    """One KV head, so the long row is one program among few: the split schedule waits for it."""
+    assert best_gain([64] * 31 + [32768], 1, 32768, 1) < 0.5
+
+
+def test_too_many_items_cost_their_start_up():
+    """A budget far above what fills the SMs cuts rows into pieces whose start-ups the model counts."""
+    lengths = [64] * 31 + [32768]
+    fine = splits.balance_gain(lengths, 1, 128, torch.float16, 32768, 1, 64)
+    coarse = splits.balance_gain(lengths, 1, 128, torch.float16, 32768, 1, 2)
+    assert fine > coarse
+
+
+def test_balanced_candidates():
+    sms = splits.sm_count()
+    c = splits.balanced_candidates(1, 1, 1)
+    assert 1 in c and any(s >= 2 * sms for s in c) and c == sorted(c)
+    assert splits.balanced_candidates(1024, 8, 3) == [1, 2, 3, 4]
