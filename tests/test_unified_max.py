@@ -282,3 +282,20 @@ def test_bad_tensors_name_the_argument():
         ws = um.make_workspace(2, 4, 2, 16, 2, q.device)
         um.run_unified_max(q, k, v, lens, scale=0.25, phi=torch.zeros(4), window=(-10, 10), out=q.clone(),
                            lse=torch.empty(2, 4), splits=1, chunk=16, cfg=None, workspace=ws)
+
+
+# ------------------------------------------------------------------------------------------- bench hook
+def test_bench_hook_runs_and_checks_correctness_first(tmp_path):
+    from fdlib.bench import unified_max as bench
+    res = bench.run_unified_max_bench(quick=True, L=(40,), variants=("unified", "unified_max:ticket"), q_scale=30.0,
+                                      progress=False, cpu_runs=1, command="test")
+    recs = {r["method"]: r for r in res["records"]}
+    assert all(r["status"] == "ok" for r in recs.values()), res["records"]
+    assert recs["unified_max:ticket"]["rel_err"] < 1e-2
+    assert recs["unified_max:ticket"]["recompute_rate"] == 1.0     # logits ~30x wider: every row leaves the window
+    assert recs["unified_max:ticket"]["eager_ratio_unified"] > 0
+    assert "unified_max:ticket" in res["summary"]
+    paths = bench.write(res, str(tmp_path), "um")
+    assert "unified_max:ticket" in open(paths["md"]).read()
+    with pytest.raises(ValueError, match="variants"):
+        bench.run_unified_max_bench(quick=True, variants=("fast",), progress=False)
