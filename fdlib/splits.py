@@ -33,8 +33,11 @@ def choose_splits(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, length
 def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> tuple[str, int]:
     """(kernel, splits) of ``method="auto"``: the unified kernel or the two-stage path, whichever the cost
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
-    launch); then the persistent kernel where :func:`choose_kernel` takes it at one split. In the interpreter
-    (no SMs, no timing): the unified kernel at :func:`simple_rule`'s splits."""
+    launch), except that the two-stage path takes every batch whose unified epilogue would merge
+    splits·group·(D+1) ≥ EPILOGUE_WORK values in one program; the balanced kernel for ragged host lengths
+    where :func:`balance_gain` predicts it faster; then the persistent kernel where :func:`choose_kernel` takes
+    it at one split. In the interpreter (no SMs, no timing): the unified kernel at :func:`simple_rule`'s
+    splits."""
     if runtime.INTERPRET:
         splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths)
     else:
@@ -44,6 +47,8 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
         t_s = min(c.time_us for c in two_stage.candidates)
         if t_s < t_u / 1.02:
             kernel, splits = "split", two_stage.chosen
+        elif unified.chosen * (H_q // H_kv) * (D + 1) >= EPILOGUE_WORK:
+            kernel, splits = "split", unified.chosen
         else:
             kernel, splits = None, unified.chosen
         if lengths is not None and len(set(lengths)) > 1:
@@ -57,6 +62,14 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     eff = chunk_for(L_cap, splits, tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N)[1]
     return choose_kernel(B, H_kv, L_cap, eff), splits
 
+
+# The unified kernel's last program merges splits × group rows of D+1 values alone on one SM, after everything
+# else; stage 2 spreads that merge over B·H_q programs. Measured on the H200 (graph timings, same splits,
+# results/h200/heads-sweep.json and bench-{float16,bfloat16}.json, 143 shapes): above 10^4 merged values the
+# two-stage path was faster on every shape but one (by up to 1.9x: B=1, 16:2, D=256, L=8k, 26 splits), and
+# the cost model's epilogue term, fitted at 32:8 and D=128, did not see it. With this rule auto's pick was
+# within 1.02x of the faster of the two on 141 of the 143 shapes (8 misses before).
+EPILOGUE_WORK = 10_000
 
 # The balanced kernel takes a ragged batch when the model below predicts it at most this fraction of the
 # split schedule's time: its items pay a partial write and a merge that the model leaves out.

@@ -42,3 +42,16 @@ def test_balanced_candidates():
     c = splits.balanced_candidates(1, 1, 1)
     assert 1 in c and any(s >= 2 * sms for s in c) and c == sorted(c)
     assert splits.balanced_candidates(1024, 8, 3) == [1, 2, 3, 4]
+
+
+def test_large_epilogues_go_to_the_two_stage_path(monkeypatch):
+    """On a GPU, auto leaves the unified kernel when its one-program merge would hold splits·group·(D+1) ≥
+    EPILOGUE_WORK values, even where the cost model calls the two equal; below that the model decides."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(splits.runtime, "INTERPRET", False)
+    monkeypatch.setattr(splits, "sm_count", lambda: 132)
+    fake = lambda s: SimpleNamespace(chosen=s, candidates=[SimpleNamespace(time_us=10.0)])   # noqa: E731
+    for s, group, D, want in ((26, 8, 256, "split"), (16, 4, 128, "unified"), (40, 4, 64, "split")):
+        monkeypatch.setattr(splits, "_explain", lambda *a, s=s: fake(s))
+        kernel, got = splits.choose_auto(1, 8 * group, 8, D, torch.float16, 65536)
+        assert (kernel, got) == (want, s), (s, group, D)
