@@ -126,11 +126,8 @@ class Timeline:
         return 0.0 if span <= 0 else float(1.0 - self.busy_us().sum() / (self.sms * span))
 
     def lines(self) -> list[str]:
-        out = [f"{self.mode} on {self.device} [{self.source}]: {self.programs} programs, makespan "
-               f"{self.makespan:.1f} µs, SMs idle {self.idle_fraction:.1%} of it"]
-        if self.kv_mb:
-            out[0] += f", {self.kv_mb / self.makespan:.2f} TB/s effective" if self.makespan else ""
-        return out
+        return [f"{self.mode} on {self.device} [{self.source}]: {self.programs} programs, makespan "
+                f"{self.makespan:.1f} µs, SMs idle {self.idle_fraction:.1%} of it"]
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
