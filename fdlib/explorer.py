@@ -9,8 +9,9 @@ This module draws them:
   deterministic text form for checked notebook cells;
 * :func:`draw` -- a static matplotlib Figure for one setting: SM maps of the first waves and the tail wave,
   and predicted time vs splits with the cost model's choice and any recorded results;
-* :func:`explorer` -- the interactive widget (sliders, toggles, a PNG redrawn on every move, and on a
-  GPU a button that times the real kernels, :func:`measure`).
+* :func:`explorer` -- the interactive widget (sliders, toggles, a length histogram: constant, uniform or
+  Zipf-like lengths of mean L, a PNG redrawn on every move, and on a GPU a button that times the real kernels,
+  :func:`measure`). For a ragged histogram the readout adds the balanced schedule next to the split one.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ import time
 import numpy as np
 
 from . import gpus, runtime
-from .explorer_model import (Summary, check_shape, per_sm_text, recorded, results_dir,  # noqa: F401
-                             splits_used, summary, summary_and_curve, wave_rows)
+from .explorer_model import (Summary, check_shape, per_sm_text, ragged_lengths, recorded,  # noqa: F401
+                             results_dir, splits_used, summary, summary_and_curve, wave_rows)
 from .kernels.config import MAX_SPLITS
 from .occupancy import Schedule
 
@@ -38,6 +39,9 @@ L_OPTIONS = [2 ** e for e in range(6, 21)]
 B_OPTIONS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 H_Q_OPTIONS = [1, 2, 4, 8, 16, 28, 32, 40, 48, 64, 96, 128]
 GROUP_OPTIONS = [1, 2, 4, 5, 7, 8, 16]
+DIST_OPTIONS = [("constant: every row L", "constant"), ("uniform in [1, 2L]", "uniform"),
+                ("Zipf-like: most short, a few long (mean L)", "zipf")]
+"""The length histogram's choices (L is the mean; :func:`fdlib.explorer_model.ragged_lengths`)."""
 
 
 # ----------------------------------------------------------------------------------------------- the figure
@@ -201,15 +205,15 @@ class _Canvas:
 
 
 def draw(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: bool = True, unified: bool = True,
-         D: int = 128, dtype_bytes: int = 2):
+         D: int = 128, dtype_bytes: int = 2, dist: str = "constant"):
     """The explorer's picture for one setting, as a matplotlib Figure (SM maps of the first waves and the
     tail wave, and predicted time vs splits with the cost model's choice and any recorded results)."""
     import matplotlib.pyplot as plt
-    summ, sched, ex = summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_bytes)
+    summ, sched, ex = summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_bytes, dist)
     fig = plt.figure(figsize=_Canvas.FIGSIZE, dpi=100)
     plt.close(fig)   # returned, not auto-shown: a cell ending in draw(...) shows it once
     canvas = _Canvas(fig)
-    rp, dev = ([], None) if not gqa else \
+    rp, dev = ([], None) if not gqa or dist != "constant" else \
         recorded(summ.B, summ.H_q, summ.H_kv, summ.L, summ.D, summ.dtype_bytes, summ.unified)
     return canvas.update(summ, sched, ex, recorded_pts=rp, recorded_device=dev)
 
@@ -262,12 +266,13 @@ def _make_explorer_class():
         (HTML); ``image``: the picture (PNG); ``summary``: the current :class:`Summary`."""
 
         def __init__(self, B=1, H_q=32, H_kv=None, L=131072, splits=1, gpu="H200", gqa=True, unified=True,
-                     D=128, dtype_bytes=2, group=None):
+                     D=128, dtype_bytes=2, group=None, dist="constant"):
             if H_kv is None:
                 H_kv = H_q // (group or 4) if H_q % (group or 4) == 0 else H_q
             self.D, self.dtype_bytes = int(D), int(dtype_bytes)
             g = gpus.resolve(gpu)
             check_shape(B, H_q, H_kv, L, splits, D, dtype_bytes)
+            ragged_lengths(dist, 1, 1)          # ValueError naming dist unless it is one of the histograms
             grp = H_q // H_kv
             style = {"description_width": "110px"}
             lay = W.Layout(width="420px")
@@ -281,6 +286,8 @@ def _make_explorer_class():
                                            description="group H_q/H_kv", style=style, layout=lay),
                 "L": W.SelectionSlider(options=[(_pow2_label(v), v) for v in _with(L_OPTIONS, L)], value=L,
                                        description="KV length L", style=style, layout=lay),
+                "dist": W.Dropdown(options=DIST_OPTIONS, value=dist,
+                                   description="lengths", style=style, layout=lay),
                 "splits": W.SelectionSlider(options=_with(SPLIT_OPTIONS, splits), value=splits,
                                             description="splits", style=style, layout=lay),
                 "gpu": W.Dropdown(options=_with_gpu(g.name), value=g.name, description="GPU", style=style,
@@ -322,7 +329,8 @@ def _make_explorer_class():
             H_q, grp = c["H_q"].value, c["group"].value
             return dict(B=c["B"].value, H_q=H_q, H_kv=H_q // grp if H_q % grp == 0 else None, L=c["L"].value,
                         splits=c["splits"].value, gpu=self._gpu_obj.get(c["gpu"].value, c["gpu"].value),
-                        gqa=c["gqa"].value, unified=c["unified"].value, D=self.D, dtype_bytes=self.dtype_bytes)
+                        gqa=c["gqa"].value, unified=c["unified"].value, D=self.D, dtype_bytes=self.dtype_bytes,
+                        dist=c["dist"].value)
 
         def _on_change(self, change):
             self.update()
@@ -340,7 +348,7 @@ def _make_explorer_class():
             key = (summ.gpu, summ.B, summ.H_q, summ.H_kv, summ.L, summ.D, summ.dtype_bytes, summ.unified)
             measured = self._measured.get(key, []) if summ.gqa else []
             rp, dev = recorded(summ.B, summ.H_q, summ.H_kv, summ.L, summ.D, summ.dtype_bytes, summ.unified) \
-                if summ.gqa else ([], None)
+                if summ.gqa and summ.dist == "constant" else ([], None)
             self._canvas.update(summ, sched, ex, measured=measured, recorded_pts=rp, recorded_device=dev,
                                 measured_label=f"measured on {summ.gpu}")
             self.image.value = self._canvas.png()
@@ -368,6 +376,9 @@ def _make_explorer_class():
                 return
             if not st["gqa"]:
                 self.status.value = "the kernels always pack GQA: switch to GQA packing to measure"
+                return
+            if st["dist"] != "constant":
+                self.status.value = "the measurement times dense batches: switch the lengths to constant to measure"
                 return
             self.button.disabled = True
             self.status.value = "measuring…"
@@ -403,7 +414,8 @@ def explorer(**defaults):
     """The interactive SM-occupancy explorer (an ipywidgets VBox; display it or end a cell with it).
 
     Keyword defaults: ``B, H_q, H_kv`` (or ``group``), ``L, splits, gpu`` (preset name, ``"live"``, or a
-    :class:`fdlib.gpus.GPU`), ``gqa, unified, D, dtype_bytes``.
+    :class:`fdlib.gpus.GPU`), ``gqa, unified, D, dtype_bytes``, ``dist`` (the length histogram: ``"constant"``,
+    ``"uniform"`` or ``"zipf"``, of mean L).
     """
     global _EXPLORER_CLS
     if _EXPLORER_CLS is None:

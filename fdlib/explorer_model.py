@@ -15,6 +15,13 @@ its own slice. The two-stage method adds a second, small launch of B·H_q merge 
 * :func:`summary_and_curve` -- the same with the schedule and the cost model's curve, what a picture needs;
 * :func:`recorded` -- measured µs of the same shape from the committed benchmark results.
 
+A **length histogram** (``dist``: ``"constant"``, ``"uniform"`` in [1, 2L], ``"zipf"``: most short, a few long;
+:func:`fdlib.bench.ragged.draw_lengths`, L their mean) makes the batch ragged: the split schedule then launches
+:math:`H\sum_b \max(1, \lceil L_b/\text{chunk}\rceil)` programs with chunk sized for the longest row, and the
+summary adds the balanced schedule (:mod:`fdlib.schedule`, budget B·splits as the plan sets it) priced by the same
+cost-model formula over its items (:func:`balanced_time`), and both schedules' idle SM share from the timeline model
+(:mod:`fdlib.timeline`, up to :data:`TIMELINE_MAX_PROGRAMS` programs).
+
 r, the splits a launch really has and every predicted time come from the cost model
 (:func:`fdlib.costmodel.explain`, r by :func:`fdlib.costmodel.kernel_programs_per_sm`) and the planner
 (:func:`fdlib.plan.launched_splits`): the explorer draws the model the library decides with.
@@ -33,6 +40,10 @@ import numpy as np
 from . import costmodel, gpus
 from .kernels.config import MAX_SPLITS
 from .occupancy import Schedule, programs_per_sm, schedule
+
+DISTS = ("constant", "uniform", "zipf")
+TIMELINE_MAX_PROGRAMS = 20000
+"""Above this many programs the explorer skips the timeline model (it plays out every program)."""
 
 STAGE2_WARPS = 4
 """Warps of a stage-2 (merge) program, for the programs per SM of the two-stage method's second launch."""
@@ -101,6 +112,15 @@ class Summary:
     predicted_exact: bool        # False: interpolated between the cost model's candidates
     chosen_splits: int           # the cost model's choice for this shape
     chosen_us: float
+    dist: str = "constant"       # the length histogram (L is its mean when not constant)
+    seed: int = 0
+    L_longest: int = 0           # the longest row of a ragged batch
+    balanced_items: int = 0      # the balanced schedule's items (per KV head) and their cost-model numbers
+    balanced_programs: int = 0
+    balanced_waves: int = 0
+    balanced_us: float = 0.0
+    idle_split: float | None = None      # timeline model: share of SM time idle (None: not computed)
+    idle_balanced: float | None = None
 
     @property
     def group(self) -> int:
@@ -131,15 +151,18 @@ class Summary:
     def lines(self) -> list[str]:
         split_txt = f"{self.splits}" if self.splits == self.splits_used else \
             f"{self.splits} requested, {self.splits_used} launched (one per {self.block_n}-key tile at most)"
-        progs = f"{self.programs} = B {self.B} × {'H_kv ' + str(self.H_kv) if self.gqa else 'H_q ' + str(self.H_q)}" \
-                f" × splits {self.splits_used}"
+        heads = f"{'H_kv ' + str(self.H_kv) if self.gqa else 'H_q ' + str(self.H_q)}"
+        progs = f"{self.programs} = B {self.B} × {heads} × splits {self.splits_used}" if self.dist == "constant" \
+            else f"{self.programs} = {heads} × Σ_b ⌈L_b/chunk⌉ (splits sized for the longest row, {self.L_longest})"
         if self.stage2_programs:
             progs += f" (+ stage 2: {self.stage2_programs} programs, {self.stage2_waves} wave" \
                      f"{'s' if self.stage2_waves != 1 else ''})"
         approx = "" if self.predicted_exact else " (interpolated)"
-        return [
+        L = f"L={self.L}" if self.dist == "constant" else \
+            f"L: {'uniform in [1, ' + str(2 * self.L) + ']' if self.dist == 'uniform' else 'Zipf-like'}, mean {self.L}"
+        out = [
             f"model of {self.gpu}, {self.sms} SMs, {per_sm_text(self.programs_per_sm)}; {self.mode}",
-            f"shape: B={self.B} H_q={self.H_q} H_kv={self.H_kv} (group {self.group}) L={self.L} D={self.D} "
+            f"shape: B={self.B} H_q={self.H_q} H_kv={self.H_kv} (group {self.group}) {L} D={self.D} "
             f"dtype={self.dtype_bytes} bytes",
             f"splits: {split_txt}",
             f"programs: {progs}",
@@ -150,6 +173,15 @@ class Summary:
             f"predicted time per decode step: {self.predicted_us:.1f} µs{approx} [cost model]",
             f"cost model's choice: {self.chosen_splits} splits, {self.chosen_us:.1f} µs",
         ]
+        if self.dist != "constant":
+            out.append(f"balanced schedule (budget B·splits): {self.balanced_items} items × {self.H_kv} KV heads = "
+                       f"{self.balanced_programs} programs, {self.balanced_waves} waves, predicted "
+                       f"{self.balanced_us:.1f} µs [cost model]")
+            if self.idle_split is not None:
+                out.append(f"SMs idle (timeline model): split {self.idle_split:.1%}, balanced {self.idle_balanced:.1%}")
+            else:
+                out.append(f"SMs idle (timeline model): not computed above {TIMELINE_MAX_PROGRAMS} programs")
+        return out
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -186,42 +218,91 @@ def wave_rows(s: Schedule, waves: list[int]) -> list[np.ndarray]:
     return rows
 
 
-def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=True, D=128, dtype_bytes=2):
+def ragged_lengths(dist: str, B: int, L: int, seed: int = 0) -> list[int]:
+    """B lengths of mean L from the histogram ``dist`` (:data:`DISTS`; :func:`fdlib.bench.ragged.draw_lengths`)."""
+    if dist not in DISTS:
+        raise ValueError(f"dist: expected one of {', '.join(DISTS)}, got {dist!r}")
+    from .bench.ragged import draw_lengths
+    return draw_lengths(dist, int(B), int(L), int(seed))
+
+
+def balanced_time(lengths, H_kv: int, D: int, dtype_bytes: int, budget: int, gpu, cal, block_n: int, r: int,
+                  group: int):
+    r"""(items, programs, waves, µs) of the balanced schedule by the cost model's formula (:mod:`fdlib.costmodel`)
+    applied to its items: P = H_kv·Σ n_b programs of at most c tiles, bytes per program 2·c·N·D·elem, and the
+    unified kernel's epilogue for the row with the most items."""
+    from .schedule import balanced
+    s = balanced(lengths, budget, block_n)
+    P = H_kv * s.items
+    w = -(-P // (r * gpu.sms))
+    kv_mb = 2 * float(sum(lengths)) * H_kv * D * dtype_bytes / 1e6
+    t_bw = kv_mb / cal.bw_tbs
+    t_prog = w * 2 * s.chunk_tiles * block_n * D * dtype_bytes / 1e6 / cal.rho_tbs
+    most = int(s.splits.max()) if len(s.splits) else 1
+    per_split = cal.t_split_us * (D + 1) / (costmodel.CAL_GROUP * (costmodel.CAL_D + 1))
+    merge = cal.t_merge_us + most * per_split * group if most > 1 else 0.0
+    t = cal.t_launch_us + P / (r * gpu.sms) * cal.t_wave_us + (t_bw ** 4 + t_prog ** 4) ** 0.25 + merge
+    return s.items, P, w, float(t)
+
+
+def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=True, D=128, dtype_bytes=2,
+                      dist="constant", seed=0):
     """(:class:`Summary`, the main launch's :class:`~fdlib.occupancy.Schedule`, the cost model's
     :class:`~fdlib.costmodel.Explanation` over split counts) of one setting; ``gpu`` as
-    :func:`fdlib.gpus.resolve` takes it."""
+    :func:`fdlib.gpus.resolve` takes it; ``dist`` the length histogram of mean L (module docstring)."""
     check_shape(B, H_q, H_kv, L, splits, D, dtype_bytes)
     g = gpus.resolve(gpu)
     heads = H_kv if gqa else H_q
+    lens = ragged_lengths(dist, B, L, seed)
+    longest = max(max(lens), 1)
     # One program per query head is the packed kernel with group 1: each query head streams its own KV copy.
-    ex = costmodel.explain(B=int(B), H_q=int(H_q), H_kv=int(heads), L=int(L), D=int(D), dtype_bytes=int(dtype_bytes),
-                           gpu=g, method="unified" if unified else "split")
+    ex = costmodel.explain(B=int(B), H_q=int(H_q), H_kv=int(heads), L=int(L) if dist == "constant" else lens,
+                           D=int(D), dtype_bytes=int(dtype_bytes), gpu=g, method="unified" if unified else "split")
     r = int(ex.programs_per_sm)
-    used = splits_used(L, splits, D, B * heads, dtype_bytes)
-    P = B * heads * used
+    used = splits_used(longest, splits, D, B * heads, dtype_bytes)
+    block_n = gpu_tile(D, longest, B * heads, dtype_bytes).BLOCK_N
+    if dist == "constant":
+        P = B * heads * used
+    else:
+        from .kernels.config import chunk_for
+        chunk = chunk_for(longest, used, block_n)[0]
+        P = heads * sum(max(1, -(-x // chunk)) for x in lens)
     s = schedule(P, r, g.sms)
     busy = tuple([g.sms] * (s.waves - 1) + [s.busy_sms_last_wave]) if s.waves else ()
     s2 = schedule(B * H_q, programs_per_sm(g, STAGE2_WARPS, 64, 0), g.sms) if not unified else None
     t, exact = time_at(ex.candidates, used)
     chosen_t, _ = time_at(ex.candidates, int(ex.chosen))
+    extra = {}
+    if dist != "constant":
+        from .calibration import calibration_for
+        cal = calibration_for(g)
+        items, bp, bw_, bt = balanced_time(lens, heads, D, dtype_bytes, B * used, g, cal, block_n, r, H_q // heads)
+        extra = dict(dist=dist, seed=int(seed), L_longest=longest, balanced_items=items, balanced_programs=bp,
+                     balanced_waves=bw_, balanced_us=bt)
+        if max(P, bp) <= TIMELINE_MAX_PROGRAMS:
+            from .timeline import model_timeline
+            kw = dict(D=int(D), dtype_bytes=int(dtype_bytes), gpu=g, splits=used, cal=cal)
+            extra["idle_split"] = model_timeline(lens, H_q, heads, schedule="split" if not unified else "unified",
+                                                 **kw).idle_fraction
+            extra["idle_balanced"] = model_timeline(lens, H_q, heads, schedule="balanced", **kw).idle_fraction
     summ = Summary(gpu=g.name, sms=g.sms, B=int(B), H_q=int(H_q), H_kv=int(H_kv), L=int(L), D=int(D),
                    dtype_bytes=int(dtype_bytes), gqa=bool(gqa), unified=bool(unified), splits=int(splits),
-                   splits_used=used, block_n=gpu_tile(D, L, B * heads, dtype_bytes).BLOCK_N, programs=P,
+                   splits_used=used, block_n=block_n, programs=P,
                    programs_per_sm=r, waves=s.waves, tail_programs=s.tail_programs,
                    wave_efficiency=s.wave_efficiency, utilization=s.utilization, busy_sms_per_wave=busy,
                    stage2_programs=s2.programs if s2 else 0, stage2_waves=s2.waves if s2 else 0,
-                   predicted_us=t, predicted_exact=exact, chosen_splits=int(ex.chosen), chosen_us=chosen_t)
+                   predicted_us=t, predicted_exact=exact, chosen_splits=int(ex.chosen), chosen_us=chosen_t, **extra)
     return summ, s, ex
 
 
 def summary(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: bool = True, unified: bool = True,
-            D: int = 128, dtype_bytes: int = 2) -> Summary:
+            D: int = 128, dtype_bytes: int = 2, dist: str = "constant", seed: int = 0) -> Summary:
     """The numbers of one setting: programs, waves, utilization, busy SMs per wave, predicted µs.
 
     >>> print(summary(B=1, H_q=32, H_kv=8, L=131072, splits=1).busy_text())
     8 of 132
     """
-    return summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_bytes)[0]
+    return summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_bytes, dist, seed)[0]
 
 
 # ----------------------------------------------------------------------------------------------- recorded results

@@ -238,3 +238,60 @@ def test_float32_uses_the_kernels_float32_tiles():
     s = E.summary(B=1, H_q=32, H_kv=8, L=4096, splits=64, dtype_bytes=4)
     assert s.block_n == tile_config_for(128, 4096, compiled_mode=True, elem_bytes=4, rows=8).BLOCK_N == 64
     assert s.splits_used == 64
+
+
+# ---------------------------------------------------------------------------------------------- length histogram
+def test_constant_histogram_is_the_dense_setting():
+    a = E.summary(B=32, H_q=32, H_kv=8, L=16384, splits=6)
+    b = E.summary(B=32, H_q=32, H_kv=8, L=16384, splits=6, dist="constant")
+    assert str(a) == str(b) and "balanced" not in str(a)
+
+
+def test_ragged_histogram_counts_programs_per_row():
+    from fdlib.bench.ragged import draw_lengths
+    from fdlib.kernels.config import chunk_for
+    from fdlib.schedule import balanced
+    s = E.summary(B=32, H_q=32, H_kv=8, L=16384, splits=6, dist="uniform")
+    lens = draw_lengths("uniform", 32, 16384, 0)
+    assert s.L_longest == max(lens) and s.dist == "uniform"
+    chunk = chunk_for(max(lens), s.splits_used, s.block_n)[0]
+    assert s.programs == 8 * sum(max(1, -(-x // chunk)) for x in lens)
+    sched = balanced(lens, 32 * s.splits_used, s.block_n)
+    assert s.balanced_items == sched.items and s.balanced_programs == 8 * sched.items
+    ex = costmodel.explain(32, 32, 8, lens, gpu="H200")
+    assert s.predicted_us == {c.splits: c.time_us for c in ex.candidates}[s.splits_used]
+    assert s.idle_balanced < s.idle_split                      # the timeline model on the issue's batch
+    text = str(s)
+    assert "L: uniform in [1, 32768], mean 16384" in text and "Σ_b ⌈L_b/chunk⌉" in text
+    assert "balanced schedule (budget B·splits)" in text and "SMs idle (timeline model)" in text
+
+
+def test_balanced_time_is_the_cost_model_formula_on_its_items():
+    """Equal rows that divide evenly: the balanced items are the splits, so the two predictions agree."""
+    from fdlib.explorer_model import balanced_time, gpu_tile, ragged_lengths
+    lens = ragged_lengths("constant", 4, 8192)
+    g = PRESETS["H200"]
+    ex = costmodel.explain(4, 32, 8, lens, gpu=g)
+    n = gpu_tile(128, 8192, 32).BLOCK_N
+    items, P, w, t = balanced_time(lens, 8, 128, 2, 4 * 4, g, costmodel.H200_DEFAULT, n, ex.programs_per_sm, 4)
+    want = next(c for c in ex.candidates if c.splits == 4)
+    assert (items, P, w) == (16, 128, want.waves) and t == pytest.approx(want.time_us, rel=1e-9)
+
+
+def test_bad_histogram_is_named():
+    with pytest.raises(ValueError, match="dist"):
+        E.summary(B=4, H_q=32, H_kv=8, L=1024, splits=1, dist="pareto")
+
+
+def test_widget_length_histogram(no_results):
+    pytest.importorskip("ipywidgets")
+    w = E.explorer(B=32, H_q=32, H_kv=8, L=16384, splits=6, gpu="H200")
+    assert w.controls["dist"].value == "constant" and "balanced" not in w.readout.value
+    w.controls["dist"].value = "zipf"
+    assert w.summary.dist == "zipf" and "balanced schedule" in w.readout.value
+    w._on_measure()
+    assert "switch the lengths to constant" in w.status.value
+    w.controls["dist"].value = "uniform"
+    assert "uniform in [1, 32768]" in w.readout.value
+    fig = E.draw(32, 32, 8, 16384, 6, dist="zipf")
+    assert "model of H200" in fig._suptitle.get_text()
