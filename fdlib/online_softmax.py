@@ -87,7 +87,8 @@ def merge_lse(o: torch.Tensor, lse: torch.Tensor, dim: int = 0):
     w = torch.exp(lse - _finite(lse_max))
     total = w.sum(dim=dim)
     safe = torch.where(total == 0, torch.ones_like(total), total)
-    out = (w[..., None] * o).sum(dim=dim) / safe[..., None]
+    o = torch.where(torch.isneginf(lse)[..., None], torch.zeros((), dtype=o.dtype, device=o.device), o)
+    out = (w[..., None] * o).sum(dim=dim) / safe[..., None]   # an empty split's O never enters (0·NaN is NaN)
     lse_out = torch.where(total == 0, torch.full_like(total, NEG_INF), _finite(lse_max.squeeze(dim)) + torch.log(safe))
     return out, lse_out
 

@@ -1,6 +1,6 @@
 """NaN safety (issue 14, part 4): every merge in the library handles rows whose partials are all empty
-(lse = −∞): the answer is O = 0 and lse = −∞, never NaN. The classic failure is −∞ − (−∞) = NaN in the weight
-e^(lse_i − max lse) (vllm PR 39148); a second is 0 · NaN when an empty partial's O holds garbage.
+(lse = −∞): the answer is O = 0 and lse = −∞, never NaN. The classic failure is −∞ − (−∞) = NaN in the
+weight e^(lse_i − max lse) (vllm PR 39148); a second is 0 · NaN when an empty partial's O holds garbage.
 
 Covered: PyTorch merge and merge_lse, Triton stage 2 (more splits than tiles, zero-length rows), the unified,
 persistent and balanced kernels' epilogues, the plan path of every kernel, fdlib.distributed's merges, and the
@@ -16,7 +16,7 @@ import torch
 import fdlib
 from fdlib import exact
 from fdlib.distributed import merge_stacked
-from fdlib.online_softmax import State, block_state, empty_state, merge, merge_lse
+from fdlib.online_softmax import block_state, empty_state, merge, merge_lse
 from helpers import DEVICE, assert_attention_close, make_problem
 
 NEG_INF = float("-inf")
@@ -61,10 +61,6 @@ def test_merge_lse_all_empty_splits():
     torch.testing.assert_close(l[0], want_l)
 
 
-@pytest.mark.xfail(strict=True, reason="merge_lse computes w_i * O_i with w_i = 0 for an empty split, and "
-                   "0 * NaN = NaN: an empty partial whose O holds garbage (uninitialised memory) poisons the row. "
-                   "fdlib's own kernels always write O = 0 for an empty split, so no fdlib path reaches this; "
-                   "fdlib.distributed._merge masks O_i where lse_i = -inf, merge_lse does not")
 def test_merge_lse_ignores_the_O_of_empty_splits():
     o = torch.full((3, 2, 8), float("nan"))
     lse = torch.full((3, 2), NEG_INF)
