@@ -308,8 +308,10 @@ def unified_max_attention(q, k_cache, v_cache, cache_seqlens=None, *, phi=None, 
         if isinstance(phi, bool) or not isinstance(phi, (int, float, torch.Tensor)):
             raise TypeError(f"phi: expected a number, a tensor [H_q] or [B, H_q], or None, got {type(phi).__name__}")
         phi_t = torch.as_tensor(phi, dtype=torch.float32).to(device)
-        if phi_t.dim() > 2 or (phi_t.dim() >= 1 and phi_t.shape[-1] != H_q) or (phi_t.dim() == 2 and phi_t.shape[0] != B):
-            raise ValueError(f"phi: expected a number, [H_q={H_q}] or [B={B}, H_q={H_q}], got shape {list(phi_t.shape)}")
+        if (phi_t.dim() > 2 or (phi_t.dim() >= 1 and phi_t.shape[-1] != H_q)
+                or (phi_t.dim() == 2 and phi_t.shape[0] != B)):
+            raise ValueError(f"phi: expected a number, [H_q={H_q}] or [B={B}, H_q={H_q}], got shape "
+                             f"{list(phi_t.shape)}")
         if not bool(torch.isfinite(phi_t).all()):
             raise ValueError("phi: every value must be finite")
         phi_t = _phi_rows(phi_t, B, H_q).contiguous() if phi_t.dim() == 0 else phi_t.contiguous()

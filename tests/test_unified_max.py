@@ -12,7 +12,7 @@ import fdlib
 from fdlib import exact
 from fdlib.kernels import unified_max as um
 from fdlib.plan import decide
-from helpers import DEVICE, assert_attention_close, gen, make_problem
+from helpers import DEVICE, assert_attention_close, make_problem
 
 REDUCES = ("ticket", "atomic")
 # pass 1 overflows on purpose on the rows it marks; the interpreter's NumPy says so

@@ -34,7 +34,6 @@ from .. import exact, runtime
 from ..kernels import unified_max as um
 from ..plan import plan
 from . import harness
-from . import methods as M
 from .timing import Rotating, copies_for_l2, free_memory, synchronize, time_eager, time_graph
 
 SCHEMA = "fdlib.bench.unified_max/1"
@@ -184,8 +183,8 @@ def summarize(records) -> dict:
 
 def format_table(results) -> str:
     """A markdown table: one line per shape and variant (µs, ratio to unified, recompute rate)."""
-    lines = ["| dtype | B | H_q:H_kv | L | D | variant | eager µs | graph µs | ×unified (graph) | recompute | status |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| dtype | B | H_q:H_kv | L | D | variant | eager µs | graph µs | ×unified (graph) | recompute | "
+             "status |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     f = lambda x, p=2: "" if x is None else f"{x:.{p}f}"   # noqa: E731
     for r in results["records"]:
         lines.append(f"| {r['dtype']} | {r['B']} | {r['H_q']}:{r['H_kv']} | {r['L']} | {r['D']} | {r['method']} | "

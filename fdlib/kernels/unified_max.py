@@ -19,13 +19,16 @@ so no program ever needs another's max, and no tile rescales its accumulator. Th
    query heads). A row of one split finalises itself. Otherwise each program hands its unnormalised partial
    :math:`(\tilde O_i, \ell_i, \text{flag}_i)` over, either
 
-   * ``reduce="ticket"`` (default): stores it in slot i of the row's workspace, takes the row's ticket
+   * ``reduce="ticket"`` (the default): stores it in slot i of the row's workspace, takes the row's ticket
      (:func:`~fdlib.kernels.tile.take_ticket`), and the last program adds the slots **in split order** (a plain
-     sum, no exponentials): deterministic run to run; or
+     sum, no exponentials): deterministic run to run, and no worse than the unified kernel's merge (it reads
+     the same number of slots); or
    * ``reduce="atomic"``: ``tl.atomic_add`` of :math:`\tilde O_i` and :math:`\ell_i` into one float32
      accumulator per row, then the ticket; the last program reads the sums and zeroes the accumulator. No slot
      reads at the end, but float addition is not associative and the atomics land in whatever order the
-     programs finish, so results may differ in the last bits from run to run (not batch-invariant).
+     programs finish, so results may differ in the last bits from run to run (not batch-invariant). It saves
+     the last program's read of splits·group·D floats, at the price of that many atomic adds in L2; which is
+     faster is for :mod:`fdlib.bench.unified_max` to measure, so the deterministic one is the default.
 
    The finaliser writes :math:`O = \tilde O/\ell` and :math:`\text{lse} = \varphi + \log\ell`, and ``marks[b, h]``
    = 1 when a split flagged the row, or when :math:`\ell` or :math:`\tilde O` is not finite, or
@@ -55,7 +58,8 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging
-from .tile import LOG2E, combine_blocks, load_lengths, page_rows, split_range, state_to_partial, take_ticket, tile_update
+from .tile import (LOG2E, combine_blocks, load_lengths, page_rows, split_range, state_to_partial, take_ticket,
+                   tile_update)
 
 REDUCES = ("ticket", "atomic")
 
