@@ -150,3 +150,18 @@ def test_gantt_has_title_axes_units_and_source():
     ax2 = T.draw_gantt(tl, max_sms=16)
     assert "16 of 132 shown" in ax2.get_ylabel()
     plt.close("all")
+
+
+def test_record_tool_needs_a_gpu(tmp_path, capsys):
+    """tools/record_timeline.py refuses to run in the interpreter (its timestamps come from the GPU's timer)."""
+    import importlib.util
+    from pathlib import Path
+    from fdlib import runtime
+    if runtime.MODE == "gpu":
+        pytest.skip("on a GPU the tool runs for real (see tools/record_timeline.py)")
+    path = Path(__file__).resolve().parents[1] / "tools" / "record_timeline.py"
+    spec = importlib.util.spec_from_file_location("record_timeline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--out", str(tmp_path / "out")]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
