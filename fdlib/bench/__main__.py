@@ -9,6 +9,7 @@ Examples::
     python -m fdlib.bench --host-overhead                   # µs per call of back-to-back calls (B=1 32:8 L=2048)
     python -m fdlib.bench --heads-sweep                     # groups 1..16, D 64..256: auto vs every kernel
     python -m fdlib.bench --ragged --page-size 16           # ragged batches on a paged cache (--L: mean lengths)
+    python -m fdlib.bench --qlen                            # q_len 1,2,4,8 query tokens: fdlib vs cuDNN, FA2
 """
 from __future__ import annotations
 
@@ -68,6 +69,11 @@ def parser() -> argparse.ArgumentParser:
                    help="ragged batches (constant, uniform and Zipf-like lengths of mean 1k, 8k, 32k; B 8, 32, 128; "
                         "32:8 and 32:32; fp16 and bf16): fdlib's methods, effective bandwidth of the rows' bytes")
     m.add_argument("--page-size", type=int, help="with --ragged: a paged cache of this many keys a page")
+    m.add_argument("--qlen", action="store_true",
+                   help="several query tokens per sequence (speculative decoding): fdlib vs SDPA cuDNN and "
+                        "FlashAttention with the bottom-right causal mask, q_len 1,2,4,8 on (B, L) = (1, 128k), "
+                        "(16, 8k), (1|4, 8k|32k), 32:8, D=128, fp16; --B/--L give the product of their lists instead")
+    m.add_argument("--q-lens", type=_ints, help="with --qlen: the q_len values (default 1,2,4,8)")
     m.add_argument("--quick", action="store_true",
                    help="tiny shapes, few methods, no graphs (runs on a CPU in the Triton interpreter)")
     t = ap.add_argument_group("timing")
@@ -130,6 +136,30 @@ def main(argv=None) -> int:
                              progress=not args.no_progress, command=command)
         print(report.format_table(results), flush=True)
         paths = report.write_results(results, args.out, args.name, force=args.force, plot=False)
+        print("\nwrote " + ", ".join(paths.values()), flush=True)
+        return 0
+    if args.qlen:
+        from .qlen import format_qlen_table, run_qlen, write_qlen
+        shapes = tuple((b, l) for b in args.B for l in args.L) if args.B and args.L else None
+        if bool(args.B) != bool(args.L):
+            print("--qlen: give both --B and --L (their product is the shape list) or neither", file=sys.stderr)
+            return 2
+        try:
+            results = run_qlen(shapes=shapes, heads=args.heads[0] if args.heads else None,
+                               D=args.D[0] if args.D else None, dtype=args.dtype[0] if args.dtype else None,
+                               qlens=args.q_lens, methods=args.methods, quick=args.quick,
+                               graphs=False if args.no_graphs else None, warmup_ms=args.warmup, rep_ms=args.rep,
+                               graph_rep_ms=args.graph_rep, seed=args.seed, max_kv_gb=args.max_kv_gb,
+                               progress=not args.no_progress, command=command)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(format_qlen_table(results), flush=True)
+        try:
+            paths = write_qlen(results, args.out, args.name, force=args.force)
+        except FileExistsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 3
         print("\nwrote " + ", ".join(paths.values()), flush=True)
         return 0
     if args.heads_sweep:
