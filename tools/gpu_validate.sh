@@ -13,9 +13,14 @@
 #   bench      python -m fdlib.bench: fp16 and bf16 full grid
 #   sweep      python -m fdlib.bench --sweep-splits, fp16
 #   host       python -m fdlib.bench --host-overhead (µs per back-to-back call, cProfile of decode_attention)
-#   heads      python -m fdlib.bench --heads-sweep (groups 1..16, D 64..256, fp16)
-#   ragged     python -m fdlib.bench --ragged, fp16: contiguous cache, then pages of 16 keys
+#   heads      python -m fdlib.bench --heads-sweep (groups 1..16, D 64..256, fp16; split, unified, auto, cuDNN:
+#              the persistent kernel, 20-100x slower at these few rows, is left out)
+#   ragged     python -m fdlib.bench --ragged, fp16: contiguous cache, then pages of 16 keys; issue 13's B=32 batch
+#   pages      the ragged protocol at B=32 with pages of 1, 4 and 8 keys (auto)
+#   qlen       python -m fdlib.bench --qlen: q_len 1, 2, 4, 8 against SDPA cuDNN / FlashAttention
+#   timeline   tools/record_timeline.py: per-program (SM, start, end) of Lab 06's ragged batches
 #   invariant  python -m fdlib.bench --methods auto,invariant,cudnn, fp16: the cost of batch_invariant=True
+#   unifiedmax python -m fdlib.bench.unified_max, fp16: FlashDecoding++'s unified max against the unified kernel
 # Writes OUT_DIR/gpu-validate.tar.gz (every file, for machines that return few files) and a log.
 set -uo pipefail
 OUT="${1:?usage: tools/gpu_validate.sh OUT_DIR [STEPS]}"
@@ -26,6 +31,12 @@ cd "$(dirname "$0")/.."
 mkdir -p "$OUT/run"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 FDLIB_CACHE="$OUT/run"
 LOG="$OUT/run/gpu-validate.log"
+# nbval, ipykernel, nbformat (the test helpers import it) and their dependencies: from wheels in .whl/ when that
+# folder exists (installed into /tmp/site, no network)
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
 {
   python3 -c "import fdlib; print(fdlib.describe())"
   echo "== git: $(git rev-parse --short HEAD 2>/dev/null || echo 'no git metadata'); steps: $STEPS"
@@ -37,12 +48,7 @@ LOG="$OUT/run/gpu-validate.log"
   fi
   if has notebooks; then
     echo "== notebooks (nbval, shipped and solved)"
-    nbpath="$PYTHONPATH"
-    if compgen -G ".whl/*.whl" >/dev/null; then
-      python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>&1 | tail -2
-      nbpath="$PYTHONPATH:/tmp/site"
-    fi
-    PYTHONPATH="$nbpath" timeout 1500 python3 -m pytest tests/test_notebooks.py -k "as_shipped or solved" \
+    timeout 1500 python3 -m pytest tests/test_notebooks.py -k "as_shipped or solved" \
       -q -p no:cacheprovider -o addopts= 2>&1 | tail -15
   fi
   if has sanitizer && command -v compute-sanitizer >/dev/null; then
@@ -69,20 +75,48 @@ LOG="$OUT/run/gpu-validate.log"
   fi
   if has heads; then
     echo "== heads sweep"
-    timeout 420 python3 -m fdlib.bench --heads-sweep --out "$OUT/run" --name heads-sweep --no-progress \
+    timeout 420 python3 -m fdlib.bench --heads-sweep --methods split,unified,auto,cudnn --out "$OUT/run" \
+      --name heads-sweep --no-progress \
       --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
   fi
   if has ragged; then
     echo "== ragged batches"
-    timeout 280 python3 -m fdlib.bench --ragged --dtype float16 --out "$OUT/run" --name ragged-fp16 --no-progress \
-      --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
-    timeout 280 python3 -m fdlib.bench --ragged --page-size 16 --dtype float16 --out "$OUT/run" \
-      --name ragged-fp16-page16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
+    timeout 280 python3 -m fdlib.bench --ragged --dtype float16 --methods auto,split,balanced --out "$OUT/run" \
+      --name ragged-fp16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
+    timeout 200 python3 -m fdlib.bench --ragged --page-size 16 --dtype float16 --methods auto,balanced \
+      --out "$OUT/run" --name ragged-fp16-page16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
+    # issue 13's batch: B=32, 32:8, lengths uniform in 1..32768 (mean 16384), contiguous and pages of 16
+    for ps in 0 16; do
+      timeout 60 python3 -m fdlib.bench --ragged --B 32 --heads 32:8 --L 16384 --dtype float16 \
+        --methods auto,split,balanced $([ $ps = 0 ] || echo --page-size $ps) --out "$OUT/run" \
+        --name ragged-b32-mean16k-page$ps --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -2
+    done
+  fi
+  if has pages; then
+    echo "== page sizes 1, 4, 8 (B=32; 16 is in the ragged step)"
+    for ps in 1 4 8; do
+      timeout 100 python3 -m fdlib.bench --ragged --B 32 --page-size $ps --dtype float16 --methods auto \
+        --out "$OUT/run" --name ragged-fp16-b32-page$ps --no-progress --warmup 10 --rep 30 --graph-rep 10 \
+        2>&1 | tail -2
+    done
+  fi
+  if has qlen; then
+    echo "== several query tokens (q_len 1, 2, 4, 8) against SDPA with the bottom-right causal mask"
+    timeout 200 python3 -m fdlib.bench --qlen --out "$OUT/run" --name qlen-fp16 --no-progress \
+      --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -4
+  fi
+  if has timeline; then
+    echo "== per-program timelines (Lab 06)"
+    timeout 120 python3 tools/record_timeline.py --out "$OUT/run" --seed 0 2>&1 | tail -4
   fi
   if has invariant; then
     echo "== batch-invariant cost"
     timeout 280 python3 -m fdlib.bench --methods auto,invariant,cudnn --dtype float16 --out "$OUT/run" \
       --name invariant-fp16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
+  fi
+  if has unifiedmax; then
+    echo "== unified-max (FlashDecoding++) against the unified kernel"
+    timeout 300 python3 -m fdlib.bench.unified_max --dtype float16 --out "$OUT/run" --name unified-max 2>&1 | tail -4
   fi
   if has sweep; then
     echo "== sweep"
