@@ -1,34 +1,38 @@
-"""Context-parallel decode on several GPUs (fdlib.distributed): check it, then time one step. GPU + NCCL only.
+"""Context-parallel decode on several GPUs (fdlib.distributed): check it, time it against one GPU, time both merges.
 
-    torchrun --nproc-per-node 2 tools/cp_decode_case.py [--seqlen 262144] [--batch 1] [--heads-q 32]
-        [--heads-kv 8] [--head-dim 128] [--dtype fp16] [--iters 200] [--no-graph]
+    torchrun --nproc-per-node 2 tools/cp_decode_case.py --out OUT
+        [--seqlens 2097152,8388608] [--batch 1] [--heads-q 32] [--heads-kv 8] [--head-dim 128] [--dtype bf16]
+        [--partials-batch 64] [--partials-seqlen 4096] [--iters 200] [--no-graph] [--cpu]
 
 (option names chosen so torchrun's own abbreviation matching leaves them alone)
 
-Every rank holds a contiguous, as-even-as-possible slice of each sequence's cache (fdlib.distributed.
-shard_bounds) and calls fdlib.distributed.decode_attention_cp; rank 0 prints everything:
+Every rank holds a contiguous, as-even-as-possible slice of each sequence's cache (fdlib.distributed.shard_bounds)
+and calls fdlib.distributed.decode_attention_cp. Rank 0 prints everything and writes OUT/cp-decode.json and
+OUT/cp-decode.md (provenance from fdlib.bench.harness.provenance, plus the world size, every rank's GPU and
+NCCL's version), rewritten after every case, so a case that fails (or a run that is killed) keeps the others:
 
-1. provenance: date, command, host, GPUs, torch / CUDA / NCCL / triton / fdlib versions, git commit;
-2. correctness, against a float64 reference of the whole cache computed on rank 0's GPU (and against
-   single-GPU fdlib.decode_attention on the whole cache): the timed shape at full length, then a ragged batch
-   (a sequence only on rank 0, one with a single key on the last rank, an empty one), eager and, unless
-   --no-graph, replayed from a CUDA graph; every rank must end with the same out;
-3. time per step, CUDA events around each call (median, and mean; µs): the whole CP step, its local decode
-   alone, its merge alone (2 all_reduce + a few elementwise kernels) and the merge's share of the step; the
-   single-GPU decode of the whole cache on each rank's GPU for comparison; with CUDA graphs, the step and the
-   merge replayed from a graph (no launch gaps).
+1. correctness of a ragged batch (a sequence only on rank 0, one with a single key on the last rank, an empty
+   one; q_len = 1 and q_len = 4) against float64, with both merges, eager and replayed from a CUDA graph; every
+   rank must end with the same out;
+2. for every L in --seqlens at B = --batch: the whole cache on one GPU (each rank times it on its own GPU)
+   against the CP step with 1/world of it on each, with both merges; the step's local decode alone; the merge
+   alone (merge_partials) and the bare collective(s) alone (one all_gather of the packed [B, H_q, D + 1]
+   float32 partials; all_reduce MAX + all_reduce SUM); eager and under a CUDA graph; median of --iters calls,
+   CUDA events around each; the slowest rank sets each number. Correctness vs a float64 reference of the first
+   and last sequence, computed in chunks of keys on rank 0's GPU;
+3. --partials-batch (64) at --partials-seqlen: 1 MB of partials per rank at 32 heads, D = 128; the same timings.
 
+Targets (issue 15): speedup >= 1.8x at 2M; the merge collective <= 25 µs at B = 1 under a CUDA graph.
 Exit status 1 if a check fails. Run from the repository root (it imports fdlib from there).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
-import platform
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,9 +43,9 @@ sys.path.insert(0, str(ROOT))
 import fdlib  # noqa: E402  (first of fdlib/triton: decides the runtime)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import triton  # noqa: E402
 
-from fdlib.distributed import decode_attention_cp, local_seqlens, merge_partials, shard_bounds  # noqa: E402
+from fdlib.bench.harness import provenance as bench_provenance  # noqa: E402
+from fdlib.distributed import MERGES, decode_attention_cp, local_seqlens, merge_partials, shard_bounds  # noqa: E402
 
 DEV = "cuda"
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -51,15 +55,19 @@ LSE_ATOL = 1e-3
 
 def args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seqlens", default="2097152,8388608", help="whole-cache lengths, comma list (default 2M,8M)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads-q", type=int, default=32)
     p.add_argument("--heads-kv", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--seqlen", type=int, default=262144, help="whole-cache length, split across the ranks")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--partials-batch", type=int, default=64, help="batch of the large-partials case (0: skip)")
+    p.add_argument("--partials-seqlen", type=int, default=4096)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph capture and replay")
+    p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for cp-decode.json/.md (default $OUT or .)")
+    p.add_argument("--name", default="cp-decode", help="file name stem (default cp-decode)")
     p.add_argument("--cpu", action="store_true", help="dry run of this script on the CPU: gloo, Triton's "
                    "interpreter (FDLIB_INTERPRET=1), no graphs, host timers; use tiny shapes")
     return p.parse_args()
@@ -71,58 +79,78 @@ def say(*a):
 
 
 def provenance(a, ctrl):
+    """fdlib.bench's provenance plus the world, every rank's GPU and NCCL (gathered on the gloo group)."""
     names = [None] * dist.get_world_size()
     gpu = f"{torch.cuda.get_device_name()} (cuda:{torch.cuda.current_device()})" if DEV == "cuda" else "CPU"
     dist.all_gather_object(names, f"rank {dist.get_rank()}: {gpu} on {socket.gethostname()}", group=ctrl)
-    try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=12"],
-                                capture_output=True, text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown (no git)"
-    nccl = torch.cuda.nccl.version() if DEV == "cuda" else "- (gloo)"
-    say("== provenance")
-    say(f"date: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}")
-    say(f"command: torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', '?')} "
-        f"{' '.join(sys.argv)}   (world size {dist.get_world_size()}, cwd {os.getcwd()})")
-    say(f"parsed: {vars(a)}")
-    say(f"host: {socket.gethostname()} | python {platform.python_version()} | torch {torch.__version__} | "
-        f"CUDA {torch.version.cuda} | NCCL {'.'.join(map(str, nccl)) if isinstance(nccl, tuple) else nccl} | "
-        f"triton {triton.__version__} | fdlib {fdlib.__version__} @ {commit}")
-    say(fdlib.describe())
-    for n in names:
-        say(f"  {n}")
+    cmd = f"torchrun --nproc-per-node {os.environ.get('LOCAL_WORLD_SIZE', '?')} {' '.join(sys.argv)}"
+    prov = bench_provenance(cmd)
+    nccl = torch.cuda.nccl.version() if DEV == "cuda" else None
+    prov.update(world_size=dist.get_world_size(), ranks=names, backend="nccl" if DEV == "cuda" else "gloo",
+                nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl, parsed=vars(a))
+    return prov
 
 
-def problem(B, L, H_q, H_kv, D, dtype, seed):
-    """The same whole-cache problem on every rank (seeded generator on the GPU)."""
+def problem(B, L, H_q, H_kv, D, dtype, seed, q_len=1):
+    """The same whole-cache problem on every rank (seeded generator on the device, drawn in dtype: no float32
+    copy of a 32 GiB cache)."""
     g = torch.Generator(device=DEV).manual_seed(seed)
-    q = torch.randn(B, H_q, D, generator=g, device=DEV).to(dtype)
-    k = torch.randn(B, L, H_kv, D, generator=g, device=DEV).to(dtype)
-    v = torch.randn(B, L, H_kv, D, generator=g, device=DEV).to(dtype)
+    shape_q = (B, H_q, D) if q_len == 1 else (B, q_len, H_q, D)
+    q = torch.randn(*shape_q, generator=g, device=DEV, dtype=dtype)
+    k = torch.randn(B, L, H_kv, D, generator=g, device=DEV, dtype=dtype)
+    v = torch.randn(B, L, H_kv, D, generator=g, device=DEV, dtype=dtype)
     return q, k, v
 
 
-def my_slice(k, v, lens):
+def my_slice(k, v):
     a, b = shard_bounds(k.shape[1], dist.get_world_size(), dist.get_rank())
-    return k[:, a:b].contiguous(), v[:, a:b].contiguous(), local_seqlens(lens, a, b), (a, b)
+    return k[:, a:b].contiguous(), v[:, a:b].contiguous(), a
 
 
-def reference64(q, k, v, lens):
-    """Float64 attention over the whole cache on this GPU: (out [B, H_q, D], lse [B, H_q]); empty rows 0, -inf."""
-    B, H_q, D = q.shape
+def reference64(q, k, v, lens, rows=None, chunk=1 << 18):
+    """Float64 attention of sequences ``rows`` (default all) over their first lens[b] keys, in chunks of keys
+    merged with their running max (an 8M-key cache never exists in float64 at once). q ``[B, H_q, D]`` or
+    ``[B, q_len, H_q, D]`` (query t sees keys 0 .. L_b - q_len + t). Returns (out, lse) on the CPU, the rows
+    stacked; rows that see no key give 0, -inf."""
+    q4 = q[:, None] if q.dim() == 3 else q
+    B, T, H_q, D = q4.shape
     H_kv = k.shape[2]
-    qg = q.double().reshape(B, H_kv, H_q // H_kv, D)
-    s = torch.einsum("bhgd,blhd->bhgl", qg, k.double()) / math.sqrt(D)
-    keep = torch.arange(k.shape[1], device=q.device)[None, :] < lens[:, None].long()
-    s = s.masked_fill(~keep[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)[..., None])
-    o = torch.einsum("bhgl,blhd->bhgd", p, v.double().masked_fill(~keep[:, :, None, None], 0))
-    return o.reshape(B, H_q, D), lse.reshape(B, H_q)
+    rows = list(range(B)) if rows is None else rows
+    outs, lses = [], []
+    for b in rows:
+        L = int(lens[b])
+        qb = q4[b].double().reshape(T, H_kv, H_q // H_kv, D) / math.sqrt(D)
+        m = torch.full((T, H_kv, H_q // H_kv), -math.inf, dtype=torch.float64, device=q.device)
+        l = torch.zeros_like(m)
+        o = torch.zeros(T, H_kv, H_q // H_kv, D, dtype=torch.float64, device=q.device)
+        limit = L - T + torch.arange(T, device=q.device)                     # the last key query t sees
+        for a in range(0, L, chunk):
+            kc, vc = k[b, a:min(L, a + chunk)].double(), v[b, a:min(L, a + chunk)].double()
+            s = torch.einsum("thgd,lhd->thgl", qb, kc)
+            j = torch.arange(a, a + kc.shape[0], device=q.device)
+            s = s.masked_fill(j[None, None, None, :] > limit[:, None, None, None], -math.inf)
+            m_new = torch.maximum(m, s.amax(-1))
+            ref = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - ref[..., None])
+            alpha = torch.exp(m - ref)
+            l = l * alpha + p.sum(-1)
+            o = o * alpha[..., None] + torch.einsum("thgl,lhd->thgd", p, vc)
+            m = m_new
+            del kc, vc, s, p
+        empty = l == 0
+        safe = torch.where(empty, torch.ones_like(l), l)
+        ref = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+        outs.append((o / safe[..., None]).reshape(T, H_q, D).cpu())
+        lses.append(torch.where(empty, torch.full_like(l, -math.inf), ref + torch.log(safe)).reshape(T, H_q).cpu())
+    out, lse = torch.stack(outs), torch.stack(lses)
+    return (out[:, 0], lse[:, 0]) if q.dim() == 3 else (out, lse)
 
 
-def check(name, out, lse, ref, ctrl):
-    """Rank 0 compares with the reference; every rank's out must equal rank 0's. Returns ok (on every rank)."""
+def check(name, out, lse, ref, ctrl, rows=None, log=None):
+    """Rank 0 compares rows ``rows`` (default all) with the reference; every rank's out must equal rank 0's.
+    Returns ok (on every rank); appends a line to ``log``."""
+    if rows is not None:
+        out, lse = out[rows], lse[rows]
     outs = [None] * dist.get_world_size()
     dist.all_gather_object(outs, (out.cpu(), lse.cpu()), group=ctrl)
     ok = True
@@ -138,9 +166,11 @@ def check(name, out, lse, ref, ctrl):
         same = all(torch.equal(o.cpu(), outs[0][0]) and torch.equal(l.cpu(), outs[0][1]) for o, l in outs)
         ok = (err <= OUT_RTOL[out.dtype] and lerr <= LSE_ATOL and torch.equal(torch.isneginf(l64), empty)
               and bool((o64[empty] == 0).all()) and same and bool(torch.isfinite(o64).all()))
-        print(f"  {'PASS' if ok else 'FAIL'} {name}: out max row-rel err {err:.2e} (bound {OUT_RTOL[out.dtype]:.0e}), "
-              f"lse max abs err {lerr:.2e}, empty rows exact: {bool((o64[empty] == 0).all())}, "
-              f"ranks agree: {same}", flush=True)
+        line = (f"{'PASS' if ok else 'FAIL'} {name}: out max row-rel err {err:.2e} (bound {OUT_RTOL[out.dtype]:.0e}), "
+                f"lse max abs err {lerr:.2e}, empty rows exact: {bool((o64[empty] == 0).all())}, ranks agree: {same}")
+        print("  " + line, flush=True)
+        if log is not None:
+            log.append(line)
     flag = [ok]
     dist.broadcast_object_list(flag, src=0, group=ctrl)
     return flag[0]
@@ -191,6 +221,176 @@ def time_us(fn, a, ctrl):
     return t[len(t) // 2], sum(t) / len(t)
 
 
+def write_out(doc, a):
+    """Rank 0 rewrites OUT/NAME.json and .md (called after every case: partial results survive)."""
+    if dist.get_rank() != 0:
+        return
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, a.name + ".json"), "w") as fh:
+        json.dump(doc, fh, indent=1, default=str)
+        fh.write("\n")
+    with open(os.path.join(a.out, a.name + ".md"), "w") as fh:
+        fh.write(format_md(doc) + "\n")
+
+
+def format_md(doc):
+    p = doc["provenance"]
+    lines = [f"device: {p['device']} x {p['world_size']} ({p['backend']}, NCCL {p.get('nccl')}) | torch {p['torch']} | "
+             f"triton {p['triton']} | fdlib {p['fdlib']} @ {p.get('git_commit')} | {p['date_utc']}",
+             f"command: {p['command']}", "", "checks:"] + [f"- {c}" for c in doc["checks"]]
+    lines += ["", "µs, median of the slowest rank (eager / CUDA graph); speedup = 1 GPU / CP step", "",
+              "| case | B | L | partials KB/rank | 1 GPU, whole cache | CP step allgather | CP step allreduce | "
+              "local decode | merge allgather | merge allreduce | all_gather alone | 2x all_reduce alone | "
+              "speedup | status |", "|" + "---|" * 14]
+
+    def cell(t, key):
+        e, g = t.get(key, {}).get("eager"), t.get(key, {}).get("graph")
+        return f"{'—' if e is None else f'{e:.1f}'} / {'—' if g is None else f'{g:.1f}'}"
+    for c in doc["cases"]:
+        t = c.get("timings", {})
+        sp = c.get("speedup", {})
+        spt = " / ".join(f"{k} {v:.2f}x" for k, v in sp.items() if v) or "—"
+        lines.append(f"| {c['case']} | {c['B']} | {c['L']} | {c.get('partials_kb_per_rank', 0):.1f} | "
+                     + " | ".join(cell(t, k) for k in ("single_gpu", "cp_allgather", "cp_allreduce", "local_decode",
+                                                        "merge_allgather", "merge_allreduce", "collective_allgather",
+                                                        "collective_allreduce"))
+                     + f" | {spt} | {c['status']}{': ' + c['reason'] if c.get('reason') else ''} |")
+    return "\n".join(lines)
+
+
+def collective_only(o, lse, merge):
+    """The bare collective(s) of one merge on partials shaped like (o, lse), nothing else."""
+    B, H_q, D = o.shape
+    if merge == "allgather":
+        mine = torch.zeros(B, H_q, D + 1, dtype=torch.float32, device=o.device)
+        every = torch.empty(dist.get_world_size() * B, H_q, D + 1, dtype=torch.float32, device=o.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(every, mine)
+    m = torch.zeros(B, H_q, dtype=torch.float32, device=o.device)
+    packed = torch.zeros(B, H_q, D + 1, dtype=torch.float32, device=o.device)
+    return lambda: (dist.all_reduce(m, op=dist.ReduceOp.MAX), dist.all_reduce(packed))
+
+
+def timed(fns, a, ctrl):
+    """{label: {"eager": µs, "graph": µs}}: median of a.iters calls (slowest rank), graph replays unless
+    --no-graph; a capture that fails costs that graph number only (the same on every rank)."""
+    res = {}
+    for label, fn in fns.items():
+        med, _ = time_us(fn, a, ctrl)
+        entry = {"eager": med}
+        if not a.no_graph:
+            try:
+                gr, _ = capture(fn)
+                captured = True
+            except Exception as e:  # noqa: BLE001
+                print(f"  rank {dist.get_rank()}: capture of {label} failed: {type(e).__name__}: {e}", flush=True)
+                captured = False
+            if all_ok(captured, ctrl):
+                entry["graph"], _ = time_us(gr.replay, a, ctrl)
+                del gr
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, entry, group=ctrl)
+        res[label] = {k: max(e.get(k) or 0.0 for e in every) or None for k in ("eager", "graph")}
+        say(f"  {label:24s} eager {res[label]['eager']:9.1f} µs   graph "
+            f"{'—' if res[label]['graph'] is None else format(res[label]['graph'], '9.1f')} µs")
+    return res
+
+
+def timing_case(doc, a, ctrl, name, B, L, dtype, rows):
+    """One timed shape: single GPU vs CP (both merges), the local decode, the merges and bare collectives."""
+    case = dict(case=name, B=B, L=L, H_q=a.heads_q, H_kv=a.heads_kv, D=a.head_dim, dtype=a.dtype, status="running",
+                partials_kb_per_rank=B * a.heads_q * (a.head_dim + 1) * 4 / 1024)
+    doc["cases"].append(case)
+    say(f"== {name}: B={B} L={L} {a.heads_q}:{a.heads_kv} D={a.head_dim} {a.dtype}, "
+        f"{case['partials_kb_per_rank']:.1f} KB of partials per rank")
+    q, k, v = problem(B, L, a.heads_q, a.heads_kv, a.head_dim, dtype, seed=7)
+    lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
+    cache = {"k": k, "v": v}                         # the whole cache, dropped once sliced and checked
+    del k, v
+    t = timed({"single_gpu": lambda: fdlib.decode_attention(q, cache["k"], cache["v"], lens, return_lse=True)},
+              a, ctrl)
+    whole = fdlib.decode_attention(q, cache["k"], cache["v"], lens, return_lse=True)
+    k_s, v_s, start = my_slice(cache["k"], cache["v"])
+    ref = reference64(q, cache["k"], cache["v"], lens.cpu(), rows) if dist.get_rank() == 0 else None
+    cache.clear()
+    if DEV == "cuda":
+        torch.cuda.empty_cache()
+    ok = check(f"{name} single GPU vs float64 (sequences {rows})", *whole, ref, ctrl, rows, doc["checks"])
+    step = {f"cp_{m}": (lambda m=m: decode_attention_cp(q, k_s, v_s, cache_seqlens=lens, slice_start=start,
+                                                         merge=m, return_lse=True)) for m in MERGES}
+    for m in MERGES:
+        ok &= check(f"{name} CP {m} vs float64 (sequences {rows})", *step[f"cp_{m}"](), ref, ctrl, rows, doc["checks"])
+    sl = local_seqlens(lens, start, start + k_s.shape[1])
+    o_r, lse_r = fdlib.decode_attention(q, k_s, v_s, sl, return_lse=True)
+    fns = dict(step)
+    fns["local_decode"] = lambda: fdlib.decode_attention(q, k_s, v_s, sl, return_lse=True)
+    for m in MERGES:
+        fns[f"merge_{m}"] = lambda m=m: merge_partials(o_r, lse_r, merge=m)
+        fns[f"collective_{m}"] = collective_only(o_r, lse_r, m)
+    t.update(timed(fns, a, ctrl))
+    case["timings"] = t
+    base = t["single_gpu"]
+    case["speedup"] = {f"{m} {mode}": (base[mode] / t[f"cp_{m}"][mode]) if base.get(mode) and t[f"cp_{m}"].get(mode)
+                       else None for m in MERGES for mode in ("eager", "graph")}
+    case["status"] = "ok" if ok else "check failed"
+    return ok
+
+
+def correctness_case(doc, a, ctrl, dtype):
+    """Ragged batch, q_len 1 and 4, both merges, eager and CUDA-graph replay."""
+    world = dist.get_world_size()
+    Lr = 8192 if DEV == "cuda" else 64
+    S0 = shard_bounds(Lr, world, 0)[1]
+    last = shard_bounds(Lr, world, world - 1)[0]
+    lens = torch.tensor([Lr, S0 - min(100, S0 // 2), 0, last + 1], device=DEV, dtype=torch.int32)
+    ok = True
+    for q_len in (1, 4):
+        q, k, v = problem(4, Lr, a.heads_q, a.heads_kv, a.head_dim, dtype, seed=1 + q_len, q_len=q_len)
+        k_s, v_s, start = my_slice(k, v)
+        ref = reference64(q, k, v, lens.cpu()) if dist.get_rank() == 0 else None
+        for m in MERGES:
+            name = f"ragged B=4 L={Lr} lens {lens.tolist()} q_len={q_len} merge={m}"
+            fn = lambda m=m: decode_attention_cp(q, k_s, v_s, cache_seqlens=lens, slice_start=start, merge=m,  # noqa: E731
+                                                 return_lse=True)
+            ok &= check(name + " eager", *fn(), ref, ctrl, log=doc["checks"])
+            if not a.no_graph:
+                try:
+                    g, (go, gl) = capture(fn)
+                    captured = True
+                except Exception as e:  # noqa: BLE001
+                    print(f"  rank {dist.get_rank()}: CUDA-graph capture failed: {type(e).__name__}: {e}", flush=True)
+                    captured = False
+                if all_ok(captured, ctrl):
+                    go.zero_()
+                    g.replay()
+                    torch.cuda.synchronize()
+                    ok &= check(name + " CUDA-graph replay", go, gl, ref, ctrl, log=doc["checks"])
+                else:
+                    doc["checks"].append(f"FAIL {name}: CUDA-graph capture failed on some rank")
+                    ok = False
+    return ok
+
+
+def guarded(doc, a, ctrl, label, fn):
+    """Run one case; an exception on any rank is recorded and the run goes on (every rank agrees)."""
+    try:
+        good, err = bool(fn()), None
+    except Exception as e:  # noqa: BLE001 - one case failing must not lose the others
+        good, err = False, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+        print(f"  rank {dist.get_rank()}: {label} raised {err}", flush=True)
+        if DEV == "cuda":
+            torch.cuda.empty_cache()
+    errs = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, err, group=ctrl)
+    errs = [e for e in errs if e]
+    if errs:
+        if doc["cases"] and doc["cases"][-1].get("status") == "running":
+            doc["cases"][-1].update(status="error", reason=errs[0])
+        doc["checks"].append(f"FAIL {label}: {errs[0]}")
+    write_out(doc, a)
+    return good and not errs
+
+
 def main():
     global DEV
     a = args()
@@ -205,83 +405,25 @@ def main():
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=timeout)
     ctrl = dist.new_group(backend="gloo")            # host-side flags and prints: never blocked by a GPU stream
-    world, rank = dist.get_world_size(), dist.get_rank()
     dtype = DTYPES[a.dtype]
-    provenance(a, ctrl)
-    ok = True
-
-    # --- correctness: the timed shape at full length
-    say(f"== correctness ({world} ranks, contiguous slices from fdlib.distributed.shard_bounds)")
-    q, k, v = problem(a.batch, a.seqlen, a.heads_q, a.heads_kv, a.head_dim, dtype, seed=0)
-    lens = torch.full((a.batch,), a.seqlen, device=DEV, dtype=torch.int32)
-    k_s, v_s, sl, (lo, hi) = my_slice(k, v, lens)
-    bounds = [None] * world
-    dist.all_gather_object(bounds, (lo, hi), group=ctrl)
-    say(f"  slices: {bounds}")
-    out, lse = decode_attention_cp(q, k_s, v_s, sl, return_lse=True)
-    ref = reference64(q, k, v, lens) if rank == 0 else None
-    ok &= check(f"B={a.batch} H {a.heads_q}:{a.heads_kv} D={a.head_dim} L={a.seqlen} {a.dtype} CP vs float64", out, lse, ref, ctrl)
-    single = fdlib.decode_attention(q, k, v, lens, return_lse=True)
-    ok &= check("same shape, single-GPU decode_attention vs float64", *single, ref, ctrl)
-    del ref
-
-    # --- correctness: ragged lengths, eager and from a CUDA graph
-    Lr = min(8192, a.seqlen)
-    S0 = shard_bounds(Lr, world, 0)[1]
-    last = shard_bounds(Lr, world, world - 1)[0]
-    qr, kr, vr = problem(4, Lr, a.heads_q, a.heads_kv, a.head_dim, dtype, seed=1)
-    lens_r = torch.tensor([Lr, S0 - min(100, S0 // 2), 0, last + 1], device=DEV, dtype=torch.int32)
-    kr_s, vr_s, slr, _ = my_slice(kr, vr, lens_r)
-    ref_r = reference64(qr, kr, vr, lens_r) if rank == 0 else None
-    name = f"ragged B=4 L={Lr} lens {lens_r.tolist()}"
-    ok &= check(name + " eager", *decode_attention_cp(qr, kr_s, vr_s, slr, return_lse=True), ref_r, ctrl)
-    if not a.no_graph:
-        try:
-            g, (go, gl) = capture(lambda: decode_attention_cp(qr, kr_s, vr_s, slr, return_lse=True))
-            captured = True
-        except Exception as e:   # noqa: BLE001  (reported, then the graph parts are skipped on every rank)
-            print(f"  rank {rank}: CUDA-graph capture of the CP step failed: {type(e).__name__}: {e}", flush=True)
-            captured = False
-        if all_ok(captured, ctrl):
-            go.zero_()
-            g.replay()
-            torch.cuda.synchronize()
-            ok &= check(name + " CUDA-graph replay", go, gl, ref_r, ctrl)
-        else:
-            say("  CUDA-graph capture failed on some rank: graph checks and timings skipped")
-            a.no_graph = True
-    del ref_r
-
-    # --- timing
-    say(f"== time per step, µs (median / mean of {a.iters}, "
-        f"{'CUDA events' if DEV == 'cuda' else 'host clock (--cpu dry run: meaningless numbers)'} around each call)")
-    o_r, lse_r = fdlib.decode_attention(q, k_s, v_s, sl, return_lse=True)
-    rows = {
-        "CP step (decode_attention_cp)": lambda: decode_attention_cp(q, k_s, v_s, sl, return_lse=True),
-        "  its local decode": lambda: fdlib.decode_attention(q, k_s, v_s, sl, return_lse=True),
-        "  its merge (merge_partials)": lambda: merge_partials(o_r, lse_r),
-        "single GPU, whole cache": lambda: fdlib.decode_attention(q, k, v, lens, return_lse=True),
-    }
-    if not a.no_graph:
-        for label, fn in (("CP step, CUDA-graph replay", rows["CP step (decode_attention_cp)"]),
-                          ("  its merge, CUDA-graph replay", rows["  its merge (merge_partials)"])):
-            gr, _ = capture(fn)
-            rows[label] = gr.replay
-    res = {label: time_us(fn, a, ctrl) for label, fn in rows.items()}
-    every = [None] * world
-    dist.all_gather_object(every, res, group=ctrl)
-    say(f"  {'':34s}" + "".join(f"{'rank ' + str(r):>20s}" for r in range(world)))
-    for label in res:
-        say(f"  {label:34s}" + "".join(f"{e[label][0]:10.1f} /{e[label][1]:8.1f}" for e in every))
-    med = {label: max(e[label][0] for e in every) for label in res}     # the slowest rank sets the step
-    say(f"  merge share of the eager step: {med['  its merge (merge_partials)'] / med['CP step (decode_attention_cp)']:.0%}"
-        f"; speedup over one GPU (eager medians): "
-        f"{med['single GPU, whole cache'] / med['CP step (decode_attention_cp)']:.2f}x")
-    if not a.no_graph:
-        say(f"  merge share of the graph step: "
-            f"{med['  its merge, CUDA-graph replay'] / med['CP step, CUDA-graph replay']:.0%}")
+    doc = {"schema": "fdlib.cp_decode/1", "kind": "cp-decode", "provenance": provenance(a, ctrl), "checks": [],
+           "cases": [], "targets": {"speedup_at_2M": 1.8, "merge_collective_graph_us_at_B1": 25.0}}
+    say(format_md(doc).split("\n\n")[0])
+    ok = guarded(doc, a, ctrl, "correctness (ragged, q_len 1 and 4, both merges)",
+                 lambda: correctness_case(doc, a, ctrl, dtype))
+    for L in (int(x) for x in a.seqlens.split(",") if x.strip()):
+        rows = sorted({0, a.batch - 1})
+        ok &= guarded(doc, a, ctrl, f"B={a.batch} L={L}",
+                      lambda L=L, rows=rows: timing_case(doc, a, ctrl, f"B={a.batch} L={L}", a.batch, L, dtype, rows))
+    if a.partials_batch:
+        B, L = a.partials_batch, a.partials_seqlen
+        ok &= guarded(doc, a, ctrl, f"B={B} L={L} (large partials)",
+                      lambda: timing_case(doc, a, ctrl, f"B={B} L={L} (large partials)", B, L, dtype, [0, B - 1]))
     good = all_ok(ok, ctrl)
-    say(f"== {'ALL CHECKS PASSED' if good else 'SOME CHECK FAILED'}")
+    doc["all_checks_passed"] = good
+    write_out(doc, a)
+    say(format_md(doc))
+    say(f"== {'ALL CHECKS PASSED' if good else 'SOME CHECK FAILED'}; wrote {os.path.join(a.out, a.name)}.json/.md")
     dist.destroy_process_group()
     sys.exit(0 if good else 1)
 
