@@ -276,6 +276,9 @@ def _newest_keys_partial(q, k_slice, v_slice, cache_seqlens, start, S, scale, bl
     B, T, H_q, D = q.shape
     H_kv = k_slice.shape[-2]
     dev = q.device
+    if S == 0 or k_slice.shape[0] == 0:                                        # a slice with no position at all
+        return (torch.zeros(B, T, H_q, D, dtype=acc, device=dev),
+                torch.full((B, T, H_q), NEG_INF, dtype=acc, device=dev))
     j = torch.arange(T - 1, device=dev)
     glob = cache_seqlens.to(device=dev, dtype=torch.int64)[:, None] - (T - 1) + j       # [B, T-1] global position
     local = glob - start

@@ -157,6 +157,15 @@ def test_qlen_slices_merge_to_causal_attention(T, H_kv, group, lens, cuts, data)
     assert_causal_close(out, lse, q4, k.cpu(), v.cpu(), lens_t.cpu(), f"bounds {bounds}, lens {lens}, q_len {T}")
 
 
+def test_qlen_zero_width_slices():
+    """Slices holding no position at all (at the start, in the middle, at the end) weigh nothing."""
+    q, k, v, lens = make_problem(2, 20, 4, 2, 16, torch.float32, seed=11, lens=[20, 3])
+    q4 = torch.randn(2, 3, 4, 16, generator=gen(12)).to(q.device)
+    for bounds in ([0, 0, 20], [0, 9, 9, 20], [0, 20, 20]):
+        out, lse = _slices_merged(q4, k, v, lens, bounds)
+        assert_causal_close(out, lse, q4, k.cpu(), v.cpu(), lens.cpu(), f"bounds {bounds}")
+
+
 def test_qlen_one_slice_fp16_paged_and_errors():
     """The whole cache as one slice (world size 1's work) in fp16, then as pages behind a shuffled block table;
     a 4-D q needs cache_seqlens and slice_start; errors name the argument."""
