@@ -6,6 +6,9 @@ Glossary of the short names in the code, docstrings and labs (shapes: B sequence
 heads, head dim D, sequence b holds L_b keys):
 
 * ``group`` = H_q / H_kv: the query heads that share one KV head; one program serves all of them.
+* ``q_len``: query tokens per sequence (1 for plain decoding; a few for speculative decoding, q
+  ``[B, q_len, H_q, D]``): query t sees keys 0 … L_b − q_len + t. A program holds the group × q_len query rows
+  r = t·group + g of its KV head in one tile.
 * ``m``, ``ℓ``, ``Õ`` (``l``, ``acc``/``o_tilde`` in code): the online-softmax state of a set of keys, with
   scores s_j: running max m = max_j s_j, denominator ℓ = Σ_j e^(s_j − m), unnormalised output
   Õ = Σ_j e^(s_j − m) v_j. The kernels keep m and the scores in base 2 (qk_scale = scale·log₂e, ``exp2``).

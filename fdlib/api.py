@@ -21,13 +21,19 @@ _PLANS: OrderedDict = OrderedDict()
 def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
                      num_splits=None, return_lse=False, max_seqlen=None, check_lengths=False, batch_invariant=False,
                      validate=None):
-    r"""Attention of one query token per sequence against its KV cache.
+    r"""Attention of one query token (or a few) per sequence against its KV cache.
 
     .. math::  O_{b,h} = \sum_{j < L_b} \operatorname{softmax}_j(\text{scale}\; q_{b,h}\cdot k_{b,j,h_{kv}})\; v_{b,j,h_{kv}},
                \qquad h_{kv} = \lfloor h/\text{group}\rfloor,\ \text{group} = H_q/H_{kv}
 
+    Several query tokens per sequence (speculative decoding, multi-token prediction): q ``[B, q_len, H_q, D]``,
+    1 <= q_len <= 16. The q_len new tokens are already the last q_len keys of each sequence's cache, and query t
+    sees keys :math:`j \le L_b - q_{len} + t` (causal among the new tokens: ``flash_attn_with_kvcache``'s
+    convention). A query whose limit is below 0 (:math:`L_b < q_{len} - t`) sees no key: out = 0, lse = -inf
+    (never NaN). Every method takes it; each K/V tile is still read once per KV head.
+
     Args:
-        q: ``[B, H_q, D]`` (or ``[B, 1, H_q, D]``; the answer has q's shape).
+        q: ``[B, H_q, D]`` or ``[B, q_len, H_q, D]`` (the answer has q's shape).
         k_cache, v_cache: ``[B, L_max, H_kv, D]``, token-major; any strides with a contiguous last dim. Or a
             paged cache (vLLM/FlashInfer NHD pages): ``[n_pages, page_size, H_kv, D]`` with ``block_table``.
         block_table: int32 ``[B, max_pages]``: page j of sequence b holds its keys j·page_size ...
@@ -46,7 +52,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             matmul-softmax-matmul).
         num_splits: force the number of KV splits (1..256) instead of letting fdlib choose; at most one split
             per tile of keys is launched (:func:`fdlib.kernels.config.chunk_for`).
-        return_lse: also return lse ``[B, H_q]`` float32 (natural log).
+        return_lse: also return lse ``q.shape[:-1]`` float32 (natural log): ``[B, H_q]``, or ``[B, q_len, H_q]``
+            for a 4-D q.
         max_seqlen: a host bound on the lengths: splits are chosen as if every sequence were this long
             (default: the cache's capacity L_max). Only speed depends on it; longer rows are still right.
         check_lengths: read device lengths back and raise ``ValueError`` if one lies outside 0..L_max (one
@@ -93,7 +100,8 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
     """The cached plan :func:`decode_attention` runs for these arguments (made and checked on first use)."""
     try:
         key = (q.shape, k_cache.shape, q.dtype, q.device, scale, method, num_splits, max_seqlen,
-               None if block_table is None else block_table.shape, batch_invariant)
+               None if block_table is None else block_table.shape, batch_invariant,
+               q.shape[1] if q.dim() == 4 else 1)
         p = _PLANS.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: the checks say which
         key, p = None, None
@@ -105,7 +113,7 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
     pr = check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table)
     p = plan(pr.B, pr.H_q, pr.H_kv, pr.D, pr.L_max, dtype=q.dtype, device=q.device, max_seqlen=max_seqlen,
              scale=scale, method=method, num_splits=num_splits, page_size=pr.page_size or None,
-             batch_invariant=batch_invariant)
+             batch_invariant=batch_invariant, q_len=pr.q_len)
     _PLANS[key] = p
     while len(_PLANS) > PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)
@@ -124,8 +132,8 @@ def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ca
 
 @_decode_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, max_seqlen):
-    """Shapes only: out like q, lse [B, H_q] float32."""
-    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[-2]), dtype=torch.float32)
+    """Shapes only: out like q, lse q.shape[:-1] float32 ([B, H_q], or [B, q_len, H_q] for a 4-D q)."""
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 def _compiled_call(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, max_seqlen):

@@ -10,8 +10,8 @@ depends on the shapes alone is decided once, by :func:`plan`, and kept in a froz
 * the tiles (BLOCK_N keys, warps, stages), the split count and the chunk of keys each split covers,
   :math:`\text{chunk} = \lceil\lceil L_{cap}/\text{splits}\rceil / N\rceil\cdot N`, chosen by the cost model
   (:mod:`fdlib.splits`) for L_cap, the longest length the plan is made for;
-* the workspace, owned by the plan: the split partials :math:`O_i` ``[B, H_q, splits, D]`` and
-  :math:`\text{lse}_i` ``[B, H_q, splits]`` (float32), one ticket counter per (b, h_kv) row, the clamp flag,
+* the workspace, owned by the plan: the split partials :math:`O_i` ``[B, q_len, H_q, splits, D]`` and
+  :math:`\text{lse}_i` ``[B, q_len, H_q, splits]`` (float32), one ticket counter per (b, h_kv) row, the clamp flag,
   an lse buffer for calls that do not ask for lse, and the all-L_max lengths of calls that pass none.
 
 :meth:`DecodePlan.run` then only launches: it reads nothing back from the GPU, allocates nothing but an
@@ -30,6 +30,11 @@ slower). Lengths on the device outside 0..L_max are clamped there, so no kernel 
 and the plan's flag records it: :meth:`DecodePlan.clamped` reads the flag (one device-to-host copy, done
 only when the caller asks). Host lengths out of range raise ``ValueError`` at once.
 
+Several query tokens per sequence (speculative decoding): ``plan(..., q_len=k)`` takes q ``[B, k, H_q, D]``;
+query t of sequence b sees keys 0 … L_b − k + t (the k new tokens are already in the cache, causal among
+themselves: ``flash_attn_with_kvcache``'s convention). Every kernel packs the group × k query rows of a KV head
+into one tile, so each K/V tile is still read once.
+
 One plan's workspace serves one call at a time: calls that may overlap (several CUDA streams) need a plan each.
 """
 from __future__ import annotations
@@ -43,12 +48,12 @@ from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config
 from .kernels.balanced import MAX_BATCH, balanced_args, balanced_launcher, items_max
 from .kernels.persistent import persistent_args, persistent_launcher, programs_for, rows_for
 from .kernels.stage1 import stage1_args, stage1_launcher
-from .kernels.stage2 import stage2_args, stage2_launcher
+from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
 from .kernels.unified import remember_resources, unified_args, unified_launcher
 from .reference import naive_attention
 from .splits import choose_auto, choose_kernel, choose_splits, persistent_per_sm, sm_count
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits, check_page_size,
-                       check_scale, shape_str)
+                       check_q_len, check_scale, shape_str)
 
 KERNELS = ("unified", "split", "persistent", "balanced", "naive")
 
@@ -79,16 +84,19 @@ INVARIANT_CHUNK = 1024
 """Keys per split in batch-invariant mode on a GPU (32, two 16-key tiles, in the interpreter)."""
 
 
-def invariant_decision(D: int, L_max: int, dtype) -> Decision:
+def invariant_decision(D: int, L_max: int, dtype, q_rows: int = 1) -> Decision:
     r"""Batch-invariant decode: every number that shapes a row's arithmetic is fixed by D and the dtype alone,
     never by the batch: the unified kernel, tiles of BLOCK_N keys (as for a long cache of a large batch),
     split j of a row covering keys :math:`[j\cdot C, (j+1)\cdot C)` for a fixed chunk C
     (:data:`INVARIANT_CHUNK`), :math:`n_b = \lceil L_b / C\rceil` splits taken on the device, and the merge
     reading the partials in index order in blocks whose size does not depend on the launch. The ticket
     decides only *who* merges. So a sequence's out and lse are bitwise the same whatever its batchmates,
-    the batch size, its place in the batch, the run, and whether the cache is paged (same L_max)."""
+    the batch size, its place in the batch, the run, and whether the cache is paged (same L_max).
+    ``q_rows``: group × q_len for several query tokens (1 for one; see :func:`tile_config_for`): q_len is the
+    plan's, so a sequence's results are invariant among calls of the same q_len."""
     compiled = not runtime.INTERPRET
-    tile = tile_config_for(D, 1 << 30, compiled_mode=compiled, elem_bytes=dtype.itemsize, rows=1 << 30)
+    tile = tile_config_for(D, 1 << 30, compiled_mode=compiled, elem_bytes=dtype.itemsize, rows=1 << 30,
+                           q_rows=q_rows)
     want = INVARIANT_CHUNK if compiled else 32
     chunk = -(-want // tile.BLOCK_N) * tile.BLOCK_N
     splits = max(1, min(-(-max(L_max, 1) // chunk), MAX_SPLITS))
@@ -96,15 +104,19 @@ def invariant_decision(D: int, L_max: int, dtype) -> Decision:
 
 
 def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=None, max_seqlen=None,
-           method: str = "auto", num_splits: int | None = None, batch_invariant: bool = False) -> Decision:
+           method: str = "auto", num_splits: int | None = None, batch_invariant: bool = False,
+           q_len: int = 1) -> Decision:
     """The kernel, tiles, splits and chunk for a batch of these sizes on this runtime (see the module doc).
     ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None;
-    ``batch_invariant``: :func:`invariant_decision`."""
+    ``batch_invariant``: :func:`invariant_decision`. ``q_len`` query tokens per sequence: a program holds
+    group × q_len query rows, which the tiles count (:func:`~fdlib.kernels.config.tile_config_for`) and the
+    cost model sees as H_q·q_len query heads (the same K/V bytes, q_len times the queries and outputs)."""
+    q_rows = H_q // H_kv * q_len if q_len > 1 else 1
     if batch_invariant:
         if method not in ("auto", "unified") or num_splits is not None:
             raise ValueError(f"batch_invariant: runs the unified kernel at a fixed chunk; pass method='auto' or "
                              f"'unified' and num_splits=None, got method={method!r}, num_splits={num_splits!r}")
-        return invariant_decision(D, L_max, dtype)
+        return invariant_decision(D, L_max, dtype, q_rows)
     if lengths is not None:
         L_cap, basis = max(max(lengths, default=0), 1), "host lengths"
     elif max_seqlen is not None:
@@ -114,14 +126,14 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     if method == "naive":
         return Decision("naive", 1, L_cap, None, L_cap, basis)
     elem_bytes = dtype.itemsize
-    tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv)
+    tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv, q_rows=q_rows)
     kernel = method
     if method == "persistent":
         num_splits = 1
     elif method == "auto" and num_splits is None:
-        kernel, num_splits = choose_auto(B, H_q, H_kv, D, dtype, L_cap, lengths)
+        kernel, num_splits = choose_auto(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths)
     elif num_splits is None:
-        num_splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths)
+        num_splits = choose_splits(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths)
     chunk, splits = chunk_for(L_cap, num_splits, tile.BLOCK_N)
     if kernel == "auto":   # forced splits: the unified kernel, or the persistent one at one split
         kernel = choose_kernel(B, H_kv, L_cap, splits)
@@ -132,18 +144,18 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
-    return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes), L_cap, basis, programs,
+    return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows), L_cap, basis, programs,
                     rows_for(B * H_kv, programs))
 
 
 @dataclass(frozen=True)
 class Workspace:
     """Device memory a plan owns (None where its kernel needs none)."""
-    o_part: torch.Tensor | None      # [B, H_q, splits, D] float32 (balanced: [items, H_q, D])
-    lse_part: torch.Tensor | None    # [B, H_q, splits] float32 (balanced: [H_q, items])
+    o_part: torch.Tensor | None      # [B, q_len, H_q, splits, D] float32 (balanced: [items, q_len, H_q, D])
+    lse_part: torch.Tensor | None    # [B, q_len, H_q, splits] float32 (balanced: [q_len, H_q, items])
     counters: torch.Tensor | None    # [B·H_kv] int32, zero between calls (the unified kernel resets them)
     flag: torch.Tensor               # [1] int32: 1 once a device length was clamped to 0..L_max
-    lse: torch.Tensor                # [B, H_q] float32, for calls that do not ask for lse
+    lse: torch.Tensor                # [B, q_len, H_q] float32, for calls that do not ask for lse
     full_lengths: torch.Tensor       # [B] int32, all L_max: calls that pass no cache_seqlens
 
     def nbytes(self) -> int:
@@ -168,6 +180,7 @@ class DecodePlan:
     workspace: Workspace = field(repr=False)
     _host_lengths: torch.Tensor = field(repr=False, compare=False)   # [B] int32 on the device: host-given lengths
     _launchers: tuple = field(repr=False, compare=False)             # the kernels with their constexprs fixed
+    q_len: int = 1          # query tokens per sequence: q is [B', q_len, H_q, D] (or [B', H_q, D] when 1)
 
     @property
     def kernel(self) -> str:
@@ -186,6 +199,7 @@ class DecodePlan:
         tile = f", {d.tile.BLOCK_N}-key tiles" if d.tile else ""
         extra = f", {d.programs} programs" if d.kernel == "persistent" else ""
         paged = f", pages of {self.page_size}" if self.page_size else ""
+        paged += f", q_len={self.q_len}" if self.q_len > 1 else ""
         return (f"DecodePlan: {d.kernel} kernel, {d.splits} split(s) of {d.chunk} keys{tile}{extra}; B={self.B}, "
                 f"H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, {str(self.dtype)[6:]} on "
                 f"{self.device}; splits chosen for L_cap={d.L_cap} ({d.basis}); workspace "
@@ -194,19 +208,21 @@ class DecodePlan:
     # ------------------------------------------------------------------------------------------- run
     def run(self, q, k_cache, v_cache, cache_seqlens=None, out=None, lse=None, *, block_table=None,
             return_lse: bool = False):
-        """Attention of ``q`` ``[B', H_q, D]`` (or ``[B', 1, H_q, D]``, B' <= the planned B) against
+        """Attention of ``q`` ``[B', H_q, D]`` (or ``[B', q_len, H_q, D]`` with the plan's q_len, which may be 1;
+        B' <= the planned B) against
         ``k_cache``/``v_cache`` ``[B', L_max, H_kv, D]`` (a paged plan: pages ``[n_pages, page_size, H_kv, D]``
         and ``block_table`` int32 ``[B', L_max / page_size]``) with ``cache_seqlens`` (int32/int64 ``[B']`` on
         the device, or host lengths: a list or a CPU tensor; None: all L_max). Writes ``out`` (q's shape and dtype)
-        and ``lse`` (``[B', H_q]`` float32) when given, else returns new ones. Returns ``out``, or
+        and ``lse`` (``q.shape[:-1]`` float32: ``[B', H_q]`` or ``[B', q_len, H_q]``) when given, else returns new
+        ones. Query t of sequence b sees keys 0 … L_b − q_len + t (the new tokens are already in the cache). Returns ``out``, or
         ``(out, lse)`` when ``return_lse`` or ``lse`` is given. Launches only (see the module doc)."""
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        q3 = q[:, 0] if q.dim() == 4 else q
-        B = q3.shape[0]
-        if (q3.shape[1:] != (self.H_q, self.D) or q.dtype != self.dtype or q.device != self.device
-                or B > self.B or q.dim() == 4 and q.shape[1] != 1 or q.stride(-1) != 1 and self.D > 1):
+        q4 = q if q.dim() == 4 else q.unsqueeze(1) if q.dim() == 3 else None
+        B = q.shape[0] if q.dim() else 0
+        if (q4 is None or q4.shape[1:] != (self.q_len, self.H_q, self.D) or q.dtype != self.dtype
+                or q.device != self.device or B > self.B or q.stride(-1) != 1 and self.D > 1):
             self._mismatch("q", q, B)
         if self.page_size:
             if (not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32
@@ -229,34 +245,40 @@ class DecodePlan:
                     self._mismatch(name, t, B)
         lens = self._lengths(cache_seqlens, B)
         if out is None:
-            out3 = torch.empty_like(q3)
-            out = out3 if q.dim() == 3 else out3[:, None]
-        else:
-            if (out.shape != q.shape or out.dtype != self.dtype or out.device != self.device
-                    or out.stride(-1) != 1 and self.D > 1):
-                self._mismatch("out", out, B, want=q)
-            out3 = out[:, 0] if out.dim() == 4 else out
+            out = torch.empty_like(q)
+        elif (out.shape != q.shape or out.dtype != self.dtype or out.device != self.device
+                or out.stride(-1) != 1 and self.D > 1):
+            self._mismatch("out", out, B, want=q)
         want_lse = return_lse or lse is not None
+        lse_shape = tuple(q.shape[:-1])
         if lse is None:
-            lse = torch.empty((B, self.H_q), dtype=torch.float32, device=self.device) if want_lse \
+            lse = torch.empty(lse_shape, dtype=torch.float32, device=self.device) if want_lse \
                 else self.workspace.lse
-        elif lse.shape != (B, self.H_q) or lse.dtype != torch.float32 or lse.device != self.device:
-            raise ValueError(f"lse: expected a float32 tensor of shape [{B}, {self.H_q}] on {self.device}, got "
+        elif tuple(lse.shape) != lse_shape or lse.dtype != torch.float32 or lse.device != self.device:
+            raise ValueError(f"lse: expected a float32 tensor of shape {list(lse_shape)} on {self.device}, got "
                              f"{lse.dtype} {list(lse.shape)} on {lse.device}")
-        self._launch(q3, k_cache, v_cache, lens, out3, lse, block_table)
+        self._launch(q4, k_cache, v_cache, lens, out.unsqueeze(1) if out.dim() == 3 else out,
+                     lse.unsqueeze(1) if lse.dim() == 2 else lse, block_table)
         return (out, lse) if want_lse else out
 
     def _launch(self, q, k_cache, v_cache, lens, out, lse, bt):
+        """Launch the decided kernel(s): q, out ``[B', q_len, H_q, D]``, lse ``[B', q_len, H_q]`` (views)."""
         d, ws, go = self.decision, self.workspace, self._launchers
         if d.kernel == "unified":
             compiled = go[0](*unified_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, out, lse,
                                            ws.o_part, ws.lse_part, ws.counters, ws.flag, bt))
             if compiled is not None:
-                remember_resources(compiled, self.dtype, self.D, self.H_q // self.H_kv, d.tile)
+                remember_resources(compiled, self.dtype, self.D, self.H_q // self.H_kv * self.q_len, d.tile)
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
                                ws.flag, bt))
-            go[1](*stage2_args(ws.o_part, ws.lse_part, out, lse))
+            if flat_rows(out) is None or flat_rows(lse) is None:   # stage 2 merges (t, h) rows of flat strides
+                o_tmp, l_tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device), lse.contiguous()
+                go[1](*stage2_args(ws.o_part, ws.lse_part, o_tmp, l_tmp))
+                out.copy_(o_tmp)
+                lse.copy_(l_tmp)
+            else:
+                go[1](*stage2_args(ws.o_part, ws.lse_part, out, lse))
         elif d.kernel == "persistent":
             go[0](*persistent_args(q, k_cache, v_cache, lens, self.scale, out, lse, d.programs, ws.flag, bt))
         elif d.kernel == "balanced":
@@ -300,7 +322,14 @@ class DecodePlan:
         if want is not None:
             shape = list(want.shape)
         elif name == "q":
-            shape = f"[B, {self.H_q}, {self.D}] or [B, 1, {self.H_q}, {self.D}] with B <= {self.B}"
+            if t.dim() in (3, 4) and (t.shape[1] if t.dim() == 4 else 1) != self.q_len:
+                raise ValueError(f"q: this plan was made for q_len={self.q_len} query token(s) per sequence, q "
+                                 f"[B, {self.q_len}, {self.H_q}, {self.D}]" + (f" or [B, {self.H_q}, {self.D}]"
+                                                                             if self.q_len == 1 else "")
+                                 + f"; got {shape_str(t)}. Make a plan with fdlib.plan(..., q_len=...) for other "
+                                 f"q_len.")
+            shape = (f"[B, {self.H_q}, {self.D}] or [B, 1, {self.H_q}, {self.D}] with B <= {self.B}" if self.q_len == 1
+                     else f"[B, {self.q_len}, {self.H_q}, {self.D}] with B <= {self.B}")
         elif self.page_size:
             shape = f"[n_pages, {self.page_size}, {self.H_kv}, {self.D}]"
         else:
@@ -354,7 +383,8 @@ def host_lengths(cache_seqlens, B: int, L_max: int, device) -> torch.Tensor:
 
 def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16, device=None, lengths=None,
          max_seqlen: int | None = None, scale: float | None = None, method: str = "auto",
-         num_splits: int | None = None, page_size: int | None = None, batch_invariant: bool = False) -> DecodePlan:
+         num_splits: int | None = None, page_size: int | None = None, batch_invariant: bool = False,
+         q_len: int = 1) -> DecodePlan:
     """Decide everything for decode attention over a batch of these sizes, and allocate its workspace.
 
     Args:
@@ -367,6 +397,12 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         page_size: for a paged cache (pages ``[n_pages, page_size, H_kv, D]`` behind a block table of
             L_max / page_size entries per sequence): a power of two from 1 to 256 dividing L_max.
         batch_invariant: results bitwise independent of the batch (:func:`invariant_decision`).
+        q_len: query tokens per sequence, 1 to 16 (speculative decoding verifies q_len − 1 draft tokens):
+            :meth:`DecodePlan.run` then takes q ``[B, q_len, H_q, D]``. The new tokens are already the last q_len
+            keys of each sequence's cache, and query t sees keys 0 … L_b − q_len + t, causal among themselves
+            (``flash_attn_with_kvcache``'s convention); a query that sees no key (L_b < q_len − t) gives
+            out = 0, lse = −inf. Each K/V tile is still read once per KV head: a program holds the
+            group × q_len query rows in one ``tl.dot`` tile.
     """
     for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("D", D), ("L_max", L_max)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -398,62 +434,66 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         runtime.smoke_check()
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
+    check_q_len(q_len, L_max)
     d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
-               num_splits=num_splits, batch_invariant=batch_invariant)
+               num_splits=num_splits, batch_invariant=batch_invariant, q_len=q_len)
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
-                      _workspace(B, H_q, H_kv, D, L_max, d, device), torch.empty(B, dtype=torch.int32, device=device),
-                      _launchers(d, dtype, H_q // H_kv, D, page, B))
+                      _workspace(B, H_q, H_kv, D, L_max, d, device, q_len),
+                      torch.empty(B, dtype=torch.int32, device=device),
+                      _launchers(d, dtype, H_q // H_kv, D, page, B, q_len), q_len)
 
 
-def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int) -> tuple:
+def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len: int = 1) -> tuple:
     """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`);
     only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan."""
     if d.kernel == "unified":
         return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page,
-                                 merge_splits=MAX_SPLITS if d.invariant else None),)
+                                 merge_splits=MAX_SPLITS if d.invariant else None, q_len=q_len),)
     if d.kernel == "split":
-        return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page),
+        return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len),
                 stage2_launcher(D, d.splits, dtype_slots=()))
     if d.kernel == "balanced":
-        return (balanced_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page),)
+        return (balanced_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page, q_len=q_len),)
     if d.kernel == "persistent":
-        return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,), page=page),)
+        return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,), page=page,
+                                    q_len=q_len),)
     return ()
 
 
-def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device) -> Workspace:
+def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1) -> Workspace:
     """Allocate what the decided kernel needs; out of memory says how much and what needs less."""
     partials = d.kernel == "split" or d.kernel == "unified" and d.splits > 1
     slots = items_max(B, d.budget) if d.kernel == "balanced" else B * d.splits if partials else 0
     try:
         f32 = dict(dtype=torch.float32, device=device)
         if d.kernel == "balanced":   # partials by item: a row's items are consecutive (fdlib.schedule)
-            o_part, lse_part = torch.empty((slots, H_q, D), **f32), torch.empty((H_q, slots), **f32)
+            o_part = torch.empty((slots, q_len, H_q, D), **f32)
+            lse_part = torch.empty((q_len, H_q, slots), **f32)
         else:
-            o_part = torch.empty((B, H_q, d.splits, D), **f32) if partials else None
-            lse_part = torch.empty((B, H_q, d.splits), **f32) if partials else None
+            o_part = torch.empty((B, q_len, H_q, d.splits, D), **f32) if partials else None
+            lse_part = torch.empty((B, q_len, H_q, d.splits), **f32) if partials else None
         return Workspace(
             o_part=o_part,
             lse_part=lse_part,
             counters=(torch.zeros(B * H_kv, dtype=torch.int32, device=device)
                       if d.kernel in ("unified", "balanced") else None),
             flag=torch.zeros(1, dtype=torch.int32, device=device),
-            lse=torch.empty((B, H_q), **f32),
+            lse=torch.empty((B, q_len, H_q), **f32),
             full_lengths=torch.full((B,), L_max, dtype=torch.int32, device=device))
     except _OOM as e:
-        need = workspace_bytes(slots, H_q, D)
+        need = workspace_bytes(slots, H_q, D, q_len)
         raise _OOM(f"fdlib.plan: out of memory on {device} allocating the split workspace, {need} bytes "
-                   f"(B={B}, H_q={H_q}, D={D}, splits={d.splits}); fewer splits (num_splits) or a smaller batch "
-                   f"needs less. {e}") from e
+                   f"(B={B}, q_len={q_len}, H_q={H_q}, D={D}, splits={d.splits}); fewer splits (num_splits) or a "
+                   f"smaller batch needs less. {e}") from e
 
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
-def workspace_bytes(slots: int, H_q: int, D: int) -> int:
-    """Bytes of the float32 split partials O_i and lse_i of ``slots`` partials per query head."""
-    return slots * H_q * (D + 1) * 4
+def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:
+    """Bytes of the float32 split partials O_i and lse_i of ``slots`` partials per query row (q_len · H_q rows)."""
+    return slots * q_len * H_q * (D + 1) * 4
 
 
 __all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "launched_splits", "host_lengths",

@@ -14,7 +14,7 @@ MAX_HEAD_DIM = 256
 
 
 class Problem(NamedTuple):
-    """A checked call: q as [B, H_q, D], and the sizes every method needs."""
+    """A checked call: q as [B, H_q, D] (its first query token), and the sizes every method needs."""
     q: torch.Tensor
     B: int
     H_q: int
@@ -26,6 +26,8 @@ class Problem(NamedTuple):
     q_was_4d: bool
     page_size: int = 0
     """0: K/V are ``[B, L_max, H_kv, D]``; else pages ``[n_pages, page_size, H_kv, D]`` behind a block table."""
+    q_len: int = 1
+    """Query tokens per sequence (q ``[B, q_len, H_q, D]``)."""
 
 
 def shape_str(t) -> str:
@@ -69,6 +71,19 @@ def check_scale(scale, D: int) -> float:
 
 
 MAX_PAGE_SIZE = 256
+MAX_Q_LEN = 16
+"""Query tokens per sequence at most (speculative decoding verifies a few draft tokens a step)."""
+
+
+def check_q_len(q_len, L_max: int) -> None:
+    """q_len: an int from 1 to MAX_Q_LEN, and (several tokens, which are already in the cache) at most L_max."""
+    if isinstance(q_len, bool) or not isinstance(q_len, int):
+        raise TypeError(f"q_len: expected an int, got {type(q_len).__name__}")
+    if not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"q_len: expected 1 <= q_len <= {MAX_Q_LEN} query tokens per sequence, got {q_len}")
+    if q_len > 1 and q_len > L_max:
+        raise ValueError(f"q_len: the {q_len} new tokens must already be in the cache (the last q_len of each "
+                         f"sequence), so q_len <= L_max; got q_len={q_len} > L_max={L_max}")
 
 
 def check_block_table(block_table, B: int, device) -> None:
@@ -103,13 +118,16 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
 
     q_was_4d = q.dim() == 4
     if q.dim() == 4:
-        if q.shape[1] != 1:
-            raise ValueError(f"q: a 4-D q must be [B, 1, H_q, D] (one query token per sequence), got {shape_str(q)}")
+        q_len = q.shape[1]
+        if not 1 <= q_len <= MAX_Q_LEN:
+            raise ValueError(f"q: a 4-D q is [B, q_len, H_q, D] with 1 <= q_len <= {MAX_Q_LEN} query tokens per "
+                             f"sequence, got {shape_str(q)} (q_len={q_len})")
         q3 = q[:, 0]
     elif q.dim() == 3:
-        q3 = q
+        q3, q_len = q, 1
     else:
-        raise ValueError(f"q: expected [B, H_q, D] or [B, 1, H_q, D], got {q.dim()}-D tensor of shape {shape_str(q)}")
+        raise ValueError(f"q: expected [B, H_q, D] or [B, q_len, H_q, D], got {q.dim()}-D tensor of shape "
+                         f"{shape_str(q)}")
     layout = "[B, L_max, H_kv, D]" if block_table is None else "pages [n_pages, page_size, H_kv, D]"
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dim() != 4:
@@ -136,6 +154,9 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
         raise ValueError(f"q: H_q={H_q} query heads must be a positive multiple of the cache's H_kv={H_kv} KV heads")
     if B < 1:
         raise ValueError(f"q: batch size must be at least 1, got {B}")
+    if q_len > 1 and q_len > L_max:
+        raise ValueError(f"q: the {q_len} query tokens of q {shape_str(q)} must already be in the cache (its last "
+                         f"q_len keys), so q_len <= L_max; got L_max={L_max}")
 
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.dtype not in DTYPES:
@@ -164,4 +185,4 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
         raise TypeError(f"cache_seqlens: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
 
     check_num_splits(num_splits, method)
-    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, check_scale(scale, D), q_was_4d, page_size)
+    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, check_scale(scale, D), q_was_4d, page_size, q_len)

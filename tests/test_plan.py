@@ -40,7 +40,8 @@ def test_plan_owns_its_workspace_and_reuses_it():
     p = fdlib.plan(3, 6, 2, 80, L, dtype=torch.float32, device=DEVICE, method="unified", num_splits=3)
     ws = p.workspace
     assert p.kernel == "unified" and p.splits == 3
-    assert ws.o_part.shape == (3, 6, 3, 80) and ws.lse_part.shape == (3, 6, 3) and ws.counters.shape == (6,)
+    # [B, q_len, H_q, splits, D] and [B, q_len, H_q, splits], q_len = 1
+    assert ws.o_part.shape == (3, 1, 6, 3, 80) and ws.lse_part.shape == (3, 1, 6, 3) and ws.counters.shape == (6,)
     ptrs = [t.data_ptr() for t in (ws.o_part, ws.lse_part, ws.counters, ws.flag, ws.lse)]
     out = torch.empty_like(q)
     lse = torch.empty(3, 6, dtype=torch.float32, device=DEVICE)

@@ -54,7 +54,11 @@ CASES = [
     # (id, builder, exception, fragments that must all appear in the message)
     ("q_2d", with_(q=Z(B, D)), ValueError, ["q:", "2-D", "[2, 32]"]),
     ("q_5d", with_(q=Z(B, 1, 1, H_Q, D)), ValueError, ["q:", "5-D"]),
-    ("q_4d_T2", with_(q=Z(B, 2, H_Q, D)), ValueError, ["q:", "[2, 2, 4, 32]", "one query token"]),
+    ("q_len_0", with_(q=Z(B, 0, H_Q, D)), ValueError, ["q:", "[2, 0, 4, 32]", "1 <= q_len <= 16", "q_len=0"]),
+    ("q_len_17", with_(q=Z(B, 17, H_Q, D)), ValueError, ["q:", "[2, 17, 4, 32]", "1 <= q_len <= 16", "q_len=17"]),
+    ("q_len_over_L_max", with_(q=Z(B, 3, H_Q, D), k_cache=Z(B, 2, H_KV, D), v_cache=Z(B, 2, H_KV, D),
+                               cache_seqlens=None),
+     ValueError, ["q:", "3 query tokens", "q_len <= L_max", "L_max=2"]),
     ("k_3d", with_(k_cache=Z(B, L, D)), ValueError, ["k_cache:", "3-D"]),
     ("v_5d", with_(v_cache=Z(B, L, H_KV, D, 1)), ValueError, ["v_cache:", "5-D"]),
     ("kv_shape_mismatch", with_(v_cache=Z(B, L + 1, H_KV, D)), ValueError,

@@ -4,7 +4,8 @@ fails here (CI has no GPU). Nothing is launched.
 
     python tools/compile_check.py            # prints one line per kernel; exits 1 if any fails
 
-Contiguous (PAGE=0) and paged (PAGE=16) variants; fp16, GQA group 4, D=128 (and fp32, D=80 for stage 1).
+Contiguous (PAGE=0) and paged (PAGE=16) variants; fp16, GQA group 4, D=128 (and fp32, D=80 for stage 1); one
+query token and several (Q_LEN=4, 5, and 16 with group 16: the most rows a program holds).
 """
 import os
 import sys
@@ -22,7 +23,7 @@ from triton.compiler import ASTSource  # noqa: E402
 import fdlib  # noqa: E402,F401
 from fdlib import runtime  # noqa: E402
 from fdlib.kernels import balanced, persistent, stage1, stage2, tile, unified  # noqa: E402
-from fdlib.kernels.config import block_sizes  # noqa: E402
+from fdlib.kernels.config import block_sizes, tile_config_for  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -33,6 +34,8 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3):
     for i, name in enumerate(kernel.arg_names):
         if name in meta:
             sig[name], constexprs[(i,)] = "constexpr", meta[name]
+        elif kernel.params[i].is_constexpr:
+            raise ValueError(f"{name}: a constexpr of {kernel.__name__} missing from the case's meta")
         elif i < len(ptr_types):
             sig[name] = ptr_types[i]
         else:
@@ -43,33 +46,51 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3):
 
 def cases():
     g, D = 4, 128
-    BG, BD = block_sizes(g, D)
-    common = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update)
     h16 = ["*fp16"] * 3 + ["*i32"]
-    for page in (0, 16):
-        yield (f"unified PAGE={page}", unified.unified_kernel,
-               h16 + ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"],
-               dict(common, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket, PAGE=page))
-        yield (f"stage1 PAGE={page}", stage1.stage1_kernel, h16 + ["*fp32", "*fp32", "*i32", "*i32"],
-               dict(common, BLOCK_N=128, PAGE=page))
-        yield (f"persistent PAGE={page}", persistent.persistent_kernel, h16 + ["*fp16", "*fp32", "*i32", "*i32"],
-               dict(common, BLOCK_N=64, ROWS=2, PAGE=page))
-        yield (f"balanced PAGE={page}", balanced.balanced_kernel,
-               h16 + ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"],
-               dict(common, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, BLOCK_B=64, PAGE=page))
+    for q_len in (1, 4):
+        BG, BD = block_sizes(g * q_len, D)
+        cfg = tile_config_for(D, 1 << 30, compiled_mode=True, q_rows=g * q_len if q_len > 1 else 1)
+        common = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=q_len)
+        block_h, block_s = tile.combine_blocks(g * q_len, 16, BD)
+        q = f" q_len={q_len}" if q_len > 1 else ""
+        for page in (0, 16):
+            yield (f"unified PAGE={page}{q}", unified.unified_kernel,
+                   h16 + ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"],
+                   dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
+                        PAGE=page))
+            yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + ["*fp32", "*fp32", "*i32", "*i32"],
+                   dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page))
+            yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel,
+                   h16 + ["*fp16", "*fp32", "*i32", "*i32"], dict(common, BLOCK_N=min(64, cfg.BLOCK_N), ROWS=2, PAGE=page))
+            yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel,
+                   h16 + ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"],
+                   dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=64, PAGE=page))
+    # the most query rows a program can hold: group 16 × q_len 16 = 256 rows (8 warps, 16-key tiles)
+    BG, BD = block_sizes(256, D)
+    cfg = tile_config_for(D, 1 << 30, compiled_mode=True, q_rows=256)
+    bh, bs = tile.combine_blocks(256, 16, BD)
+    yield ("unified group 16 q_len=16", unified.unified_kernel,
+           h16 + ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"],
+           dict(GROUP=16, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=16,
+                BLOCK_N=cfg.BLOCK_N, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=0), cfg.num_warps)
     BG3, BD80 = block_sizes(3, 80)
     yield ("stage1 fp32 D=80 group 3", stage1.stage1_kernel, ["*fp32"] * 3 + ["*i64", "*fp32", "*fp32", "*i32", "*i32"],
            dict(GROUP=3, D=80, BLOCK_G=BG3, BLOCK_D=BD80, FP32_DOT=True, TILE_UPDATE=tile.tile_update, BLOCK_N=64,
-                PAGE=0))
+                PAGE=0, Q_LEN=1))
+    BG3, BD80 = block_sizes(3 * 5, 80)
+    yield ("stage1 fp32 D=80 group 3 q_len=5", stage1.stage1_kernel,
+           ["*fp32"] * 3 + ["*i64", "*fp32", "*fp32", "*i32", "*i32"],
+           dict(GROUP=3, D=80, BLOCK_G=BG3, BLOCK_D=BD80, FP32_DOT=True, TILE_UPDATE=tile.tile_update, BLOCK_N=64,
+                PAGE=0, Q_LEN=5))
     yield ("stage2", stage2.stage2_kernel, ["*fp32", "*fp32", "*fp16", "*fp32"], dict(D=128, BLOCK_S=16, BLOCK_D=128))
 
 
 def main() -> int:
     assert runtime.MODE == "gpu", runtime.MODE
     failed = 0
-    for name, kernel, ptrs, meta in cases():
+    for name, kernel, ptrs, meta, *warps in cases():
         try:
-            k = compile_kernel(kernel, ptrs, meta)
+            k = compile_kernel(kernel, ptrs, meta, *warps)
             print(f"ok    {name}: {len(k.asm['ptx'])} characters of PTX, {k.metadata.shared} bytes of shared memory")
         except Exception as e:  # noqa: BLE001 - report every kernel, then fail
             failed += 1

@@ -12,7 +12,8 @@ its keys :math:`[j\,cN,\ \min((j+1)\,cN,\ L_b))`. Items past :math:`E_{B-1}` exi
 writes :math:`O = \tilde O/\ell` and lse itself; a row of several stores its partials at its items' slots and
 the last of them to take a ticket merges them (:func:`~fdlib.kernels.tile.take_ticket`,
 :func:`~fdlib.kernels.tile.combine_heads`), as in the unified kernel. Nothing is read on the host, so a
-captured graph stays balanced when the lengths change in place.
+captured graph stays balanced when the lengths change in place. Several query tokens: an item holds the
+group × q_len query rows of its KV head (the cost of an item is its K/V tiles, the same for any q_len).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, paging
+from .launch import Launcher, paging, rows4
 from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
                    tile_update)
 
@@ -30,17 +31,17 @@ MAX_BATCH = 4096
 
 @triton.jit
 def balanced_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT,
-                    stride_qb, stride_qh,
+                    stride_qb, stride_qt, stride_qh,
                     stride_kb, stride_kl, stride_kh,
                     stride_vb, stride_vl, stride_vh,
-                    stride_pi, stride_ph,
-                    stride_lh,
-                    stride_ob, stride_oh, stride_sb, stride_sh,
+                    stride_pi, stride_pt, stride_ph,
+                    stride_lt, stride_lh,
+                    stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
                     qk_scale, n_batch, budget, H_KV, L_MAX, stride_bt, n_pages,
                     GROUP: tl.constexpr, D: tl.constexpr,
                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr, FP32_DOT: tl.constexpr,
-                    TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr):
+                    TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr = 1):
     item = tl.program_id(0)
     h_kv = tl.program_id(1)
     # the schedule, computed alike by every program (fdlib.schedule.balanced)
@@ -58,14 +59,16 @@ def balanced_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, B
         first = tl.sum(tl.where(here, ends, 0), 0) - n_b
         L = tl.sum(tl.where(here, lens, 0), 0)
         start, end = split_range(item - first, n_b, c * BLOCK_N, L)
-        o, lse, heads, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb,
-                                              stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
-                                              BT, stride_bt, n_pages, FLAG,
-                                              GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
-        finish_row(o, lse, heads, mask_gd, h_kv * GROUP, item - first, n_b,
-                   O_PART + first.to(tl.int64) * stride_pi, stride_ph, stride_pi, LSE_PART + first, stride_lh,
-                   COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_oh, LSE + b * stride_sb, stride_sh,
-                   GROUP, BLOCK_H, BLOCK_S, BLOCK_D, D, take_ticket)
+        o, lse, rows, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_qh,
+                                             stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
+                                             qk_scale, BT, stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G,
+                                             BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
+        finish_row(o, lse, rows, mask_gd, h_kv * GROUP, item - first, n_b,
+                   O_PART + first.to(tl.int64) * stride_pi, stride_pt, stride_ph, stride_pi,
+                   LSE_PART + first, stride_lt, stride_lh,
+                   COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot, stride_oh,
+                   LSE + b * stride_sb, stride_st, stride_sh,
+                   GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, take_ticket)
 
 
 def items_max(B: int, budget: int) -> int:
@@ -73,25 +76,33 @@ def items_max(B: int, budget: int) -> int:
     return budget + B
 
 
-def balanced_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, page: int = 0) -> Launcher:
-    """The balanced kernel with its constexprs fixed (BLOCK_B covers the planned batch B)."""
-    BLOCK_G, BLOCK_D = block_sizes(group, D)
-    block_h, block_s = combine_blocks(group, 16, BLOCK_D)
+def balanced_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, page: int = 0,
+                      q_len: int = 1) -> Launcher:
+    """The balanced kernel with its constexprs fixed (BLOCK_B covers the planned batch B; group × q_len query
+    rows a program)."""
+    BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
+    block_h, block_s = combine_blocks(group * q_len, 16, BLOCK_D)
     return Launcher(balanced_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                           BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=max(16, triton.next_power_of_2(B)),
-                                          FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, PAGE=page,
+                                          FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, PAGE=page, Q_LEN=q_len,
                                           num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
 def balanced_args(q, k_cache, v_cache, lens, scale, budget, out, lse, o_part, lse_part, counters, flag,
                   block_table=None):
     """(grid, pointers, scalars) of one launch; ``o_part`` [items, H_q, D] and ``lse_part`` [H_q, items] float32
-    (a row's partials lie at its consecutive items) with items >= :func:`items_max`."""
+    (a row's partials lie at its consecutive items) with items >= :func:`items_max`. Several query tokens: q
+    and out ``[B, q_len, H_q, D]``, lse ``[B, q_len, H_q]``, o_part [items, q_len, H_q, D], lse_part
+    [q_len, H_q, items]."""
+    q, out, lse = rows4(q), rows4(out), rows4(lse, 3)
+    if o_part.dim() == 3:
+        o_part, lse_part = o_part.unsqueeze(1), lse_part.unsqueeze(0)
     B = q.shape[0]
     qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
+    ps, lps = o_part.stride(), lse_part.stride()
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((items_max(B, budget), k_cache.shape[2]),
             (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt),
-            (qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], o_part.stride(0), o_part.stride(1),
-             lse_part.stride(0), os_[0], os_[1], ls[0], ls[1], scale * LOG2E, B, budget, k_cache.shape[2], L_max,
+            (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2], lps[0], lps[1],
+             os_[0], os_[1], os_[2], ls[0], ls[1], ls[2], scale * LOG2E, B, budget, k_cache.shape[2], L_max,
              bt_stride, n_pages))

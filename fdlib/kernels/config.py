@@ -36,23 +36,43 @@ SMALL_BATCH_ROWS = 64
 """B·H_kv at or below which short caches (L <= 2048) use 64-key tiles, so they can still be split finely."""
 
 
-def tile_config(D: int = 128, L_cap: int = 1 << 30, elem_bytes: int = 2, rows: int | None = None) -> TileConfig:
+def tile_config(D: int = 128, L_cap: int = 1 << 30, elem_bytes: int = 2, rows: int | None = None,
+                q_rows: int = 1) -> TileConfig:
     """The tiles a launch uses here (interpreter or GPU)."""
-    return tile_config_for(D, L_cap, compiled_mode=not runtime.INTERPRET, elem_bytes=elem_bytes, rows=rows)
+    return tile_config_for(D, L_cap, compiled_mode=not runtime.INTERPRET, elem_bytes=elem_bytes, rows=rows,
+                           q_rows=q_rows)
 
 
-def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2, rows: int | None = None) -> TileConfig:
+QROWS_TILE = 4096
+"""Several query tokens: at most this many scores [query rows, BLOCK_N] a tile (a 32 × 128 tile, 32 float32
+registers a thread at 4 warps): more query rows get fewer keys a tile."""
+
+
+def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2, rows: int | None = None,
+                    q_rows: int = 1) -> TileConfig:
     """The tiles a compiled (GPU) or interpreted launch would use for head dim D, longest length L_cap,
     element size and ``rows`` = B·H_kv: 128 keys of D <= 128 at 2 bytes, 32 keys of D > 128; float32 halves
     the keys (same tile bytes), never below 16; at most 64 keys for short caches (L_cap <= 2048) of small
     batches (rows <= SMALL_BATCH_ROWS; rows unknown counts as small), which need fine splits, while large
-    batches of short caches keep 128 (measured faster on an H200). Warps and stages are GPU_CONFIG's."""
+    batches of short caches keep 128 (measured faster on an H200). Warps and stages are GPU_CONFIG's.
+
+    ``q_rows``: for several query tokens, the query rows one program holds, group × q_len (:func:`block_sizes`
+    pads them to BLOCK_G); 1 (the default) for one token, whatever the group (the tiles measured on the H200).
+    Above 32 rows the keys a tile shrink so that BLOCK_G · BLOCK_N <= QROWS_TILE
+    (never below 16), and 8 warps hold an accumulator of BLOCK_G · BLOCK_D >= 16384 floats (at most 64 a
+    thread). Up to 32 rows nothing changes. Not yet tuned on a GPU."""
     if not compiled_mode:
         return INTERPRETER_CONFIG
     block_n = (GPU_CONFIG.BLOCK_N if D <= 128 else 32) * 2 // elem_bytes
     if L_cap <= 2048 and (rows is None or rows <= SMALL_BATCH_ROWS):
         block_n = min(block_n, 64)
-    return TileConfig(BLOCK_N=max(16, block_n), num_warps=GPU_CONFIG.num_warps, num_stages=GPU_CONFIG.num_stages)
+    num_warps = GPU_CONFIG.num_warps
+    block_g, block_d = block_sizes(q_rows, D)
+    if block_g > 32:
+        block_n = min(block_n, QROWS_TILE // block_g)
+        if block_g * block_d >= 16384:
+            num_warps = 8
+    return TileConfig(BLOCK_N=max(16, block_n), num_warps=num_warps, num_stages=GPU_CONFIG.num_stages)
 
 
 PERSISTENT_BLOCK_N = 64
@@ -63,18 +83,20 @@ short-cache, large-batch shapes where it runs (results/h200/explore/explore.json
 configuration on each)."""
 
 
-def persistent_config(D: int = 128, elem_bytes: int = 2) -> TileConfig:
+def persistent_config(D: int = 128, elem_bytes: int = 2, q_rows: int = 1) -> TileConfig:
     """Tiles of the persistent kernel here: at most PERSISTENT_BLOCK_N keys, fewer where tile_config_for
-    halves them (D > 128, float32); the interpreter's config in the interpreter."""
+    halves them (D > 128, float32, many query rows ``q_rows`` = group × q_len); the interpreter's config in
+    the interpreter."""
     if runtime.INTERPRET:
         return INTERPRETER_CONFIG
-    base = tile_config_for(D, 1 << 30, compiled_mode=True, elem_bytes=elem_bytes)
+    base = tile_config_for(D, 1 << 30, compiled_mode=True, elem_bytes=elem_bytes, q_rows=q_rows)
     return TileConfig(BLOCK_N=min(PERSISTENT_BLOCK_N, base.BLOCK_N), num_warps=base.num_warps,
                       num_stages=base.num_stages)
 
 
 def block_sizes(group: int, D: int) -> tuple[int, int]:
-    """(BLOCK_G, BLOCK_D): the group padded to >= 16 rows (tl.dot's smallest M) and D to a power of two >= 16."""
+    """(BLOCK_G, BLOCK_D): the query rows a program holds (the group, times q_len for several query tokens)
+    padded to >= 16 rows (tl.dot's smallest M) and D to a power of two >= 16."""
     return max(16, triton.next_power_of_2(group)), max(16, triton.next_power_of_2(D))
 
 

@@ -92,3 +92,15 @@ def paging(k_cache, block_table, flag):
     if block_table is None:
         return flag, 0, 1, k_cache.shape[1]
     return block_table, block_table.stride(0), k_cache.shape[0], block_table.shape[1] * k_cache.shape[1]
+
+
+def rows4(t, rank: int = 4):
+    """``t`` with the query-token axis: a tensor of one rank less (the one-token form, e.g. q ``[B, H_q, D]``,
+    partials ``[B, H_q, splits, D]``) gets a size-1 axis 1 (a view), so every kernel indexes
+    (b, t, h, ...) with its own strides; a tensor of rank ``rank`` is returned as is."""
+    return t.unsqueeze(1) if t.dim() == rank - 1 else t
+
+
+def q_len_of(q) -> int:
+    """Query tokens per sequence of q: ``[B, q_len, H_q, D]`` or ``[B, H_q, D]`` (one)."""
+    return q.shape[1] if q.dim() == 4 else 1

@@ -11,7 +11,8 @@ over the tiles of all its rows,
 
 so the load pipeline keeps prefetching across row boundaries: tile t of the flat loop belongs to row slot
 :math:`j(t) = \#\{j : E_j \le t\}` with :math:`E_j = n_0 + \dots + n_j` (a cumulative sum kept in registers).
-Each tile is the usual :func:`~fdlib.kernels.tile.tile_update` on the row's queries; on the last tile of a row
+Each tile is the usual :func:`~fdlib.kernels.tile.tile_update` on the row's queries (group × q_len query rows,
+each stopping at its causal limit when q_len > 1); on the last tile of a row
 the program writes :math:`O = \tilde O/\ell` and lse (masked stores: nothing branches inside the loop) and
 starts the next row from the empty state. Rows are whole, so there is nothing to merge.
 
@@ -24,20 +25,21 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, paging
-from .tile import LOG2E, load_lengths, page_rows, state_to_partial, tile_update
+from .launch import Launcher, paging, q_len_of, rows4
+from .tile import LOG2E, causal_limit, load_lengths, page_rows, row_offset, state_to_partial, tile_update
 
 
 @triton.jit
 def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT,
-                      stride_qb, stride_qh,
+                      stride_qb, stride_qt, stride_qh,
                       stride_kb, stride_kl, stride_kh,
                       stride_vb, stride_vl, stride_vh,
-                      stride_ob, stride_oh, stride_sb, stride_sh,
+                      stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
                       qk_scale, n_rows, H_KV, L_MAX, stride_bt, n_pages,
                       GROUP: tl.constexpr, D: tl.constexpr,
                       BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      ROWS: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr):
+                      ROWS: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr,
+                      Q_LEN: tl.constexpr = 1):
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     slots = tl.arange(0, ROWS)
@@ -48,11 +50,11 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT,
     ends = tl.cumsum(tiles, 0)                                          # E_j
     total = tl.sum(tiles, 0)
 
-    offs_g = tl.arange(0, BLOCK_G)
+    offs_g = tl.arange(0, BLOCK_G)                                      # query rows r = t·GROUP + g
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
-    mask_g = offs_g < GROUP
+    mask_g = offs_g < GROUP * Q_LEN
     mask_gd = mask_g[:, None] & mask_d[None, :]
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -66,8 +68,9 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT,
         row = pid + j * P
         b = row // H_KV
         h_kv = row % H_KV
-        heads = h_kv * GROUP + offs_g
-        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=mask_gd, other=0.0)
+        h0 = h_kv * GROUP
+        q = tl.load(Q + b * stride_qb + row_offset(offs_g, h0, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
+                    + offs_d[None, :], mask=mask_gd, other=0.0)
         valid = pos < L
         kv_mask = valid[:, None] & mask_d[None, :]
         if PAGE == 0:
@@ -81,16 +84,21 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT,
                         mask=kv_mask, other=0.0)
             v = tl.load(V + (page * stride_vb + slot * stride_vl)[:, None] + h_kv * stride_vh + offs_d[None, :],
                         mask=kv_mask, other=0.0)
-        m, l, acc = TILE_UPDATE(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
+        if Q_LEN == 1:
+            seen = valid
+        else:   # several query tokens: row r also stops at its causal limit
+            seen = valid[None, :] & (pos[None, :] < causal_limit(offs_g, L, GROUP, Q_LEN)[:, None])
+        m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
         # Tile t ends its row: one scalar flag, uniform over the program, selected into the masks with
         # tl.where (boolean in the compiled kernel and in the interpreter; a scalar compare `&`-ed into a mask
         # is int32 in Triton's interpreter, which Triton 3.9's tl.store refuses). A [BLOCK_G] block compare
         # instead made the persistent kernel ~5% slower on the H200.
         last = t + 1 == end_j
         o, lse = state_to_partial(m, l, acc)
-        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(OUT.dtype.element_ty),
-                 mask=tl.where(last, mask_gd, False))
-        tl.store(LSE + b * stride_sb + heads * stride_sh, lse, mask=tl.where(last, mask_g, False))
+        tl.store(OUT + b * stride_ob + row_offset(offs_g, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None]
+                 + offs_d[None, :], o.to(OUT.dtype.element_ty), mask=tl.where(last, mask_gd, False))
+        tl.store(LSE + b * stride_sb + row_offset(offs_g, h0, stride_st, stride_sh, GROUP, Q_LEN), lse,
+                 mask=tl.where(last, mask_g, False))
         m = tl.where(last, float("-inf"), m)
         l = tl.where(last, 0.0, l)
         acc = tl.where(last, 0.0, acc)
@@ -113,26 +121,28 @@ def programs_for(n_rows: int, sms: int, per_sm: int) -> int:
 
 
 def persistent_launcher(dtype, group: int, D: int, cfg, rows_per_program: int, tile_update_fn=None,
-                        dtype_slots=None, page: int = 0) -> Launcher:
+                        dtype_slots=None, page: int = 0, q_len: int = 1) -> Launcher:
     """The persistent kernel with its constexprs fixed; ``rows_per_program`` (a power of two) is its ROWS;
-    ``page`` the page size of a paged cache (0: contiguous)."""
-    BLOCK_G, BLOCK_D = block_sizes(group, D)
+    ``page`` the page size of a paged cache (0: contiguous); ``q_len`` the query tokens per sequence."""
+    BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     return Launcher(persistent_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                             ROWS=rows_per_program, FP32_DOT=fp32_dot(dtype),
-                                            TILE_UPDATE=tile_update_fn or tile_update, PAGE=page,
+                                            TILE_UPDATE=tile_update_fn or tile_update, PAGE=page, Q_LEN=q_len,
                                             num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
 def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, flag, block_table=None):
     """(grid, pointers, scalars) of one launch over all B·H_kv rows (at most one program per row); with a
-    ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]."""
+    ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]. q, out ``[B, H_q, D]``
+    and lse ``[B, H_q]``, or ``[B, q_len, H_q, D]`` and ``[B, q_len, H_q]``."""
+    q, out, lse = rows4(q), rows4(out), rows4(lse, 3)
     H_kv = k_cache.shape[2]
     n_rows = q.shape[0] * H_kv
     qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((max(1, min(programs, n_rows)),), (q, k_cache, v_cache, lens, out, lse, flag, bt),
-            (qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], ls[0], ls[1],
-             scale * LOG2E, n_rows, H_kv, L_max, bt_stride, n_pages))
+            (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], ls[0], ls[1],
+             ls[2], scale * LOG2E, n_rows, H_kv, L_max, bt_stride, n_pages))
 
 
 def rows_for(n_rows: int, programs: int) -> int:
@@ -145,10 +155,10 @@ def run_persistent(q, k_cache, v_cache, lens, scale, cfg, out, lse, programs: in
                    flag=None, block_table=None):
     """One launch of ``programs`` programs over all B·H_kv rows (one split each); writes out and lse in place."""
     from .unified import scratch_flag
-    B, H_q, D = q.shape
+    B, H_q, D = q.shape[0], q.shape[-2], q.shape[-1]
     H_kv = k_cache.shape[2]
     programs = int(programs)
     launcher = persistent_launcher(q.dtype, H_q // H_kv, D, cfg, rows_for(B * H_kv, programs), tile_update_fn,
-                                   page=0 if block_table is None else k_cache.shape[1])
+                                   page=0 if block_table is None else k_cache.shape[1], q_len=q_len_of(q))
     launcher(*persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs,
                               scratch_flag(q.device) if flag is None else flag, block_table))

@@ -3,6 +3,14 @@ and around them :func:`attend_slice` / :func:`attend_group` (stream one slice of
 ``tile_update`` and normalise it with :func:`state_to_partial`; contiguous or paged caches, :func:`page_rows`) and :func:`take_ticket` (the unified
 kernel's hand-off to the program that merges).
 
+Several query tokens per sequence (q ``[B, q_len, H_q, D]``): a program holds the group × q_len query rows
+:math:`r = t\cdot\text{group} + g` of its KV head in one tile (:func:`row_offset` places them in q, out, lse
+and the partials), so each K/V tile is still read once per KV head. Row r sees keys
+:math:`j < L - q_{len} + 1 + t` (:func:`causal_limit`): the new tokens are the cache's last q_len keys, causal
+among themselves; ``tile_update`` takes that as a [G, N] ``valid`` mask. A split's key range is the same for
+every row; a row whose limit ends inside it masks the rest, and a row that sees nothing keeps the empty state
+(its partial is O = 0, lse = -inf, which the merge weighs 0).
+
 ``tile_update`` - online softmax over one K/V tile for the query heads of one group.
 For query rows :math:`q_g` (g < group) and a tile of keys :math:`k_j, v_j` (j in the tile):
 
@@ -33,7 +41,8 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr):
-    """(m, ℓ, Õ) ← state after one more tile. q [G, D]; k, v [N, D]; valid [N]; m, ℓ [G]; Õ [G, D].
+    """(m, ℓ, Õ) ← state after one more tile. q [G, D]; k, v [N, D]; m, ℓ [G]; Õ [G, D]; ``valid`` [N] (the
+    keys of the slice, the same for every row) or [G, N] (also a per-row causal limit, several query tokens).
 
     FP32_DOT: do both products in exact float32 (float32 inputs, and bfloat16 in the interpreter, whose
     NumPy has no bfloat16 matrix product). Otherwise the tensor cores multiply fp16/bf16 and accumulate fp32.
@@ -42,7 +51,7 @@ def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr):
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    s = tl.where(valid, s * qk_scale, float("-inf"))       # valid broadcasts from [N] to [G, N]
     m_new = tl.maximum(m, tl.max(s, 1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)        # whole tile masked: nothing to rescale
     alpha = tl.exp2(m - m_ref)
@@ -66,25 +75,43 @@ def state_to_partial(m, l, acc):
 
 
 @triton.jit
-def combine_heads(o_ptr, lse_ptr, n_splits, n_heads, stride_oh, stride_os, stride_lh,
-                  out_ptr, stride_out_h, lse_out_ptr, stride_lse_h,
+def row_offset(r, h0, stride_t, stride_h, GROUP: tl.constexpr, Q_LEN: tl.constexpr):
+    r"""Where row r of one KV head's query rows lies: the rows pack (query token t, head h0 + g of the group
+    whose first head is h0) as :math:`r = t\cdot\text{group} + g`, at
+    :math:`t\cdot\text{stride\_t} + (h_0 + g)\cdot\text{stride\_h}` (one query token:
+    :math:`(h_0 + r)\cdot\text{stride\_h}`). q, out, lse and the partials all use it, each with its own strides."""
+    if Q_LEN == 1:
+        off = (h0 + r) * stride_h
+    else:
+        off = (r // GROUP) * stride_t + (h0 + r % GROUP) * stride_h
+    return off
+
+
+@triton.jit
+def combine_heads(o_ptr, lse_ptr, n_splits, stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
+                  out_ptr, stride_out_t, stride_out_h, lse_out_ptr, stride_lse_t, stride_lse_h,
+                  GROUP: tl.constexpr, Q_LEN: tl.constexpr,
                   BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
                   CACHE_CG: tl.constexpr):
-    """Merge the partials of ``n_heads`` query heads at once: O_i at ``o_ptr + h·stride_oh + i·stride_os``
-    (D floats), lse_i at ``lse_ptr + h·stride_lh + i``; store O (output dtype) and lse for each head."""
+    """Merge the partials of the GROUP·Q_LEN rows r = t·GROUP + g (:func:`row_offset`) at once: O_i of row r at
+    ``o_ptr + row_offset(r, stride_ot, stride_oh) + i·stride_os`` (D floats), lse_i at
+    ``lse_ptr + row_offset(r, stride_lt, stride_lh) + i``; store O (output dtype) and lse of each row.
+    Stage 2 merges one row (GROUP = Q_LEN = 1), the unified and balanced kernels a KV head's rows."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_h = offs_h < n_heads
+    mask_h = offs_h < GROUP * Q_LEN
     mask_d = offs_d < D
+    o_rows = row_offset(offs_h, 0, stride_ot, stride_oh, GROUP, Q_LEN)
+    lse_rows = row_offset(offs_h, 0, stride_lt, stride_lh, GROUP, Q_LEN)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     den = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     for s0 in range(0, n_splits, BLOCK_S):
         split = s0 + offs_s
         mask_hs = mask_h[:, None] & (split < n_splits)[None, :]
-        lse_ptrs = lse_ptr + offs_h[:, None] * stride_lh + split[None, :]
-        o_ptrs = (o_ptr + offs_h[:, None, None] * stride_oh + split[None, :, None] * stride_os
+        lse_ptrs = lse_ptr + lse_rows[:, None] + split[None, :]
+        o_ptrs = (o_ptr + o_rows[:, None, None] + split[None, :, None] * stride_os
                   + offs_d[None, None, :])
         mask_hsd = mask_hs[:, :, None] & mask_d[None, None, :]
         if CACHE_CG:   # partials written by other programs of this launch: read them from L2, not L1
@@ -103,13 +130,15 @@ def combine_heads(o_ptr, lse_ptr, n_splits, n_heads, stride_oh, stride_os, strid
     empty = den == 0.0
     o = acc / tl.where(empty, 1.0, den)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den)))
-    tl.store(out_ptr + offs_h[:, None] * stride_out_h + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
+    out_rows = row_offset(offs_h, 0, stride_out_t, stride_out_h, GROUP, Q_LEN)
+    tl.store(out_ptr + out_rows[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
              mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(lse_out_ptr + offs_h * stride_lse_h, lse, mask=mask_h)
+    tl.store(lse_out_ptr + row_offset(offs_h, 0, stride_lse_t, stride_lse_h, GROUP, Q_LEN), lse, mask=mask_h)
 
 
 def combine_blocks(heads: int, splits: int, block_d: int) -> tuple[int, int]:
-    """(BLOCK_H, BLOCK_S) for combine_heads: all heads of the group, and as many splits per step as keep the
+    """(BLOCK_H, BLOCK_S) for combine_heads: all ``heads`` rows of the KV head (group × q_len), and as many
+    splits per step as keep the
     [BLOCK_H, BLOCK_S, BLOCK_D] float32 tile within 8192 elements (64 registers a thread at 4 warps)."""
     block_h = triton.next_power_of_2(heads)
     room = max(1, 8192 // (block_h * block_d))
@@ -138,15 +167,18 @@ def page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE: tl.constexpr):
 
 
 @triton.jit
-def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
+def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mask_d, qk_scale,
                  BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
-                 TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr):
+                 TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr):
     """Stream keys [start, end) of one sequence and KV head through on-chip memory, one BLOCK_N tile at a
     time, and return the group's state (m, ℓ, Õ). ``k_ptrs``/``v_ptrs`` point at key 0, dims ``offs_d``
     (a contiguous cache, PAGE = 0), or at page 0's slot 0 of this KV head (a paged cache: PAGE keys a page,
     rows gathered through the block table with :func:`page_rows`).
-    ``TILE_UPDATE`` is :func:`tile_update` (Lab 03 passes the learner's version to check it)."""
+    ``TILE_UPDATE`` is :func:`tile_update` (Lab 03 passes the learner's version to check it).
+    Q_LEN > 1 (several query tokens): row r also sees only keys below ``limit[r]`` (its causal limit,
+    :func:`causal_limit`); the slice [start, end) is the same for every row, a row whose limit ends inside it
+    masks the rest, and a row whose limit is at or below ``start`` keeps the empty state."""
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -162,8 +194,20 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk
             page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
             k = tl.load(k_ptrs + (page * stride_kb + slot * stride_kl)[:, None], mask=kv_mask, other=0.0)
             v = tl.load(v_ptrs + (page * stride_vb + slot * stride_vl)[:, None], mask=kv_mask, other=0.0)
-        m, l, acc = TILE_UPDATE(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
+        if Q_LEN == 1:
+            seen = valid
+        else:
+            seen = valid[None, :] & (pos[None, :] < limit[:, None])
+        m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
     return m, l, acc
+
+
+@triton.jit
+def causal_limit(r, L, GROUP: tl.constexpr, Q_LEN: tl.constexpr):
+    r"""Keys row r = t·GROUP + g sees: :math:`j < L - Q_{len} + 1 + t`. The Q_len new tokens are already the last
+    Q_len keys of the cache (``flash_attn_with_kvcache``'s convention), causal among themselves; a limit <= 0
+    (L < Q_len − t) sees no key: O = 0, lse = −∞."""
+    return L - Q_LEN + 1 + r // GROUP
 
 
 @triton.jit
@@ -198,53 +242,63 @@ def take_ticket(counter_ptr, n_splits):
 
 
 @triton.jit
-def finish_row(o, lse, heads, mask_gd, h0, split, n_splits, O_ROW, stride_ph, stride_ps, LSE_ROW, stride_lh,
-               COUNTER, OUT_ROW, stride_oh, LSE_OUT_ROW, stride_sh,
-               GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-               D: tl.constexpr, TAKE_TICKET: tl.constexpr):
-    """After a program's split: a row of one split writes O and lse of its query heads ``heads`` (h0 the
-    group's first) directly; otherwise the partial goes to slot ``split`` of the row's partials
-    (``O_ROW + h·stride_ph + split·stride_ps``, ``LSE_ROW + h·stride_lh + split``), and the program that draws
-    the last ticket of ``COUNTER`` merges the row's ``n_splits`` partials (:func:`combine_heads`). Shared by
-    the unified and balanced kernels."""
+def finish_row(o, lse, rows, mask_gd, h0, split, n_splits, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW, stride_lt,
+               stride_lh, COUNTER, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
+               GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+               BLOCK_D: tl.constexpr, D: tl.constexpr, TAKE_TICKET: tl.constexpr):
+    """After a program's split: a row of one split writes O and lse of its KV head's query rows ``rows``
+    (r = t·GROUP + g: query token t, head h0 + g; :func:`row_offset`) directly; otherwise the partial goes to
+    slot ``split`` of the rows' partials (``O_ROW + row_offset(r, h0, stride_pt, stride_ph) + split·stride_ps``,
+    ``LSE_ROW + row_offset(r, h0, stride_lt, stride_lh) + split``), and the program that draws the last ticket
+    of ``COUNTER`` merges the row's ``n_splits`` partials (:func:`combine_heads`). Shared by the unified and
+    balanced kernels."""
     offs_d = tl.arange(0, BLOCK_D)
-    mask_g = heads < h0 + GROUP
+    mask_g = rows < GROUP * Q_LEN
     if n_splits == 1:
-        tl.store(OUT_ROW + heads[:, None] * stride_oh + offs_d[None, :], o.to(OUT_ROW.dtype.element_ty),
-                 mask=mask_gd)
-        tl.store(LSE_OUT_ROW + heads * stride_sh, lse, mask=mask_g)
+        tl.store(OUT_ROW + row_offset(rows, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None] + offs_d[None, :],
+                 o.to(OUT_ROW.dtype.element_ty), mask=mask_gd)
+        tl.store(LSE_OUT_ROW + row_offset(rows, h0, stride_st, stride_sh, GROUP, Q_LEN), lse, mask=mask_g)
     else:
-        tl.store(O_ROW + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :], o, mask=mask_gd)
-        tl.store(LSE_ROW + heads * stride_lh + split, lse, mask=mask_g)
+        tl.store(O_ROW + row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)[:, None] + split * stride_ps
+                 + offs_d[None, :], o, mask=mask_gd)
+        tl.store(LSE_ROW + row_offset(rows, h0, stride_lt, stride_lh, GROUP, Q_LEN) + split, lse, mask=mask_g)
         if TAKE_TICKET(COUNTER, n_splits):
-            combine_heads(O_ROW + h0 * stride_ph, LSE_ROW + h0 * stride_lh, n_splits, GROUP, stride_ph, stride_ps,
-                          stride_lh, OUT_ROW + h0 * stride_oh, stride_oh, LSE_OUT_ROW + h0 * stride_sh, stride_sh,
-                          BLOCK_H, BLOCK_S, BLOCK_D, D, True)
+            combine_heads(O_ROW + h0 * stride_ph, LSE_ROW + h0 * stride_lh, n_splits, stride_pt, stride_ph, stride_ps,
+                          stride_lt, stride_lh, OUT_ROW + h0 * stride_oh, stride_ot, stride_oh,
+                          LSE_OUT_ROW + h0 * stride_sh, stride_st, stride_sh,
+                          GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, True)
 
 
 @triton.jit
-def attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb, stride_kl, stride_kh,
+def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_qh, stride_kb, stride_kl, stride_kh,
                  stride_vb, stride_vl, stride_vh, qk_scale, BT, stride_bt, n_pages, FLAG,
-                 GROUP: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr):
-    """The partial (O, lse) of the ``GROUP`` query heads h_kv·GROUP + g of sequence b over its keys
-    [start, end): load the group's queries once, stream the K/V slice (:func:`attend_slice`), normalise.
-    Also returns the heads and the [BLOCK_G, BLOCK_D] mask of real rows and dims, for the caller's stores.
-    PAGE = 0: K/V are ``[B, L_max, H_kv, D]``; else pages ``[n_pages, PAGE, H_kv, D]`` behind the block table BT."""
+                 GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
+                 PAGE: tl.constexpr):
+    """The partial (O, lse) of KV head h_kv's GROUP·Q_LEN query rows r = t·GROUP + g (query token t, head
+    h_kv·GROUP + g; :func:`row_offset`) of sequence b (L keys) over its keys [start, end): load the rows'
+    queries once, stream the K/V slice (:func:`attend_slice`, each row stopping at its :func:`causal_limit`
+    when Q_LEN > 1), normalise. Also returns the rows r and the [BLOCK_G, BLOCK_D] mask of real rows and dims,
+    for the caller's stores. PAGE = 0: K/V are ``[B, L_max, H_kv, D]``; else pages ``[n_pages, PAGE, H_kv, D]``
+    behind the block table BT."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
-    heads = h_kv * GROUP + offs_g
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=(offs_g < GROUP)[:, None] & mask_d[None, :], other=0.0)
+    mask_gd = (offs_g < GROUP * Q_LEN)[:, None] & mask_d[None, :]
+    q = tl.load(Q + b * stride_qb + row_offset(offs_g, h_kv * GROUP, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
+                + offs_d[None, :], mask=mask_gd, other=0.0)
     if PAGE == 0:
         k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
         v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
     else:
         k_ptrs = K + h_kv * stride_kh + offs_d[None, :]
         v_ptrs = V + h_kv * stride_vh + offs_d[None, :]
-    m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, mask_d, qk_scale,
+    if Q_LEN == 1:
+        limit = end
+    else:
+        limit = causal_limit(offs_g, L, GROUP, Q_LEN)
+    m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mask_d, qk_scale,
                              BT + b.to(tl.int64) * stride_bt, stride_kb, stride_vb, n_pages, FLAG,
-                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
+                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
     o, lse = state_to_partial(m, l, acc)
-    return o, lse, heads, (offs_g < GROUP)[:, None] & mask_d[None, :]
+    return o, lse, offs_g, mask_gd

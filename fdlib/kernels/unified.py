@@ -12,6 +12,10 @@ not over-split and a captured CUDA graph stays right when lengths change); progr
   query head of the group with :func:`~fdlib.kernels.tile.combine_heads` (the reduce). Nobody waits for
   anybody, so no program relies on others being resident at the same time.
 
+Several query tokens (q ``[B, q_len, H_q, D]``): each program holds the group × q_len query rows of its KV head
+(:func:`~fdlib.kernels.tile.attend_group`), the splits and their count are those of the row's keys, and the last
+program merges all of the head's rows.
+
 In the interpreter the programs run one after another; the ticket still decides who merges.
 """
 from __future__ import annotations
@@ -21,24 +25,25 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, paging
+from .launch import Launcher, paging, q_len_of, rows4
 from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
                    tile_update)
 
 
 @triton.jit
 def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT,
-                   stride_qb, stride_qh,
+                   stride_qb, stride_qt, stride_qh,
                    stride_kb, stride_kl, stride_kh,
                    stride_vb, stride_vl, stride_vh,
-                   stride_pb, stride_ph, stride_ps,
-                   stride_lb, stride_lh,
-                   stride_ob, stride_oh, stride_sb, stride_sh,
+                   stride_pb, stride_pt, stride_ph, stride_ps,
+                   stride_lb, stride_lt, stride_lh,
+                   stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
                    qk_scale, chunk, H_KV, L_MAX, stride_bt, n_pages,
                    GROUP: tl.constexpr, D: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
-                   TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr):
+                   TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
+                   Q_LEN: tl.constexpr = 1):
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -49,14 +54,15 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
     n_splits = tl.minimum(tl.maximum(tl.cdiv(L, chunk), 1), tl.num_programs(2))
     if split < n_splits:
         start, end = split_range(split, n_splits, chunk, L)
-        o, lse, heads, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, stride_qb, stride_qh, stride_kb,
-                                              stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, qk_scale,
-                                              BT, stride_bt, n_pages, FLAG,
-                                              GROUP, D, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
-        finish_row(o, lse, heads, mask_gd, h_kv * GROUP, split, n_splits, O_PART + b * stride_pb, stride_ph,
-                   stride_ps, LSE_PART + b * stride_lb, stride_lh, COUNTERS + b * H_KV + h_kv,
-                   OUT + b * stride_ob, stride_oh, LSE + b * stride_sb, stride_sh,
-                   GROUP, BLOCK_H, BLOCK_S, BLOCK_D, D, TAKE_TICKET)
+        o, lse, rows, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_qh,
+                                             stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
+                                             qk_scale, BT, stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G,
+                                             BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
+        finish_row(o, lse, rows, mask_gd, h_kv * GROUP, split, n_splits, O_PART + b * stride_pb, stride_pt,
+                   stride_ph, stride_ps, LSE_PART + b * stride_lb, stride_lt, stride_lh,
+                   COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot, stride_oh,
+                   LSE + b * stride_sb, stride_st, stride_sh,
+                   GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, TAKE_TICKET)
 
 
 _COUNTERS: dict = {}
@@ -107,36 +113,45 @@ def scratch_flag(device) -> torch.Tensor:
 
 
 def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
-                     dtype_slots=None, page: int = 0, merge_splits: int | None = None) -> Launcher:
-    """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles
-    and the page size (0: a contiguous cache). ``merge_splits``: size the merge's blocks for this many splits
-    instead of the launched ones (batch-invariant plans fix it, so the merge order never depends on the launch)."""
-    BLOCK_G, BLOCK_D = block_sizes(group, D)
-    block_h, block_s = combine_blocks(group, merge_splits or splits, BLOCK_D)
+                     dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1) -> Launcher:
+    """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles,
+    the page size (0: a contiguous cache) and the query tokens per sequence (group × q_len rows a program).
+    ``merge_splits``: size the merge's blocks for this many splits instead of the launched ones
+    (batch-invariant plans fix it, so the merge order never depends on the launch)."""
+    BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
+    block_h, block_s = combine_blocks(group * q_len, merge_splits or splits, BLOCK_D)
     return Launcher(unified_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                          BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
-                                         PAGE=page, num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
+                                         PAGE=page, Q_LEN=q_len, num_warps=cfg.num_warps,
+                                         num_stages=cfg.num_stages), dtype_slots)
 
 
 def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag,
                  block_table=None):
     """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`); with a
-    ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]."""
+    ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]. q, out ``[B, H_q, D]``,
+    lse ``[B, H_q]``, partials ``[B, H_q, splits, D]``/``[B, H_q, splits]``; or with the query-token axis:
+    ``[B, q_len, H_q, D]``, ``[B, q_len, H_q]``, ``[B, q_len, H_q, splits, D]``/``[B, q_len, H_q, splits]``."""
+    q, out, lse = rows4(q), rows4(out), rows4(lse, 3)
     if splits == 1:   # one split per row: the program writes out/lse itself and never touches the workspace
         o_part, lse_part = out, lse
-    qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
-    ps = o_part.stride()
+        ps, ls = (*out.stride()[:3], 0), lse.stride()
+    else:
+        o_part, lse_part = rows4(o_part, 5), rows4(lse_part)
+        ps, ls = o_part.stride(), lse_part.stride()
+    qs, ks, vs, os_, ss = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((q.shape[0], k_cache.shape[2], splits),
             (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt),
-            (qs[0], qs[1], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2] if splits > 1 else 0,
-             lse_part.stride(0), lse_part.stride(1), os_[0], os_[1], ls[0], ls[1], scale * LOG2E, chunk,
+            (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2], ps[3],
+             ls[0], ls[1], ls[2], os_[0], os_[1], os_[2], ss[0], ss[1], ss[2], scale * LOG2E, chunk,
              k_cache.shape[2], L_max, bt_stride, n_pages))
 
 
 def remember_resources(compiled, dtype, D: int, group: int, cfg) -> None:
-    """After a compiled launch: keep the kernel's warps, registers and shared memory for the cost model."""
+    """After a compiled launch: keep the kernel's warps, registers and shared memory for the cost model
+    (``group``: the query rows a program holds, group × q_len)."""
     n_regs = getattr(compiled, "n_regs", None)
     if n_regs:
         _RESOURCES[(dtype, D, group, cfg.BLOCK_N)] = {"num_warps": cfg.num_warps, "n_regs": n_regs,
@@ -145,20 +160,21 @@ def remember_resources(compiled, dtype, D: int, group: int, cfg) -> None:
 
 def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse, tile_update_fn=None,
                 ticket_fn=None, *, o_part=None, lse_part=None, counters=None, flag=None, block_table=None):
-    """One launch: partials, tickets and the merge. Writes ``out`` and ``lse`` in place. ``o_part``,
-    ``lse_part`` ([B, H_q, splits, D] and [B, H_q, splits] float32), ``counters`` (zeroed int32, one per
+    """One launch: partials, tickets and the merge. Writes ``out`` and ``lse`` in place. q is ``[B, H_q, D]`` or
+    ``[B, q_len, H_q, D]`` (out like q, lse ``q.shape[:-1]``). ``o_part``,
+    ``lse_part`` ([B, H_q, splits, D] and [B, H_q, splits] float32, with the q_len axis after B for a 4-D q), ``counters`` (zeroed int32, one per
     (b, h_kv) row) and ``flag`` are a plan's workspace; without them the call allocates the partials and
     uses the shared counters and flag of the device."""
-    B, H_q, D = q.shape
+    B, H_q, D = q.shape[0], q.shape[-2], q.shape[-1]
     H_kv = k_cache.shape[2]
     group = H_q // H_kv
     counters = ticket_counters(B * H_kv, q.device) if counters is None else counters
     flag = scratch_flag(q.device) if flag is None else flag
     if splits > 1 and o_part is None:
-        o_part = q.new_empty((B, H_q, splits, D), dtype=torch.float32)
-        lse_part = q.new_empty((B, H_q, splits), dtype=torch.float32)
+        o_part = q.new_empty((*q.shape[:-1], splits, D), dtype=torch.float32)
+        lse_part = q.new_empty((*q.shape[:-1], splits), dtype=torch.float32)
     launcher = unified_launcher(q.dtype, group, D, splits, cfg, tile_update_fn, ticket_fn,
-                                page=0 if block_table is None else k_cache.shape[1])
+                                page=0 if block_table is None else k_cache.shape[1], q_len=q_len_of(q))
     compiled = launcher(*unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part,
                                       counters, flag, block_table))
-    remember_resources(compiled, q.dtype, D, group, cfg)
+    remember_resources(compiled, q.dtype, D, group * q_len_of(q), cfg)
