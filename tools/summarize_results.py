@@ -152,6 +152,8 @@ def main(folder: Path) -> None:
                 f"- time(auto)/time(cuDNN) ≤ 1.05: {sum(r <= 1.05 for _, r in vs_cudnn)} of {len(vs_cudnn)} shapes; "
                 f"geometric mean {geomean([r for _, r in vs_cudnn]):.3f}; misses: "
                 + ", ".join(f"{fmt(k)} {r:.3f}" for k, r in vs_cudnn if r > 1.05)]
+    out += ragged_section(folder) + invariant_section(folder) + qlen_section(folder) + unified_max_section(folder)
+    out += cp_section(folder)
     sweep = load(folder, "sweep-fp16.json")
     if sweep:
         out += ["", "## Cost model against an exhaustive sweep of split counts (unified, CUDA-graph µs)", ""]
@@ -162,6 +164,134 @@ def main(folder: Path) -> None:
                 out.append(f"- {who}: best/chosen time {1 / geomean(rs):.3f} geometric mean (target ≥ 0.97), "
                            f"worst {1 / max(rs):.3f} (target ≥ 0.90), over {len(rs)} shapes")
     print("\n".join(out))
+
+
+def ragged_records(res):
+    """{(B, H_q, H_kv, dist, mean): {method: record}} of a --ragged run."""
+    by = defaultdict(dict)
+    for r in res["records"]:
+        if r.get("status") == "ok":
+            by[(r["B"], r["H_q"], r["H_kv"], r["dist"], r["mean"])][r["method"]] = r
+    return by
+
+
+def ragged_section(folder: Path) -> list[str]:
+    """Issue 13's targets on the --ragged runs (auto, graph timings, % of the read ceiling of the same run)."""
+    out = []
+    flat = load(folder, "ragged-fp16.json")
+    paged = load(folder, "ragged-fp16-page16.json")
+    if not flat:
+        return out
+    p = flat["provenance"]
+    out += ["", "## Ragged batches (`--ragged`, fp16, CUDA graphs, each batch planned from its host lengths)", "",
+            f"`{p['command']}`, {p['device']}, {p['date_utc']}; read ceiling {flat['ceiling']['tbs']:.2f} TB/s", ""]
+    for label, res in (("contiguous", flat), ("pages of 16", paged)):
+        if not res:
+            continue
+        by = ragged_records(res)
+        pct = [(k, m["auto"]["pct_ceiling"], m["auto"]["kv_mb"], m["auto"]["kernel"]) for k, m in sorted(by.items())
+               if "auto" in m]
+        big = [(k, x, kern) for k, x, mb, kern in pct if mb >= 512]
+        out.append(f"- {label}: auto reads ≥ 90% of the ceiling on {sum(x >= 90 for _, x, _ in big)} of {len(big)} "
+                   f"shapes of ≥ 512 MB (target: all); geometric mean over all {len(pct)} shapes "
+                   f"{geomean([x for _, x, _, _ in pct]):.1f}% (target ≥ 85%); below 90% at ≥ 512 MB: "
+                   + (", ".join(f"B={k[0]} {k[1]}:{k[2]} {k[3]} mean {k[4]} {x:.0f}% ({kern})" for k, x, kern in big
+                                if x < 90) or "none"))
+        bal = [m["balanced"]["graph_us"] / min(m[n]["graph_us"] for n in m if n not in ("balanced",))
+               for m in by.values() if "balanced" in m and len(m) > 1]
+        if bal:
+            out.append(f"  balanced/best-other time: geometric mean {geomean(bal):.3f}, best {min(bal):.2f}, worst "
+                       f"{max(bal):.2f} over {len(bal)} shapes")
+    for ps in (0, 16):
+        case = load(folder, f"ragged-b32-mean16k-page{ps}.json")
+        if case:
+            m = ragged_records(case).get((32, 32, 8, "uniform", 16384), {})
+            cells = ", ".join(f"{n} {r['graph_us']:.1f} µs {r['pct_ceiling']:.0f}% ({r['kernel']})"
+                              for n, r in sorted(m.items()))
+            out.append(f"- issue 13's batch (B=32, 32:8, uniform in 1..32768, {'contiguous' if ps == 0 else 'pages of 16'}"
+                       f"): {cells} (target ≥ 90%; FlashInfer 0.7.4 was 3.41 TB/s on that batch)")
+    if paged:
+        fb, pb = ragged_records(flat), ragged_records(paged)
+        dense = [(k, pb[k]["auto"]["graph_us"] / fb[k]["auto"]["graph_us"]) for k in fb
+                 if k[3] == "constant" and "auto" in fb[k] and "auto" in pb.get(k, {})]
+        if dense:
+            out.append(f"- pages of 16 against the contiguous cache on constant lengths (the dense grid), auto: "
+                       f"geometric mean {geomean([r for _, r in dense]):.3f}, worst {max(r for _, r in dense):.3f} "
+                       f"(target ≤ 1.03)")
+    for ps in (1, 4, 8):
+        res = load(folder, f"ragged-fp16-b32-page{ps}.json")
+        if res:
+            fb, pb = ragged_records(flat), ragged_records(res)
+            rs = [pb[k]["auto"]["graph_us"] / fb[k]["auto"]["graph_us"] for k in pb if "auto" in pb[k]
+                  and "auto" in fb.get(k, {})]
+            out.append(f"- pages of {ps} (B=32), auto against the contiguous cache: geometric mean {geomean(rs):.3f}, "
+                       f"worst {max(rs):.3f} over {len(rs)} shapes")
+    return out
+
+
+def invariant_section(folder: Path) -> list[str]:
+    res = load(folder, "invariant-fp16.json")
+    if not res:
+        return []
+    by = defaultdict(dict)
+    for r in res["records"]:
+        if r.get("status") == "ok" and r.get("graph_us"):
+            by[(r["B"], r["H_q"], r["H_kv"], r["L"])][r["method"]] = r["graph_us"]
+    rs = [(k, m["invariant"] / m["auto"]) for k, m in sorted(by.items()) if "invariant" in m and "auto" in m]
+    if not rs:
+        return []
+    p = res["provenance"]
+    return ["", "## Batch invariance (`batch_invariant=True`), fp16 grid, CUDA graphs", "",
+            f"`{p['command']}`, {p['device']}, {p['date_utc']}", "",
+            f"- time(batch_invariant)/time(auto): geometric mean {geomean([r for _, r in rs]):.3f} (target ≤ 1.05), "
+            f"worst {max(r for _, r in rs):.3f} (B={max(rs, key=lambda t: t[1])[0][0]}, "
+            f"L={max(rs, key=lambda t: t[1])[0][3]}) over {len(rs)} shapes"]
+
+
+def qlen_section(folder: Path) -> list[str]:
+    res = load(folder, "qlen-fp16.json")
+    if not res:
+        return []
+    p = res["provenance"]
+    out = ["", "## Several query tokens (`--qlen`, fp16, 32:8, D=128)", "",
+           f"`{p['command']}`, {p['device']}, {p['date_utc']}", ""]
+    for row in res.get("ratios", []):
+        ratio = ", ".join(f"q_len={t}: {v:.2f}" for t, v in sorted(row["ratio"].items(), key=lambda t: int(t[0])))
+        tgt = {True: "met", False: "missed", None: "no target (L < 8k)"}[row.get("meets_target")]
+        out.append(f"- {row['method']} B={row['B']} L={row['L']} ({row['timing']}, q_len=1 {row['q1_us']:.1f} µs): "
+                   f"time/time(q_len=1) {ratio}; q_len=4 ≤ 1.15: {tgt}")
+    return out
+
+
+def unified_max_section(folder: Path) -> list[str]:
+    res = load(folder, "unified-max.json")
+    if not res:
+        return []
+    p = res["provenance"]
+    out = ["", "## FlashDecoding++'s unified max against the unified kernel (fp16 grid)", "",
+           f"`{p['command']}`, {p['device']}, {p['date_utc']}", ""]
+    for name, summ in sorted((res.get("summary") or {}).items()):
+        out.append(f"- {name}: {json.dumps(summ)}")
+    return out
+
+
+def cp_section(folder: Path) -> list[str]:
+    res = load(folder, "cp-decode.json")
+    if not res:
+        return []
+    p = res["provenance"]
+    out = ["", "## Split-KV across 2 GPUs (`torchrun --nproc-per-node 2 tools/cp_decode_case.py`)", "",
+           f"`{p['command']}`, {p['device']} × {p.get('world_size')}, NCCL {p.get('nccl')}, {p['date_utc']}", ""]
+    for c in res.get("cases", []):
+        t = c.get("timings", {})
+        g = lambda k: (t.get(k) or {}).get("graph")   # noqa: E731
+        sp = ", ".join(f"{k} {v:.2f}×" for k, v in (c.get("speedup") or {}).items() if v)
+        out.append(f"- {c['case']}: {c['status']}; speedup {sp or '—'}; collective alone under a graph: all-gather "
+                   f"{g('collective_allgather') or float('nan'):.1f} µs, max + sum all-reduces "
+                   f"{g('collective_allreduce') or float('nan'):.1f} µs; merge_partials {g('merge_allgather') or float('nan'):.1f}"
+                   f" / {g('merge_allreduce') or float('nan'):.1f} µs (targets at B=1: speedup ≥ 1.8× at 2M, collective "
+                   f"≤ 25 µs)")
+    return out
 
 
 if __name__ == "__main__":
