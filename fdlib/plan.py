@@ -164,8 +164,26 @@ class Workspace:
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """Everything decided for one batch shape, and the workspace it runs in. Make it with :func:`plan`;
-    call :meth:`run` every step."""
+    r"""Everything decided for one batch shape, and the workspace it runs in. Make it with :func:`plan`;
+    call :meth:`run` every step.
+
+    Per-program timeline (a GPU's per-SM Gantt chart from real times)::
+
+        buf = plan.timeline_buffer()              # zeroed int64 [n_programs, 3] on the plan's device
+        plan.run(q, k, v, lens, timeline=buf)     # row i <- (SM id, start ns, end ns) of program i
+
+    ``timeline=`` launches a variant of the plan's kernel compiled with ``TIMELINE=True``: each program reads
+    the GPU's global clock (``tl.extra.cuda.globaltimer``, ns) when it starts and again when it ends, and its SM
+    (``tl.extra.cuda.smid``), and stores the three in its row. The normal kernels are compiled with
+    ``TIMELINE=False`` and contain none of it: the flag costs nothing when off. Rows are programs in grid order,
+    :math:`i = (p_0 n_1 + p_1) n_2 + p_2`: for the unified kernel and stage 1 (the two-stage path times stage 1
+    only) program (b, h_kv, split) is row :math:`(b H_{kv} + h_{kv})\,\text{splits} + \text{split}`; for the
+    balanced kernel (item, h_kv) is :math:`\text{item}\cdot H_{kv} + h_{kv}`; a persistent program writes one
+    row for all its rows. Programs with nothing to do (a split past its row's end, an item past the work
+    list) still write theirs, with start ≈ end. A call with fewer sequences than planned leaves the rows of the
+    programs it did not launch at 0. The clock is the GPU's, shared by its SMs (ns, with a resolution of about
+    1 µs on recent GPUs: short programs may show start = end). In Triton's interpreter ``timeline=`` raises: the
+    interpreter has no per-program clock."""
     B: int
     H_q: int
     H_kv: int
@@ -181,6 +199,7 @@ class DecodePlan:
     _host_lengths: torch.Tensor = field(repr=False, compare=False)   # [B] int32 on the device: host-given lengths
     _launchers: tuple = field(repr=False, compare=False)             # the kernels with their constexprs fixed
     q_len: int = 1          # query tokens per sequence: q is [B', q_len, H_q, D] (or [B', H_q, D] when 1)
+    _timeline: dict = field(default_factory=dict, repr=False, compare=False)   # TIMELINE launchers, made on first use
 
     @property
     def kernel(self) -> str:
@@ -207,15 +226,18 @@ class DecodePlan:
 
     # ------------------------------------------------------------------------------------------- run
     def run(self, q, k_cache, v_cache, cache_seqlens=None, out=None, lse=None, *, block_table=None,
-            return_lse: bool = False):
+            return_lse: bool = False, timeline=None):
         """Attention of ``q`` ``[B', H_q, D]`` (or ``[B', q_len, H_q, D]`` with the plan's q_len, which may be 1;
         B' <= the planned B) against
         ``k_cache``/``v_cache`` ``[B', L_max, H_kv, D]`` (a paged plan: pages ``[n_pages, page_size, H_kv, D]``
         and ``block_table`` int32 ``[B', L_max / page_size]``) with ``cache_seqlens`` (int32/int64 ``[B']`` on
         the device, or host lengths: a list or a CPU tensor; None: all L_max). Writes ``out`` (q's shape and dtype)
         and ``lse`` (``q.shape[:-1]`` float32: ``[B', H_q]`` or ``[B', q_len, H_q]``) when given, else returns new
-        ones. Query t of sequence b sees keys 0 … L_b − q_len + t (the new tokens are already in the cache). Returns ``out``, or
-        ``(out, lse)`` when ``return_lse`` or ``lse`` is given. Launches only (see the module doc)."""
+        ones. Query t of sequence b sees keys 0 … L_b − q_len + t (the new tokens are already in the cache).
+        Returns ``out``, or
+        ``(out, lse)`` when ``return_lse`` or ``lse`` is given. Launches only (see the module doc).
+        ``timeline``: a buffer from :meth:`timeline_buffer` (GPU only): the launch records each program's SM and
+        start and end times in it (see the class doc)."""
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -257,21 +279,24 @@ class DecodePlan:
         elif tuple(lse.shape) != lse_shape or lse.dtype != torch.float32 or lse.device != self.device:
             raise ValueError(f"lse: expected a float32 tensor of shape {list(lse_shape)} on {self.device}, got "
                              f"{lse.dtype} {list(lse.shape)} on {lse.device}")
+        times = None if timeline is None else self._check_timeline(timeline, B)
         self._launch(q4, k_cache, v_cache, lens, out.unsqueeze(1) if out.dim() == 3 else out,
-                     lse.unsqueeze(1) if lse.dim() == 2 else lse, block_table)
+                     lse.unsqueeze(1) if lse.dim() == 2 else lse, block_table, times)
         return (out, lse) if want_lse else out
 
-    def _launch(self, q, k_cache, v_cache, lens, out, lse, bt):
-        """Launch the decided kernel(s): q, out ``[B', q_len, H_q, D]``, lse ``[B', q_len, H_q]`` (views)."""
-        d, ws, go = self.decision, self.workspace, self._launchers
+    def _launch(self, q, k_cache, v_cache, lens, out, lse, bt, times=None):
+        """Launch the decided kernel(s): q, out ``[B', q_len, H_q, D]``, lse ``[B', q_len, H_q]`` (views);
+        ``times``: a checked timeline buffer (the TIMELINE variant of the kernel), or None."""
+        d, ws = self.decision, self.workspace
+        go = self._launchers if times is None else self._timeline_launchers()
         if d.kernel == "unified":
             compiled = go[0](*unified_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, out, lse,
-                                           ws.o_part, ws.lse_part, ws.counters, ws.flag, bt))
+                                           ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times))
             if compiled is not None:
                 remember_resources(compiled, self.dtype, self.D, self.H_q // self.H_kv * self.q_len, d.tile)
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
-                               ws.flag, bt))
+                               ws.flag, bt, times))
             if flat_rows(out) is None or flat_rows(lse) is None:   # stage 2 merges (t, h) rows of flat strides
                 o_tmp, l_tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device), lse.contiguous()
                 go[1](*stage2_args(ws.o_part, ws.lse_part, o_tmp, l_tmp))
@@ -280,10 +305,10 @@ class DecodePlan:
             else:
                 go[1](*stage2_args(ws.o_part, ws.lse_part, out, lse))
         elif d.kernel == "persistent":
-            go[0](*persistent_args(q, k_cache, v_cache, lens, self.scale, out, lse, d.programs, ws.flag, bt))
+            go[0](*persistent_args(q, k_cache, v_cache, lens, self.scale, out, lse, d.programs, ws.flag, bt, times))
         elif d.kernel == "balanced":
             go[0](*balanced_args(q, k_cache, v_cache, lens, self.scale, d.budget, out, lse, ws.o_part, ws.lse_part,
-                                 ws.counters, ws.flag, bt))
+                                 ws.counters, ws.flag, bt, times))
         else:
             clamped = lens.clamp(0, self.L_max)
             ws.flag.copy_(torch.maximum(ws.flag, (clamped != lens).any().to(torch.int32)))
@@ -296,6 +321,48 @@ class DecodePlan:
             o, l = naive_attention(q, k_cache, v_cache, clamped, self.scale)
             out.copy_(o)
             lse.copy_(l)
+
+    # -------------------------------------------------------------------------------------- timeline
+    def timeline_programs(self, B: int | None = None) -> int:
+        """Programs one launch of the plan's kernel starts for a batch of B sequences (default: the planned B);
+        for the two-stage path, stage 1's."""
+        B = self.B if B is None else B
+        d = self.decision
+        if d.kernel in ("unified", "split"):
+            return B * self.H_kv * d.splits
+        if d.kernel == "balanced":
+            return items_max(B, d.budget) * self.H_kv
+        if d.kernel == "persistent":
+            return max(1, min(d.programs, B * self.H_kv))
+        raise ValueError("timeline: method='naive' runs PyTorch, no Triton kernel, so it has no programs to time; "
+                         "plan another method")
+
+    def timeline_buffer(self) -> torch.Tensor:
+        """A zeroed int64 tensor ``[n_programs, 3]`` on the plan's device, one row per program of one launch
+        (:meth:`timeline_programs`), for ``run(..., timeline=buf)``: row i gets (SM id, start ns, end ns) of
+        program i (see the class doc)."""
+        return torch.zeros((self.timeline_programs(), 3), dtype=torch.int64, device=self.device)
+
+    def _check_timeline(self, buf, B: int):
+        if runtime.INTERPRET:
+            raise RuntimeError("timeline: per-program times come from the GPU's clock and SM registers "
+                               "(tl.extra.cuda.globaltimer, smid) in a compiled kernel; Triton's interpreter "
+                               "(TRITON_INTERPRET=1) has neither. Run on a CUDA GPU, or use a recorded timeline.")
+        n = self.timeline_programs(B)
+        if (not isinstance(buf, torch.Tensor) or buf.dtype != torch.int64 or buf.device != self.device
+                or buf.dim() != 2 or buf.shape[0] < n or buf.shape[1] != 3 or not buf.is_contiguous()):
+            got = (f"{buf.dtype} {shape_str(buf)} on {buf.device}" if isinstance(buf, torch.Tensor)
+                   else type(buf).__name__)
+            raise ValueError(f"timeline: expected a contiguous int64 tensor [>= {n}, 3] on {self.device} (one row "
+                             f"per program: plan.timeline_buffer()), got {got}")
+        return buf
+
+    def _timeline_launchers(self) -> tuple:
+        """The plan's kernels compiled with TIMELINE=True, made on first use."""
+        if "go" not in self._timeline:
+            self._timeline["go"] = _launchers(self.decision, self.dtype, self.H_q // self.H_kv, self.D,
+                                              self.page_size, self.B, self.q_len, timeline=True)
+        return self._timeline["go"]
 
     def _lengths(self, cache_seqlens, B):
         """The lengths as the kernels read them: a dense int32/int64 tensor on the plan's device."""
@@ -444,20 +511,22 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
                       _launchers(d, dtype, H_q // H_kv, D, page, B, q_len), q_len)
 
 
-def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len: int = 1) -> tuple:
+def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len: int = 1,
+               timeline: bool = False) -> tuple:
     """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`);
     only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan."""
     if d.kernel == "unified":
         return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page,
-                                 merge_splits=MAX_SPLITS if d.invariant else None, q_len=q_len),)
+                                 merge_splits=MAX_SPLITS if d.invariant else None, q_len=q_len, timeline=timeline),)
     if d.kernel == "split":
-        return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len),
+        return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len, timeline=timeline),
                 stage2_launcher(D, d.splits, dtype_slots=()))
     if d.kernel == "balanced":
-        return (balanced_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page, q_len=q_len),)
+        return (balanced_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
+                                  timeline=timeline),)
     if d.kernel == "persistent":
         return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,), page=page,
-                                    q_len=q_len),)
+                                    q_len=q_len, timeline=timeline),)
     return ()
 
 

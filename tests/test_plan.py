@@ -9,7 +9,7 @@ import torch
 
 import fdlib
 import fdlib.api
-from helpers import DEVICE, assert_attention_close, counters_zero, make_problem
+from helpers import DEVICE, INTERPRET, assert_attention_close, counters_zero, make_problem
 
 METHODS = ("auto", "split", "unified", "persistent", "balanced", "naive")
 
@@ -186,3 +186,53 @@ def test_torch_compile_fullgraph_without_a_graph_break():
     got = compiled(q, k, v, lens)
     want = step(q, k, v, lens)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- timeline
+@pytest.mark.parametrize("method,want", [
+    ("unified", lambda p: 3 * 2 * p.splits), ("split", lambda p: 3 * 2 * p.splits),
+    ("balanced", lambda p: (p.decision.budget + 3) * 2), ("persistent", lambda p: min(p.decision.programs, 3 * 2))])
+def test_timeline_buffer_is_sized_for_the_launch(method, want):
+    """One zeroed int64 row of (SM id, start ns, end ns) per program of one launch (stage 1's for the two-stage
+    path); the normal launch path never builds the TIMELINE kernels."""
+    p = fdlib.plan(3, 6, 2, 80, 200, dtype=torch.float16, device=DEVICE, method=method,
+                   num_splits=3 if method in ("unified", "split") else None)
+    buf = p.timeline_buffer()
+    assert buf.dtype == torch.int64 and buf.device == p.device and tuple(buf.shape) == (want(p), 3)
+    assert int(buf.count_nonzero()) == 0 and p.timeline_programs() == want(p)
+    assert p._timeline == {}
+
+
+def test_timeline_of_the_naive_method_is_refused():
+    p = fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE, method="naive")
+    with pytest.raises(ValueError, match="timeline: method='naive' runs PyTorch, no Triton kernel"):
+        p.timeline_buffer()
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter's error")
+def test_timeline_in_the_interpreter_raises_a_clear_error():
+    q, k, v, lens = small()
+    p = fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE, method="unified")
+    with pytest.raises(RuntimeError, match=r"timeline: .*globaltimer.*interpreter \(TRITON_INTERPRET=1\)"):
+        p.run(q, k, v, lens, timeline=p.timeline_buffer())
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU and compiled kernels")
+@pytest.mark.parametrize("method", ["unified", "split", "balanced", "persistent"])
+def test_timeline_on_the_gpu_records_every_program(method):
+    """Each launched program writes its SM (0 <= sm < SMs) and start <= end (ns, within the call's wall time);
+    results equal the normal launch bitwise; a bad buffer is refused."""
+    q, k, v, lens = small(B=3, L=4096, H_q=32, H_kv=8, D=128, dtype=torch.float16, lens=(4096, 100, 1))
+    p = fdlib.plan(3, 32, 8, 128, 4096, dtype=torch.float16, device=DEVICE, method=method)
+    want = p.run(q, k, v, lens)
+    buf = p.timeline_buffer()
+    got = p.run(q, k, v, lens, timeline=buf)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    t = buf.cpu()
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    assert ((t[:, 0] >= 0) & (t[:, 0] < sms)).all()
+    assert (t[:, 1] > 0).all() and (t[:, 2] >= t[:, 1]).all()
+    assert int(t[:, 2].max() - t[:, 1].min()) < 10**9      # one launch: well under a second
+    with pytest.raises(ValueError, match=r"timeline: expected a contiguous int64 tensor \[>= \d+, 3\]"):
+        p.run(q, k, v, lens, timeline=buf.to(torch.int32))

@@ -5,7 +5,8 @@ fails here (CI has no GPU). Nothing is launched.
     python tools/compile_check.py            # prints one line per kernel; exits 1 if any fails
 
 Contiguous (PAGE=0) and paged (PAGE=16) variants; fp16, GQA group 4, D=128 (and fp32, D=80 for stage 1); one
-query token and several (Q_LEN=4, 5, and 16 with group 16: the most rows a program holds).
+query token and several (Q_LEN=4, 5, and 16 with group 16: the most rows a program holds); and each kernel's
+TIMELINE=True variant (per-program SM id and times from %smid and %globaltimer).
 """
 import os
 import sys
@@ -44,44 +45,58 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3):
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
+UNIFIED = ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"]    # O_PART ... BT after Q, K, V, LENS
+STAGE1 = ["*fp32", "*fp32", "*i32", "*i32"]
+PERSISTENT = ["*fp16", "*fp32", "*i32", "*i32"]
+
+
 def cases():
+    """(name, kernel, pointer types, constexprs[, warps]). Every kernel's last pointer is TIMES: the flag (i32)
+    stands in for it when TIMELINE=False; a TIMELINE=True variant of each kernel gets an int64 buffer."""
     g, D = 4, 128
     h16 = ["*fp16"] * 3 + ["*i32"]
     for q_len in (1, 4):
         BG, BD = block_sizes(g * q_len, D)
         cfg = tile_config_for(D, 1 << 30, compiled_mode=True, q_rows=g * q_len if q_len > 1 else 1)
-        common = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=q_len)
+        common = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=q_len,
+                      TIMELINE=False)
         block_h, block_s = tile.combine_blocks(g * q_len, 16, BD)
         q = f" q_len={q_len}" if q_len > 1 else ""
         for page in (0, 16):
-            yield (f"unified PAGE={page}{q}", unified.unified_kernel,
-                   h16 + ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"],
+            yield (f"unified PAGE={page}{q}", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
                         PAGE=page))
-            yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + ["*fp32", "*fp32", "*i32", "*i32"],
+            yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page))
-            yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel,
-                   h16 + ["*fp16", "*fp32", "*i32", "*i32"], dict(common, BLOCK_N=min(64, cfg.BLOCK_N), ROWS=2, PAGE=page))
-            yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel,
-                   h16 + ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"],
+            yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
+                   dict(common, BLOCK_N=min(64, cfg.BLOCK_N), ROWS=2, PAGE=page))
+            yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=64, PAGE=page))
+    # the TIMELINE=True variants (per-program SM id and start/end times, DecodePlan.run(timeline=...))
+    BG, BD = block_sizes(g, D)
+    timed = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
+                 TIMELINE=True, PAGE=16)
+    yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"],
+           dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket))
+    yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"], dict(timed, BLOCK_N=128))
+    yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"],
+           dict(timed, BLOCK_N=64, ROWS=2))
+    yield ("balanced TIMELINE", balanced.balanced_kernel, h16 + UNIFIED + ["*i64"],
+           dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, BLOCK_B=64))
     # the most query rows a program can hold: group 16 × q_len 16 = 256 rows (8 warps, 16-key tiles)
     BG, BD = block_sizes(256, D)
     cfg = tile_config_for(D, 1 << 30, compiled_mode=True, q_rows=256)
     bh, bs = tile.combine_blocks(256, 16, BD)
-    yield ("unified group 16 q_len=16", unified.unified_kernel,
-           h16 + ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"],
+    yield ("unified group 16 q_len=16", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
            dict(GROUP=16, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=16,
-                BLOCK_N=cfg.BLOCK_N, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=0), cfg.num_warps)
-    BG3, BD80 = block_sizes(3, 80)
-    yield ("stage1 fp32 D=80 group 3", stage1.stage1_kernel, ["*fp32"] * 3 + ["*i64", "*fp32", "*fp32", "*i32", "*i32"],
-           dict(GROUP=3, D=80, BLOCK_G=BG3, BLOCK_D=BD80, FP32_DOT=True, TILE_UPDATE=tile.tile_update, BLOCK_N=64,
-                PAGE=0, Q_LEN=1))
-    BG3, BD80 = block_sizes(3 * 5, 80)
-    yield ("stage1 fp32 D=80 group 3 q_len=5", stage1.stage1_kernel,
-           ["*fp32"] * 3 + ["*i64", "*fp32", "*fp32", "*i32", "*i32"],
-           dict(GROUP=3, D=80, BLOCK_G=BG3, BLOCK_D=BD80, FP32_DOT=True, TILE_UPDATE=tile.tile_update, BLOCK_N=64,
-                PAGE=0, Q_LEN=5))
+                BLOCK_N=cfg.BLOCK_N, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=0, TIMELINE=False),
+           cfg.num_warps)
+    f32 = ["*fp32"] * 3 + ["*i64", "*fp32", "*fp32", "*i32", "*i32", "*i32"]
+    for group, q_len in ((3, 1), (3, 5)):
+        BG3, BD80 = block_sizes(group * q_len, 80)
+        yield (f"stage1 fp32 D=80 group {group}" + (f" q_len={q_len}" if q_len > 1 else ""), stage1.stage1_kernel,
+               f32, dict(GROUP=group, D=80, BLOCK_G=BG3, BLOCK_D=BD80, FP32_DOT=True, TILE_UPDATE=tile.tile_update,
+                         BLOCK_N=64, PAGE=0, Q_LEN=q_len, TIMELINE=False))
     yield ("stage2", stage2.stage2_kernel, ["*fp32", "*fp32", "*fp16", "*fp32"], dict(D=128, BLOCK_S=16, BLOCK_D=128))
 
 

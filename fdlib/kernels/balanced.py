@@ -23,14 +23,14 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, rows4
 from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
-                   tile_update)
+                   tile_update, timeline_record, timeline_start)
 
 MAX_BATCH = 4096
 """Every program keeps all B lengths in registers; larger batches use the other kernels."""
 
 
 @triton.jit
-def balanced_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT,
+def balanced_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
                     stride_qb, stride_qt, stride_qh,
                     stride_kb, stride_kl, stride_kh,
                     stride_vb, stride_vl, stride_vh,
@@ -41,7 +41,10 @@ def balanced_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, B
                     GROUP: tl.constexpr, D: tl.constexpr,
                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr, FP32_DOT: tl.constexpr,
-                    TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr = 1):
+                    TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr = 1,
+                    TIMELINE: tl.constexpr = False):
+    if TIMELINE:
+        t_start = timeline_start()
     item = tl.program_id(0)
     h_kv = tl.program_id(1)
     # the schedule, computed alike by every program (fdlib.schedule.balanced)
@@ -69,6 +72,8 @@ def balanced_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, B
                    COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot, stride_oh,
                    LSE + b * stride_sb, stride_st, stride_sh,
                    GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, take_ticket)
+    if TIMELINE:
+        timeline_record(TIMES, t_start)
 
 
 def items_max(B: int, budget: int) -> int:
@@ -77,23 +82,24 @@ def items_max(B: int, budget: int) -> int:
 
 
 def balanced_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, page: int = 0,
-                      q_len: int = 1) -> Launcher:
+                      q_len: int = 1, timeline: bool = False) -> Launcher:
     """The balanced kernel with its constexprs fixed (BLOCK_B covers the planned batch B; group × q_len query
-    rows a program)."""
+    rows a program; ``timeline``: the variant that records each program's (SM, start, end))."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     block_h, block_s = combine_blocks(group * q_len, 16, BLOCK_D)
     return Launcher(balanced_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                           BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=max(16, triton.next_power_of_2(B)),
                                           FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, PAGE=page, Q_LEN=q_len,
+                                          TIMELINE=timeline,
                                           num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
 def balanced_args(q, k_cache, v_cache, lens, scale, budget, out, lse, o_part, lse_part, counters, flag,
-                  block_table=None):
+                  block_table=None, times=None):
     """(grid, pointers, scalars) of one launch; ``o_part`` [items, H_q, D] and ``lse_part`` [H_q, items] float32
     (a row's partials lie at its consecutive items) with items >= :func:`items_max`. Several query tokens: q
     and out ``[B, q_len, H_q, D]``, lse ``[B, q_len, H_q]``, o_part [items, q_len, H_q, D], lse_part
-    [q_len, H_q, items]."""
+    [q_len, H_q, items]. ``times``: the timeline buffer of a TIMELINE launch (else the flag stands in)."""
     q, out, lse = rows4(q), rows4(out), rows4(lse, 3)
     if o_part.dim() == 3:
         o_part, lse_part = o_part.unsqueeze(1), lse_part.unsqueeze(0)
@@ -102,7 +108,8 @@ def balanced_args(q, k_cache, v_cache, lens, scale, budget, out, lse, o_part, ls
     ps, lps = o_part.stride(), lse_part.stride()
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((items_max(B, budget), k_cache.shape[2]),
-            (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt),
+            (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt,
+             flag if times is None else times),
             (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2], lps[0], lps[1],
              os_[0], os_[1], os_[2], ls[0], ls[1], ls[2], scale * LOG2E, B, budget, k_cache.shape[2], L_max,
              bt_stride, n_pages))

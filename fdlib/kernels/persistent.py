@@ -26,11 +26,12 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, q_len_of, rows4
-from .tile import LOG2E, causal_limit, load_lengths, page_rows, row_offset, state_to_partial, tile_update
+from .tile import (LOG2E, causal_limit, load_lengths, page_rows, row_offset, state_to_partial, tile_update,
+                   timeline_record, timeline_start)
 
 
 @triton.jit
-def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT,
+def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
                       stride_qb, stride_qt, stride_qh,
                       stride_kb, stride_kl, stride_kh,
                       stride_vb, stride_vl, stride_vh,
@@ -39,7 +40,9 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT,
                       GROUP: tl.constexpr, D: tl.constexpr,
                       BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       ROWS: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr,
-                      Q_LEN: tl.constexpr = 1):
+                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False):
+    if TIMELINE:
+        t_start = timeline_start()
     pid = tl.program_id(0)
     P = tl.num_programs(0)
     slots = tl.arange(0, ROWS)
@@ -102,6 +105,8 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT,
         m = tl.where(last, float("-inf"), m)
         l = tl.where(last, 0.0, l)
         acc = tl.where(last, 0.0, acc)
+    if TIMELINE:   # one row per program, over all its rows
+        timeline_record(TIMES, t_start)
 
 
 MAX_ROWS_PER_PROGRAM = 256
@@ -121,26 +126,30 @@ def programs_for(n_rows: int, sms: int, per_sm: int) -> int:
 
 
 def persistent_launcher(dtype, group: int, D: int, cfg, rows_per_program: int, tile_update_fn=None,
-                        dtype_slots=None, page: int = 0, q_len: int = 1) -> Launcher:
+                        dtype_slots=None, page: int = 0, q_len: int = 1, timeline: bool = False) -> Launcher:
     """The persistent kernel with its constexprs fixed; ``rows_per_program`` (a power of two) is its ROWS;
-    ``page`` the page size of a paged cache (0: contiguous); ``q_len`` the query tokens per sequence."""
+    ``page`` the page size of a paged cache (0: contiguous); ``q_len`` the query tokens per sequence;
+    ``timeline``: the variant that records each program's (SM, start, end)."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     return Launcher(persistent_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                             ROWS=rows_per_program, FP32_DOT=fp32_dot(dtype),
                                             TILE_UPDATE=tile_update_fn or tile_update, PAGE=page, Q_LEN=q_len,
+                                            TIMELINE=timeline,
                                             num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
-def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, flag, block_table=None):
+def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, flag, block_table=None, times=None):
     """(grid, pointers, scalars) of one launch over all B·H_kv rows (at most one program per row); with a
     ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]. q, out ``[B, H_q, D]``
-    and lse ``[B, H_q]``, or ``[B, q_len, H_q, D]`` and ``[B, q_len, H_q]``."""
+    and lse ``[B, H_q]``, or ``[B, q_len, H_q, D]`` and ``[B, q_len, H_q]``. ``times``: the timeline buffer of a
+    TIMELINE launch (else the flag stands in for the unused pointer)."""
     q, out, lse = rows4(q), rows4(out), rows4(lse, 3)
     H_kv = k_cache.shape[2]
     n_rows = q.shape[0] * H_kv
     qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
-    return ((max(1, min(programs, n_rows)),), (q, k_cache, v_cache, lens, out, lse, flag, bt),
+    return ((max(1, min(programs, n_rows)),),
+            (q, k_cache, v_cache, lens, out, lse, flag, bt, flag if times is None else times),
             (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], ls[0], ls[1],
              ls[2], scale * LOG2E, n_rows, H_kv, L_max, bt_stride, n_pages))
 

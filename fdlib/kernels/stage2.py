@@ -5,7 +5,8 @@ Grid ``(B, H_q)``. For row (b, h) with partials :math:`(O_i, \text{lse}_i)`, i <
 .. math::  \text{lse} = \log\sum_i e^{\text{lse}_i},\qquad O = \sum_i e^{\text{lse}_i-\text{lse}}\,O_i
 
 written to ``out`` in q's dtype and ``lse`` (float32). Several query tokens per sequence: each
-(b, t, h) row is merged alone, as one of q_len·H_q rows (grid ``(B, q_len·H_q)``). The arithmetic is :func:`fdlib.kernels.tile.combine_heads`,
+(b, t, h) row is merged alone, as one of q_len·H_q rows (grid ``(B, q_len·H_q)``).
+The arithmetic is :func:`fdlib.kernels.tile.combine_heads`,
 the same function the unified kernel's last program calls.
 """
 from __future__ import annotations

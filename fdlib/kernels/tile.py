@@ -302,3 +302,27 @@ def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_q
                              BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
     o, lse = state_to_partial(m, l, acc)
     return o, lse, offs_g, mask_gd
+
+
+@triton.jit
+def program_index():
+    """This program's row in a timeline: its linear index in the grid, (pid0·n1 + pid1)·n2 + pid2."""
+    return (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
+
+
+@triton.jit
+def timeline_start():
+    """The GPU's global clock (ns) when a program starts (``%globaltimer``; kernels compiled with TIMELINE only)."""
+    return tl.extra.cuda.globaltimer()
+
+
+@triton.jit
+def timeline_record(TIMES, t_start):
+    """Row :func:`program_index` of ``TIMES`` [n_programs, 3] int64 ← (SM id, start ns, end ns) of this program:
+    ``%smid`` and ``%globaltimer`` read at its end. Only kernels compiled with TIMELINE = True call it; the
+    others do not contain it at all."""
+    t_end = tl.extra.cuda.globaltimer()
+    row = TIMES + program_index().to(tl.int64) * 3
+    tl.store(row, tl.extra.cuda.smid().to(tl.int64))
+    tl.store(row + 1, t_start)
+    tl.store(row + 2, t_end)

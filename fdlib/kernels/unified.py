@@ -27,11 +27,11 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, q_len_of, rows4
 from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
-                   tile_update)
+                   tile_update, timeline_record, timeline_start)
 
 
 @triton.jit
-def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT,
+def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
                    stride_qb, stride_qt, stride_qh,
                    stride_kb, stride_kl, stride_kh,
                    stride_vb, stride_vl, stride_vh,
@@ -43,7 +43,9 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
                    TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
-                   Q_LEN: tl.constexpr = 1):
+                   Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False):
+    if TIMELINE:
+        t_start = timeline_start()
     b = tl.program_id(0)
     h_kv = tl.program_id(1)
     split = tl.program_id(2)
@@ -63,6 +65,8 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot, stride_oh,
                    LSE + b * stride_sb, stride_st, stride_sh,
                    GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, TAKE_TICKET)
+    if TIMELINE:
+        timeline_record(TIMES, t_start)
 
 
 _COUNTERS: dict = {}
@@ -113,26 +117,29 @@ def scratch_flag(device) -> torch.Tensor:
 
 
 def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
-                     dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1) -> Launcher:
+                     dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1,
+                     timeline: bool = False) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles,
     the page size (0: a contiguous cache) and the query tokens per sequence (group × q_len rows a program).
     ``merge_splits``: size the merge's blocks for this many splits instead of the launched ones
-    (batch-invariant plans fix it, so the merge order never depends on the launch)."""
+    (batch-invariant plans fix it, so the merge order never depends on the launch). ``timeline``: the variant
+    that records each program's (SM, start, end) (:meth:`fdlib.plan.DecodePlan.timeline_buffer`)."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     block_h, block_s = combine_blocks(group * q_len, merge_splits or splits, BLOCK_D)
     return Launcher(unified_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                          BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
-                                         PAGE=page, Q_LEN=q_len, num_warps=cfg.num_warps,
+                                         PAGE=page, Q_LEN=q_len, TIMELINE=timeline, num_warps=cfg.num_warps,
                                          num_stages=cfg.num_stages), dtype_slots)
 
 
 def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag,
-                 block_table=None):
+                 block_table=None, times=None):
     """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`); with a
     ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]. q, out ``[B, H_q, D]``,
     lse ``[B, H_q]``, partials ``[B, H_q, splits, D]``/``[B, H_q, splits]``; or with the query-token axis:
-    ``[B, q_len, H_q, D]``, ``[B, q_len, H_q]``, ``[B, q_len, H_q, splits, D]``/``[B, q_len, H_q, splits]``."""
+    ``[B, q_len, H_q, D]``, ``[B, q_len, H_q]``, ``[B, q_len, H_q, splits, D]``/``[B, q_len, H_q, splits]``.
+    ``times``: the timeline buffer of a TIMELINE launch (else the flag stands in for the unused pointer)."""
     q, out, lse = rows4(q), rows4(out), rows4(lse, 3)
     if splits == 1:   # one split per row: the program writes out/lse itself and never touches the workspace
         o_part, lse_part = out, lse
@@ -143,7 +150,8 @@ def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_pa
     qs, ks, vs, os_, ss = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((q.shape[0], k_cache.shape[2], splits),
-            (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt),
+            (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt,
+             flag if times is None else times),
             (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2], ps[3],
              ls[0], ls[1], ls[2], os_[0], os_[1], os_[2], ss[0], ss[1], ss[2], scale * LOG2E, chunk,
              k_cache.shape[2], L_max, bt_stride, n_pages))
@@ -162,7 +170,8 @@ def run_unified(q, k_cache, v_cache, lens, scale, chunk, splits, cfg, out, lse, 
                 ticket_fn=None, *, o_part=None, lse_part=None, counters=None, flag=None, block_table=None):
     """One launch: partials, tickets and the merge. Writes ``out`` and ``lse`` in place. q is ``[B, H_q, D]`` or
     ``[B, q_len, H_q, D]`` (out like q, lse ``q.shape[:-1]``). ``o_part``,
-    ``lse_part`` ([B, H_q, splits, D] and [B, H_q, splits] float32, with the q_len axis after B for a 4-D q), ``counters`` (zeroed int32, one per
+    ``lse_part`` ([B, H_q, splits, D] and [B, H_q, splits] float32, with the q_len axis after B for a 4-D q),
+    ``counters`` (zeroed int32, one per
     (b, h_kv) row) and ``flag`` are a plan's workspace; without them the call allocates the partials and
     uses the shared counters and flag of the device."""
     B, H_q, D = q.shape[0], q.shape[-2], q.shape[-1]
