@@ -105,7 +105,7 @@ def invariant_decision(D: int, L_max: int, dtype, q_rows: int = 1) -> Decision:
 
 def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=None, max_seqlen=None,
            method: str = "auto", num_splits: int | None = None, batch_invariant: bool = False,
-           q_len: int = 1) -> Decision:
+           q_len: int = 1, paged: bool = False) -> Decision:
     """The kernel, tiles, splits and chunk for a batch of these sizes on this runtime (see the module doc).
     ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None;
     ``batch_invariant``: :func:`invariant_decision`. ``q_len`` query tokens per sequence: a program holds
@@ -131,12 +131,12 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     if method == "persistent":
         num_splits = 1
     elif method == "auto" and num_splits is None:
-        kernel, num_splits = choose_auto(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths)
+        kernel, num_splits = choose_auto(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged=paged)
     elif num_splits is None:
         num_splits = choose_splits(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths)
     chunk, splits = chunk_for(L_cap, num_splits, tile.BLOCK_N)
     if kernel == "auto":   # forced splits: the unified kernel, or the persistent one at one split
-        kernel = choose_kernel(B, H_kv, L_cap, splits)
+        kernel = choose_kernel(B, H_kv, L_cap, splits, paged=paged)
     if kernel == "balanced":
         if B > MAX_BATCH:
             raise ValueError(f"method: 'balanced' keeps the batch's lengths in registers, B <= {MAX_BATCH}, got B={B}")
@@ -503,7 +503,7 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
     check_q_len(q_len, L_max)
     d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
-               num_splits=num_splits, batch_invariant=batch_invariant, q_len=q_len)
+               num_splits=num_splits, batch_invariant=batch_invariant, q_len=q_len, paged=bool(page_size))
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
                       _workspace(B, H_q, H_kv, D, L_max, d, device, q_len),

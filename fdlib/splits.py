@@ -30,7 +30,8 @@ def choose_splits(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, length
     return _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "unified").chosen
 
 
-def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> tuple[str, int]:
+def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None,
+                paged: bool = False) -> tuple[str, int]:
     """(kernel, splits) of ``method="auto"``: the unified kernel or the two-stage path, whichever the cost
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
@@ -60,7 +61,7 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
             return kernel, splits
     from .kernels.config import chunk_for
     eff = chunk_for(L_cap, splits, tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N)[1]
-    return choose_kernel(B, H_kv, L_cap, eff), splits
+    return choose_kernel(B, H_kv, L_cap, eff, paged=paged), splits
 
 
 # The unified kernel's last program merges splits × group rows of D+1 values alone on one SM, after everything
@@ -151,7 +152,7 @@ def persistent_per_sm() -> int:
     return 1 if runtime.INTERPRET else PERSISTENT_PER_SM
 
 
-def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int) -> str:
+def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: bool = False) -> str:
     """The kernel ``method="auto"`` launches: ``"persistent"`` when every row is one split, there are at least
     PERSISTENT_MIN_WAVES·SMs rows (B·H_kv), and each of its programs has little work, at most PERSISTENT_MAX_KEYS
     keys (rows·L_cap / (SMs·programs per SM)); else ``"unified"``.
@@ -162,6 +163,10 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int) -> str:
     they are long. Measured on an H200 (results/h200/bench-float16.json, graph timings): B=64, H 32:8, L=512
     41.8 µs unified, 36.3 persistent; B=16, 32:32, L=2048 127.7 vs 127.0; but B=64, 32:32, L=2048 (≈16k keys
     per program) 495.9 vs 531.4, and with 128 rows (one wave of the plain grid) B=16, 32:8, L=512 12.3 vs 15.6."""
+    if paged:
+        # Not over pages: on the H200 (ragged run of 2026-11-30 15:45Z, pages of 16, every row 1024 keys), B=128
+        # 32:8 took 199.7 µs through the persistent kernel against 127.7 µs for a contiguous cache.
+        return "unified"
     rows = B * H_kv
     sms = sm_count()
     keys_per_program = rows * L_cap / (sms * persistent_per_sm())

@@ -77,9 +77,9 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
         valid = pos < L
         kv_mask = valid[:, None] & mask_d[None, :]
         if PAGE == 0:
-            k = tl.load(K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + pos[:, None] * stride_kl
+            k = tl.load(K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + pos.to(tl.int64)[:, None] * stride_kl
                         + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + pos[:, None] * stride_vl
+            v = tl.load(V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + pos.to(tl.int64)[:, None] * stride_vl
                         + offs_d[None, :], mask=kv_mask, other=0.0)
         else:
             page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, PAGE)

@@ -187,9 +187,9 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
         pos = n0 + offs_n
         valid = pos < end
         kv_mask = valid[:, None] & mask_d[None, :]
-        if PAGE == 0:
-            k = tl.load(k_ptrs + pos[:, None] * stride_kl, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs + pos[:, None] * stride_vl, mask=kv_mask, other=0.0)
+        if PAGE == 0:   # 64-bit offsets: a cache of 8M keys x 8 heads x 128 dims passes 2^31 elements
+            k = tl.load(k_ptrs + pos.to(tl.int64)[:, None] * stride_kl, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs + pos.to(tl.int64)[:, None] * stride_vl, mask=kv_mask, other=0.0)
         else:
             page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
             k = tl.load(k_ptrs + (page * stride_kb + slot * stride_kl)[:, None], mask=kv_mask, other=0.0)

@@ -71,8 +71,8 @@ def _load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, s
     block table row ``BT_ROW``, :func:`~fdlib.kernels.tile.page_rows`); masked rows read 0."""
     kv_mask = valid[:, None] & mask_d[None, :]
     if PAGE == 0:
-        k = tl.load(k_ptrs + pos[:, None] * stride_kl, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs + pos[:, None] * stride_vl, mask=kv_mask, other=0.0)
+        k = tl.load(k_ptrs + pos.to(tl.int64)[:, None] * stride_kl, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs + pos.to(tl.int64)[:, None] * stride_vl, mask=kv_mask, other=0.0)
     else:
         page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
         k = tl.load(k_ptrs + (page * stride_kb + slot * stride_kl)[:, None], mask=kv_mask, other=0.0)
