@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import runtime
+from .kernels.launch import rows4
 from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config, tile_config, tile_config_for
 from .kernels.balanced import MAX_BATCH, balanced_args, balanced_launcher, items_max
 from .kernels.persistent import persistent_args, persistent_launcher, programs_for, rows_for
@@ -241,9 +242,9 @@ class DecodePlan:
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        q4 = q if q.dim() == 4 else q.unsqueeze(1) if q.dim() == 3 else None
+        tail = (self.q_len, self.H_q, self.D) if q.dim() == 4 else (self.H_q, self.D) if self.q_len == 1 else None
         B = q.shape[0] if q.dim() else 0
-        if (q4 is None or q4.shape[1:] != (self.q_len, self.H_q, self.D) or q.dtype != self.dtype
+        if (tail is None or q.shape[1:] != tail or q.dtype != self.dtype
                 or q.device != self.device or B > self.B or q.stride(-1) != 1 and self.D > 1):
             self._mismatch("q", q, B)
         if self.page_size:
@@ -280,12 +281,13 @@ class DecodePlan:
             raise ValueError(f"lse: expected a float32 tensor of shape {list(lse_shape)} on {self.device}, got "
                              f"{lse.dtype} {list(lse.shape)} on {lse.device}")
         times = None if timeline is None else self._check_timeline(timeline, B)
-        self._launch(q4, k_cache, v_cache, lens, out.unsqueeze(1) if out.dim() == 3 else out,
-                     lse.unsqueeze(1) if lse.dim() == 2 else lse, block_table, times)
+        self._launch(q, k_cache, v_cache, lens, out, lse, block_table, times)
         return (out, lse) if want_lse else out
 
     def _launch(self, q, k_cache, v_cache, lens, out, lse, bt, times=None):
-        """Launch the decided kernel(s): q, out ``[B', q_len, H_q, D]``, lse ``[B', q_len, H_q]`` (views);
+        """Launch the decided kernel(s): q, out ``[B', q_len, H_q, D]``, lse ``[B', q_len, H_q]``, or the
+        one-token form ``[B', H_q, D]``, ``[B', H_q]`` as the caller gave them (the launches read the strides of
+        the query-token axis without making views: :func:`~fdlib.kernels.launch.strides4`);
         ``times``: a checked timeline buffer (the TIMELINE variant of the kernel), or None."""
         d, ws = self.decision, self.workspace
         go = self._launchers if times is None else self._timeline_launchers()
@@ -297,6 +299,7 @@ class DecodePlan:
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
                                ws.flag, bt, times))
+            out, lse = rows4(out), rows4(lse, 3)   # stage 2 merges (t, h) rows: views with the token axis
             if flat_rows(out) is None or flat_rows(lse) is None:   # stage 2 merges (t, h) rows of flat strides
                 o_tmp, l_tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device), lse.contiguous()
                 go[1](*stage2_args(ws.o_part, ws.lse_part, o_tmp, l_tmp))
@@ -320,7 +323,9 @@ class DecodePlan:
                 v_cache = v_cache[idx].reshape(q.shape[0], self.L_max, self.H_kv, self.D)
             o, l = naive_attention(q, k_cache, v_cache, clamped, self.scale)
             out.copy_(o)
-            lse.copy_(l)
+            if lse.dim() > l.dim():   # the plan's own [B, 1, H_q] buffer under a one-token call
+                lse = lse[:, 0]
+            lse[: l.shape[0]].copy_(l)
 
     # -------------------------------------------------------------------------------------- timeline
     def timeline_programs(self, B: int | None = None) -> int:

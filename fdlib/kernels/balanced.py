@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, paging, rows4
+from .launch import Launcher, paging, strides4
 from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
                    tile_update, timeline_record, timeline_start)
 
@@ -100,12 +100,10 @@ def balanced_args(q, k_cache, v_cache, lens, scale, budget, out, lse, o_part, ls
     (a row's partials lie at its consecutive items) with items >= :func:`items_max`. Several query tokens: q
     and out ``[B, q_len, H_q, D]``, lse ``[B, q_len, H_q]``, o_part [items, q_len, H_q, D], lse_part
     [q_len, H_q, items]. ``times``: the timeline buffer of a TIMELINE launch (else the flag stands in)."""
-    q, out, lse = rows4(q), rows4(out), rows4(lse, 3)
-    if o_part.dim() == 3:
-        o_part, lse_part = o_part.unsqueeze(1), lse_part.unsqueeze(0)
     B = q.shape[0]
-    qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
-    ps, lps = o_part.stride(), lse_part.stride()
+    qs, ks, vs, os_, ls = strides4(q), k_cache.stride(), v_cache.stride(), strides4(out), strides4(lse, 3)
+    ps = strides4(o_part)
+    lps = lse_part.stride() if lse_part.dim() == 3 else (0, *lse_part.stride())
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((items_max(B, budget), k_cache.shape[2]),
             (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt,

@@ -101,6 +101,13 @@ def rows4(t, rank: int = 4):
     return t.unsqueeze(1) if t.dim() == rank - 1 else t
 
 
+def strides4(t, rank: int = 4) -> tuple:
+    """The strides of ``t`` with the query-token axis: :func:`rows4`'s strides without making the view (a size-1
+    axis 1 gets stride 0), so a launch of the one-token form pays for no new tensor."""
+    s = t.stride()
+    return (s[0], 0, *s[1:]) if len(s) == rank - 1 else s
+
+
 def q_len_of(q) -> int:
     """Query tokens per sequence of q: ``[B, q_len, H_q, D]`` or ``[B, H_q, D]`` (one)."""
     return q.shape[1] if q.dim() == 4 else 1

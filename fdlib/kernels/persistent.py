@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, paging, q_len_of, rows4
+from .launch import Launcher, paging, q_len_of, strides4
 from .tile import (LOG2E, causal_limit, load_lengths, page_rows, row_offset, state_to_partial, tile_update,
                    timeline_record, timeline_start)
 
@@ -143,10 +143,9 @@ def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, f
     ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]. q, out ``[B, H_q, D]``
     and lse ``[B, H_q]``, or ``[B, q_len, H_q, D]`` and ``[B, q_len, H_q]``. ``times``: the timeline buffer of a
     TIMELINE launch (else the flag stands in for the unused pointer)."""
-    q, out, lse = rows4(q), rows4(out), rows4(lse, 3)
     H_kv = k_cache.shape[2]
     n_rows = q.shape[0] * H_kv
-    qs, ks, vs, os_, ls = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
+    qs, ks, vs, os_, ls = strides4(q), k_cache.stride(), v_cache.stride(), strides4(out), strides4(lse, 3)
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((max(1, min(programs, n_rows)),),
             (q, k_cache, v_cache, lens, out, lse, flag, bt, flag if times is None else times),

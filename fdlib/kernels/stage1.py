@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, paging, q_len_of, rows4
+from .launch import Launcher, paging, q_len_of, strides4
 from .tile import (LOG2E, attend_group, load_lengths, row_offset, split_range, tile_update, timeline_record,
                    timeline_start)
 
@@ -78,8 +78,8 @@ def stage1_args(q, k_cache, v_cache, lens, scale, chunk, splits, o_part, lse_par
     partials ``[B, H_q, splits, D]``/``[B, H_q, splits]``, or ``[B, q_len, H_q, D]`` with
     ``[B, q_len, H_q, splits, D]``/``[B, q_len, H_q, splits]``. ``times``: the timeline buffer of a TIMELINE
     launch (else the flag stands in for the unused pointer)."""
-    q, o_part, lse_part = rows4(q), rows4(o_part, 5), rows4(lse_part)
-    qs, ks, vs, ps, ls = q.stride(), k_cache.stride(), v_cache.stride(), o_part.stride(), lse_part.stride()
+    qs, ks, vs = strides4(q), k_cache.stride(), v_cache.stride()
+    ps, ls = strides4(o_part, 5), strides4(lse_part)
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((q.shape[0], k_cache.shape[2], splits),
             (q, k_cache, v_cache, lens, o_part, lse_part, flag, bt, flag if times is None else times),

@@ -120,6 +120,7 @@ def combine_heads(o_ptr, lse_ptr, n_splits, stride_ot, stride_oh, stride_os, str
         else:
             lse_i = tl.load(lse_ptrs, mask=mask_hs, other=float("-inf"))
             o_i = tl.load(o_ptrs, mask=mask_hsd, other=0.0)
+        o_i = tl.where((lse_i == float("-inf"))[:, :, None], 0.0, o_i)   # an empty split's O never enters (0·NaN)
         m_new = tl.maximum(m, tl.max(lse_i, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_ref)

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, paging, q_len_of, rows4
+from .launch import Launcher, paging, q_len_of, strides4
 from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
                    tile_update, timeline_record, timeline_start)
 
@@ -140,14 +140,13 @@ def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_pa
     lse ``[B, H_q]``, partials ``[B, H_q, splits, D]``/``[B, H_q, splits]``; or with the query-token axis:
     ``[B, q_len, H_q, D]``, ``[B, q_len, H_q]``, ``[B, q_len, H_q, splits, D]``/``[B, q_len, H_q, splits]``.
     ``times``: the timeline buffer of a TIMELINE launch (else the flag stands in for the unused pointer)."""
-    q, out, lse = rows4(q), rows4(out), rows4(lse, 3)
+    qs, os_, ss = strides4(q), strides4(out), strides4(lse, 3)
     if splits == 1:   # one split per row: the program writes out/lse itself and never touches the workspace
         o_part, lse_part = out, lse
-        ps, ls = (*out.stride()[:3], 0), lse.stride()
+        ps, ls = (*os_[:3], 0), ss
     else:
-        o_part, lse_part = rows4(o_part, 5), rows4(lse_part)
-        ps, ls = o_part.stride(), lse_part.stride()
-    qs, ks, vs, os_, ss = q.stride(), k_cache.stride(), v_cache.stride(), out.stride(), lse.stride()
+        ps, ls = strides4(o_part, 5), strides4(lse_part)
+    ks, vs = k_cache.stride(), v_cache.stride()
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((q.shape[0], k_cache.shape[2], splits),
             (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt,
