@@ -4,23 +4,24 @@
 # STEPS: comma-separated, default tests,notebooks,sanitizer,calibrate,bench,sweep
 #        ("quick" = tests,sanitizer,calibrate)
 #   tests      GPU test suite (tests/test_gpu.py, test_persistent, test_plan, test_paged, test_balanced,
-#              test_invariance on compiled kernels, and the bench's GPU tests)
+#              test_invariance on compiled kernels, or the files in GPU_TESTS; and the bench's GPU tests)
 #   notebooks  every notebook under nbval, as shipped and with the reference solutions (tests/test_notebooks.py);
 #              nbval, ipykernel and their dependencies come from wheels in .whl/ when that folder exists
 #              (installed into /tmp/site, no network)
 #   sanitizer  compute-sanitizer memcheck and racecheck on tools/sanitize_case.py (if compute-sanitizer is there)
 #   calibrate  cost-model calibration (cached under OUT_DIR/run, also copied as calibration.json)
-#   bench      python -m fdlib.bench: fp16 and bf16 full grid
+#   bench      python -m fdlib.bench: fp16 and bf16 full grid (BENCH_DTYPES="float16" for one)
 #   sweep      python -m fdlib.bench --sweep-splits, fp16
 #   host       python -m fdlib.bench --host-overhead (µs per back-to-back call, cProfile of decode_attention)
-#   heads      python -m fdlib.bench --heads-sweep (groups 1..16, D 64..256, fp16; split, unified, auto, cuDNN:
-#              the persistent kernel, 20-100x slower at these few rows, is left out)
+#   heads      python -m fdlib.bench --heads-sweep (groups 1..16, D 64..256, L 8k and 64k, fp16; split, unified,
+#              auto, cuDNN: the persistent kernel, 20-100x slower at these few rows, is left out)
 #   ragged     python -m fdlib.bench --ragged, fp16: contiguous cache, then pages of 16 keys; issue 13's B=32 batch
-#   pages      the ragged protocol at B=32 with pages of 1, 4 and 8 keys (auto)
+#   pages      the ragged protocol at B=32, mean 8192, with pages of 1, 4 and 8 keys (auto)
 #   qlen       python -m fdlib.bench --qlen: q_len 1, 2, 4, 8 against SDPA cuDNN / FlashAttention
 #   timeline   tools/record_timeline.py: per-program (SM, start, end) of Lab 06's ragged batches
-#   invariant  python -m fdlib.bench --methods auto,invariant,cudnn, fp16: the cost of batch_invariant=True
-#   unifiedmax python -m fdlib.bench.unified_max, fp16: FlashDecoding++'s unified max against the unified kernel
+#   invariant  python -m fdlib.bench --methods auto,invariant, fp16: the cost of batch_invariant=True
+#   unifiedmax python -m fdlib.bench.unified_max, fp16, B 1 and 16, L 2k-128k: FlashDecoding++'s unified max
+#              against the unified kernel
 # Writes OUT_DIR/gpu-validate.tar.gz (every file, for machines that return few files) and a log.
 set -uo pipefail
 OUT="${1:?usage: tools/gpu_validate.sh OUT_DIR [STEPS]}"
@@ -42,7 +43,7 @@ fi
   echo "== git: $(git rev-parse --short HEAD 2>/dev/null || echo 'no git metadata'); steps: $STEPS"
   if has tests; then
     echo "== GPU tests"
-    timeout 480 python3 -m pytest tests/test_gpu.py tests/test_persistent.py tests/test_plan.py tests/test_paged.py tests/test_balanced.py tests/test_invariance.py -q -p no:cacheprovider \
+    timeout 480 python3 -m pytest ${GPU_TESTS:-tests/test_gpu.py tests/test_persistent.py tests/test_plan.py tests/test_paged.py tests/test_balanced.py tests/test_invariance.py} -q -p no:cacheprovider \
       -rfE 2>&1 | tee "$OUT/run/gpu-tests.log" | tail -15
     timeout 200 python3 -m pytest tests/test_bench.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
   fi
@@ -63,7 +64,7 @@ fi
     cp "$OUT"/run/calibration-*.json "$OUT/run/calibration.json" 2>/dev/null
   fi
   if has bench; then
-    for dt in float16 bfloat16; do
+    for dt in ${BENCH_DTYPES:-float16 bfloat16}; do
       echo "== bench $dt"
       timeout 300 python3 -m fdlib.bench --dtype "$dt" --out "$OUT/run" --name "bench-$dt" --no-progress \
         --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
@@ -75,15 +76,15 @@ fi
   fi
   if has heads; then
     echo "== heads sweep"
-    timeout 420 python3 -m fdlib.bench --heads-sweep --methods split,unified,auto,cudnn --out "$OUT/run" \
+    timeout 200 python3 -m fdlib.bench --heads-sweep --methods split,unified,auto,cudnn --L 8192,65536 --out "$OUT/run" \
       --name heads-sweep --no-progress \
       --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
   fi
   if has ragged; then
     echo "== ragged batches"
-    timeout 280 python3 -m fdlib.bench --ragged --dtype float16 --methods auto,split,balanced --out "$OUT/run" \
+    timeout 200 python3 -m fdlib.bench --ragged --dtype float16 --methods auto,balanced --out "$OUT/run" \
       --name ragged-fp16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
-    timeout 200 python3 -m fdlib.bench --ragged --page-size 16 --dtype float16 --methods auto,balanced \
+    timeout 150 python3 -m fdlib.bench --ragged --page-size 16 --dtype float16 --methods auto,balanced \
       --out "$OUT/run" --name ragged-fp16-page16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
     # issue 13's batch: B=32, 32:8, lengths uniform in 1..32768 (mean 16384), contiguous and pages of 16
     for ps in 0 16; do
@@ -93,9 +94,9 @@ fi
     done
   fi
   if has pages; then
-    echo "== page sizes 1, 4, 8 (B=32; 16 is in the ragged step)"
+    echo "== page sizes 1, 4, 8 (B=32, mean 8192; 16 is in the ragged step)"
     for ps in 1 4 8; do
-      timeout 100 python3 -m fdlib.bench --ragged --B 32 --page-size $ps --dtype float16 --methods auto \
+      timeout 60 python3 -m fdlib.bench --ragged --B 32 --L 8192 --page-size $ps --dtype float16 --methods auto \
         --out "$OUT/run" --name ragged-fp16-b32-page$ps --no-progress --warmup 10 --rep 30 --graph-rep 10 \
         2>&1 | tail -2
     done
@@ -111,12 +112,13 @@ fi
   fi
   if has invariant; then
     echo "== batch-invariant cost"
-    timeout 280 python3 -m fdlib.bench --methods auto,invariant,cudnn --dtype float16 --out "$OUT/run" \
+    timeout 150 python3 -m fdlib.bench --methods auto,invariant --dtype float16 --out "$OUT/run" \
       --name invariant-fp16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
   fi
   if has unifiedmax; then
     echo "== unified-max (FlashDecoding++) against the unified kernel"
-    timeout 300 python3 -m fdlib.bench.unified_max --dtype float16 --out "$OUT/run" --name unified-max 2>&1 | tail -4
+    timeout 120 python3 -m fdlib.bench.unified_max --dtype float16 --B 1,16 --L 2048,32768,131072 --out "$OUT/run" \
+      --name unified-max 2>&1 | tail -4
   fi
   if has sweep; then
     echo "== sweep"

@@ -1,7 +1,7 @@
 """A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split, unified and persistent paths,
 ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64; lengths
 outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a smaller
-batch than planned; a paged, ragged batch (shared and unused pages) through every method.
+batch than planned; a paged, ragged batch (shared and unused pages) through every method; q_len = 4.
 
 compute-sanitizer --tool memcheck python tools/sanitize_case.py
 """
@@ -52,6 +52,15 @@ idx = bt.long().clamp(0, n_pages - 1)
 ref, _ = fdlib.reference_attention(q, kp[idx].flatten(1, 2), vp[idx].flatten(1, 2), lens)
 for method in ("split", "unified", "persistent", "balanced", "auto"):
     out = fdlib.decode_attention(q, kp, vp, lens, block_table=bt, method=method)
+    torch.cuda.synchronize()
+    worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
+# Four query tokens per sequence (speculative decoding): every method, ragged lengths including one shorter
+# than q_len.
+q4 = torch.randn(B, 4, H_q, D, device="cuda", dtype=torch.float16)
+lens = torch.tensor([300, 2, 129], device="cuda", dtype=torch.int32)
+ref, _ = fdlib.reference_attention(q4, k, v, lens)
+for method in ("split", "unified", "persistent", "balanced", "auto"):
+    out = fdlib.decode_attention(q4, k, v, lens, method=method)
     torch.cuda.synchronize()
     worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
 print(f"sanitize case done, worst relative error {worst:.2e}")
