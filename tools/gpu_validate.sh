@@ -15,8 +15,9 @@
 #   host       python -m fdlib.bench --host-overhead (µs per back-to-back call, cProfile of decode_attention)
 #   heads      python -m fdlib.bench --heads-sweep (groups 1..16, D 64..256, L 8k and 64k, fp16; split, unified,
 #              auto, cuDNN: the persistent kernel, 20-100x slower at these few rows, is left out)
-#   ragged     python -m fdlib.bench --ragged, fp16: contiguous cache, then pages of 16 keys; issue 13's B=32 batch
-#   pages      the ragged protocol at B=32, mean 8192, with pages of 1, 4 and 8 keys (auto)
+#   ragged     python -m fdlib.bench --ragged, fp16: contiguous cache (and the whole grid over pages of 16 keys
+#              with RAGGED_PAGED=1); issue 13's B=32 batch, contiguous and paged
+#   pages      the ragged protocol at B=32, mean 8192, with pages of 1, 4, 8 and 16 keys (auto)
 #   qlen       python -m fdlib.bench --qlen: q_len 1, 2, 4, 8 against SDPA cuDNN / FlashAttention
 #   timeline   tools/record_timeline.py: per-program (SM, start, end) of Lab 06's ragged batches
 #   invariant  python -m fdlib.bench --methods auto,invariant, fp16: the cost of batch_invariant=True
@@ -84,8 +85,9 @@ fi
     echo "== ragged batches"
     timeout 200 python3 -m fdlib.bench --ragged --dtype float16 --methods auto,balanced --out "$OUT/run" \
       --name ragged-fp16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
-    timeout 150 python3 -m fdlib.bench --ragged --page-size 16 --dtype float16 --methods auto,balanced \
-      --out "$OUT/run" --name ragged-fp16-page16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
+    [ -n "${RAGGED_PAGED:-}" ] && timeout 150 python3 -m fdlib.bench --ragged --page-size 16 --dtype float16 \
+      --methods auto,balanced --out "$OUT/run" --name ragged-fp16-page16 --no-progress --warmup 10 --rep 30 \
+      --graph-rep 10 2>&1 | tail -3
     # issue 13's batch: B=32, 32:8, lengths uniform in 1..32768 (mean 16384), contiguous and pages of 16
     for ps in 0 16; do
       timeout 60 python3 -m fdlib.bench --ragged --B 32 --heads 32:8 --L 16384 --dtype float16 \
@@ -94,8 +96,8 @@ fi
     done
   fi
   if has pages; then
-    echo "== page sizes 1, 4, 8 (B=32, mean 8192; 16 is in the ragged step)"
-    for ps in 1 4 8; do
+    echo "== page sizes 1, 4, 8, 16 (B=32, mean 8192)"
+    for ps in 1 4 8 16; do
       timeout 60 python3 -m fdlib.bench --ragged --B 32 --L 8192 --page-size $ps --dtype float16 --methods auto \
         --out "$OUT/run" --name ragged-fp16-b32-page$ps --no-progress --warmup 10 --rep 30 --graph-rep 10 \
         2>&1 | tail -2
