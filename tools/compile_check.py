@@ -6,7 +6,8 @@ fails here (CI has no GPU). Nothing is launched.
 
 Contiguous (PAGE=0) and paged (PAGE=16) variants; fp16, GQA group 4, D=128 (and fp32, D=80 for stage 1); one
 query token and several (Q_LEN=4, 5, and 16 with group 16: the most rows a program holds); and each kernel's
-TIMELINE=True variant (per-program SM id and times from %smid and %globaltimer).
+TIMELINE=True variant (per-program SM id and times from %smid and %globaltimer); the unified-max kernels (pass 1
+with ticket or atomic partials, pass 2's exact recompute), contiguous and paged.
 """
 import os
 import sys
@@ -23,7 +24,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 import fdlib  # noqa: E402,F401
 from fdlib import runtime  # noqa: E402
-from fdlib.kernels import balanced, persistent, stage1, stage2, tile, unified  # noqa: E402
+from fdlib.kernels import balanced, persistent, stage1, stage2, tile, unified, unified_max  # noqa: E402
 from fdlib.kernels.config import block_sizes, tile_config_for  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -40,7 +41,7 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3):
         elif i < len(ptr_types):
             sig[name] = ptr_types[i]
         else:
-            sig[name] = "fp32" if name == "qk_scale" else "i32"
+            sig[name] = "fp32" if name in ("qk_scale", "lo2", "hi2") else "i32"
     return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs), target=TARGET,
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
@@ -98,6 +99,16 @@ def cases():
                f32, dict(GROUP=group, D=80, BLOCK_G=BG3, BLOCK_D=BD80, FP32_DOT=True, TILE_UPDATE=tile.tile_update,
                          BLOCK_N=64, PAGE=0, Q_LEN=q_len, TIMELINE=False))
     yield ("stage2", stage2.stage2_kernel, ["*fp32", "*fp32", "*fp16", "*fp32"], dict(D=128, BLOCK_S=16, BLOCK_D=128))
+    # FlashDecoding++'s unified max: pass 1 (ticket or atomic partials) and pass 2 (exact recompute of marked rows)
+    BG, BD = block_sizes(g, D)
+    um = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_N=64, BLOCK_D=BD, BLOCK_H=4, BLOCK_S=16, FP32_DOT=False)
+    um_ptrs = h16 + ["*fp32", "*fp32", "*fp32", "*i32", "*i32", "*fp16", "*fp32", "*i32", "*i32", "*i32"]
+    for page in (0, 16):
+        for atomic in (False, True):
+            yield (f"unified_max pass 1 PAGE={page}{' atomic' if atomic else ''}", unified_max.unified_max_kernel,
+                   um_ptrs, dict(um, PAGE=page, ATOMIC=atomic))
+        yield (f"unified_max pass 2 PAGE={page}", unified_max.recompute_kernel,
+               h16 + ["*i32", "*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"], dict(um, PAGE=page))
 
 
 def main() -> int:

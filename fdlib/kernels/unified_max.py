@@ -37,7 +37,7 @@ so no program ever needs another's max, and no tile rescales its accumulator. Th
 2. :func:`recompute_kernel`, same grid: a program whose group has no marked query head exits at once;
    otherwise it recomputes its split with the exact online softmax (:func:`~fdlib.kernels.tile.tile_update`,
    running max, as the unified kernel does) and the row's last program merges the partials with log-sum-exp
-   weights (:func:`_merge_group`), overwriting O and lse of the whole group. Marked rows are never
+   weights (:func:`~fdlib.kernels.tile.combine_heads`), overwriting O and lse of the whole group. Marked rows are never
    skipped; unmarked rows cost one early-exit program per split. (The alternative, reading the marks on the host
    and relaunching only when one is set, saves that launch but syncs, and cannot be captured in a CUDA graph.)
 
@@ -58,8 +58,8 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging
-from .tile import (LOG2E, combine_blocks, load_lengths, page_rows, split_range, state_to_partial, take_ticket,
-                   tile_update)
+from .tile import (LOG2E, combine_blocks, combine_heads, load_lengths, page_rows, split_range, state_to_partial,
+                   take_ticket, tile_update)
 
 REDUCES = ("ticket", "atomic")
 
@@ -78,45 +78,6 @@ def _load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, s
         k = tl.load(k_ptrs + (page * stride_kb + slot * stride_kl)[:, None], mask=kv_mask, other=0.0)
         v = tl.load(v_ptrs + (page * stride_vb + slot * stride_vl)[:, None], mask=kv_mask, other=0.0)
     return k, v
-
-
-@triton.jit
-def _merge_group(O_ROW, L_ROW, h0, n_splits, GROUP, stride_ph, stride_ps, stride_lh, OUT_ROW, stride_oh, LSE_ROW,
-                 stride_sh, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr):
-    r"""Pass 2's merge of the group's exact partials (O_i, lse_i), i < n_splits, in split order, streamed in
-    blocks of BLOCK_S with a running max: :math:`\text{lse} = \log\sum_i e^{\text{lse}_i}`,
-    :math:`O = \sum_i e^{\text{lse}_i - \text{lse}} O_i`; all empty gives O = 0, lse = −∞ (the arithmetic of
-    :func:`fdlib.kernels.tile.combine_heads`, kept here for one query token)."""
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    hh = h0 + offs_h
-    mask_h = offs_h < GROUP
-    mask_d = offs_d < D
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    den = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for s0 in range(0, n_splits, BLOCK_S):
-        sp = s0 + offs_s
-        mask_hs = mask_h[:, None] & (sp < n_splits)[None, :]
-        lse_i = tl.load(L_ROW + hh[:, None] * stride_lh + sp[None, :], mask=mask_hs, other=float("-inf"),
-                        cache_modifier=".cg")
-        o_i = tl.load(O_ROW + hh[:, None, None] * stride_ph + sp[None, :, None] * stride_ps + offs_d[None, None, :],
-                      mask=mask_hs[:, :, None] & mask_d[None, None, :], other=0.0, cache_modifier=".cg")
-        o_i = tl.where((lse_i == float("-inf"))[:, :, None], 0.0, o_i)   # an empty split weighs 0, whatever O_i holds
-        m_new = tl.maximum(m, tl.max(lse_i, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_ref)
-        w = tl.exp(lse_i - m_ref[:, None])
-        den = den * alpha + tl.sum(w, 1)
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_i, 1)
-        m = m_new
-    empty = den == 0.0
-    o = acc / tl.where(empty, 1.0, den)[:, None]
-    lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den)))
-    tl.store(OUT_ROW + hh[:, None] * stride_oh + offs_d[None, :], o.to(OUT_ROW.dtype.element_ty),
-             mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(LSE_ROW + hh * stride_sh, lse, mask=mask_h)
 
 
 @triton.jit
@@ -310,8 +271,10 @@ def recompute_kernel(Q, K, V, LENS, MARKS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
                 tl.store(O_ROW + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :], o, mask=mask_gd)
                 tl.store(L_ROW + heads * stride_lh + split, lse, mask=mask_g)
                 if take_ticket(COUNTERS + b * H_KV + h_kv, n_splits):
-                    _merge_group(O_ROW, L_ROW, h_kv * GROUP, n_splits, GROUP, stride_ph, stride_ps, stride_lh,
-                                 OUT_ROW, stride_oh, LSE_ROW, stride_sh, BLOCK_H, BLOCK_S, BLOCK_D, D)
+                    h0 = h_kv * GROUP   # the group's exact partials, merged as every kernel merges them
+                    combine_heads(O_ROW + h0 * stride_ph, L_ROW + h0 * stride_lh, n_splits, 0, stride_ph, stride_ps,
+                                  0, stride_lh, OUT_ROW + h0 * stride_oh, 0, stride_oh, LSE_ROW + h0 * stride_sh, 0,
+                                  stride_sh, GROUP, 1, BLOCK_H, BLOCK_S, BLOCK_D, D, True)
 
 
 # ---------------------------------------------------------------------------------------------- host side
