@@ -168,6 +168,23 @@ def page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE: tl.constexpr):
 
 
 @triton.jit
+def load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
+            PAGE: tl.constexpr):
+    """One tile of keys and values at positions ``pos`` (a contiguous cache, PAGE = 0, or pages behind the block
+    table row ``BT_ROW``, :func:`page_rows`); masked rows read 0. Key offsets are 64-bit: a cache of 8M keys ×
+    8 heads × 128 dims passes 2^31 elements."""
+    kv_mask = valid[:, None] & mask_d[None, :]
+    if PAGE == 0:
+        k = tl.load(k_ptrs + pos.to(tl.int64)[:, None] * stride_kl, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs + pos.to(tl.int64)[:, None] * stride_vl, mask=kv_mask, other=0.0)
+    else:
+        page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
+        k = tl.load(k_ptrs + (page * stride_kb + slot * stride_kl)[:, None], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs + (page * stride_vb + slot * stride_vl)[:, None], mask=kv_mask, other=0.0)
+    return k, v
+
+
+@triton.jit
 def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mask_d, qk_scale,
                  BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -187,14 +204,8 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         valid = pos < end
-        kv_mask = valid[:, None] & mask_d[None, :]
-        if PAGE == 0:   # 64-bit offsets: a cache of 8M keys x 8 heads x 128 dims passes 2^31 elements
-            k = tl.load(k_ptrs + pos.to(tl.int64)[:, None] * stride_kl, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs + pos.to(tl.int64)[:, None] * stride_vl, mask=kv_mask, other=0.0)
-        else:
-            page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
-            k = tl.load(k_ptrs + (page * stride_kb + slot * stride_kl)[:, None], mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs + (page * stride_vb + slot * stride_vl)[:, None], mask=kv_mask, other=0.0)
+        k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                       n_pages, FLAG, PAGE)
         if Q_LEN == 1:
             seen = valid
         else:

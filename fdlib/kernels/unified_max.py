@@ -58,26 +58,10 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging
-from .tile import (LOG2E, combine_blocks, combine_heads, load_lengths, page_rows, split_range, state_to_partial,
+from .tile import (LOG2E, combine_blocks, combine_heads, load_kv, load_lengths, page_rows, split_range, state_to_partial,
                    take_ticket, tile_update)
 
 REDUCES = ("ticket", "atomic")
-
-
-@triton.jit
-def _load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
-             PAGE: tl.constexpr):
-    """One tile of keys and values at positions ``pos`` (contiguous cache, PAGE = 0, or pages behind the
-    block table row ``BT_ROW``, :func:`~fdlib.kernels.tile.page_rows`); masked rows read 0."""
-    kv_mask = valid[:, None] & mask_d[None, :]
-    if PAGE == 0:
-        k = tl.load(k_ptrs + pos.to(tl.int64)[:, None] * stride_kl, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs + pos.to(tl.int64)[:, None] * stride_vl, mask=kv_mask, other=0.0)
-    else:
-        page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
-        k = tl.load(k_ptrs + (page * stride_kb + slot * stride_kl)[:, None], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs + (page * stride_vb + slot * stride_vl)[:, None], mask=kv_mask, other=0.0)
-    return k, v
 
 
 @triton.jit
@@ -143,7 +127,7 @@ def unified_max_kernel(Q, K, V, LENS, PHI, O_PART, L_PART, F_PART, COUNTERS, OUT
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + offs_n
             valid = pos < end
-            k, v = _load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+            k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
                             n_pages, FLAG, PAGE)
             if FP32_DOT:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -255,7 +239,7 @@ def recompute_kernel(Q, K, V, LENS, MARKS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
             for n0 in range(start, end, BLOCK_N):
                 pos = n0 + offs_n
                 valid = pos < end
-                k, v = _load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb,
+                k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb,
                                 stride_vb, n_pages, FLAG, PAGE)
                 m, l, acc = tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
             o, lse = state_to_partial(m, l, acc)
