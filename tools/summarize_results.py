@@ -276,7 +276,10 @@ def unified_max_section(folder: Path) -> list[str]:
     out = ["", "## FlashDecoding++'s unified max against the unified kernel (fp16 grid)", "",
            f"`{p['command']}`, {p['device']}, {p['date_utc']}", ""]
     for name, summ in sorted((res.get("summary") or {}).items()):
-        out.append(f"- {name}: {json.dumps(summ)}")
+        out.append(f"- {name} / unified: CUDA graphs geometric mean {summ['graph_geomean_ratio']:.3f} over "
+                   f"{summ['graph_shapes']} shapes (faster on {len(summ['graph_faster'])}), eager "
+                   f"{summ['eager_geomean_ratio']:.3f} (faster on {len(summ['eager_faster'])}); largest recompute "
+                   f"rate {summ['max_recompute_rate']:.2%}")
     return out
 
 
