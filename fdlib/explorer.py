@@ -39,6 +39,7 @@ L_OPTIONS = [2 ** e for e in range(6, 21)]
 B_OPTIONS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 H_Q_OPTIONS = [1, 2, 4, 8, 16, 28, 32, 40, 48, 64, 96, 128]
 GROUP_OPTIONS = [1, 2, 4, 5, 7, 8, 16]
+Q_LEN_OPTIONS = [1, 2, 4, 8, 16]   # query tokens per sequence (speculative decoding: the draft tokens)
 DIST_OPTIONS = [("constant: every row L", "constant"), ("uniform in [1, 2L]", "uniform"),
                 ("Zipf-like: most short, a few long (mean L)", "zipf")]
 """The length histogram's choices (L is the mean; :func:`fdlib.explorer_model.ragged_lengths`)."""
@@ -205,11 +206,12 @@ class _Canvas:
 
 
 def draw(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: bool = True, unified: bool = True,
-         D: int = 128, dtype_bytes: int = 2, dist: str = "constant"):
+         D: int = 128, dtype_bytes: int = 2, dist: str = "constant", q_len: int = 1):
     """The explorer's picture for one setting, as a matplotlib Figure (SM maps of the first waves and the
     tail wave, and predicted time vs splits with the cost model's choice and any recorded results)."""
     import matplotlib.pyplot as plt
-    summ, sched, ex = summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_bytes, dist)
+    summ, sched, ex = summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_bytes, dist,
+                                        q_len=q_len)
     fig = plt.figure(figsize=_Canvas.FIGSIZE, dpi=100)
     plt.close(fig)   # returned, not auto-shown: a cell ending in draw(...) shows it once
     canvas = _Canvas(fig)
@@ -266,7 +268,7 @@ def _make_explorer_class():
         (HTML); ``image``: the picture (PNG); ``summary``: the current :class:`Summary`."""
 
         def __init__(self, B=1, H_q=32, H_kv=None, L=131072, splits=1, gpu="H200", gqa=True, unified=True,
-                     D=128, dtype_bytes=2, group=None, dist="constant"):
+                     D=128, dtype_bytes=2, group=None, dist="constant", q_len=1):
             if H_kv is None:
                 H_kv = H_q // (group or 4) if H_q % (group or 4) == 0 else H_q
             self.D, self.dtype_bytes = int(D), int(dtype_bytes)
@@ -288,6 +290,8 @@ def _make_explorer_class():
                                        description="KV length L", style=style, layout=lay),
                 "dist": W.Dropdown(options=DIST_OPTIONS, value=dist,
                                    description="lengths", style=style, layout=lay),
+                "q_len": W.SelectionSlider(options=_with(Q_LEN_OPTIONS, q_len), value=q_len,
+                                           description="query tokens q_len", style=style, layout=lay),
                 "splits": W.SelectionSlider(options=_with(SPLIT_OPTIONS, splits), value=splits,
                                             description="splits", style=style, layout=lay),
                 "gpu": W.Dropdown(options=_with_gpu(g.name), value=g.name, description="GPU", style=style,
@@ -330,7 +334,7 @@ def _make_explorer_class():
             return dict(B=c["B"].value, H_q=H_q, H_kv=H_q // grp if H_q % grp == 0 else None, L=c["L"].value,
                         splits=c["splits"].value, gpu=self._gpu_obj.get(c["gpu"].value, c["gpu"].value),
                         gqa=c["gqa"].value, unified=c["unified"].value, D=self.D, dtype_bytes=self.dtype_bytes,
-                        dist=c["dist"].value)
+                        dist=c["dist"].value, q_len=c["q_len"].value)
 
         def _on_change(self, change):
             self.update()

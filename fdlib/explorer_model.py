@@ -121,6 +121,7 @@ class Summary:
     balanced_us: float = 0.0
     idle_split: float | None = None      # timeline model: share of SM time idle (None: not computed)
     idle_balanced: float | None = None
+    q_len: int = 1               # query tokens per sequence: group × q_len rows a program, the same K/V bytes
 
     @property
     def group(self) -> int:
@@ -163,7 +164,9 @@ class Summary:
         out = [
             f"model of {self.gpu}, {self.sms} SMs, {per_sm_text(self.programs_per_sm)}; {self.mode}",
             f"shape: B={self.B} H_q={self.H_q} H_kv={self.H_kv} (group {self.group}) {L} D={self.D} "
-            f"dtype={self.dtype_bytes} bytes",
+            f"dtype={self.dtype_bytes} bytes"
+            + (f"; q_len={self.q_len} query tokens: {self.group * self.q_len} query rows a program, "
+               f"the same K/V bytes" if self.q_len > 1 else ""),
             f"splits: {split_txt}",
             f"programs: {progs}",
             f"waves: {self.waves} (tail wave: {self.tail_programs} programs), "
@@ -246,17 +249,23 @@ def balanced_time(lengths, H_kv: int, D: int, dtype_bytes: int, budget: int, gpu
 
 
 def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=True, D=128, dtype_bytes=2,
-                      dist="constant", seed=0):
+                      dist="constant", seed=0, q_len=1):
     """(:class:`Summary`, the main launch's :class:`~fdlib.occupancy.Schedule`, the cost model's
     :class:`~fdlib.costmodel.Explanation` over split counts) of one setting; ``gpu`` as
-    :func:`fdlib.gpus.resolve` takes it; ``dist`` the length histogram of mean L (module docstring)."""
+    :func:`fdlib.gpus.resolve` takes it; ``dist`` the length histogram of mean L (module docstring).
+    ``q_len`` query tokens per sequence (speculative decoding): the programs and K/V bytes are those of one
+    token, while every query-side count (rows a program holds, outputs, partials, the merge) is H_q·q_len, as
+    :func:`fdlib.plan.decide` tells the cost model."""
     check_shape(B, H_q, H_kv, L, splits, D, dtype_bytes)
+    if not (isinstance(q_len, int) and 1 <= q_len <= 16):
+        raise ValueError(f"q_len: expected an integer from 1 to 16, got {q_len!r}")
+    rows_q = H_q * q_len
     g = gpus.resolve(gpu)
     heads = H_kv if gqa else H_q
     lens = ragged_lengths(dist, B, L, seed)
     longest = max(max(lens), 1)
     # One program per query head is the packed kernel with group 1: each query head streams its own KV copy.
-    ex = costmodel.explain(B=int(B), H_q=int(H_q), H_kv=int(heads), L=int(L) if dist == "constant" else lens,
+    ex = costmodel.explain(B=int(B), H_q=int(rows_q), H_kv=int(heads), L=int(L) if dist == "constant" else lens,
                            D=int(D), dtype_bytes=int(dtype_bytes), gpu=g, method="unified" if unified else "split")
     r = int(ex.programs_per_sm)
     used = splits_used(longest, splits, D, B * heads, dtype_bytes)
@@ -269,7 +278,7 @@ def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=Tru
         P = heads * sum(max(1, -(-x // chunk)) for x in lens)
     s = schedule(P, r, g.sms)
     busy = tuple([g.sms] * (s.waves - 1) + [s.busy_sms_last_wave]) if s.waves else ()
-    s2 = schedule(B * H_q, programs_per_sm(g, STAGE2_WARPS, 64, 0), g.sms) if not unified else None
+    s2 = schedule(B * rows_q, programs_per_sm(g, STAGE2_WARPS, 64, 0), g.sms) if not unified else None
     t, exact = time_at(ex.candidates, used)
     chosen_t, _ = time_at(ex.candidates, int(ex.chosen))
     extra = {}
@@ -291,18 +300,19 @@ def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=Tru
                    programs_per_sm=r, waves=s.waves, tail_programs=s.tail_programs,
                    wave_efficiency=s.wave_efficiency, utilization=s.utilization, busy_sms_per_wave=busy,
                    stage2_programs=s2.programs if s2 else 0, stage2_waves=s2.waves if s2 else 0,
-                   predicted_us=t, predicted_exact=exact, chosen_splits=int(ex.chosen), chosen_us=chosen_t, **extra)
+                   predicted_us=t, predicted_exact=exact, chosen_splits=int(ex.chosen), chosen_us=chosen_t,
+                   q_len=int(q_len), **extra)
     return summ, s, ex
 
 
 def summary(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: bool = True, unified: bool = True,
-            D: int = 128, dtype_bytes: int = 2, dist: str = "constant", seed: int = 0) -> Summary:
+            D: int = 128, dtype_bytes: int = 2, dist: str = "constant", seed: int = 0, q_len: int = 1) -> Summary:
     """The numbers of one setting: programs, waves, utilization, busy SMs per wave, predicted µs.
 
     >>> print(summary(B=1, H_q=32, H_kv=8, L=131072, splits=1).busy_text())
     8 of 132
     """
-    return summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_bytes, dist, seed)[0]
+    return summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_bytes, dist, seed, q_len)[0]
 
 
 # ----------------------------------------------------------------------------------------------- recorded results

@@ -295,3 +295,18 @@ def test_widget_length_histogram(no_results):
     assert "uniform in [1, 32768]" in w.readout.value
     fig = E.draw(32, 32, 8, 16384, 6, dist="zipf")
     assert "model of H200" in fig._suptitle.get_text()
+
+
+def test_several_query_tokens_count_rows_not_bytes():
+    """q_len query tokens: the same programs and K/V bytes, group × q_len rows a program, and a predicted time
+    that stays close to one token's on a memory-bound shape (the cost model sees H_q·q_len query heads)."""
+    from fdlib.explorer_model import summary
+    one = summary(B=1, H_q=32, H_kv=8, L=131072, splits=16)
+    four = summary(B=1, H_q=32, H_kv=8, L=131072, splits=16, q_len=4)
+    assert four.programs == one.programs and four.q_len == 4
+    assert one.predicted_us <= four.predicted_us <= 1.15 * one.predicted_us
+    assert "q_len=4 query tokens: 16 query rows a program" in str(four)
+    with pytest.raises(ValueError, match="q_len"):
+        summary(B=1, H_q=32, H_kv=8, L=4096, splits=1, q_len=17)
+    two_stage = summary(B=2, H_q=32, H_kv=8, L=4096, splits=4, unified=False, q_len=4)
+    assert two_stage.stage2_programs == 2 * 32 * 4
