@@ -35,6 +35,8 @@ one's end, and the share of SM time in it with no program of the launch running 
 """
 from __future__ import annotations
 
+import re
+
 import heapq
 import json
 from dataclasses import dataclass, field
@@ -375,8 +377,10 @@ def save_recorded(path, batch: dict, runs: list, provenance: dict) -> Path:
 
 
 def provenance_line(prov: dict) -> str:
+    """'recorded on <device> <date> (versions), command: <command>', the command without its output folder."""
+    command = re.sub(r"\s--out(=|\s+)\S+", "", prov["command"])
     return (f"recorded on {prov['device']} {prov['date_utc'][:10]} (torch {prov['torch']}, triton {prov['triton']}, "
-            f"fdlib {prov['fdlib']}), command: {prov['command']}")
+            f"fdlib {prov['fdlib']}), command: {command}")
 
 
 # ----------------------------------------------------------------------------------------------- drawing
@@ -433,7 +437,7 @@ def draw_gantt(tl: Timeline, ax=None, max_sms: int | None = None, title: str | N
     ax.set_title(title or f"{tl.mode}\n{tl.device}, {tl.source}: makespan {tl.makespan:.1f} µs, "
                           f"SMs idle {tl.idle_fraction:.0%}", fontsize=9.5)
     if tl.bands:
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)   # beside the bars, not over them
     return ax
 
 
