@@ -164,7 +164,7 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: bool = Fals
     Why: with one split and many rows the plain grid starts one program per row, and each pays its start-up
     (launch, lengths and queries, pipeline fill and drain) at the same moment as its neighbours on the SM;
     the persistent kernel pays it once per program. That matters when rows are short and stops mattering when
-    they are long. Measured on an H200 (the fp16 bench of 2026-11-29, graph timings, since replaced): B=64,
+    they are long. Measured on an H200 (the fp16 bench of 2026-11-30 14:20Z, graph timings, since replaced): B=64,
     H 32:8, L=512 41.8 µs unified, 36.3 persistent; B=16, 32:32, L=2048 127.7 vs 127.0; but B=64, 32:32,
     L=2048 (≈16k keys per program) 495.9 vs 531.4, and with 128 rows (one wave of the plain grid) B=16, 32:8,
     L=512 12.3 vs 15.6. The run of 2026-11-30 16:40Z (results/h200/bench-float16.json) found the persistent
