@@ -48,8 +48,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             row is one split of a short cache and there are many rows: :func:`fdlib.splits.choose_kernel`),
             ``"unified"``, ``"split"`` (stage 1 + stage 2 kernels), ``"persistent"`` (one launch of a few
             programs per SM walking all rows, no split), ``"balanced"`` (ragged batches: the batch cut into work
-            items of near-equal size on the device, :mod:`fdlib.schedule`) or ``"naive"`` (PyTorch
-            matmul-softmax-matmul).
+            items of near-equal size on the device, :mod:`fdlib.schedule`), ``"naive"`` (PyTorch
+            matmul-softmax-matmul) or ``"unified_max"`` (FlashDecoding++'s fixed-φ softmax with exact
+            recomputation of rows whose logits leave the safe window: :func:`fdlib.exact.unified_max_attention`,
+            φ estimated from each row's first keys; one query token, planned per call, not batch-invariant).
         num_splits: force the number of KV splits (1..256) instead of letting fdlib choose; at most one split
             per tile of keys is launched (:func:`fdlib.kernels.config.chunk_for`).
         return_lse: also return lse ``q.shape[:-1]`` float32 (natural log): ``[B, H_q]``, or ``[B, q_len, H_q]``
@@ -75,6 +77,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         raise TypeError("validate: this argument is gone. Calls never read lengths back now (graph-safe by "
                         "default); pass check_lengths=True to check device lengths on the host, and max_seqlen= "
                         "to choose splits for a known bound")
+    if method == "unified_max":
+        return _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, return_lse,
+                            max_seqlen, check_lengths, batch_invariant)
     if torch.compiler.is_compiling():
         if block_table is not None:
             raise NotImplementedError("block_table: the torch.compile op takes contiguous caches only (for now)")
@@ -93,6 +98,22 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         # for every call; if they find nothing, the plan's own error stands
         check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table)
         raise
+
+
+def _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, return_lse, max_seqlen,
+                 check_lengths, batch_invariant):
+    """``method="unified_max"``: :func:`fdlib.exact.unified_max_attention` (it plans per call and allocates its
+    workspace; the options that belong to the plan path are refused by name)."""
+    from .exact import unified_max_attention
+    for name, value, default in (("batch_invariant", batch_invariant, False), ("max_seqlen", max_seqlen, None),
+                                 ("check_lengths", check_lengths, False)):
+        if value is not default:
+            raise ValueError(f"{name}: method='unified_max' takes the default ({default!r}), got {value!r}")
+    if isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[1] != 1:
+        raise ValueError(f"q: method='unified_max' takes one query token ([B, H_q, D] or [B, 1, H_q, D]), got "
+                         f"{list(q.shape)}")
+    return unified_max_attention(q, k_cache, v_cache, cache_seqlens, scale=scale, num_splits=num_splits,
+                                 block_table=block_table, return_lse=return_lse)
 
 
 def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",

@@ -40,8 +40,13 @@ def _tensor(name, t):
 
 
 def check_method(method) -> None:
+    if method == "unified_max":
+        raise ValueError("method: 'unified_max' runs through fdlib.decode_attention or "
+                         "fdlib.exact.unified_max_attention (planned per call); fdlib.plan takes one of "
+                         + ", ".join(repr(m) for m in METHODS))
     if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"method: expected one of {', '.join(repr(m) for m in METHODS)}, got {method!r}")
+        raise ValueError(f"method: expected one of {', '.join(repr(m) for m in METHODS + ('unified_max',))}, "
+                         f"got {method!r}")
 
 
 def check_num_splits(num_splits, method) -> None:
