@@ -52,7 +52,7 @@ from .kernels.stage1 import stage1_args, stage1_launcher
 from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
 from .kernels.unified import remember_resources, unified_args, unified_launcher
 from .reference import naive_attention
-from .splits import choose_auto, choose_kernel, choose_splits, persistent_per_sm, sm_count
+from .splits import choose_auto, choose_balanced, choose_kernel, choose_splits, persistent_per_sm, sm_count
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits, check_page_size,
                        check_q_len, check_scale, shape_str)
 
@@ -133,6 +133,8 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         num_splits = 1
     elif method == "auto" and num_splits is None:
         kernel, num_splits = choose_auto(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged=paged)
+    elif method == "balanced" and num_splits is None:
+        num_splits = choose_balanced(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths)
     elif num_splits is None:
         num_splits = choose_splits(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths)
     chunk, splits = chunk_for(L_cap, num_splits, tile.BLOCK_N)

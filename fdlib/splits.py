@@ -82,6 +82,18 @@ BALANCED_GAIN_PAGED = 0.95
 START_KEYS = 128     # a program's start-up (launch, q and lengths loads, pipeline fill), in keys of D=128 streamed
 
 
+def choose_balanced(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> int:
+    """splits of ``method="balanced"`` (its budget is B·splits items per KV head): with host lengths on a GPU,
+    the candidate of :func:`balanced_candidates` whose schedule :func:`balance_gain` predicts fastest, so that
+    a batch with one long row is not cut into items of one or two tiles each paying a start-up; otherwise
+    :func:`choose_splits`."""
+    splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths)
+    if runtime.INTERPRET or lengths is None:
+        return splits
+    return min(balanced_candidates(B, H_kv, splits),
+               key=lambda b: balance_gain(lengths, H_kv, D, dtype, L_cap, splits, b))
+
+
 def balanced_candidates(B: int, H_kv: int, splits: int) -> list[int]:
     """splits the balanced kernel is tried at (its budget is P = B·splits items per KV head): the split
     schedule's, and 1, 2 and 4 times what makes P·H_kv programs two per SM. More items even out the SMs' loads;

@@ -55,3 +55,17 @@ def test_large_epilogues_go_to_the_two_stage_path(monkeypatch):
         monkeypatch.setattr(splits, "_explain", lambda *a, s=s: fake(s))
         kernel, got = splits.choose_auto(1, 8 * group, 8, D, torch.float16, 65536)
         assert (kernel, got) == (want, s), (s, group, D)
+
+
+def test_balanced_method_picks_its_budget_from_the_model(monkeypatch):
+    """On a GPU with host lengths, method='balanced' takes the candidate budget the schedule model predicts
+    fastest; without lengths (or in the interpreter) the split count of the cost model."""
+    monkeypatch.setattr(splits.runtime, "INTERPRET", False)
+    monkeypatch.setattr(splits, "sm_count", lambda: 132)
+    monkeypatch.setattr(splits, "_explain", lambda *a: type("E", (), {"chosen": 30})())
+    lengths = [64] * 31 + [32768]
+    got = splits.choose_balanced(32, 32, 8, 128, torch.float16, 32768, lengths)
+    gains = {b: splits.balance_gain(lengths, 8, 128, torch.float16, 32768, 30, b)
+             for b in splits.balanced_candidates(32, 8, 30)}
+    assert got == min(gains, key=gains.get)
+    assert splits.choose_balanced(32, 32, 8, 128, torch.float16, 32768, None) == 30
