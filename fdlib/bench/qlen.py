@@ -26,9 +26,7 @@ same mask semantics (:func:`reference_sample`); a contender at or above 1e-2 rel
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 
 import torch
 
@@ -313,19 +311,6 @@ def format_qlen_table(results, header: bool = True) -> str:
 
 def write_qlen(results, out_dir=None, name=None, force=False) -> dict:
     """NAME.json and NAME.md in ``out_dir`` (default ``results/<device>/``; NAME default ``qlen-<UTC stamp>``);
-    an existing file is an error unless ``force``."""
-    from .report import _sanitize, default_out_dir
-    import datetime as _dt
-    out_dir = out_dir or default_out_dir(results)
-    name = name or "qlen-" + _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    paths = {"json": os.path.join(out_dir, name + ".json"), "table": os.path.join(out_dir, name + ".md")}
-    existing = [p for p in paths.values() if os.path.exists(p)]
-    if existing and not force:
-        raise FileExistsError(f"refusing to overwrite {', '.join(existing)}: pick another --name/--out or pass --force")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(paths["json"], "w") as fh:
-        json.dump(_sanitize(results), fh, indent=1)
-        fh.write("\n")
-    with open(paths["table"], "w") as fh:
-        fh.write(format_qlen_table(results) + "\n")
-    return paths
+    an existing file is an error unless ``force`` (:func:`fdlib.bench.report.write_results`)."""
+    from .report import write_results
+    return write_results(results, out_dir, name, force=force, plot=False, table=format_qlen_table)

@@ -191,8 +191,9 @@ def default_out_dir(results) -> str:
     return os.path.join("results", device_slug(results))
 
 
-def write_results(results, out_dir=None, name=None, force=False, plot=True) -> dict:
-    """Write NAME.json, NAME.md and NAME.png into ``out_dir`` (default ``results/<device-slug>/``).
+def write_results(results, out_dir=None, name=None, force=False, plot=True, table=None) -> dict:
+    """Write NAME.json, NAME.md and NAME.png into ``out_dir`` (default ``results/<device-slug>/``); ``table``
+    formats NAME.md (default :func:`format_table`).
 
     NAME defaults to ``<kind>-<UTC timestamp>``, so runs never collide; an existing file is an error
     (FileExistsError) unless ``force``. Returns the paths written.
@@ -212,7 +213,7 @@ def write_results(results, out_dir=None, name=None, force=False, plot=True) -> d
         json.dump(_sanitize(results), fh, indent=1)
         fh.write("\n")
     with open(paths["table"], "w") as fh:
-        fh.write(format_table(results) + "\n")
+        fh.write((table or format_table)(results) + "\n")
     if plot:
         fig = plot_results(results)
         fig.savefig(paths["plot"], dpi=DPI, bbox_inches="tight")
