@@ -23,6 +23,8 @@
 #   invariant  python -m fdlib.bench --methods auto,invariant, fp16: the cost of batch_invariant=True
 #   unifiedmax python -m fdlib.bench.unified_max, fp16, B 1 and 16, L 2k-128k: FlashDecoding++'s unified max
 #              against the unified kernel
+#   cp         (2 GPUs) torchrun --nproc-per-node 2 tools/cp_decode_case.py: context-parallel decode at L=2M and 8M,
+#              B=64, both merges, eager and captured; then the NCCL test of tests/test_distributed.py
 # Writes OUT_DIR/gpu-validate.tar.gz (every file, for machines that return few files) and a log.
 set -uo pipefail
 OUT="${1:?usage: tools/gpu_validate.sh OUT_DIR [STEPS]}"
@@ -121,6 +123,12 @@ fi
     echo "== unified-max (FlashDecoding++) against the unified kernel"
     timeout 120 python3 -m fdlib.bench.unified_max --dtype float16 --B 1,16 --L 2048,32768,131072 --out "$OUT/run" \
       --name unified-max 2>&1 | tail -4
+  fi
+  if has cp; then
+    echo "== context-parallel decode on 2 GPUs"
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # multicast stays off
+    timeout 420 torchrun --nproc-per-node 2 tools/cp_decode_case.py --out "$OUT/run" --iters 100 2>&1 | tail -25
+    timeout 120 python3 -m pytest tests/test_distributed.py -k nccl -q -p no:cacheprovider 2>&1 | tail -3
   fi
   if has sweep; then
     echo "== sweep"
