@@ -51,6 +51,11 @@ def test_peer_mask_choice():
     assert _peer_plan("cudnn", 4, "top-left") == ("bottom-right bool mask", "causal")
     assert _peer_plan("cudnn", 4, "bottom-right") == ("is_causal", "causal")
     assert _peer_plan("fa2", 4, "top-left") == ("no mask (not causal)", "non-causal")
+    # a backend that runs but refuses is_causal at q_len < L (FlashAttention through SDPA on the H200) is still
+    # timed: without a mask at q_len = 1, and marked non-causal above it
+    assert _peer_plan("fa2", 1, "refused") == ("none (q_len = 1)", "causal")
+    assert _peer_plan("fa2", 4, "refused") == ("no mask (not causal)", "non-causal")
+    assert _peer_plan("cudnn", 4, "refused") == ("bottom-right bool mask", "causal")
 
 
 def _rec(method, T, us, L=8192, status="ok"):

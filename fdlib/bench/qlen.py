@@ -76,7 +76,8 @@ def reference_sample(q, k, v, rows, causal=True):
 # ----------------------------------------------------------------------------------------------- contenders
 def is_causal_alignment(backend_name: str) -> str:
     """How SDPA's ``is_causal=True`` is aligned under ``backend_name`` when q_len < L: "bottom-right",
-    "top-left", or "unavailable: <why>". Probed on a small fp16 problem on this device."""
+    "top-left", "refused" (the backend runs, but not with is_causal at q_len < L), or "unavailable: <why>"
+    (the backend does not run at all). Probed on a small fp16 problem on this device."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     dev, dt = runtime.DEVICE, torch.float16 if runtime.MODE == "gpu" else torch.float32
@@ -88,7 +89,12 @@ def is_causal_alignment(backend_name: str) -> str:
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
             got = F.scaled_dot_product_attention(q, k, v, is_causal=True).double()
     except Exception as e:  # noqa: BLE001 - a backend this device or torch lacks
-        return f"unavailable: {type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}"
+        try:    # is_causal refused at q_len < L; does the backend run without it?
+            with sdpa_kernel(getattr(SDPBackend, backend_name)):
+                F.scaled_dot_product_attention(q, k, v)
+            return "refused"
+        except Exception:  # noqa: BLE001
+            return f"unavailable: {type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}"
     ref = {}
     for name, mask in (("bottom-right", bottom_right_mask(3, 17, dev)), ("top-left", torch.ones(3, 17, dtype=torch.bool,
                                                                                                 device=dev).tril())):
