@@ -282,6 +282,19 @@ def finish_row(o, lse, rows, mask_gd, h0, split, n_splits, O_ROW, stride_pt, str
 
 
 @triton.jit
+def kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE: tl.constexpr):
+    """Pointers to key 0, dims ``offs_d``, of KV head h_kv: in sequence b's rows of a contiguous cache
+    (PAGE = 0), or in page 0 of the pool (a paged cache; :func:`load_kv` adds each row's page)."""
+    if PAGE == 0:
+        k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
+        v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
+    else:
+        k_ptrs = K + h_kv * stride_kh + offs_d[None, :]
+        v_ptrs = V + h_kv * stride_vh + offs_d[None, :]
+    return k_ptrs, v_ptrs
+
+
+@triton.jit
 def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_qh, stride_kb, stride_kl, stride_kh,
                  stride_vb, stride_vl, stride_vh, qk_scale, BT, stride_bt, n_pages, FLAG,
                  GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
@@ -299,12 +312,7 @@ def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_q
     mask_gd = (offs_g < GROUP * Q_LEN)[:, None] & mask_d[None, :]
     q = tl.load(Q + b * stride_qb + row_offset(offs_g, h_kv * GROUP, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
                 + offs_d[None, :], mask=mask_gd, other=0.0)
-    if PAGE == 0:
-        k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
-        v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
-    else:
-        k_ptrs = K + h_kv * stride_kh + offs_d[None, :]
-        v_ptrs = V + h_kv * stride_vh + offs_d[None, :]
+    k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
     if Q_LEN == 1:
         limit = end
     else:

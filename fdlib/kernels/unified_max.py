@@ -58,7 +58,7 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging
-from .tile import (LOG2E, combine_blocks, combine_heads, load_kv, load_lengths, page_rows, split_range, state_to_partial,
+from .tile import (LOG2E, attend_group, combine_blocks, combine_heads, kv_base, load_kv, load_lengths, split_range,
                    take_ticket, tile_update)
 
 REDUCES = ("ticket", "atomic")
@@ -114,12 +114,7 @@ def unified_max_kernel(Q, K, V, LENS, PHI, O_PART, L_PART, F_PART, COUNTERS, OUT
         q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=mask_gd, other=0.0)
         phi = tl.load(PHI + b * stride_phib + heads * stride_phih, mask=mask_g, other=0.0)
         phi2 = phi * 1.4426950408889634
-        if PAGE == 0:
-            k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
-            v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
-        else:
-            k_ptrs = K + h_kv * stride_kh + offs_d[None, :]
-            v_ptrs = V + h_kv * stride_vh + offs_d[None, :]
+        k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
         BT_ROW = BT + b.to(tl.int64) * stride_bt
         l = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -221,28 +216,12 @@ def recompute_kernel(Q, K, V, LENS, MARKS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
         n_splits = tl.minimum(tl.maximum(tl.cdiv(L, chunk), 1), tl.num_programs(2))
         if split < n_splits:
             start, end = split_range(split, n_splits, chunk, L)
+            # the exact online softmax of the slice, as every kernel computes it (one query token)
+            o, lse, _, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, 0, stride_qh, stride_kb,
+                                              stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, qk_scale, BT,
+                                              stride_bt, n_pages, FLAG, GROUP, 1, D, BLOCK_G, BLOCK_N, BLOCK_D,
+                                              FP32_DOT, tile_update, PAGE)
             offs_d = tl.arange(0, BLOCK_D)
-            offs_n = tl.arange(0, BLOCK_N)
-            mask_d = offs_d < D
-            mask_gd = mask_g[:, None] & mask_d[None, :]
-            q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=mask_gd, other=0.0)
-            if PAGE == 0:
-                k_ptrs = K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + offs_d[None, :]
-                v_ptrs = V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + offs_d[None, :]
-            else:
-                k_ptrs = K + h_kv * stride_kh + offs_d[None, :]
-                v_ptrs = V + h_kv * stride_vh + offs_d[None, :]
-            BT_ROW = BT + b.to(tl.int64) * stride_bt
-            m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-            l = tl.zeros([BLOCK_G], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-            for n0 in range(start, end, BLOCK_N):
-                pos = n0 + offs_n
-                valid = pos < end
-                k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb,
-                                stride_vb, n_pages, FLAG, PAGE)
-                m, l, acc = tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT)
-            o, lse = state_to_partial(m, l, acc)
             OUT_ROW = OUT + b * stride_ob
             LSE_ROW = LSE + b * stride_sb
             if n_splits == 1:
