@@ -121,13 +121,13 @@ def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, 
 
 def _measure(name, copies, ref, base, settings, ceil):
     import fdlib
-    from ..api import plan_for
+    from ..validate import check_inputs
     rec = dict(base, method=name, status="ok")
 
     def make(c):
         """A serving step: plan once for this batch from its host lengths (outside any graph), run every call."""
         q, k, v, lens, bt = c
-        shape = plan_for(q, k, v, lens, block_table=bt, method=name)    # the checked sizes of these tensors
+        shape = check_inputs(q, k, v, lens, None, name, None, False, bt)   # the checked sizes of these tensors
         p = fdlib.plan(shape.B, shape.H_q, shape.H_kv, shape.D, shape.L_max, dtype=q.dtype, device=q.device,
                        lengths=lens.tolist(), method=name, page_size=shape.page_size or None)
         return p, (lambda: p.run(q, k, v, lens, block_table=bt))
