@@ -53,8 +53,7 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
         else:
             kernel, splits = None, unified.chosen
         if lengths is not None and len(set(lengths)) > 1:
-            gain, bal = min((balance_gain(lengths, H_kv, D, dtype, L_cap, splits, b), b)
-                            for b in balanced_candidates(B, H_kv, splits))
+            gain, bal = best_balanced(lengths, H_kv, D, dtype, L_cap, splits)
             if gain < (BALANCED_GAIN_PAGED if paged else BALANCED_GAIN):
                 return "balanced", bal
         if kernel is not None:
@@ -90,8 +89,7 @@ def choose_balanced(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, leng
     splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths)
     if runtime.INTERPRET or lengths is None:
         return splits
-    return min(balanced_candidates(B, H_kv, splits),
-               key=lambda b: balance_gain(lengths, H_kv, D, dtype, L_cap, splits, b))
+    return best_balanced(lengths, H_kv, D, dtype, L_cap, splits)[1]
 
 
 def balanced_candidates(B: int, H_kv: int, splits: int) -> list[int]:
@@ -119,16 +117,34 @@ def balance_gain(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int, bal
     split schedule's chunk (sized for the longest row, L_cap / splits), against the balanced schedule's
     near-equal items (:func:`fdlib.schedule.balanced` at a budget of B·bal_splits), each piece costing
     START_KEYS + its keys (scaled by D/128), for each of the H_kv heads, on the live GPU's SMs."""
+    split_t, balanced_t = _schedule_times(lengths, H_kv, D, dtype, L_cap, splits)
+    return balanced_t(bal_splits) / split_t
+
+
+def best_balanced(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int) -> tuple[float, int]:
+    """(gain, splits) of the :func:`balanced_candidates` budget whose :func:`balance_gain` is smallest; the
+    split schedule's time is computed once for all candidates."""
+    split_t, balanced_t = _schedule_times(lengths, H_kv, D, dtype, L_cap, splits)
+    return min((balanced_t(b) / split_t, b) for b in balanced_candidates(len(lengths), H_kv, splits))
+
+
+def _schedule_times(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int):
+    """(the split schedule's makespan, a function of bal_splits giving the balanced schedule's), in keys
+    (:func:`balance_gain`)."""
     from .kernels.config import chunk_for
     from .schedule import items
     B = len(lengths)
     block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N
     chunk = chunk_for(L_cap, splits, block_n)[0]
     start = START_KEYS * 128 / D
-    split = [start + min(chunk, L - j * chunk) for L in lengths for j in range(max(1, cdiv(L, chunk)))]
-    bal = [start + (e - s) for _, s, e in items(lengths, B * bal_splits, block_n)]
     sms = sm_count()
-    return makespan(bal * H_kv, sms) / max(makespan(split * H_kv, sms), 1e-9)
+    split = [start + min(chunk, L - j * chunk) for L in lengths for j in range(max(1, cdiv(L, chunk)))]
+    split_t = max(makespan(split * H_kv, sms), 1e-9)
+
+    def balanced_t(bal_splits: int) -> float:
+        bal = [start + (e - s) for _, s, e in items(lengths, B * bal_splits, block_n)]
+        return makespan(bal * H_kv, sms)
+    return split_t, balanced_t
 
 
 def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method):
