@@ -191,7 +191,8 @@ class _Canvas:
                                            fontsize=8, frameon=False, borderaxespad=0.0)   # beside the data
         mode = "two-stage" if not summ.unified else "unified"
         self.curve_ax.set_title(f"Time per decode step vs splits ({mode}, B={summ.B}, H_q={summ.H_q}, "
-                                f"H_kv={summ.H_kv}, L={summ.L}, D={summ.D})", fontsize=10)
+                                f"H_kv={summ.H_kv}, L={summ.L}, D={summ.D}"
+                                + (f", q_len={summ.q_len}" if summ.q_len > 1 else "") + ")", fontsize=10)
         self.suptitle.set_text(f"SM occupancy: model of {summ.gpu}, {sms} SMs, {per_sm_text(r)} — "
                                f"{summ.programs} programs in {summ.waves} wave{'s' if summ.waves != 1 else ''}, "
                                f"{summ.utilization:.0%} of SMs busy")
@@ -215,9 +216,15 @@ def draw(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: bool
     fig = plt.figure(figsize=_Canvas.FIGSIZE, dpi=100)
     plt.close(fig)   # returned, not auto-shown: a cell ending in draw(...) shows it once
     canvas = _Canvas(fig)
-    rp, dev = ([], None) if not gqa or dist != "constant" else \
-        recorded(summ.B, summ.H_q, summ.H_kv, summ.L, summ.D, summ.dtype_bytes, summ.unified)
+    rp, dev = recorded(summ.B, summ.H_q, summ.H_kv, summ.L, summ.D, summ.dtype_bytes, summ.unified) \
+        if comparable(summ) else ([], None)
     return canvas.update(summ, sched, ex, recorded_pts=rp, recorded_device=dev)
+
+
+def comparable(summ: Summary) -> bool:
+    """Recorded and measured timings are of the packed kernel on equal-length rows and one query token: they
+    are drawn beside the model only for such a setting."""
+    return summ.gqa and summ.dist == "constant" and summ.q_len == 1
 
 
 # ----------------------------------------------------------------------------------------------- measurement
@@ -350,9 +357,9 @@ def _make_explorer_class():
             summ, sched, ex = summary_and_curve(**st)
             self.summary = summ
             key = (summ.gpu, summ.B, summ.H_q, summ.H_kv, summ.L, summ.D, summ.dtype_bytes, summ.unified)
-            measured = self._measured.get(key, []) if summ.gqa else []
+            measured = self._measured.get(key, []) if comparable(summ) else []
             rp, dev = recorded(summ.B, summ.H_q, summ.H_kv, summ.L, summ.D, summ.dtype_bytes, summ.unified) \
-                if summ.gqa and summ.dist == "constant" else ([], None)
+                if comparable(summ) else ([], None)
             self._canvas.update(summ, sched, ex, measured=measured, recorded_pts=rp, recorded_device=dev,
                                 measured_label=f"measured on {summ.gpu}")
             self.image.value = self._canvas.png()
@@ -383,6 +390,9 @@ def _make_explorer_class():
                 return
             if st["dist"] != "constant":
                 self.status.value = "the measurement times dense batches: switch the lengths to constant to measure"
+                return
+            if st["q_len"] != 1:
+                self.status.value = "the measurement times one query token: set q_len to 1 to measure"
                 return
             self.button.disabled = True
             self.status.value = "measuring…"

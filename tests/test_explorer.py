@@ -310,3 +310,12 @@ def test_several_query_tokens_count_rows_not_bytes():
         summary(B=1, H_q=32, H_kv=8, L=4096, splits=1, q_len=17)
     two_stage = summary(B=2, H_q=32, H_kv=8, L=4096, splits=4, unified=False, q_len=4)
     assert two_stage.stage2_programs == 2 * 32 * 4
+
+
+def test_one_token_timings_are_not_drawn_beside_several_tokens():
+    """Recorded and measured timings are one-token runs: the explorer draws them only at q_len = 1."""
+    from fdlib.explorer import comparable
+    from fdlib.explorer_model import summary
+    assert comparable(summary(B=1, H_q=32, H_kv=8, L=131072, splits=16))
+    assert not comparable(summary(B=1, H_q=32, H_kv=8, L=131072, splits=16, q_len=4))
+    assert not comparable(summary(B=1, H_q=32, H_kv=8, L=131072, splits=16, dist="zipf"))
