@@ -242,3 +242,25 @@ def test_block_n_follows_the_element_size():
     """The splits a record reports are counted in the tiles decode_attention uses for that dtype."""
     for elem in (2, 4):
         assert methods.block_n(128, 8192, 8, elem) == tile_config(128, 8192, elem, rows=8).BLOCK_N
+
+
+def test_host_overhead_harness_takes_turns_and_reports_failures():
+    """The host-overhead loop times every variant in turns and records a variant that raises, with its reason,
+    instead of stopping the others (the numbers themselves are GPU measurements, not tested here)."""
+    from fdlib.bench.host import _loop_us, format_host_table, run_host_overhead
+    order = []
+
+    def ok():
+        order.append("a")
+
+    def bad():
+        order.append("b")
+        raise RuntimeError("no backend")
+
+    timed = _loop_us({"a": ok, "b": bad}, n=4, warmup=1, repeats=3)
+    assert timed["a"] > 0 and isinstance(timed["b"], RuntimeError)
+    assert order[:2] == ["a", "b"] and order.count("a") == 1 + 3 * 4 and order.count("b") == 1
+    res = run_host_overhead(progress=False)
+    by = {r["variant"]: r for r in res["records"]}
+    assert by["plan.run"]["status"] == "ok" and by["plan.run"]["us_per_call"] > 0
+    assert "median of 5 loops" in format_host_table(res)

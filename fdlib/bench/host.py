@@ -6,7 +6,8 @@ would run it,
 
 .. math::  t_{call} = \frac{\text{wall time of } N \text{ calls back to back, then one synchronize}}{N},
 
-after a warm-up (compiles, plans, caches). It is the larger of the host's time per call and the GPU's, so on a
+after a warm-up (compiles, plans, caches), the median of 5 loops with the variants taking turns in each
+(so a drift of the host shifts them all alike). It is the larger of the host's time per call and the GPU's, so on a
 short cache it measures the host. Variants, on one shape (default B=1, H 32:8, L=2048, D=128, fp16):
 
 ===================  =====================================================================================
@@ -42,20 +43,36 @@ VARIANTS = ("sdpa_cudnn", "sdpa_cudnn_ctx", "decode_attention", "plan.run", "pla
             "triton_empty", "torch_empty3")
 
 
-def _loop_us(fn, n: int, warmup: int, repeats: int = 5) -> float:
-    """Median over ``repeats`` of (wall time of n back-to-back calls, then a synchronize) / n, in µs."""
+def _loop_us(fns: dict, n: int, warmup: int, repeats: int = 5, ctxs: dict | None = None) -> dict:
+    """{name: median over ``repeats`` of (wall time of n back-to-back calls, then a synchronize) / n, in µs}.
+    The variants take turns within every repeat, so a drift of the host (clocks, other work) shifts them all
+    alike instead of whichever ran last; a variant that raises gets its exception instead of a time."""
     sync = torch.cuda.synchronize if runtime.MODE == "gpu" else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync()
-        times.append((time.perf_counter() - t0) / n * 1e6)
-    return sorted(times)[len(times) // 2]
+    ctxs = ctxs or {}
+    times: dict = {name: [] for name in fns}
+    for rep in range(repeats + 1):   # round 0 warms up every variant
+        for name, fn in fns.items():
+            if isinstance(times[name], Exception):
+                continue
+            ctx = ctxs[name]() if name in ctxs else None
+            try:
+                if ctx is not None:
+                    ctx.__enter__()
+                try:
+                    calls = warmup if rep == 0 else n
+                    sync()
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        fn()
+                    sync()
+                    if rep:
+                        times[name].append((time.perf_counter() - t0) / n * 1e6)
+                finally:
+                    if ctx is not None:
+                        ctx.__exit__(None, None, None)
+            except Exception as e:  # noqa: BLE001 - a peer may be missing; record why
+                times[name] = e
+    return {name: t if isinstance(t, Exception) else sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 @triton.jit
@@ -126,21 +143,17 @@ def run_host_overhead(B=1, H_q=32, H_kv=8, L=2048, D=128, dtype="float16", n=300
     lens = torch.full((B,), L, dtype=torch.int32, device=dev)
     bhld = (q.unsqueeze(2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous())
     fns, plan, sdpa_ctx = _variants(q, k, v, lens, bhld)
+    ctxs = {"sdpa_cudnn": sdpa_ctx} if sdpa_ctx is not None else {}
+    timed = _loop_us({name: fns[name] for name in VARIANTS if name in fns}, n, warmup, ctxs=ctxs)
     records = []
     for name in VARIANTS:
         if name not in fns:
             records.append({"variant": name, "status": "unavailable", "reason": "needs a CUDA GPU"})
-            continue
-        ctx = sdpa_ctx() if name == "sdpa_cudnn" else None
-        try:
-            if ctx is not None:
-                with ctx:
-                    us = _loop_us(fns[name], n, warmup)
-            else:
-                us = _loop_us(fns[name], n, warmup)
-            records.append({"variant": name, "status": "ok", "us_per_call": us})
-        except Exception as e:  # noqa: BLE001 - a peer may be missing; record why
+        elif isinstance(timed[name], Exception):
+            e = timed[name]
             records.append({"variant": name, "status": "unavailable", "reason": f"{type(e).__name__}: {e}"[:200]})
+        else:
+            records.append({"variant": name, "status": "ok", "us_per_call": timed[name]})
         if progress:
             import sys
             r = records[-1]
@@ -151,7 +164,7 @@ def run_host_overhead(B=1, H_q=32, H_kv=8, L=2048, D=128, dtype="float16", n=300
             r["ratio_sdpa_cudnn"] = r["us_per_call"] / base
     return {"schema": "fdlib.bench/1", "kind": "host", "provenance": provenance(command),
             "shape": dict(B=B, H_q=H_q, H_kv=H_kv, L=L, D=D, dtype=dtype), "settings": {"calls": n,
-            "warmup": warmup, "repeats": 5, "statistic": "median of 5 loops"}, "plan": str(plan),
+            "warmup": warmup, "repeats": 5, "statistic": "median of 5 loops, the variants taking turns in each"}, "plan": str(plan),
             "records": records, "profile_decode_attention": profile_call(fns["decode_attention"],
                                                                           2000 if runtime.MODE == "gpu" else 2)}
 

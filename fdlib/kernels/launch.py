@@ -7,7 +7,8 @@ microseconds that dispatch is a large part of the call's host time (results/h200
 
 A :class:`Launcher` holds one kernel with its constexprs and options fixed (a plan makes one per kernel it
 runs). Its first launch of a specialisation goes through Triton's generic path, which compiles; it keeps the
-compiled kernel and afterwards calls its launcher directly. The key it checks on every call is what Triton's
+compiled kernel and afterwards calls Triton's C launcher directly, with the pointers as the integers it has
+already read (Triton's generic path asks the driver about each tensor on every call). The key it checks on every call is what Triton's
 specialisation depends on for these kernels: the pointers' dtypes and 16-byte alignment (direct launches only
 when all are aligned), and the scalar arguments themselves (strides, chunk, sizes, scale). Anything else (a launch hook installed by a profiler, a
 Triton version whose launcher this was not written against, the interpreter) takes the generic path, which
@@ -62,27 +63,42 @@ class Launcher:
     def __call__(self, grid, ptrs: tuple, scalars: tuple):
         key = None
         if FAST_LAUNCH:
+            addrs = [t.data_ptr() for t in ptrs]
             addr = 0
-            for t in ptrs:
-                addr |= t.data_ptr()
+            for a in addrs:
+                addr |= a
             if addr & 15 == 0:
                 slots = self.dtype_slots
                 key = (scalars, *[t.dtype for t in ptrs]) if slots is None else (scalars, *[ptrs[i].dtype for i in slots])
                 hit = self._compiled.get(key)
                 if hit is not None and _no_hooks():
-                    run, function, packed, constexprs = hit
+                    launch, function, head, constexprs = hit
                     stream = torch._C._cuda_getCurrentRawStream(ptrs[0].get_device())
                     n = len(grid)
-                    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, packed, None,
-                        None, None, *ptrs, *scalars, *constexprs)
+                    # the pointers go as the integers already read: Triton's launcher would call data_ptr()
+                    # and ask the driver (cuPointerGetAttribute) about each tensor again on every call
+                    launch(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, function, *head,
+                           *addrs, *scalars, *constexprs)
                     return None
         compiled = self.kernel[grid](*ptrs, *scalars, **self.meta)
         if key is not None and compiled is not None:
             names = self.kernel.arg_names[len(ptrs) + len(scalars):]
             if all(n in self.meta for n in names):   # the constexprs follow the runtime arguments
-                self._compiled[key] = (compiled.run, compiled.function, compiled.packed_metadata,
-                                       tuple(self.meta[n] for n in names))
+                self._compiled[key] = (*_direct(compiled), tuple(self.meta[n] for n in names))
         return compiled
+
+
+def _direct(compiled) -> tuple:
+    """(launch, function, leading arguments) that launch ``compiled`` with no Python in between: Triton 3.6's
+    C launcher itself when the kernel needs no global or profile scratch (its Python wrapper only allocates
+    those), else the wrapper. Both take the grid, the stream and the function first."""
+    run = compiled.run
+    launch = getattr(run, "launch", None)
+    if (launch is not None and getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0):
+        head = (run.launch_cooperative_grid, run.launch_pdl, None, None, compiled.packed_metadata, None, None, None)
+        return launch, compiled.function, head
+    return run, compiled.function, (compiled.packed_metadata, None, None, None)
 
 
 def paging(k_cache, block_table, flag):

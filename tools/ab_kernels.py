@@ -1,0 +1,87 @@
+"""A/B timing of the unified and two-stage kernels of several source trees, at fixed split counts.
+
+    python tools/ab_kernels.py OUT.json LABEL=TREE [LABEL=TREE ...]
+
+Each tree (a checkout of some commit) is imported in its own process; every shape is timed with the same
+protocol: a CUDA graph of 24 calls rotating over copies of q/K/V totalling >= 4x the L2, replayed 40 times,
+median of 5 such measurements, µs per call. Used to find which commit changed a kernel's time.
+"""
+import json
+import os
+import subprocess
+import sys
+
+SHAPES = [  # B, H_q, H_kv, D, L, splits
+    (1, 32, 8, 128, 512, 8), (1, 32, 8, 128, 2048, 11), (1, 32, 8, 128, 8192, 16), (1, 32, 8, 128, 8192, 13),
+    (1, 32, 32, 128, 2048, 4), (16, 32, 8, 128, 512, 1), (64, 32, 32, 128, 512, 1),
+]
+
+CHILD = r'''
+import json, sys, torch, fdlib
+shapes = json.loads(sys.argv[1])
+dev = "cuda"
+res = []
+for (B, Hq, Hkv, D, L, S) in shapes:
+    for method in ("unified", "split"):
+        g = torch.Generator(device=dev).manual_seed(0)
+        per = 2 * B * L * Hkv * D * 2
+        n = max(2, -(-4 * 60 * 2**20 // per))
+        qs = [torch.randn(B, Hq, D, device=dev, dtype=torch.float16, generator=g) for _ in range(n)]
+        ks = [torch.randn(B, L, Hkv, D, device=dev, dtype=torch.float16, generator=g) for _ in range(n)]
+        vs = [torch.randn(B, L, Hkv, D, device=dev, dtype=torch.float16, generator=g) for _ in range(n)]
+        lens = torch.full((B,), L, dtype=torch.int32, device=dev)
+        out = torch.empty_like(qs[0])
+        if hasattr(fdlib, "plan"):
+            p = fdlib.plan(B, Hq, Hkv, D, L, dtype=torch.float16, device=qs[0].device, method=method, num_splits=S)
+            call = lambda i: p.run(qs[i], ks[i], vs[i], lens, out=out)
+        else:
+            call = lambda i: fdlib.decode_attention(qs[i], ks[i], vs[i], lens, method=method, num_splits=S,
+                                                    validate=False)
+        for i in range(n):
+            call(i)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for j in range(24):
+                call(j % n)
+        graph.replay(); torch.cuda.synchronize()
+        times = []
+        for _ in range(5):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(40):
+                graph.replay()
+            b.record(); torch.cuda.synchronize()
+            times.append(a.elapsed_time(b) * 1e3 / (40 * 24))
+        times.sort()
+        res.append(dict(B=B, H_q=Hq, H_kv=Hkv, D=D, L=L, splits=S, method=method, us=times[2]))
+        print(res[-1], file=sys.stderr, flush=True)
+print(json.dumps(res))
+'''
+
+
+def main():
+    out, trees = sys.argv[1], [a.split("=", 1) for a in sys.argv[2:]]
+    results = {}
+    for label, tree in trees:
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(SHAPES)], env=env, capture_output=True,
+                           text=True, cwd=tree)
+        sys.stderr.write(p.stderr[-3000:])
+        results[label] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else p.stderr[-2000:]
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+    labels = [l for l, _ in trees]
+    print("| B | H | L | splits | method | " + " | ".join(labels) + " |")
+    print("|---" * (5 + len(labels)) + "|")
+    rows = {}
+    for l in labels:
+        if isinstance(results[l], list):
+            for r in results[l]:
+                rows.setdefault((r["B"], r["H_q"], r["H_kv"], r["L"], r["splits"], r["method"]), {})[l] = r["us"]
+    for (B, hq, hkv, L, S, m), v in rows.items():
+        print(f"| {B} | {hq}:{hkv} | {L} | {S} | {m} | " + " | ".join(f"{v[l]:.2f}" if l in v else "-" for l in labels) + " |")
+
+
+if __name__ == "__main__":
+    main()
