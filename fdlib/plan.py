@@ -5,7 +5,9 @@ depends on the shapes alone is decided once, by :func:`plan`, and kept in a froz
 
 * the kernel: ``"unified"`` (map and reduce in one launch), ``"split"`` (stage 1 + stage 2),
   ``"persistent"`` (a few programs per SM walk all rows, no split), ``"balanced"`` (a ragged batch cut into
-  near-equal work items on the device, :mod:`fdlib.schedule`) or ``"naive"`` (PyTorch); for a contiguous cache
+  near-equal work items on the device, :mod:`fdlib.schedule`), ``"streamk"`` (a few programs per SM take
+  equal shares of the batch's tiles, rows cut wherever the shares fall: :mod:`fdlib.kernels.streamk`),
+  ``"invariant"`` (``batch_invariant=True``) or ``"naive"`` (PyTorch); for a contiguous cache
   ``[B, L_max, H_kv, D]`` or pages ``[n_pages, page_size, H_kv, D]`` behind a block table;
 * the tiles (BLOCK_N keys, warps, stages), the split count and the chunk of keys each split covers,
   :math:`\text{chunk} = \lceil\lceil L_{cap}/\text{splits}\rceil / N\rceil\cdot N`, chosen by the cost model
@@ -46,9 +48,11 @@ import torch
 from . import runtime
 from .kernels.launch import rows4
 from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config, tile_config, tile_config_for
+from .kernels.invariant import invariant_launcher, max_chunks, programs_per_row, row_chunks
 from .kernels.balanced import MAX_BATCH, balanced_args, balanced_launcher, items_max
 from .kernels.persistent import persistent_args, persistent_launcher, programs_for, rows_for
 from .kernels.stage1 import stage1_args, stage1_launcher
+from .kernels.streamk import MAX_BATCH as STREAMK_MAX_BATCH, slots_for, streamk_args, streamk_launcher
 from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
 from .kernels.unified import remember_resources, unified_args, unified_launcher
 from .reference import naive_attention
@@ -56,7 +60,7 @@ from .splits import choose_auto, choose_balanced, choose_kernel, choose_splits, 
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits, check_page_size,
                        check_q_len, check_scale, shape_str)
 
-KERNELS = ("unified", "split", "persistent", "balanced", "naive")
+KERNELS = ("unified", "split", "persistent", "balanced", "streamk", "invariant", "naive")
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,8 @@ class Decision:
     programs: int = 0           # persistent: programs launched
     rows_per_program: int = 0   # persistent: the kernel's ROWS (a power of two)
     budget: int = 0             # balanced: P, the work items the batch is cut into (fdlib.schedule)
-    invariant: bool = False     # batch-invariant: fixed chunk, tiles and merge blocks (see decide)
+    invariant: bool = False     # batch-invariant: chunks by each row's own length (invariant_decision)
+    per_program: int = 0        # invariant: chunks one program computes (splits: chunks of the longest row)
 
 
 def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: int, compiled: bool) -> int:
@@ -81,27 +86,30 @@ def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: i
     return chunk_for(L, min(int(splits), MAX_SPLITS), tile.BLOCK_N)[1]
 
 
-INVARIANT_CHUNK = 1024
-"""Keys per split in batch-invariant mode on a GPU (32, two 16-key tiles, in the interpreter)."""
-
-
-def invariant_decision(D: int, L_max: int, dtype, q_rows: int = 1) -> Decision:
-    r"""Batch-invariant decode: every number that shapes a row's arithmetic is fixed by D and the dtype alone,
-    never by the batch: the unified kernel, tiles of BLOCK_N keys (as for a long cache of a large batch),
-    split j of a row covering keys :math:`[j\cdot C, (j+1)\cdot C)` for a fixed chunk C
-    (:data:`INVARIANT_CHUNK`), :math:`n_b = \lceil L_b / C\rceil` splits taken on the device, and the merge
-    reading the partials in index order in blocks whose size does not depend on the launch. The ticket
-    decides only *who* merges. So a sequence's out and lse are bitwise the same whatever its batchmates,
-    the batch size, its place in the batch, the run, and whether the cache is paged (same L_max).
+def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int = 1,
+                       L_cap: int | None = None) -> Decision:
+    r"""Batch-invariant decode (:mod:`fdlib.kernels.invariant`): everything that shapes a row's arithmetic is
+    fixed by D, the dtype and the row's own length, never by the batch: tiles of BLOCK_N keys (as for a long
+    cache of a large batch), the row cut into :math:`n_b \le` CHUNKS chunks by its length alone
+    (:func:`~fdlib.kernels.invariant.row_chunks`), and the merge reading the chunks' partials in index order in
+    blocks sized for CHUNKS. The batch decides only the schedule: each program computes ``per_program``
+    consecutive chunks of its row (restarting the online softmax at each), chosen so that the launch has about
+    as many programs per row as the unified kernel's best split count for this batch (``L_cap``: the lengths
+    the splits are chosen for, default L_max); the ticket decides only *who* merges. So a sequence's out and
+    lse are bitwise the same whatever its batchmates, the batch size, its place in the batch, the run, and
+    whether the cache is paged.
     ``q_rows``: group × q_len for several query tokens (1 for one; see :func:`tile_config_for`): q_len is the
     plan's, so a sequence's results are invariant among calls of the same q_len."""
     compiled = not runtime.INTERPRET
     tile = tile_config_for(D, 1 << 30, compiled_mode=compiled, elem_bytes=dtype.itemsize, rows=1 << 30,
                            q_rows=q_rows)
-    want = INVARIANT_CHUNK if compiled else 32
-    chunk = -(-want // tile.BLOCK_N) * tile.BLOCK_N
-    splits = max(1, min(-(-max(L_max, 1) // chunk), MAX_SPLITS))
-    return Decision("unified", splits, chunk, tile, max(L_max, 1), "batch-invariant: fixed chunk", invariant=True)
+    L_cap = max(L_max if L_cap is None else min(L_cap, L_max), 1)
+    chunk, n_max = row_chunks(max(L_max, 1), tile.BLOCK_N)[0], max_chunks(L_max, tile.BLOCK_N)
+    n_cap = row_chunks(L_cap, tile.BLOCK_N)[1]
+    want = max(1, min(choose_splits(B, H_q, H_kv, D, dtype, L_cap), n_cap))
+    per_program = -(-n_cap // want)
+    return Decision("invariant", n_max, chunk, tile, L_cap, "batch-invariant: chunks by each row's length",
+                    invariant=True, per_program=per_program)
 
 
 def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=None, max_seqlen=None,
@@ -115,9 +123,11 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     q_rows = H_q // H_kv * q_len if q_len > 1 else 1
     if batch_invariant:
         if method not in ("auto", "unified") or num_splits is not None:
-            raise ValueError(f"batch_invariant: runs the unified kernel at a fixed chunk; pass method='auto' or "
-                             f"'unified' and num_splits=None, got method={method!r}, num_splits={num_splits!r}")
-        return invariant_decision(D, L_max, dtype, q_rows)
+            raise ValueError(f"batch_invariant: runs its own kernel, at chunks fixed by each row's length; pass "
+                             f"method='auto' or 'unified' and num_splits=None, got method={method!r}, "
+                             f"num_splits={num_splits!r}")
+        L_cap = max(lengths, default=1) if lengths is not None else max_seqlen
+        return invariant_decision(B, H_q * q_len, H_kv, D, L_max, dtype, q_rows, L_cap)
     if lengths is not None:
         L_cap, basis = max(max(lengths, default=0), 1), "host lengths"
     elif max_seqlen is not None:
@@ -129,7 +139,7 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     elem_bytes = dtype.itemsize
     tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv, q_rows=q_rows)
     kernel = method
-    if method == "persistent":
+    if method in ("persistent", "streamk"):
         num_splits = 1
     elif method == "auto" and num_splits is None:
         kernel, num_splits = choose_auto(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged=paged)
@@ -144,6 +154,12 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if B > MAX_BATCH:
             raise ValueError(f"method: 'balanced' keeps the batch's lengths in registers, B <= {MAX_BATCH}, got B={B}")
         return Decision("balanced", splits, chunk, tile, L_cap, basis, budget=B * splits)
+    if kernel == "streamk":
+        if B > STREAMK_MAX_BATCH:
+            raise ValueError(f"method: 'streamk' keeps the batch's lengths in registers, B <= {STREAMK_MAX_BATCH}, "
+                             f"got B={B}")
+        return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows), L_cap, basis,
+                        sm_count() * persistent_per_sm())
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
@@ -219,9 +235,15 @@ class DecodePlan:
     def __str__(self) -> str:
         d = self.decision
         tile = f", {d.tile.BLOCK_N}-key tiles" if d.tile else ""
-        extra = f", {d.programs} programs" if d.kernel == "persistent" else ""
+        extra = f", {d.programs} programs" if d.kernel in ("persistent", "streamk") else ""
         paged = f", pages of {self.page_size}" if self.page_size else ""
         paged += f", q_len={self.q_len}" if self.q_len > 1 else ""
+        if d.kernel == "invariant":
+            return (f"DecodePlan: invariant kernel, rows cut by their own lengths into <= {d.splits} chunk(s) "
+                    f"({d.chunk} keys at L_max), {d.per_program} a program{tile}; B={self.B}, H_q={self.H_q}, "
+                    f"H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, {str(self.dtype)[6:]} on "
+                    f"{self.device}; schedule chosen for L_cap={d.L_cap}; workspace {self.workspace.nbytes()} "
+                    f"bytes")
         return (f"DecodePlan: {d.kernel} kernel, {d.splits} split(s) of {d.chunk} keys{tile}{extra}; B={self.B}, "
                 f"H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, {str(self.dtype)[6:]} on "
                 f"{self.device}; splits chosen for L_cap={d.L_cap} ({d.basis}); workspace "
@@ -298,6 +320,10 @@ class DecodePlan:
                                            ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times))
             if compiled is not None:
                 remember_resources(compiled, self.dtype, self.D, self.H_q // self.H_kv * self.q_len, d.tile)
+        elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
+            grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, self.scale, d.per_program, d.splits, out,
+                                               lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times)
+            go[0]((grid[0], grid[1], programs_per_row(self.L_max, d.tile.BLOCK_N, d.per_program)), ptrs, scalars)
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
                                ws.flag, bt, times))
@@ -311,6 +337,9 @@ class DecodePlan:
                 go[1](*stage2_args(ws.o_part, ws.lse_part, out, lse))
         elif d.kernel == "persistent":
             go[0](*persistent_args(q, k_cache, v_cache, lens, self.scale, out, lse, d.programs, ws.flag, bt, times))
+        elif d.kernel == "streamk":
+            go[0](*streamk_args(q, k_cache, v_cache, lens, self.scale, d.programs, out, lse, ws.o_part, ws.lse_part,
+                                ws.counters, ws.flag, bt, times))
         elif d.kernel == "balanced":
             go[0](*balanced_args(q, k_cache, v_cache, lens, self.scale, d.budget, out, lse, ws.o_part, ws.lse_part,
                                  ws.counters, ws.flag, bt, times))
@@ -337,10 +366,14 @@ class DecodePlan:
         d = self.decision
         if d.kernel in ("unified", "split"):
             return B * self.H_kv * d.splits
+        if d.kernel == "invariant":
+            return B * self.H_kv * programs_per_row(self.L_max, d.tile.BLOCK_N, d.per_program)
         if d.kernel == "balanced":
             return items_max(B, d.budget) * self.H_kv
         if d.kernel == "persistent":
             return max(1, min(d.programs, B * self.H_kv))
+        if d.kernel == "streamk":
+            return d.programs
         raise ValueError("timeline: method='naive' runs PyTorch, no Triton kernel, so it has no programs to time; "
                          "plan another method")
 
@@ -523,14 +556,20 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
     """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`);
     only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan."""
     if d.kernel == "unified":
-        return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page,
-                                 merge_splits=MAX_SPLITS if d.invariant else None, q_len=q_len, timeline=timeline),)
+        return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
+                                 timeline=timeline),)
+    if d.kernel == "invariant":
+        return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
+                                   timeline=timeline),)
     if d.kernel == "split":
         return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len, timeline=timeline),
                 stage2_launcher(D, d.splits, dtype_slots=()))
     if d.kernel == "balanced":
         return (balanced_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                   timeline=timeline),)
+    if d.kernel == "streamk":
+        return (streamk_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
+                                 timeline=timeline),)
     if d.kernel == "persistent":
         return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,), page=page,
                                     q_len=q_len, timeline=timeline),)
@@ -539,13 +578,17 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
 
 def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1) -> Workspace:
     """Allocate what the decided kernel needs; out of memory says how much and what needs less."""
-    partials = d.kernel == "split" or d.kernel == "unified" and d.splits > 1
-    slots = items_max(B, d.budget) if d.kernel == "balanced" else B * d.splits if partials else 0
+    partials = d.kernel == "split" or d.kernel in ("unified", "invariant") and d.splits > 1
+    slots = (items_max(B, d.budget) if d.kernel == "balanced" else slots_for(d.programs) if d.kernel == "streamk"
+             else B * d.splits if partials else 0)
     try:
         f32 = dict(dtype=torch.float32, device=device)
         if d.kernel == "balanced":   # partials by item: a row's items are consecutive (fdlib.schedule)
             o_part = torch.empty((slots, q_len, H_q, D), **f32)
             lse_part = torch.empty((q_len, H_q, slots), **f32)
+        elif d.kernel == "streamk":   # pieces of rows cut by the shares: one KV head's query rows a slot
+            o_part = torch.empty((slots, q_len * (H_q // H_kv), D), **f32)
+            lse_part = torch.empty((q_len * (H_q // H_kv), slots), **f32)
         else:
             o_part = torch.empty((B, q_len, H_q, d.splits, D), **f32) if partials else None
             lse_part = torch.empty((B, q_len, H_q, d.splits), **f32) if partials else None
@@ -553,7 +596,7 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1) -> W
             o_part=o_part,
             lse_part=lse_part,
             counters=(torch.zeros(B * H_kv, dtype=torch.int32, device=device)
-                      if d.kernel in ("unified", "balanced") else None),
+                      if d.kernel in ("unified", "balanced", "invariant", "streamk") else None),
             flag=torch.zeros(1, dtype=torch.int32, device=device),
             lse=torch.empty((B, q_len, H_q), **f32),
             full_lengths=torch.full((B,), L_max, dtype=torch.int32, device=device))

@@ -256,7 +256,7 @@ def test_default_call_captures_as_written(warm):
     assert counters_zero()
 
 
-@pytest.mark.parametrize("method", METHODS + ("balanced",))
+@pytest.mark.parametrize("method", METHODS + ("balanced", "streamk"))
 def test_captured_plan_replayed_with_new_lengths(method):
     """plan.run captured once; 100 replays with lengths rewritten in place (0, 1, L, and lengths longer than the
     plan's host lengths: the last split runs to the row's end) match the float64 reference."""
@@ -375,7 +375,7 @@ def paged_gpu(B, L_max, H_kv, group, D, page, dtype, seed, lens):
 
 
 @pytest.mark.parametrize("page", [1, 4, 16, 64, 256])
-@pytest.mark.parametrize("method", METHODS + ("balanced", "naive"))
+@pytest.mark.parametrize("method", METHODS + ("balanced", "streamk", "naive"))
 def test_paged_ragged_large(page, method):
     """Compiled kernels on a paged, ragged batch (lengths 0, 1, page and tile edges, long rows): float64 agrees."""
     B, L_max = 6, 9000
@@ -386,7 +386,7 @@ def test_paged_ragged_large(page, method):
     assert counters_zero()
 
 
-@pytest.mark.parametrize("method", METHODS + ("balanced",))
+@pytest.mark.parametrize("method", METHODS + ("balanced", "streamk"))
 def test_captured_paged_plan_replayed_with_new_lengths_and_tables(method):
     """A paged plan captured once; replays with lengths and block tables rewritten in place stay exact."""
     B, L_max, page = 5, 5008, 16
@@ -416,7 +416,7 @@ def test_captured_paged_plan_replayed_with_new_lengths_and_tables(method):
     assert p.clamped() is False
 
 
-@pytest.mark.parametrize("method", METHODS + ("balanced",))
+@pytest.mark.parametrize("method", METHODS + ("balanced", "streamk"))
 def test_default_mode_is_bitwise_deterministic_run_to_run(method):
     """The same batch decoded 50 times by the compiled kernels gives the same bits every time: the ticket picks
     which program merges, never the order of the sum."""

@@ -8,7 +8,7 @@ import torch
 import fdlib
 from helpers import DEVICE, assert_attention_close
 
-L_MAX, H_Q, H_KV, D = 100, 6, 2, 80      # group 3, D = 80; in the interpreter a split is 32 keys (2 tiles)
+L_MAX, H_Q, H_KV, D = 100, 6, 2, 80      # group 3, D = 80; in the interpreter tiles (and the shortest chunks) are 16 keys
 
 
 def pool(n, dtype, seed):
@@ -58,7 +58,7 @@ def test_paged_and_contiguous_agree_bitwise():
 def test_default_mode_is_deterministic_run_to_run():
     """The ticket decides who merges, never the order: the same batch gives the same bits every time."""
     q, k, v, lens = pool(6, torch.float32, seed=4)
-    for method in ("auto", "unified", "split", "persistent", "balanced"):
+    for method in ("auto", "unified", "split", "persistent", "balanced", "streamk"):
         first = fdlib.decode_attention(q, k, v, lens, method=method, return_lse=True)
         for _ in range(3):
             again = fdlib.decode_attention(q, k, v, lens, method=method, return_lse=True)
@@ -74,4 +74,52 @@ def test_batch_invariant_arguments():
     with pytest.raises(TypeError, match="batch_invariant"):
         fdlib.plan(2, H_Q, H_KV, D, L_MAX, dtype=torch.float32, device=DEVICE, batch_invariant="yes")
     p = fdlib.plan(2, H_Q, H_KV, D, L_MAX, dtype=torch.float32, device=DEVICE, batch_invariant=True)
-    assert p.decision.invariant and p.kernel == "unified" and "batch-invariant" in str(p)
+    assert p.decision.invariant and p.kernel == "invariant" and "rows cut by their own lengths" in str(p)
+
+
+def test_chunks_depend_on_the_row_alone_and_cover_it():
+    """A row of L keys is cut into n <= CHUNKS chunks of whole tiles that cover it exactly once; no row of at most
+    L_max keys has more chunks than max_chunks(L_max) (the partial slots), although a shorter row may have more
+    chunks than a longer one."""
+    from fdlib.kernels.invariant import CHUNKS, MIN_TILES, max_chunks, row_chunks
+    for block_n in (16, 64, 128):
+        worst = 0
+        for L in range(0, 40 * block_n + 3):
+            chunk, n = row_chunks(L, block_n)
+            assert chunk % block_n == 0 and chunk >= MIN_TILES * block_n and 1 <= n <= CHUNKS
+            assert (n - 1) * chunk < max(L, 1) <= n * chunk, (L, chunk, n)
+            worst = max(worst, n)
+            assert worst <= max_chunks(L, block_n), (L, worst, max_chunks(L, block_n))
+    assert row_chunks(16 * 16, 16)[1] == 16 and row_chunks(17 * 16, 16)[1] == 9   # not monotone in L
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_schedule_never_changes_the_bits(dtype, monkeypatch):
+    """Whatever the programs per row the batch's plan chose (each program computes per_program chunks, one after
+    another), every sequence gets the same bits; and the results are right against float64."""
+    import sys
+    plan_mod = sys.modules["fdlib.plan"]   # the module (fdlib.plan is also the function)
+    q, k, v, lens = pool(10, dtype, seed=6)
+    got, seen = [], set()
+    for want in (1, 2, 3, 7, 16):
+        monkeypatch.setattr(plan_mod, "choose_splits", lambda *a, want=want, **kw: want)
+        p = fdlib.plan(10, H_Q, H_KV, D, L_MAX, dtype=dtype, device=DEVICE, batch_invariant=True)
+        seen.add(p.decision.per_program)
+        got.append(p.run(q, k, v, lens, return_lse=True))
+    assert len(seen) >= 3, seen
+    assert_attention_close(got[0][0], got[0][1], q, k, v, lens, what="batch-invariant kernel vs float64")
+    for o, lse in got[1:]:
+        assert torch.equal(o, got[0][0]) and torch.equal(lse, got[0][1])
+
+
+def test_several_query_tokens_are_invariant_too():
+    q, k, v, lens = pool(5, torch.float32, seed=7)
+    g = torch.Generator().manual_seed(8)
+    q4 = torch.randn(5, 3, H_Q, D, generator=g).to(DEVICE)
+    lens = lens.clamp(min=0)
+    o_all, l_all = decode(q4, k, v, lens)
+    from test_qlen import assert_close_qlen
+    assert_close_qlen(o_all, l_all, q4, k, v, lens, what="batch-invariant q_len=3 vs float64")
+    for i in (0, 3, 4):
+        o1, l1 = decode(q4[i:i + 1], k[i:i + 1], v[i:i + 1], lens[i:i + 1])
+        assert torch.equal(o1[0], o_all[i]) and torch.equal(l1[0], l_all[i])

@@ -103,7 +103,7 @@ LENS = [0, 1, 17, 64, 0]
 
 
 @pytest.mark.parametrize("method,num_splits", [("split", 4), ("split", None), ("unified", 4), ("unified", None),
-                                               ("persistent", None), ("balanced", None), ("auto", None),
+                                               ("persistent", None), ("balanced", None), ("streamk", None), ("auto", None),
                                                ("naive", None)])
 def test_kernels_zero_length_rows_and_more_splits_than_tiles(method, num_splits):
     """64-key rows in 16-key tiles cut into 4 splits: the 1-key row has 3 empty splits, the 0-key rows 4."""
@@ -120,7 +120,7 @@ def test_batch_invariant_mode_zero_length_rows():
     assert_empty_rows(out, lse, (lens.cpu() == 0)[:, None].expand(5, 6), "batch_invariant")
 
 
-@pytest.mark.parametrize("method", ["split", "unified", "persistent", "balanced", "naive"])
+@pytest.mark.parametrize("method", ["split", "unified", "persistent", "balanced", "streamk", "naive"])
 def test_plan_path_every_row_empty(method):
     """A plan run on a batch whose every row is empty (nothing to merge anywhere), then reused on a full one."""
     p = fdlib.plan(3, 8, 4, 32, 48, dtype=torch.float32, device=DEVICE, method=method,

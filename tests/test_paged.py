@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 import fdlib
 from helpers import DEVICE, assert_attention_close, counters_zero
 
-METHODS = ("auto", "split", "unified", "persistent", "balanced", "naive")
+METHODS = ("auto", "split", "unified", "persistent", "balanced", "streamk", "naive")
 
 
 def paged_problem(gen, B, H_q, H_kv, D, page, max_pages, n_pages, lens, dtype=torch.float32, share=True,

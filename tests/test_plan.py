@@ -11,7 +11,7 @@ import fdlib
 import fdlib.api
 from helpers import DEVICE, INTERPRET, assert_attention_close, counters_zero, make_problem
 
-METHODS = ("auto", "split", "unified", "persistent", "balanced", "naive")
+METHODS = ("auto", "split", "unified", "persistent", "balanced", "streamk", "naive")
 
 
 def small(B=3, L=37, H_q=6, H_kv=2, D=80, dtype=torch.float32, seed=0, lens=(37, 16, 1)):
@@ -191,7 +191,8 @@ def test_torch_compile_fullgraph_without_a_graph_break():
 # ---------------------------------------------------------------------------------------------- timeline
 @pytest.mark.parametrize("method,want", [
     ("unified", lambda p: 3 * 2 * p.splits), ("split", lambda p: 3 * 2 * p.splits),
-    ("balanced", lambda p: (p.decision.budget + 3) * 2), ("persistent", lambda p: min(p.decision.programs, 3 * 2))])
+    ("balanced", lambda p: (p.decision.budget + 3) * 2), ("persistent", lambda p: min(p.decision.programs, 3 * 2)),
+    ("streamk", lambda p: p.decision.programs)])
 def test_timeline_buffer_is_sized_for_the_launch(method, want):
     """One zeroed int64 row of (SM id, start ns, end ns) per program of one launch (stage 1's for the two-stage
     path); the normal launch path never builds the TIMELINE kernels."""
@@ -218,7 +219,7 @@ def test_timeline_in_the_interpreter_raises_a_clear_error():
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU and compiled kernels")
-@pytest.mark.parametrize("method", ["unified", "split", "balanced", "persistent"])
+@pytest.mark.parametrize("method", ["unified", "split", "balanced", "persistent", "streamk"])
 def test_timeline_on_the_gpu_records_every_program(method):
     """Each launched program writes its SM (0 <= sm < SMs) and start <= end (ns, within the call's wall time);
     results equal the normal launch bitwise; a bad buffer is refused."""

@@ -19,7 +19,7 @@ from helpers import (BLOCK_N, DEVICE, INTERPRET, LSE_ATOL, LSE_RTOL, OUT_RTOL, c
 from test_paged import paged_problem
 
 N = BLOCK_N
-METHODS = ("naive", "split", "unified", "persistent", "balanced", "auto")
+METHODS = ("naive", "split", "unified", "persistent", "balanced", "streamk", "auto")
 
 
 def problem(B, q_len, H_q, H_kv, D, L_max, lens, dtype=torch.float32, seed=0):

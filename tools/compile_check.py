@@ -7,7 +7,7 @@ fails here (CI has no GPU). Nothing is launched.
 Contiguous (PAGE=0) and paged (PAGE=16) variants; fp16, GQA group 4, D=128 (and fp32, D=80 for stage 1); one
 query token and several (Q_LEN=4, 5, and 16 with group 16: the most rows a program holds); and each kernel's
 TIMELINE=True variant (per-program SM id and times from %smid and %globaltimer); the unified-max kernels (pass 1
-with ticket or atomic partials, pass 2's exact recompute), contiguous and paged.
+with ticket or atomic partials, pass 2's exact recompute), contiguous and paged; the batch-invariant kernel.
 """
 import os
 import sys
@@ -24,7 +24,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 import fdlib  # noqa: E402,F401
 from fdlib import runtime  # noqa: E402
-from fdlib.kernels import balanced, persistent, stage1, stage2, tile, unified, unified_max  # noqa: E402
+from fdlib.kernels import balanced, invariant, persistent, stage1, stage2, tile, unified, unified_max  # noqa: E402
 from fdlib.kernels.config import block_sizes, tile_config_for  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -67,6 +67,9 @@ def cases():
             yield (f"unified PAGE={page}{q}", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
                         PAGE=page))
+            yield (f"invariant PAGE={page}{q}", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"],
+                   dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
+                        PAGE=page, CHUNKS=invariant.CHUNKS, MIN_TILES=invariant.MIN_TILES))
             yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page))
             yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
@@ -79,6 +82,8 @@ def cases():
                  TIMELINE=True, PAGE=16)
     yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"],
            dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket))
+    yield ("invariant TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"],
+           dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1))
     yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"], dict(timed, BLOCK_N=128))
     yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"],
            dict(timed, BLOCK_N=64, ROWS=2))

@@ -92,11 +92,15 @@ def combine_heads(o_ptr, lse_ptr, n_splits, stride_ot, stride_oh, stride_os, str
                   out_ptr, stride_out_t, stride_out_h, lse_out_ptr, stride_lse_t, stride_lse_h,
                   GROUP: tl.constexpr, Q_LEN: tl.constexpr,
                   BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
-                  CACHE_CG: tl.constexpr):
+                  CACHE_CG: tl.constexpr, ANY_O: tl.constexpr = True):
     """Merge the partials of the GROUP·Q_LEN rows r = t·GROUP + g (:func:`row_offset`) at once: O_i of row r at
     ``o_ptr + row_offset(r, stride_ot, stride_oh) + i·stride_os`` (D floats), lse_i at
     ``lse_ptr + row_offset(r, stride_lt, stride_lh) + i``; store O (output dtype) and lse of each row.
-    Stage 2 merges one row (GROUP = Q_LEN = 1), the unified and balanced kernels a KV head's rows."""
+    Stage 2 merges one row (GROUP = Q_LEN = 1), the unified and balanced kernels a KV head's rows.
+    ANY_O: the partials may come from anywhere (stage 2's callers), so an empty split's O (lse = −∞) is
+    replaced by 0 before it is weighted, for 0·NaN would be NaN; False where the same launch wrote every
+    partial it merges, whose empty splits hold O = 0 (:func:`state_to_partial`): that select per merged value
+    lies on the critical path of the one program that merges."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -120,7 +124,8 @@ def combine_heads(o_ptr, lse_ptr, n_splits, stride_ot, stride_oh, stride_os, str
         else:
             lse_i = tl.load(lse_ptrs, mask=mask_hs, other=float("-inf"))
             o_i = tl.load(o_ptrs, mask=mask_hsd, other=0.0)
-        o_i = tl.where((lse_i == float("-inf"))[:, :, None], 0.0, o_i)   # an empty split's O never enters (0·NaN)
+        if ANY_O:   # an empty split's O never enters (0·NaN)
+            o_i = tl.where((lse_i == float("-inf"))[:, :, None], 0.0, o_i)
         m_new = tl.maximum(m, tl.max(lse_i, 1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - m_ref)
@@ -168,15 +173,36 @@ def page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE: tl.constexpr):
 
 
 @triton.jit
+def kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE: tl.constexpr):
+    """The pointers :func:`load_kv` reads from, for keys ``start + offs_n``: in a contiguous cache (PAGE = 0) the
+    [BLOCK_N, BLOCK_D] tile itself, its 64-bit offset start·stride added once as a scalar (a cache of 8M keys ×
+    8 heads × 128 dims passes 2^31 elements), then moved on by :func:`kv_step`, so the loop does no per-key
+    offset arithmetic; over pages the pool's page-0 pointers, unchanged (each tile gathers through the table)."""
+    if PAGE == 0:
+        k_ptrs = k_ptrs + start.to(tl.int64) * stride_kl + (offs_n * stride_kl)[:, None]
+        v_ptrs = v_ptrs + start.to(tl.int64) * stride_vl + (offs_n * stride_vl)[:, None]
+    return k_ptrs, v_ptrs
+
+
+@triton.jit
+def kv_step(k_ptrs, v_ptrs, stride_kl, stride_vl, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """:func:`kv_start`'s pointers moved to the next tile of BLOCK_N keys (a contiguous cache; pages: unchanged)."""
+    if PAGE == 0:
+        k_ptrs += BLOCK_N * stride_kl
+        v_ptrs += BLOCK_N * stride_vl
+    return k_ptrs, v_ptrs
+
+
+@triton.jit
 def load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
             PAGE: tl.constexpr):
-    """One tile of keys and values at positions ``pos`` (a contiguous cache, PAGE = 0, or pages behind the block
-    table row ``BT_ROW``, :func:`page_rows`); masked rows read 0. Key offsets are 64-bit: a cache of 8M keys ×
-    8 heads × 128 dims passes 2^31 elements."""
+    """One tile of keys and values at positions ``pos`` through :func:`kv_start`'s pointers: a contiguous cache
+    (PAGE = 0; the pointers are the tile's), or pages behind the block table row ``BT_ROW`` (:func:`page_rows`;
+    64-bit page offsets); masked rows read 0."""
     kv_mask = valid[:, None] & mask_d[None, :]
     if PAGE == 0:
-        k = tl.load(k_ptrs + pos.to(tl.int64)[:, None] * stride_kl, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs + pos.to(tl.int64)[:, None] * stride_vl, mask=kv_mask, other=0.0)
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
     else:
         page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
         k = tl.load(k_ptrs + (page * stride_kb + slot * stride_kl)[:, None], mask=kv_mask, other=0.0)
@@ -201,11 +227,13 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
+    k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + offs_n
         valid = pos < end
         k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
                        n_pages, FLAG, PAGE)
+        k_ptrs, v_ptrs = kv_step(k_ptrs, v_ptrs, stride_kl, stride_vl, BLOCK_N, PAGE)
         if Q_LEN == 1:
             seen = valid
         else:
@@ -254,16 +282,29 @@ def take_ticket(counter_ptr, n_splits):
 
 
 @triton.jit
-def finish_row(o, lse, rows, mask_gd, h0, split, n_splits, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW, stride_lt,
-               stride_lh, COUNTER, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
+def store_partial(o, lse, rows, mask_gd, h0, split, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW, stride_lt,
+                  stride_lh, keep, GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Slot ``split`` of the partials of a KV head's query rows ``rows`` ← (O, lse): O at
+    ``O_ROW + row_offset(r, h0, stride_pt, stride_ph) + split·stride_ps``, lse at
+    ``LSE_ROW + row_offset(r, h0, stride_lt, stride_lh) + split``; nothing where ``keep`` (a scalar) is False."""
+    offs_d = tl.arange(0, BLOCK_D)
+    tl.store(O_ROW + row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)[:, None] + split * stride_ps
+             + offs_d[None, :], o, mask=mask_gd & keep)
+    tl.store(LSE_ROW + row_offset(rows, h0, stride_lt, stride_lh, GROUP, Q_LEN) + split, lse,
+             mask=(rows < GROUP * Q_LEN) & keep)
+
+
+@triton.jit
+def finish_row(o, lse, rows, mask_gd, h0, split, n_splits, n_takers, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW,
+               stride_lt, stride_lh, COUNTER, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
                GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
                BLOCK_D: tl.constexpr, D: tl.constexpr, TAKE_TICKET: tl.constexpr):
     """After a program's split: a row of one split writes O and lse of its KV head's query rows ``rows``
     (r = t·GROUP + g: query token t, head h0 + g; :func:`row_offset`) directly; otherwise the partial goes to
-    slot ``split`` of the rows' partials (``O_ROW + row_offset(r, h0, stride_pt, stride_ph) + split·stride_ps``,
-    ``LSE_ROW + row_offset(r, h0, stride_lt, stride_lh) + split``), and the program that draws the last ticket
-    of ``COUNTER`` merges the row's ``n_splits`` partials (:func:`combine_heads`). Shared by the unified and
-    balanced kernels."""
+    slot ``split`` of the rows' partials (:func:`store_partial`), and the program that draws the last of
+    ``n_takers`` tickets of ``COUNTER`` (one per program of the row: ``n_splits`` for the unified and balanced
+    kernels, fewer for the batch-invariant one, whose programs store several partials) merges the row's
+    ``n_splits`` partials (:func:`combine_heads`)."""
     offs_d = tl.arange(0, BLOCK_D)
     mask_g = rows < GROUP * Q_LEN
     if n_splits == 1:
@@ -271,14 +312,13 @@ def finish_row(o, lse, rows, mask_gd, h0, split, n_splits, O_ROW, stride_pt, str
                  o.to(OUT_ROW.dtype.element_ty), mask=mask_gd)
         tl.store(LSE_OUT_ROW + row_offset(rows, h0, stride_st, stride_sh, GROUP, Q_LEN), lse, mask=mask_g)
     else:
-        tl.store(O_ROW + row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)[:, None] + split * stride_ps
-                 + offs_d[None, :], o, mask=mask_gd)
-        tl.store(LSE_ROW + row_offset(rows, h0, stride_lt, stride_lh, GROUP, Q_LEN) + split, lse, mask=mask_g)
-        if TAKE_TICKET(COUNTER, n_splits):
+        store_partial(o, lse, rows, mask_gd, h0, split, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW, stride_lt,
+                      stride_lh, True, GROUP, Q_LEN, BLOCK_D)
+        if TAKE_TICKET(COUNTER, n_takers):
             combine_heads(O_ROW + h0 * stride_ph, LSE_ROW + h0 * stride_lh, n_splits, stride_pt, stride_ph, stride_ps,
                           stride_lt, stride_lh, OUT_ROW + h0 * stride_oh, stride_ot, stride_oh,
                           LSE_OUT_ROW + h0 * stride_sh, stride_st, stride_sh,
-                          GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, True)
+                          GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, True, False)
 
 
 @triton.jit
@@ -295,6 +335,20 @@ def kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, P
 
 
 @triton.jit
+def group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP: tl.constexpr, Q_LEN: tl.constexpr,
+                  D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The GROUP·Q_LEN query rows of KV head h_kv of sequence b (row r = t·GROUP + g: :func:`row_offset`), loaded
+    once as a [BLOCK_G, BLOCK_D] tile, with the row and dim indices and masks (offs_g, offs_d, mask_d, mask_gd)."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    mask_gd = (offs_g < GROUP * Q_LEN)[:, None] & mask_d[None, :]
+    q = tl.load(Q + b * stride_qb + row_offset(offs_g, h_kv * GROUP, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
+                + offs_d[None, :], mask=mask_gd, other=0.0)
+    return q, offs_g, offs_d, mask_d, mask_gd
+
+
+@triton.jit
 def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_qh, stride_kb, stride_kl, stride_kh,
                  stride_vb, stride_vl, stride_vh, qk_scale, BT, stride_bt, n_pages, FLAG,
                  GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
@@ -306,12 +360,8 @@ def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_q
     when Q_LEN > 1), normalise. Also returns the rows r and the [BLOCK_G, BLOCK_D] mask of real rows and dims,
     for the caller's stores. PAGE = 0: K/V are ``[B, L_max, H_kv, D]``; else pages ``[n_pages, PAGE, H_kv, D]``
     behind the block table BT."""
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    mask_gd = (offs_g < GROUP * Q_LEN)[:, None] & mask_d[None, :]
-    q = tl.load(Q + b * stride_qb + row_offset(offs_g, h_kv * GROUP, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
-                + offs_d[None, :], mask=mask_gd, other=0.0)
+    q, offs_g, offs_d, mask_d, mask_gd = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D,
+                                                      BLOCK_G, BLOCK_D)
     k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
     if Q_LEN == 1:
         limit = end

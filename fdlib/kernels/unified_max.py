@@ -58,8 +58,8 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging
-from .tile import (LOG2E, attend_group, combine_blocks, combine_heads, kv_base, load_kv, load_lengths, split_range,
-                   take_ticket, tile_update)
+from .tile import (LOG2E, attend_group, combine_blocks, combine_heads, kv_base, kv_start, kv_step, load_kv,
+                   load_lengths, split_range, take_ticket, tile_update)
 
 REDUCES = ("ticket", "atomic")
 
@@ -119,11 +119,13 @@ def unified_max_kernel(Q, K, V, LENS, PHI, O_PART, L_PART, F_PART, COUNTERS, OUT
         l = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
         out_of_window = tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.int32)
+        k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + offs_n
             valid = pos < end
             k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
                             n_pages, FLAG, PAGE)
+            k_ptrs, v_ptrs = kv_step(k_ptrs, v_ptrs, stride_kl, stride_vl, BLOCK_N, PAGE)
             if FP32_DOT:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
@@ -237,7 +239,7 @@ def recompute_kernel(Q, K, V, LENS, MARKS, O_PART, LSE_PART, COUNTERS, OUT, LSE,
                     h0 = h_kv * GROUP   # the group's exact partials, merged as every kernel merges them
                     combine_heads(O_ROW + h0 * stride_ph, L_ROW + h0 * stride_lh, n_splits, 0, stride_ph, stride_ps,
                                   0, stride_lh, OUT_ROW + h0 * stride_oh, 0, stride_oh, LSE_ROW + h0 * stride_sh, 0,
-                                  stride_sh, GROUP, 1, BLOCK_H, BLOCK_S, BLOCK_D, D, True)
+                                  stride_sh, GROUP, 1, BLOCK_H, BLOCK_S, BLOCK_D, D, True, False)
 
 
 # ---------------------------------------------------------------------------------------------- host side

@@ -1,0 +1,149 @@
+r"""Batch-invariant decode: a row's arithmetic fixed by the row alone, its schedule free.
+
+A sequence's result must not depend on its batchmates, so nothing that shapes its sums may depend on the
+batch. What shapes them: the tiles (fixed BLOCK_N), where the row's partial sums start and stop (its
+*chunks*), and the merge (the partials read in index order, in blocks of a fixed size). The chunks are a
+function of the row's own length L only:
+
+.. math::  \text{tiles per chunk} = \max\bigl(\text{MIN\_TILES},\ \lceil \lceil L/N \rceil / \text{CHUNKS} \rceil\bigr),
+           \qquad n_{chunks} = \lceil L / \text{chunk} \rceil \le \text{CHUNKS},
+
+so a short row is cut finely (a batch of one still fills the GPU) and no row has more than CHUNKS partials.
+
+What may depend on the batch is only *who computes what*: program p of a row computes chunks
+[p·k, (p+1)·k) one after another in one pass over the keys, restarting the online softmax (m, ℓ, Õ) at each
+chunk's first tile and storing each chunk's partial, bit for bit what a program computing that chunk alone
+would store. The plan picks k (``per_program``) so that a large batch runs about one program per row and a
+small one about one per chunk. The ticket then decides only who merges, and the merge reads all n_chunks
+partials in index order whoever it is (:func:`~fdlib.kernels.tile.combine_heads`, blocks of CHUNKS).
+A row of one chunk writes O directly, whatever k.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .config import block_sizes, fp32_dot
+from .launch import Launcher
+from .tile import (causal_limit, combine_blocks, finish_row, group_queries, kv_base, kv_start, kv_step, load_kv,
+                   load_lengths, state_to_partial, store_partial, take_ticket, tile_update, timeline_record,
+                   timeline_start)
+
+CHUNKS = 16
+"""Most partials a row is cut into (the merge reads at most this many)."""
+MIN_TILES = 1
+"""Fewest tiles in a chunk (a chunk shorter than the row's tiles / CHUNKS is never made)."""
+
+
+def row_chunks(L: int, block_n: int) -> tuple[int, int]:
+    """(keys per chunk, number of chunks) of a row of L keys in tiles of ``block_n`` keys (the kernel's
+    :func:`chunk_of`, on the host)."""
+    tiles = -(-max(L, 0) // block_n)
+    chunk = max(MIN_TILES, -(-tiles // CHUNKS)) * block_n
+    return chunk, max(-(-max(L, 0) // chunk), 1)
+
+
+def max_chunks(L_max: int, block_n: int) -> int:
+    """The most chunks any row of at most L_max keys has, min(CHUNKS, ⌈tiles(L_max) / MIN_TILES⌉): the partial
+    slots a row needs (a shorter row may have more chunks than a longer one, e.g. 16 tiles make 16 chunks and
+    17 tiles 9, so this is not simply L_max's count)."""
+    return max(1, min(CHUNKS, -(-(-(-max(L_max, 0) // block_n)) // MIN_TILES)))
+
+
+def programs_per_row(L_max: int, block_n: int, per_program: int) -> int:
+    """Programs a launch starts per (sequence, KV head): enough for any row of at most L_max keys."""
+    return -(-max_chunks(L_max, block_n) // per_program)
+
+
+@triton.jit
+def chunk_of(L, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, MIN_TILES: tl.constexpr):
+    """(keys per chunk, number of chunks) of a row of L keys: see the module doc."""
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(L, BLOCK_N), CHUNKS), MIN_TILES) * BLOCK_N
+    return chunk, tl.maximum(tl.cdiv(L, chunk), 1)
+
+
+@triton.jit
+def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
+                     stride_qb, stride_qt, stride_qh,
+                     stride_kb, stride_kl, stride_kh,
+                     stride_vb, stride_vl, stride_vh,
+                     stride_pb, stride_pt, stride_ph, stride_ps,
+                     stride_lb, stride_lt, stride_lh,
+                     stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
+                     qk_scale, per_program, H_KV, L_MAX, stride_bt, n_pages,
+                     GROUP: tl.constexpr, D: tl.constexpr,
+                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
+                     TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
+                     Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False,
+                     CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1):
+    if TIMELINE:
+        t_start = timeline_start()
+    b = tl.program_id(0)
+    h_kv = tl.program_id(1)
+    p = tl.program_id(2)
+    L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
+    chunk, n_chunks = chunk_of(L, BLOCK_N, CHUNKS, MIN_TILES)
+    n_programs = tl.cdiv(n_chunks, per_program)
+    if p < n_programs:
+        c0 = p * per_program
+        c_last = tl.minimum(c0 + per_program, n_chunks) - 1
+        start = c0 * chunk
+        end = tl.minimum((c_last + 1) * chunk, L)
+        h0 = h_kv * GROUP
+        q, rows, offs_d, mask_d, mask_gd = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN,
+                                                         D, BLOCK_G, BLOCK_D)
+        if Q_LEN == 1:
+            limit = end
+        else:
+            limit = causal_limit(rows, L, GROUP, Q_LEN)
+        O_ROW = O_PART + b * stride_pb
+        LSE_ROW = LSE_PART + b * stride_lb
+        BT_ROW = BT + b.to(tl.int64) * stride_bt
+        offs_n = tl.arange(0, BLOCK_N)
+        k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
+        k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + offs_n
+            valid = pos < end
+            k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                           n_pages, FLAG, PAGE)
+            k_ptrs, v_ptrs = kv_step(k_ptrs, v_ptrs, stride_kl, stride_vl, BLOCK_N, PAGE)
+            if Q_LEN == 1:
+                seen = valid
+            else:
+                seen = valid[None, :] & (pos[None, :] < limit[:, None])
+            m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+            # a chunk that ends here, before the program's last: store its partial and start the next afresh
+            # (predicated, not branched, so that the loop stays one software-pipelined loop)
+            emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
+            o_c, lse_c = state_to_partial(m, l, acc)
+            store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph, stride_ps,
+                          LSE_ROW, stride_lt, stride_lh, emit, GROUP, Q_LEN, BLOCK_D)
+            m = tl.where(emit, float("-inf"), m)
+            l = tl.where(emit, 0.0, l)
+            acc = tl.where(emit, 0.0, acc)
+        o, lse = state_to_partial(m, l, acc)
+        finish_row(o, lse, rows, mask_gd, h0, c_last, n_chunks, n_programs, O_ROW, stride_pt, stride_ph, stride_ps,
+                   LSE_ROW, stride_lt, stride_lh, COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot,
+                   stride_oh, LSE + b * stride_sb, stride_st, stride_sh,
+                   GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, TAKE_TICKET)
+    if TIMELINE:
+        timeline_record(TIMES, t_start)
+
+
+def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
+                       timeline: bool = False) -> Launcher:
+    """The batch-invariant kernel with its constexprs fixed for q's dtype, the group, D, the tiles (the plan's
+    fixed ones), the page size and q_len; the merge's blocks are sized for CHUNKS partials whatever the batch.
+    It takes :func:`~fdlib.kernels.unified.unified_args` with ``chunk`` = chunks per program."""
+    BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
+    block_h, block_s = combine_blocks(group * q_len, CHUNKS, BLOCK_D)
+    return Launcher(invariant_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
+                                           BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
+                                           TILE_UPDATE=tile_update, TAKE_TICKET=take_ticket, PAGE=page, Q_LEN=q_len,
+                                           TIMELINE=timeline, CHUNKS=CHUNKS, MIN_TILES=MIN_TILES,
+                                           num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)

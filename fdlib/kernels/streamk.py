@@ -1,0 +1,222 @@
+r"""The stream-K kernel: P programs share a ragged batch's tiles equally, cutting rows wherever they fall.
+
+Lay every row's tiles end to end, rows (b, h_kv) in order, row r = b·H_kv + h_kv having
+:math:`T_b = \max(1, \lceil L_b/N\rceil)` tiles (an empty row still takes one, to write O = 0, lse = −∞):
+
+.. math::  T = H_{kv} \sum_b T_b, \qquad \text{program } p \text{ takes tiles } [t_0, t_1) =
+           [\lfloor pT/P \rfloor,\ \lfloor (p+1)T/P \rfloor).
+
+Every program streams the same number of tiles (±1) in **one** software-pipelined loop, whatever the mix of
+lengths, and pays its start-up once (the persistent kernel's loop, :mod:`fdlib.kernels.persistent`, over
+equal shares instead of whole rows). Fewer tiles than programs: only the first T programs take part, one tile
+each, so that every program of :math:`p_a \dots p_b` holds a piece of a cut row and its n pieces lie in n
+consecutive slots. Tile t belongs to sequence :math:`b = \#\{b : E_b \le t\}`,
+:math:`E_b = H_{kv}(T_0 + \dots + T_b)`, head :math:`h = \lfloor u/T_b \rfloor` and tile :math:`j = u - hT_b`
+of its row, :math:`u = t - E_{b-1}` (all B lengths kept in registers, computed in every program: nothing is
+read on the host, so a captured graph stays balanced when the lengths change in place).
+
+A row that starts and ends inside a program's share is written directly (masked stores at its last tile; the
+state restarts for the next row). A row cut by share boundaries leaves one partial (O, lse) per program it
+touches, :math:`p_a \dots p_b` with :math:`p(t) = \lfloor ((t+1)P - 1)/T \rfloor`; program p stores its piece
+at slot :math:`p_a + p + 1`, so the row's pieces lie at slots :math:`2p_a + 1 \dots 2p_a + n` (n = p_b − p_a + 1)
+and no two rows' slots overlap (2P slots in all). The last of the n programs to take the row's ticket merges
+them (:func:`~fdlib.kernels.tile.take_ticket`, :func:`~fdlib.kernels.tile.combine_heads`). A program has at
+most two pieces: its first row (begun by an earlier program) and its last (continued by a later one).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .config import block_sizes, fp32_dot
+from .launch import Launcher, paging, strides4
+from .tile import (LOG2E, causal_limit, combine_blocks, combine_heads, load_lengths, page_rows, row_offset,
+                   state_to_partial, store_partial, take_ticket, tile_update, timeline_record, timeline_start)
+
+MAX_BATCH = 4096
+"""Every program keeps all B lengths in registers; larger batches use the other kernels."""
+
+
+@triton.jit
+def program_of(t, T, P):
+    """The program whose share [⌊pT/P⌋, ⌊(p+1)T/P⌋) holds tile t (64-bit products)."""
+    return (((t.to(tl.int64) + 1) * P - 1) // T).to(tl.int32)
+
+
+@triton.jit
+def tile_row(t, offs_b, ends, tiles, lens, H_KV):
+    """(b, h_kv, tiles of the row T_b, tile j within the row, L_b) of tile t of the batch's tile sequence."""
+    b = tl.sum((ends <= t).to(tl.int32), 0)
+    here = offs_b == b
+    T_b = tl.sum(tl.where(here, tiles, 0), 0)
+    u = t - (tl.sum(tl.where(here, ends, 0), 0) - T_b * H_KV)
+    h = u // T_b
+    return b, h, T_b, u - h * T_b, tl.sum(tl.where(here, lens, 0), 0)
+
+
+@triton.jit
+def hand_off(b, h, p_a, n, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slots,
+             stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
+             GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
+             BLOCK_D: tl.constexpr, D: tl.constexpr):
+    """After storing its piece of row (b, h): take the row's ticket; the last of its n programs merges the
+    pieces at slots 2p_a + 1 ... 2p_a + n into O and lse."""
+    if take_ticket(COUNTERS + b * H_KV + h, n):
+        s0 = 2 * p_a + 1
+        h0 = h * GROUP
+        combine_heads(O_PART + s0.to(tl.int64) * stride_pp, LSE_PART + s0, n, GROUP * D, D, stride_pp,
+                      GROUP * n_slots, n_slots, OUT + b * stride_ob + h0 * stride_oh, stride_ot, stride_oh,
+                      LSE + b * stride_sb + h0 * stride_sh, stride_st, stride_sh,
+                      GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, True, False)
+
+
+@triton.jit
+def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
+                   stride_qb, stride_qt, stride_qh,
+                   stride_kb, stride_kl, stride_kh,
+                   stride_vb, stride_vl, stride_vh,
+                   stride_pp, n_slots,
+                   stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
+                   qk_scale, n_batch, H_KV, L_MAX, stride_bt, n_pages,
+                   GROUP: tl.constexpr, D: tl.constexpr,
+                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr, FP32_DOT: tl.constexpr,
+                   TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr = 1,
+                   TIMELINE: tl.constexpr = False):
+    if TIMELINE:
+        t_start = timeline_start()
+    p = tl.program_id(0)
+    offs_b = tl.arange(0, BLOCK_B)
+    mine = offs_b < n_batch
+    lens = load_lengths(LENS, offs_b, mine, L_MAX, FLAG)
+    tiles = tl.where(mine, tl.maximum(tl.cdiv(lens, BLOCK_N), 1), 0)
+    ends = tl.cumsum(tiles * H_KV, 0)                                   # E_b
+    T = tl.sum(tiles * H_KV, 0)
+    P = tl.maximum(tl.minimum(tl.num_programs(0), T), 1)   # those taking part: each has >= 1 tile (module doc)
+    t0 = (p.to(tl.int64) * T // P).to(tl.int32)
+    t1 = ((p.to(tl.int64) + 1) * T // P).to(tl.int32)
+    if (p < P) & (t0 < t1):
+        # the first row's piece (begun by an earlier program, ending here) and its slot
+        b_f, h_f, T_f, j_f, L_f = tile_row(t0, offs_b, ends, tiles, lens, H_KV)
+        p_af = program_of(t0 - j_f, T, P)
+        slot_f = p_af + p + 1
+        offs_g = tl.arange(0, BLOCK_G)                                  # query rows r = t·GROUP + g
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < D
+        mask_g = offs_g < GROUP * Q_LEN
+        mask_gd = mask_g[:, None] & mask_d[None, :]
+        k_offs = (offs_n * stride_kl)[:, None] + offs_d[None, :]
+        v_offs = (offs_n * stride_vl)[:, None] + offs_d[None, :]
+        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        for t in range(t0, t1):
+            b, h, T_b, j, L = tile_row(t, offs_b, ends, tiles, lens, H_KV)
+            h0 = h * GROUP
+            q = tl.load(Q + b * stride_qb + row_offset(offs_g, h0, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
+                        + offs_d[None, :], mask=mask_gd, other=0.0)
+            pos = j * BLOCK_N + offs_n
+            valid = pos < L
+            kv_mask = valid[:, None] & mask_d[None, :]
+            if PAGE == 0:   # 64-bit scalar base, 32-bit offsets within the tile
+                k = tl.load(K + (b.to(tl.int64) * stride_kb + h * stride_kh + (j * BLOCK_N).to(tl.int64) * stride_kl)
+                            + k_offs, mask=kv_mask, other=0.0)
+                v = tl.load(V + (b.to(tl.int64) * stride_vb + h * stride_vh + (j * BLOCK_N).to(tl.int64) * stride_vl)
+                            + v_offs, mask=kv_mask, other=0.0)
+            else:
+                page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, PAGE)
+                k = tl.load(K + (page * stride_kb + slot * stride_kl)[:, None] + h * stride_kh + offs_d[None, :],
+                            mask=kv_mask, other=0.0)
+                v = tl.load(V + (page * stride_vb + slot * stride_vl)[:, None] + h * stride_vh + offs_d[None, :],
+                            mask=kv_mask, other=0.0)
+            if Q_LEN == 1:
+                seen = valid
+            else:
+                seen = valid[None, :] & (pos[None, :] < causal_limit(offs_g, L, GROUP, Q_LEN)[:, None])
+            m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+            # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
+            # earlier) goes to its slot; either way the next row starts from the empty state (masked stores,
+            # nothing branches inside the loop)
+            last = j == T_b - 1
+            whole = last & (t - j >= t0)
+            o, lse = state_to_partial(m, l, acc)
+            tl.store(OUT + b * stride_ob + row_offset(offs_g, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None]
+                     + offs_d[None, :], o.to(OUT.dtype.element_ty), mask=tl.where(whole, mask_gd, False))
+            tl.store(LSE + b * stride_sb + row_offset(offs_g, h0, stride_st, stride_sh, GROUP, Q_LEN), lse,
+                     mask=tl.where(whole, mask_g, False))
+            store_partial(o, lse, offs_g, mask_gd, 0, slot_f, O_PART, GROUP * D, D, stride_pp, LSE_PART,
+                          GROUP * n_slots, n_slots, last & (t - j < t0), GROUP, Q_LEN, BLOCK_D)
+            m = tl.where(last, float("-inf"), m)
+            l = tl.where(last, 0.0, l)
+            acc = tl.where(last, 0.0, acc)
+        # the last row, continued by later programs: its piece from the state the loop ended in
+        b_l, h_l, T_l, j_l, L_l = tile_row(t1 - 1, offs_b, ends, tiles, lens, H_KV)
+        p_al = program_of(t1 - 1 - j_l, T, P)
+        cont = t1 - 1 - j_l + T_l > t1                                    # the row's last tile lies past t1 - 1
+        if cont:
+            o, lse = state_to_partial(m, l, acc)
+            store_partial(o, lse, offs_g, mask_gd, 0, p_al + p + 1, O_PART, GROUP * D, D, stride_pp, LSE_PART,
+                          GROUP * n_slots, n_slots, True, GROUP, Q_LEN, BLOCK_D)
+        if (j_f > 0) & (t0 - j_f + T_f <= t1):                           # the first row ended here, begun earlier
+            hand_off(b_f, h_f, p_af, p - p_af + 1, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slots,
+                     stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
+                     GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D)
+        if cont:
+            p_bl = program_of(t1 - 1 - j_l + T_l - 1, T, P)
+            hand_off(b_l, h_l, p_al, p_bl - p_al + 1, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slots,
+                     stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
+                     GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D)
+    if TIMELINE:
+        timeline_record(TIMES, t_start)
+
+
+def shares(row_tiles, programs: int) -> list[dict]:
+    """The kernel's schedule, on the host (tests and figures): for rows of ``row_tiles`` tiles each (in row
+    order, (b, h_kv) flattened) and P = ``programs``, one dict per row: its tiles [start, end), the programs
+    p_a .. p_b that touch it, and the slots of its pieces (empty for a row inside one share)."""
+    T = sum(row_tiles)
+    programs = min(programs, T)   # as the kernel: only programs with at least one tile take part
+    rows, start = [], 0
+    for n in row_tiles:
+        end = start + n
+        p_a, p_b = ((start + 1) * programs - 1) // T, (end * programs - 1) // T
+        slots = [p_a + p + 1 for p in range(p_a, p_b + 1)] if p_b > p_a else []
+        rows.append(dict(start=start, end=end, p_a=p_a, p_b=p_b, slots=slots))
+        start = end
+    return rows
+
+
+def slots_for(programs: int) -> int:
+    """Partial slots a launch of ``programs`` programs may use: 2P (slot p_a + p + 1 <= 2P - 1)."""
+    return 2 * max(1, programs)
+
+
+def streamk_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
+                     timeline: bool = False) -> Launcher:
+    """The stream-K kernel with its constexprs fixed (BLOCK_B covers the planned batch B; group × q_len query
+    rows a program; ``timeline``: the variant that records each program's (SM, start, end))."""
+    BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
+    block_h, block_s = combine_blocks(group * q_len, 16, BLOCK_D)
+    return Launcher(streamk_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
+                                         BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=max(16, triton.next_power_of_2(B)),
+                                         FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, PAGE=page, Q_LEN=q_len,
+                                         TIMELINE=timeline, num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                    dtype_slots)
+
+
+def streamk_args(q, k_cache, v_cache, lens, scale, programs, out, lse, o_part, lse_part, counters, flag,
+                 block_table=None, times=None):
+    """(grid, pointers, scalars) of one launch of ``programs`` programs; ``o_part`` [slots, q_len·group, D] and
+    ``lse_part`` [q_len·group, slots] float32 (slots >= :func:`slots_for`), ``counters`` zeroed int32 [B·H_kv].
+    q and out ``[B, H_q, D]`` or ``[B, q_len, H_q, D]``, lse ``q.shape[:-1]``. ``times``: the timeline buffer
+    of a TIMELINE launch (else the flag stands in)."""
+    B = q.shape[0]
+    qs, ks, vs, os_, ls = strides4(q), k_cache.stride(), v_cache.stride(), strides4(out), strides4(lse, 3)
+    bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
+    return ((programs,),
+            (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt,
+             flag if times is None else times),
+            (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], o_part.stride(0), lse_part.shape[1],
+             os_[0], os_[1], os_[2], ls[0], ls[1], ls[2], scale * LOG2E, B, k_cache.shape[2], L_max,
+             bt_stride, n_pages))

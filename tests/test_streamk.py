@@ -1,0 +1,82 @@
+"""The stream-K kernel (method="streamk"): equal shares of a ragged batch's tiles, rows cut wherever the
+shares fall and merged with the ticket; against float64, on contiguous and paged caches, with several query
+tokens, and its slot layout."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import fdlib
+from fdlib.kernels.streamk import shares, slots_for
+from helpers import DEVICE, assert_attention_close, hyp_settings
+from test_paged import paged_problem
+from test_qlen import assert_close_qlen, problem
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.integers(1, 50))
+@hyp_settings(200)
+def test_pieces_of_different_rows_never_share_a_slot(row_tiles, programs):
+    """Row r cut over programs p_a..p_b stores its pieces at slots 2p_a+1 .. 2p_a+n: a contiguous run (what the
+    merge reads), inside 0 .. 2P-1, disjoint from every other row's."""
+    P = min(programs, sum(row_tiles))   # the programs that take part (those with a tile)
+    used = set()
+    for r in shares(row_tiles, programs):
+        n = r["p_b"] - r["p_a"] + 1
+        if n == 1:
+            assert r["slots"] == []
+            continue
+        assert r["slots"] == list(range(2 * r["p_a"] + 1, 2 * r["p_a"] + 1 + n))
+        assert max(r["slots"]) < slots_for(P) and not used & set(r["slots"])
+        used |= set(r["slots"])
+
+
+def test_every_program_gets_an_equal_share():
+    row_tiles = [1, 1, 97, 3, 1, 40, 1, 1]
+    P = 7
+    rows = shares(row_tiles, P)
+    T = sum(row_tiles)
+    bounds = [p * T // P for p in range(P + 1)]
+    assert max(b - a for a, b in zip(bounds, bounds[1:])) - min(b - a for a, b in zip(bounds, bounds[1:])) <= 1
+    assert rows[2]["p_b"] - rows[2]["p_a"] + 1 >= 4       # the long row is cut over several programs
+
+
+@pytest.mark.parametrize("lens", [[0, 1, 17, 64, 100], [100, 100, 100, 100, 100], [0, 0, 0, 0, 1], [3, 97, 1, 0, 55],
+                                  [17]])   # [17]: fewer tiles (2 per head) than programs
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ragged_batches_vs_float64(lens, dtype):
+    g = torch.Generator().manual_seed(sum(lens))
+    B, H_q, H_kv, D, L = len(lens), 6, 2, 80, max(lens + [1])       # group 3, D = 80
+    q = torch.randn(B, H_q, D, generator=g).to(dtype).to(DEVICE)
+    k = torch.randn(B, L, H_kv, D, generator=g).to(dtype).to(DEVICE)
+    v = torch.randn(B, L, H_kv, D, generator=g).to(dtype).to(DEVICE)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    p = fdlib.plan(B, H_q, H_kv, D, L, dtype=dtype, device=DEVICE, method="streamk")
+    assert p.kernel == "streamk" and "programs" in str(p)
+    out, lse = p.run(q, k, v, lens_t, return_lse=True)
+    assert_attention_close(out, lse, q, k, v, lens_t, what=f"streamk {lens}")
+    again = p.run(q, k, v, lens_t, return_lse=True)                      # deterministic, counters reset
+    assert torch.equal(out, again[0]) and torch.equal(lse, again[1])
+    assert int(p.workspace.counters.abs().sum()) == 0
+
+
+@given(st.integers(1, 9), st.sampled_from([(4, 4), (6, 2), (8, 1)]), st.sampled_from([16, 80]),
+       st.integers(1, 3), st.data())
+@hyp_settings(12)
+def test_property_vs_float64(B, heads, D, q_len, data):
+    H_q, H_kv = heads
+    L_max = data.draw(st.integers(q_len, 130))
+    lens = data.draw(st.lists(st.integers(0, L_max), min_size=B, max_size=B))
+    q, k, v, lens_t = problem(B, q_len, H_q, H_kv, D, L_max, lens, seed=B + D + q_len)
+    p = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=torch.float32, device=DEVICE, method="streamk", q_len=q_len)
+    out, lse = p.run(q, k, v, lens_t, return_lse=True)
+    assert_close_qlen(out, lse, q, k, v, lens_t, what=f"streamk B={B} {H_q}:{H_kv} D={D} q_len={q_len}")
+
+
+def test_paged_cache_agrees_with_contiguous():
+    g = torch.Generator().manual_seed(3)
+    q, kp, vp, bt, k, v, lens_t = paged_problem(g, 4, 4, 2, 32, 8, 8, 40, [33, 0, 64, 7])
+    out, lse = fdlib.decode_attention(q, kp, vp, lens_t, block_table=bt, method="streamk", return_lse=True)
+    assert_attention_close(out, lse, q, k, v, lens_t, what="streamk paged")
+    dense = fdlib.decode_attention(q, k, v, lens_t, method="streamk", return_lse=True)
+    torch.testing.assert_close(out, dense[0], rtol=1e-6, atol=1e-6)
