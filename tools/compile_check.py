@@ -7,7 +7,7 @@ fails here (CI has no GPU). Nothing is launched.
 Contiguous (PAGE=0) and paged (PAGE=16) variants; fp16, GQA group 4, D=128 (and fp32, D=80 for stage 1); one
 query token and several (Q_LEN=4, 5, and 16 with group 16: the most rows a program holds); and each kernel's
 TIMELINE=True variant (per-program SM id and times from %smid and %globaltimer); the unified-max kernels (pass 1
-with ticket or atomic partials, pass 2's exact recompute), contiguous and paged; the batch-invariant kernel.
+with ticket or atomic partials, pass 2's exact recompute), contiguous and paged; the batch-invariant and stream-K kernels.
 """
 import os
 import sys
@@ -24,7 +24,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 import fdlib  # noqa: E402,F401
 from fdlib import runtime  # noqa: E402
-from fdlib.kernels import balanced, invariant, persistent, stage1, stage2, tile, unified, unified_max  # noqa: E402
+from fdlib.kernels import balanced, invariant, persistent, stage1, stage2, streamk, tile, unified, unified_max  # noqa: E402,E501
 from fdlib.kernels.config import block_sizes, tile_config_for  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -74,6 +74,8 @@ def cases():
                    dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page))
             yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
                    dict(common, BLOCK_N=min(64, cfg.BLOCK_N), ROWS=2, PAGE=page))
+            yield (f"streamk PAGE={page}{q}", streamk.streamk_kernel, h16 + UNIFIED + ["*i32"],
+                   dict(common, BLOCK_N=64, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=128, PAGE=page))
             yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=64, PAGE=page))
     # the TIMELINE=True variants (per-program SM id and start/end times, DecodePlan.run(timeline=...))
@@ -87,6 +89,8 @@ def cases():
     yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"], dict(timed, BLOCK_N=128))
     yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"],
            dict(timed, BLOCK_N=64, ROWS=2))
+    yield ("streamk TIMELINE", streamk.streamk_kernel, h16 + UNIFIED + ["*i64"],
+           dict(timed, BLOCK_N=64, BLOCK_H=4, BLOCK_S=16, BLOCK_B=128))
     yield ("balanced TIMELINE", balanced.balanced_kernel, h16 + UNIFIED + ["*i64"],
            dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, BLOCK_B=64))
     # the most query rows a program can hold: group 16 × q_len 16 = 256 rows (8 warps, 16-key tiles)

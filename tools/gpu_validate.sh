@@ -46,7 +46,7 @@ fi
   echo "== git: $(git rev-parse --short HEAD 2>/dev/null || echo 'no git metadata'); steps: $STEPS"
   if has tests; then
     echo "== GPU tests"
-    timeout 480 python3 -m pytest ${GPU_TESTS:-tests/test_gpu.py tests/test_persistent.py tests/test_plan.py tests/test_paged.py tests/test_balanced.py tests/test_invariance.py} -q -p no:cacheprovider \
+    timeout 480 python3 -m pytest ${GPU_TESTS:-tests/test_gpu.py tests/test_persistent.py tests/test_plan.py tests/test_paged.py tests/test_balanced.py tests/test_invariance.py tests/test_streamk.py} -q -p no:cacheprovider \
       -rfE 2>&1 | tee "$OUT/run/gpu-tests.log" | tail -15
     timeout 200 python3 -m pytest tests/test_bench.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
   fi
@@ -85,7 +85,7 @@ fi
   fi
   if has ragged; then
     echo "== ragged batches"
-    timeout 200 python3 -m fdlib.bench --ragged --dtype float16 --methods auto,balanced --out "$OUT/run" \
+    timeout 300 python3 -m fdlib.bench --ragged --dtype float16 --methods ${RAGGED_METHODS:-auto,balanced,streamk} --out "$OUT/run" \
       --name ragged-fp16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
     [ -n "${RAGGED_PAGED:-}" ] && timeout 150 python3 -m fdlib.bench --ragged --page-size 16 --dtype float16 \
       --methods auto,balanced --out "$OUT/run" --name ragged-fp16-page16 --no-progress --warmup 10 --rep 30 \
@@ -93,7 +93,7 @@ fi
     # issue 13's batch: B=32, 32:8, lengths uniform in 1..32768 (mean 16384), contiguous and pages of 16
     for ps in 0 16; do
       timeout 60 python3 -m fdlib.bench --ragged --B 32 --heads 32:8 --L 16384 --dtype float16 \
-        --methods auto,split,balanced $([ $ps = 0 ] || echo --page-size $ps) --out "$OUT/run" \
+        --methods auto,split,balanced,streamk $([ $ps = 0 ] || echo --page-size $ps) --out "$OUT/run" \
         --name ragged-b32-mean16k-page$ps --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -2
     done
   fi

@@ -14,7 +14,10 @@ fdlib methods (KV cache token-major ``[B, L, H_kv, D]``):
 ``persistent`` ``method="persistent"``: one launch of a few programs per SM over all rows, no split
 ``balanced``   ``method="balanced"``: ragged batches cut into near-equal work items on the device (not in
                the default list)
-``invariant``  ``batch_invariant=True``: fixed chunk, tiles and merge order (not in the default list)
+``streamk``    ``method="streamk"``: a few programs per SM take equal shares of the batch's tiles, rows cut
+               wherever the shares fall (not in the default list)
+``invariant``  ``batch_invariant=True``: chunks by each row's own length, fixed tiles and merge order (not in
+               the default list)
 ``auto``       ``method="auto"``
 ``split@S``    forced ``num_splits=S`` (also ``unified@S``, ``auto@S``)
 =============  ===============================================================================
@@ -50,6 +53,7 @@ FDLIB_METHODS = {
     "unified": ("unified", None),
     "persistent": ("persistent", None),
     "balanced": ("balanced", None),
+    "streamk": ("streamk", None),
     "invariant": ("auto", None),
     "auto": ("auto", None),
 }

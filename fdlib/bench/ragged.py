@@ -31,7 +31,7 @@ DISTS = ("constant", "uniform", "zipf")
 RAGGED_GRID = dict(B=(8, 32, 128), heads=((32, 8), (32, 32)), D=(128,), dtypes=("float16", "bfloat16"),
                    means=(1024, 8192, 32768), dists=DISTS)
 QUICK_RAGGED = dict(B=(3,), heads=((4, 2),), D=(32,), dtypes=("float16",), means=(40,), dists=DISTS)
-RAGGED_METHODS = ("auto", "split", "unified", "persistent", "balanced")
+RAGGED_METHODS = ("auto", "split", "unified", "persistent", "balanced", "streamk")
 
 
 def draw_lengths(dist: str, B: int, mean: int, seed: int = 0) -> list[int]:

@@ -59,6 +59,8 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
     mask_d = offs_d < D
     mask_g = offs_g < GROUP * Q_LEN
     mask_gd = mask_g[:, None] & mask_d[None, :]
+    k_offs = (offs_n * stride_kl)[:, None] + offs_d[None, :]
+    v_offs = (offs_n * stride_vl)[:, None] + offs_d[None, :]
     m = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -67,7 +69,8 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
         here = slots == j
         end_j = tl.sum(tl.where(here, ends, 0), 0)
         L = tl.sum(tl.where(here, lens, 0), 0)
-        pos = (t - (end_j - tl.sum(tl.where(here, tiles, 0), 0))) * BLOCK_N + offs_n
+        n0 = (t - (end_j - tl.sum(tl.where(here, tiles, 0), 0))) * BLOCK_N   # the tile's first key in its row
+        pos = n0 + offs_n
         row = pid + j * P
         b = row // H_KV
         h_kv = row % H_KV
@@ -76,11 +79,11 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
                     + offs_d[None, :], mask=mask_gd, other=0.0)
         valid = pos < L
         kv_mask = valid[:, None] & mask_d[None, :]
-        if PAGE == 0:
-            k = tl.load(K + b.to(tl.int64) * stride_kb + h_kv * stride_kh + pos.to(tl.int64)[:, None] * stride_kl
-                        + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(V + b.to(tl.int64) * stride_vb + h_kv * stride_vh + pos.to(tl.int64)[:, None] * stride_vl
-                        + offs_d[None, :], mask=kv_mask, other=0.0)
+        if PAGE == 0:   # the tile's first key as a 64-bit scalar offset, 32-bit offsets within the tile
+            k = tl.load(K + (b.to(tl.int64) * stride_kb + h_kv * stride_kh + n0.to(tl.int64) * stride_kl) + k_offs,
+                        mask=kv_mask, other=0.0)
+            v = tl.load(V + (b.to(tl.int64) * stride_vb + h_kv * stride_vh + n0.to(tl.int64) * stride_vl) + v_offs,
+                        mask=kv_mask, other=0.0)
         else:
             page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, PAGE)
             k = tl.load(K + (page * stride_kb + slot * stride_kl)[:, None] + h_kv * stride_kh + offs_d[None, :],
