@@ -35,7 +35,8 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     """(kernel, splits) of ``method="auto"``: the unified kernel or the two-stage path, whichever the cost
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
-    splits·group·(D+1) ≥ EPILOGUE_WORK values in one program; the balanced kernel for ragged host lengths
+    splits·group·(D+1) ≥ EPILOGUE_WORK values in one program; the stream-K kernel for ragged host lengths of a
+    contiguous cache where :func:`streamk_suits`; the balanced kernel for ragged host lengths
     where :func:`balance_gain` predicts it faster; then the persistent kernel where :func:`choose_kernel` takes
     it at one split. In the interpreter (no SMs, no timing): the unified kernel at :func:`simple_rule`'s
     splits."""
@@ -52,6 +53,8 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
             kernel, splits = "split", unified.chosen
         else:
             kernel, splits = None, unified.chosen
+        if lengths is not None and len(set(lengths)) > 1 and not paged and streamk_suits(B, H_kv, lengths):
+            return "streamk", 1
         if lengths is not None and len(set(lengths)) > 1:
             gain, bal = best_balanced(lengths, H_kv, D, dtype, L_cap, splits)
             if gain < (BALANCED_GAIN_PAGED if paged else BALANCED_GAIN):
@@ -79,6 +82,24 @@ BALANCED_GAIN = 0.9
 # batches and the balanced kernel measured 0.92 of auto's unified time on both.
 BALANCED_GAIN_PAGED = 0.95
 START_KEYS = 128     # a program's start-up (launch, q and lengths loads, pipeline fill), in keys of D=128 streamed
+
+
+# Stream-K (fdlib.kernels.streamk) against auto's other choices, H200, fp16, D=128, contiguous caches, graph
+# timings (results/h200/ragged-fp16.json, the ragged grid): faster on every ragged batch of short rows (mean
+# 1024) with at least one row per SM, by up to 1.47x (B=128, 32:32, Zipf: 420 vs 618 µs), except B=128 32:8
+# uniform (154.5 vs 151.8); slower on long rows (its 64-key tiles stream up to 17% slower than the unified
+# kernel's 128-key ones) and on batches of few rows (B=8, 32:8: 64 rows on 132 SMs, where splits win).
+STREAMK_MAX_MEAN = 2048
+STREAMK_MIN_ROWS_PER_SM = 1
+
+
+def streamk_suits(B: int, H_kv: int, lengths) -> bool:
+    """Whether auto takes the stream-K kernel for a ragged batch with host ``lengths``: short rows on average
+    (mean <= STREAMK_MAX_MEAN keys) and at least STREAMK_MIN_ROWS_PER_SM rows (B·H_kv) per SM, the batches
+    where one program's start-up per row and the tail of unequal rows cost most (see the measurements above)."""
+    from .kernels.streamk import MAX_BATCH
+    return (B <= MAX_BATCH and sum(lengths) <= STREAMK_MAX_MEAN * len(lengths)
+            and B * H_kv >= STREAMK_MIN_ROWS_PER_SM * sm_count())
 
 
 def choose_balanced(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> int:

@@ -69,3 +69,14 @@ def test_balanced_method_picks_its_budget_from_the_model(monkeypatch):
              for b in splits.balanced_candidates(32, 8, 30)}
     assert got == min(gains, key=gains.get)
     assert splits.choose_balanced(32, 32, 8, 128, torch.float16, 32768, None) == 30
+
+
+def test_streamk_suits_short_ragged_batches_of_many_rows(monkeypatch):
+    """auto's stream-K rule: ragged host lengths averaging at most STREAMK_MAX_MEAN keys, at least one row (b, h_kv)
+    per SM; not long rows, not a few rows (the measured cases named in fdlib.splits)."""
+    monkeypatch.setattr(splits, "sm_count", lambda: 132)
+    short = [1 + (37 * i) % 2047 for i in range(128)]           # mean ~ 1024, ragged
+    assert splits.streamk_suits(128, 8, short)                  # 1024 rows
+    assert splits.streamk_suits(8, 32, short[:8] * 1)           # 256 rows
+    assert not splits.streamk_suits(8, 8, short[:8])            # 64 rows on 132 SMs: splits win
+    assert not splits.streamk_suits(128, 8, [8 * x for x in short])   # long rows: the unified kernel streams faster

@@ -68,8 +68,8 @@ def cases():
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
                         PAGE=page))
             yield (f"invariant PAGE={page}{q}", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"],
-                   dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
-                        PAGE=page, CHUNKS=invariant.CHUNKS, MIN_TILES=invariant.MIN_TILES))
+                   dict(common, BLOCK_N=cfg.BLOCK_N, TAKE_TICKET=tile.take_ticket, PAGE=page, CHUNKS=invariant.CHUNKS,
+                        MIN_TILES=invariant.MIN_TILES))
             yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page))
             yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
@@ -85,7 +85,7 @@ def cases():
     yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"],
            dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket))
     yield ("invariant TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"],
-           dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1))
+           dict(timed, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1))
     yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"], dict(timed, BLOCK_N=128))
     yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"],
            dict(timed, BLOCK_N=64, ROWS=2))

@@ -66,7 +66,7 @@ def balanced_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, B
                                              stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
                                              qk_scale, BT, stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G,
                                              BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
-        finish_row(o, lse, rows, mask_gd, h_kv * GROUP, item - first, n_b, n_b,
+        finish_row(o, lse, rows, mask_gd, h_kv * GROUP, item - first, n_b,
                    O_PART + first.to(tl.int64) * stride_pi, stride_pt, stride_ph, stride_pi,
                    LSE_PART + first, stride_lt, stride_lh,
                    COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot, stride_oh,

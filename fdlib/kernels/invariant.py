@@ -2,21 +2,27 @@ r"""Batch-invariant decode: a row's arithmetic fixed by the row alone, its sched
 
 A sequence's result must not depend on its batchmates, so nothing that shapes its sums may depend on the
 batch. What shapes them: the tiles (fixed BLOCK_N), where the row's partial sums start and stop (its
-*chunks*), and the merge (the partials read in index order, in blocks of a fixed size). The chunks are a
+*chunks*), and the merge (the chunks' partials folded in index order). The chunks are a
 function of the row's own length L only:
 
 .. math::  \text{tiles per chunk} = \max\bigl(\text{MIN\_TILES},\ \lceil \lceil L/N \rceil / \text{CHUNKS} \rceil\bigr),
            \qquad n_{chunks} = \lceil L / \text{chunk} \rceil \le \text{CHUNKS},
 
-so a short row is cut finely (a batch of one still fills the GPU) and no row has more than CHUNKS partials.
+so a short row is cut finely (a batch of one still fills the GPU) and no row has more than CHUNKS chunks.
 
 What may depend on the batch is only *who computes what*: program p of a row computes chunks
 [p·k, (p+1)·k) one after another in one pass over the keys, restarting the online softmax (m, ℓ, Õ) at each
-chunk's first tile and storing each chunk's partial, bit for bit what a program computing that chunk alone
-would store. The plan picks k (``per_program``) so that a large batch runs about one program per row and a
-small one about one per chunk. The ticket then decides only who merges, and the merge reads all n_chunks
-partials in index order whoever it is (:func:`~fdlib.kernels.tile.combine_heads`, blocks of CHUNKS).
-A row of one chunk writes O directly, whatever k.
+chunk's first tile, so each chunk's partial (O_c, lse_c) is bit for bit what a program computing that chunk
+alone would get. The plan picks k (``per_program``) so that a large batch runs one program per row and a
+small one about one per chunk. The partials are then merged in chunk order by one fixed sequence of
+operations, :func:`~fdlib.kernels.tile.fold_partial` (c = 0, 1, …, n − 1), whoever does it:
+
+* a program alone on its row (k >= n) folds each chunk's partial into the merge as the chunk ends, in
+  registers: no partial is written, nothing waits for anybody;
+* otherwise every program stores its chunks' partials, takes the row's ticket, and the last one reads the n
+  partials back and folds them in the same order.
+
+The ticket decides only who merges, never the order, so a sequence's result does not depend on k.
 """
 from __future__ import annotations
 
@@ -25,12 +31,12 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher
-from .tile import (causal_limit, combine_blocks, finish_row, group_queries, kv_base, kv_start, kv_step, load_kv,
-                   load_lengths, state_to_partial, store_partial, take_ticket, tile_update, timeline_record,
-                   timeline_start)
+from .tile import (causal_limit, fold_partial, fold_result, group_queries, kv_base, kv_start, kv_step,
+                   load_kv, load_lengths, row_offset, state_to_partial, store_out, store_partial, take_ticket,
+                   tile_update, timeline_record, timeline_start)
 
 CHUNKS = 16
-"""Most partials a row is cut into (the merge reads at most this many)."""
+"""Most chunks a row is cut into."""
 MIN_TILES = 1
 """Fewest tiles in a chunk (a chunk shorter than the row's tiles / CHUNKS is never made)."""
 
@@ -72,8 +78,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                      stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
                      qk_scale, per_program, H_KV, L_MAX, stride_bt, n_pages,
                      GROUP: tl.constexpr, D: tl.constexpr,
-                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
+                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
                      TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False,
                      CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1):
@@ -103,9 +108,13 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
         offs_n = tl.arange(0, BLOCK_N)
         k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
         k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
+        alone = n_programs == 1            # this program computes every chunk of its row: it folds them as it goes
         m = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_G], dtype=tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        f_m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        f_den = tl.zeros([BLOCK_G], dtype=tl.float32)
+        f_acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + offs_n
             valid = pos < end
@@ -117,20 +126,47 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
             else:
                 seen = valid[None, :] & (pos[None, :] < limit[:, None])
             m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
-            # a chunk that ends here, before the program's last: store its partial and start the next afresh
+            # a chunk that ends here, before the program's last: its partial is folded into the row's merge (a
+            # program alone on its row) or stored for the merging program; the next chunk starts afresh
             # (predicated, not branched, so that the loop stays one software-pipelined loop)
             emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
             o_c, lse_c = state_to_partial(m, l, acc)
             store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph, stride_ps,
-                          LSE_ROW, stride_lt, stride_lh, emit, GROUP, Q_LEN, BLOCK_D)
+                          LSE_ROW, stride_lt, stride_lh, emit & (n_programs > 1), GROUP, Q_LEN, BLOCK_D)
+            n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o_c, lse_c)
+            fold = emit & alone
+            f_m = tl.where(fold, n_m, f_m)
+            f_den = tl.where(fold, n_den, f_den)
+            f_acc = tl.where(fold, n_acc, f_acc)
             m = tl.where(emit, float("-inf"), m)
             l = tl.where(emit, 0.0, l)
             acc = tl.where(emit, 0.0, acc)
-        o, lse = state_to_partial(m, l, acc)
-        finish_row(o, lse, rows, mask_gd, h0, c_last, n_chunks, n_programs, O_ROW, stride_pt, stride_ph, stride_ps,
-                   LSE_ROW, stride_lt, stride_lh, COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot,
-                   stride_oh, LSE + b * stride_sb, stride_st, stride_sh,
-                   GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, TAKE_TICKET)
+        o, lse = state_to_partial(m, l, acc)                     # the program's last chunk
+        OUT_ROW = OUT + b * stride_ob
+        LSE_OUT_ROW = LSE + b * stride_sb
+        if alone:
+            f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o, lse)
+            o, lse = fold_result(f_m, f_den, f_acc)
+            store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
+                      GROUP, Q_LEN, BLOCK_D)
+        else:
+            store_partial(o, lse, rows, mask_gd, h0, c_last, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW,
+                          stride_lt, stride_lh, True, GROUP, Q_LEN, BLOCK_D)
+            if TAKE_TICKET(COUNTERS + b * H_KV + h_kv, n_programs):   # the last one folds the chunks in order
+                f_m = tl.full([BLOCK_G], float("-inf"), tl.float32)
+                f_den = tl.zeros([BLOCK_G], dtype=tl.float32)
+                f_acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+                o_rows = row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)
+                l_rows = row_offset(rows, h0, stride_lt, stride_lh, GROUP, Q_LEN)
+                for c in range(0, n_chunks):
+                    o_i = tl.load(O_ROW + o_rows[:, None] + c * stride_ps + offs_d[None, :], mask=mask_gd,
+                                  other=0.0, cache_modifier=".cg")
+                    lse_i = tl.load(LSE_ROW + l_rows + c, mask=rows < GROUP * Q_LEN, other=float("-inf"),
+                                    cache_modifier=".cg")
+                    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o_i, lse_i)
+                o, lse = fold_result(f_m, f_den, f_acc)
+                store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st,
+                          stride_sh, GROUP, Q_LEN, BLOCK_D)
     if TIMELINE:
         timeline_record(TIMES, t_start)
 
@@ -138,12 +174,11 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
 def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
                        timeline: bool = False) -> Launcher:
     """The batch-invariant kernel with its constexprs fixed for q's dtype, the group, D, the tiles (the plan's
-    fixed ones), the page size and q_len; the merge's blocks are sized for CHUNKS partials whatever the batch.
-    It takes :func:`~fdlib.kernels.unified.unified_args` with ``chunk`` = chunks per program."""
+    fixed ones), the page size and q_len. It takes :func:`~fdlib.kernels.unified.unified_args` with ``chunk`` =
+    chunks per program."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
-    block_h, block_s = combine_blocks(group * q_len, CHUNKS, BLOCK_D)
     return Launcher(invariant_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
-                                           BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
-                                           TILE_UPDATE=tile_update, TAKE_TICKET=take_ticket, PAGE=page, Q_LEN=q_len,
-                                           TIMELINE=timeline, CHUNKS=CHUNKS, MIN_TILES=MIN_TILES,
-                                           num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
+                                           FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, TAKE_TICKET=take_ticket,
+                                           PAGE=page, Q_LEN=q_len, TIMELINE=timeline, CHUNKS=CHUNKS,
+                                           MIN_TILES=MIN_TILES, num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                    dtype_slots)

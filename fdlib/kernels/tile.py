@@ -152,6 +152,34 @@ def combine_blocks(heads: int, splits: int, block_d: int) -> tuple[int, int]:
 
 
 @triton.jit
+def fold_partial(m, den, acc, o_i, lse_i):
+    r"""One partial (O_i, lse_i) folded into a running merge (m, den, acc) of the rows (the sequential form of
+    :func:`combine_heads`, for a merge whose order must not depend on who merges):
+
+    .. math::  m' = \max(m, \text{lse}_i),\quad \alpha = e^{m - m'},\quad w = e^{\text{lse}_i - m'},\quad
+               \text{den}' = \text{den}\,\alpha + w,\quad \text{acc}' = \text{acc}\,\alpha + w\,O_i
+
+    (start from m = −∞, den = 0, acc = 0; finish with :func:`fold_result`). The multiply-adds are explicit
+    ``tl.fma``, so that every caller's code computes the same bits (no contraction left to the compiler)."""
+    m_new = tl.maximum(m, lse_i)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_ref)
+    w = tl.exp(lse_i - m_ref)
+    den = tl.fma(den, alpha, w)
+    acc = tl.fma(acc, alpha[:, None], w[:, None] * o_i)
+    return m_new, den, acc
+
+
+@triton.jit
+def fold_result(m, den, acc):
+    """(O, lse) of a finished :func:`fold_partial` merge; rows that merged nothing but empty partials give
+    (0, −∞)."""
+    empty = den == 0.0
+    o = acc / tl.where(empty, 1.0, den)[:, None]
+    return o, tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den)))
+
+
+@triton.jit
 def clamp_and_flag(x, hi, valid, FLAG):
     """min(max(x, 0), hi) for the ``valid`` entries of ``x`` (a scalar or a vector read from memory); where that
     changes a valid entry, ``FLAG[0]`` is set to 1. Lengths and page indices go through it, so no kernel ever
@@ -295,26 +323,33 @@ def store_partial(o, lse, rows, mask_gd, h0, split, O_ROW, stride_pt, stride_ph,
 
 
 @triton.jit
-def finish_row(o, lse, rows, mask_gd, h0, split, n_splits, n_takers, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW,
-               stride_lt, stride_lh, COUNTER, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
+def store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
+              GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_D: tl.constexpr):
+    """O (in the output's dtype) and lse of a KV head's query rows ``rows`` (head h0 + g of token t), as
+    :func:`row_offset` places them."""
+    offs_d = tl.arange(0, BLOCK_D)
+    tl.store(OUT_ROW + row_offset(rows, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None] + offs_d[None, :],
+             o.to(OUT_ROW.dtype.element_ty), mask=mask_gd)
+    tl.store(LSE_OUT_ROW + row_offset(rows, h0, stride_st, stride_sh, GROUP, Q_LEN), lse, mask=rows < GROUP * Q_LEN)
+
+
+@triton.jit
+def finish_row(o, lse, rows, mask_gd, h0, split, n_splits, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW, stride_lt,
+               stride_lh, COUNTER, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
                GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
                BLOCK_D: tl.constexpr, D: tl.constexpr, TAKE_TICKET: tl.constexpr):
     """After a program's split: a row of one split writes O and lse of its KV head's query rows ``rows``
     (r = t·GROUP + g: query token t, head h0 + g; :func:`row_offset`) directly; otherwise the partial goes to
-    slot ``split`` of the rows' partials (:func:`store_partial`), and the program that draws the last of
-    ``n_takers`` tickets of ``COUNTER`` (one per program of the row: ``n_splits`` for the unified and balanced
-    kernels, fewer for the batch-invariant one, whose programs store several partials) merges the row's
-    ``n_splits`` partials (:func:`combine_heads`)."""
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_g = rows < GROUP * Q_LEN
+    slot ``split`` of the rows' partials (:func:`store_partial`), and the program that draws the last ticket
+    of ``COUNTER`` merges the row's ``n_splits`` partials (:func:`combine_heads`). Shared by the unified and
+    balanced kernels."""
     if n_splits == 1:
-        tl.store(OUT_ROW + row_offset(rows, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None] + offs_d[None, :],
-                 o.to(OUT_ROW.dtype.element_ty), mask=mask_gd)
-        tl.store(LSE_OUT_ROW + row_offset(rows, h0, stride_st, stride_sh, GROUP, Q_LEN), lse, mask=mask_g)
+        store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
+                  GROUP, Q_LEN, BLOCK_D)
     else:
         store_partial(o, lse, rows, mask_gd, h0, split, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW, stride_lt,
                       stride_lh, True, GROUP, Q_LEN, BLOCK_D)
-        if TAKE_TICKET(COUNTER, n_takers):
+        if TAKE_TICKET(COUNTER, n_splits):
             combine_heads(O_ROW + h0 * stride_ph, LSE_ROW + h0 * stride_lh, n_splits, stride_pt, stride_ph, stride_ps,
                           stride_lt, stride_lh, OUT_ROW + h0 * stride_oh, stride_ot, stride_oh,
                           LSE_OUT_ROW + h0 * stride_sh, stride_st, stride_sh,

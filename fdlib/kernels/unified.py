@@ -60,7 +60,7 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                                              stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
                                              qk_scale, BT, stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G,
                                              BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
-        finish_row(o, lse, rows, mask_gd, h_kv * GROUP, split, n_splits, n_splits, O_PART + b * stride_pb, stride_pt,
+        finish_row(o, lse, rows, mask_gd, h_kv * GROUP, split, n_splits, O_PART + b * stride_pb, stride_pt,
                    stride_ph, stride_ps, LSE_PART + b * stride_lb, stride_lt, stride_lh,
                    COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot, stride_oh,
                    LSE + b * stride_sb, stride_st, stride_sh,
