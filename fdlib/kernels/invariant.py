@@ -69,6 +69,18 @@ def chunk_of(L, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, MIN_TILES: tl.const
 
 
 @triton.jit
+def load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c, n_chunks, rows, mask_gd, offs_d, stride_ps,
+                 GROUP: tl.constexpr, Q_LEN: tl.constexpr):
+    """Chunk c's partial (O_c, lse_c) of the rows, written by another program of this launch (read from L2);
+    (0, −∞) for c >= n_chunks."""
+    have = c < n_chunks
+    o = tl.load(O_ROW + o_rows[:, None] + c * stride_ps + offs_d[None, :], mask=mask_gd & have, other=0.0,
+                cache_modifier=".cg")
+    lse = tl.load(LSE_ROW + l_rows + c, mask=(rows < GROUP * Q_LEN) & have, other=float("-inf"), cache_modifier=".cg")
+    return o, lse
+
+
+@triton.jit
 def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
                      stride_qb, stride_qt, stride_qh,
                      stride_kb, stride_kl, stride_kh,
@@ -158,12 +170,21 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                 f_acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
                 o_rows = row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)
                 l_rows = row_offset(rows, h0, stride_lt, stride_lh, GROUP, Q_LEN)
-                for c in range(0, n_chunks):
-                    o_i = tl.load(O_ROW + o_rows[:, None] + c * stride_ps + offs_d[None, :], mask=mask_gd,
-                                  other=0.0, cache_modifier=".cg")
-                    lse_i = tl.load(LSE_ROW + l_rows + c, mask=rows < GROUP * Q_LEN, other=float("-inf"),
-                                    cache_modifier=".cg")
-                    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o_i, lse_i)
+                # four partials loaded at a time (their loads in flight together), then folded in order; a slot
+                # past the last chunk reads (0, −∞), whose fold changes nothing (α = 1, w = 0)
+                for c in range(0, n_chunks, 4):
+                    o0, l0 = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c, n_chunks, rows, mask_gd, offs_d,
+                                          stride_ps, GROUP, Q_LEN)
+                    o1, l1 = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c + 1, n_chunks, rows, mask_gd, offs_d,
+                                          stride_ps, GROUP, Q_LEN)
+                    o2, l2 = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c + 2, n_chunks, rows, mask_gd, offs_d,
+                                          stride_ps, GROUP, Q_LEN)
+                    o3, l3 = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c + 3, n_chunks, rows, mask_gd, offs_d,
+                                          stride_ps, GROUP, Q_LEN)
+                    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o0, l0)
+                    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o1, l1)
+                    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o2, l2)
+                    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o3, l3)
                 o, lse = fold_result(f_m, f_den, f_acc)
                 store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st,
                           stride_sh, GROUP, Q_LEN, BLOCK_D)
