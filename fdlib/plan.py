@@ -158,8 +158,7 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if B > STREAMK_MAX_BATCH:
             raise ValueError(f"method: 'streamk' keeps the batch's lengths in registers, B <= {STREAMK_MAX_BATCH}, "
                              f"got B={B}")
-        return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows), L_cap, basis,
-                        sm_count() * persistent_per_sm())
+        return Decision("streamk", 1, L_cap, tile, L_cap, basis, sm_count() * persistent_per_sm())
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
