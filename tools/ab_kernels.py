@@ -4,7 +4,8 @@
 
 Each tree (a checkout of some commit) is imported in its own process; every shape is timed with the same
 protocol: a CUDA graph of 24 calls rotating over copies of q/K/V totalling >= 4x the L2, replayed 40 times,
-median of 5 such measurements, µs per call. Used to find which commit changed a kernel's time.
+median of 5 such measurements, µs per call; the JSON carries the device, versions, date, command and trees.
+Used to find which commit changed a kernel's time.
 """
 import json
 import os
@@ -60,6 +61,13 @@ print(json.dumps(res))
 '''
 
 
+PROVENANCE = r'''
+import datetime, json, torch, triton
+print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                      date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))))
+'''
+
+
 def main():
     out, trees = sys.argv[1], [a.split("=", 1) for a in sys.argv[2:]]
     results = {}
@@ -69,18 +77,21 @@ def main():
                            text=True, cwd=tree)
         sys.stderr.write(p.stderr[-3000:])
         results[label] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else p.stderr[-2000:]
+    prov = subprocess.run([sys.executable, "-c", PROVENANCE], capture_output=True, text=True)
+    results["provenance"] = dict(json.loads(prov.stdout) if prov.returncode == 0 else {"error": prov.stderr[-500:]},
+                                 command=" ".join(sys.argv), trees=dict(trees))
     with open(out, "w") as f:
         json.dump(results, f, indent=1)
-    labels = [l for l, _ in trees]
+    labels = [lab for lab, _ in trees]
     print("| B | H | L | splits | method | " + " | ".join(labels) + " |")
     print("|---" * (5 + len(labels)) + "|")
     rows = {}
-    for l in labels:
-        if isinstance(results[l], list):
-            for r in results[l]:
-                rows.setdefault((r["B"], r["H_q"], r["H_kv"], r["L"], r["splits"], r["method"]), {})[l] = r["us"]
+    for lab in labels:
+        if isinstance(results[lab], list):
+            for r in results[lab]:
+                rows.setdefault((r["B"], r["H_q"], r["H_kv"], r["L"], r["splits"], r["method"]), {})[lab] = r["us"]
     for (B, hq, hkv, L, S, m), v in rows.items():
-        print(f"| {B} | {hq}:{hkv} | {L} | {S} | {m} | " + " | ".join(f"{v[l]:.2f}" if l in v else "-" for l in labels) + " |")
+        print(f"| {B} | {hq}:{hkv} | {L} | {S} | {m} | " + " | ".join(f"{v[lab]:.2f}" if lab in v else "-" for lab in labels) + " |")
 
 
 if __name__ == "__main__":
