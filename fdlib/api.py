@@ -48,7 +48,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             row is one split of a short cache and there are many rows: :func:`fdlib.splits.choose_kernel`),
             ``"unified"``, ``"split"`` (stage 1 + stage 2 kernels), ``"persistent"`` (one launch of a few
             programs per SM walking all rows, no split), ``"balanced"`` (ragged batches: the batch cut into work
-            items of near-equal size on the device, :mod:`fdlib.schedule`), ``"naive"`` (PyTorch
+            items of near-equal size on the device, :mod:`fdlib.schedule`), ``"streamk"`` (a few programs per
+            SM take equal shares of the batch's tiles, rows cut wherever the shares fall:
+            :mod:`fdlib.kernels.streamk`), ``"naive"`` (PyTorch
             matmul-softmax-matmul) or ``"unified_max"`` (FlashDecoding++'s fixed-φ softmax with exact
             recomputation of rows whose logits leave the safe window: :func:`fdlib.exact.unified_max_attention`,
             φ estimated from each row's first keys; one query token, planned per call, not batch-invariant).
@@ -63,8 +65,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             such a length is clamped on the device and recorded (see :meth:`fdlib.plan.DecodePlan.clamped`;
             :func:`plan_for` gives the plan a call uses). Host lengths are always checked, for free.
         batch_invariant: a sequence's out and lse are bitwise the same whatever its batchmates, the batch size,
-            its place in the batch and the run (:func:`fdlib.plan.invariant_decision`: fixed chunk, tiles and
-            merge order). The default mode is deterministic run to run for the same batch.
+            its place in the batch and the run (:func:`fdlib.plan.invariant_decision`: fixed tiles, chunks set
+            by each row's own length, one fixed merge order: :mod:`fdlib.kernels.invariant`). The default mode is deterministic run to run for the same batch.
 
     Every call is :func:`fdlib.plan` (made once per shape, dtype, device, method, splits and max_seqlen,
     and cached; never keyed by length values) followed by :meth:`DecodePlan.run`: no device-to-host copy,
