@@ -84,11 +84,13 @@ BALANCED_GAIN_PAGED = 0.95
 START_KEYS = 128     # a program's start-up (launch, q and lengths loads, pipeline fill), in keys of D=128 streamed
 
 
-# Stream-K (fdlib.kernels.streamk) against auto's other choices, H200, fp16, D=128, contiguous caches, graph
-# timings (results/h200/ragged-fp16.json, the ragged grid): faster on every ragged batch of short rows (mean
-# 1024) with at least one row per SM, by up to 1.47x (B=128, 32:32, Zipf: 420 vs 618 µs), except B=128 32:8
-# uniform (154.5 vs 151.8); slower on long rows (its 64-key tiles stream up to 17% slower than the unified
-# kernel's 128-key ones) and on batches of few rows (B=8, 32:8: 64 rows on 132 SMs, where splits win).
+# Stream-K (fdlib.kernels.streamk) against auto's choice before this rule, same run: H200, fp16, D=128,
+# contiguous caches, graph timings, the ragged grid (results/h200/ragged-fp16-e16cc5e.json). On the 10 ragged
+# batches this rule selects (mean <= 2048 keys, >= 1 row per SM), stream-K took 0.871x auto's time in geometric
+# mean, faster on 9 (B=128 32:32 Zipf: 420.3 vs 618.5 µs, unified) and 1.017x on B=128 32:8 uniform (154.5 vs
+# 151.8); it is slower on long rows (its 64-key tiles stream up to 17% slower than the unified kernel's 128-key
+# ones) and on batches of few rows (B=8, 32:8: 64 rows on 132 SMs, where splits win). The next run with this
+# rule (ragged-fp16.json) took stream-K on exactly these 10 batches.
 STREAMK_MAX_MEAN = 2048
 STREAMK_MIN_ROWS_PER_SM = 1
 

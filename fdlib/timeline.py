@@ -20,7 +20,8 @@ Three schedules (``schedule=``):
   :func:`fdlib.plan.decide` does on a GPU (splits from :func:`fdlib.costmodel.explain`); grid ``(B, H_kv, splits)``;
 * ``"balanced"``: FlashInfer-style chunking (:func:`fdlib.schedule.balanced`, budget P = B·splits as the plan
   sets it); grid ``(P + B, H_kv)``;
-* ``"stream-k"``: **a model only** (fdlib has no stream-K kernel): one program per slot, program p owns tiles
+* ``"stream-k"``: the schedule of ``method="streamk"`` (:mod:`fdlib.kernels.streamk`), modelled with the same
+  tiles and streaming rate as the others: one program per slot, program p owns tiles
   :math:`[\lfloor pT/P\rfloor, \lfloor (p+1)T/P\rfloor)` of the batch's T tiles laid end to end over the rows
   (b, h_kv); a slice may span row boundaries; every row split between programs is merged by the program that
   finishes its last piece (the ticket). Each extra piece costs one more partial store (:math:`t_{\text{split}}`).
@@ -323,7 +324,7 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
         bands = [("kernel boundary", t1, t1 + cal.t_stage2_us),
                  ("stage 2: merge", t1 + cal.t_stage2_us, t1 + cal.t_stage2_us + used * per_split)]
     kv_mb = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6
-    source = "stream-K model (fdlib has no stream-K kernel)" if schedule == "stream-k" else "cost model"
+    source = "stream-K model" if schedule == "stream-k" else "cost model"
     return Timeline(sm[work], start[work], end[work], np.array([p.row for p in progs])[work], g.sms, g.name, mode,
                     source, bands, kv_mb, dict(info, B=B, H_q=H_q, H_kv=H_kv, D=D, dtype_bytes=dtype_bytes,
                                                calibration=cal.source))

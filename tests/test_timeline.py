@@ -70,7 +70,7 @@ def test_balancing_leaves_fewer_idle_sms_on_the_issue_batch():
     sk = T.model_timeline(lens, 32, 8, schedule="stream-k")
     assert bal.idle_fraction < split.idle_fraction and bal.makespan < split.makespan
     assert sk.idle_fraction < bal.idle_fraction
-    assert "no stream-K kernel" in sk.source and sk.programs == 132
+    assert sk.source == "stream-K model" and sk.programs == 132
     assert split.bands and split.bands[0][0] == "kernel boundary"
 
 

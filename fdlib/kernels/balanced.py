@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, strides4
-from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
+from .tile import (LOG2E, attend_group, batch_tiles, combine_blocks, finish_row, split_range, take_ticket,
                    tile_update, timeline_record, timeline_start)
 
 MAX_BATCH = 4096
@@ -48,12 +48,9 @@ def balanced_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, B
     item = tl.program_id(0)
     h_kv = tl.program_id(1)
     # the schedule, computed alike by every program (fdlib.schedule.balanced)
-    offs_b = tl.arange(0, BLOCK_B)
-    mine = offs_b < n_batch
-    lens = load_lengths(LENS, offs_b, mine, L_MAX, FLAG)
-    tiles = tl.where(mine, tl.maximum(tl.cdiv(lens, BLOCK_N), 1), 0)
+    offs_b, lens, tiles = batch_tiles(LENS, n_batch, L_MAX, FLAG, BLOCK_B, BLOCK_N)
     c = tl.maximum(tl.cdiv(tl.sum(tiles, 0), budget), 1)
-    n = tl.where(mine, tl.cdiv(tiles, c), 0)
+    n = tl.cdiv(tiles, c)                                               # 0 past the batch (tiles 0)
     ends = tl.cumsum(n, 0)                                              # E_b
     if item < tl.sum(n, 0):
         b = tl.sum((ends <= item).to(tl.int32), 0)                      # the row of this item

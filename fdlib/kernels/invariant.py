@@ -31,9 +31,9 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher
-from .tile import (causal_limit, fold_partial, fold_result, group_queries, kv_base, kv_start, kv_step,
-                   load_kv, load_lengths, row_offset, state_to_partial, store_out, store_partial, take_ticket,
-                   tile_update, timeline_record, timeline_start)
+from .tile import (attend_tile, causal_limit, empty_state, fold_partial, fold_result, group_queries, kv_base, kv_start,
+                   load_lengths, row_offset, state_to_partial, store_out, store_partial, take_ticket, tile_update,
+                   timeline_record, timeline_start)
 
 CHUNKS = 16
 """Most chunks a row is cut into."""
@@ -121,23 +121,12 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
         k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
         k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
         alone = n_programs == 1            # this program computes every chunk of its row: it folds them as it goes
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_G], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
-        f_m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        f_den = tl.zeros([BLOCK_G], dtype=tl.float32)
-        f_acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+        f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)         # the fold (m, den, acc) starts empty alike
         for n0 in range(start, end, BLOCK_N):
-            pos = n0 + offs_n
-            valid = pos < end
-            k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
-                           n_pages, FLAG, PAGE)
-            k_ptrs, v_ptrs = kv_step(k_ptrs, v_ptrs, stride_kl, stride_vl, BLOCK_N, PAGE)
-            if Q_LEN == 1:
-                seen = valid
-            else:
-                seen = valid[None, :] & (pos[None, :] < limit[:, None])
-            m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+            m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
+                                                    qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                    n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
             # a chunk that ends here, before the program's last: its partial is folded into the row's merge (a
             # program alone on its row) or stored for the merging program; the next chunk starts afresh
             # (predicated, not branched, so that the loop stays one software-pipelined loop)
@@ -165,9 +154,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
             store_partial(o, lse, rows, mask_gd, h0, c_last, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW,
                           stride_lt, stride_lh, True, GROUP, Q_LEN, BLOCK_D)
             if TAKE_TICKET(COUNTERS + b * H_KV + h_kv, n_programs):   # the last one folds the chunks in order
-                f_m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-                f_den = tl.zeros([BLOCK_G], dtype=tl.float32)
-                f_acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+                f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)
                 o_rows = row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)
                 l_rows = row_offset(rows, h0, stride_lt, stride_lh, GROUP, Q_LEN)
                 # four partials loaded at a time (their loads in flight together), then folded in order; a slot

@@ -26,8 +26,8 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, q_len_of, strides4
-from .tile import (LOG2E, causal_limit, load_lengths, page_rows, row_offset, state_to_partial, tile_update,
-                   timeline_record, timeline_start)
+from .tile import (LOG2E, causal_limit, empty_state, group_queries, load_lengths, row_offset, row_tile_kv,
+                   state_to_partial, tile_update, timeline_record, timeline_start)
 
 
 @triton.jit
@@ -61,9 +61,7 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
     mask_gd = mask_g[:, None] & mask_d[None, :]
     k_offs = (offs_n * stride_kl)[:, None] + offs_d[None, :]
     v_offs = (offs_n * stride_vl)[:, None] + offs_d[None, :]
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     for t in range(0, total):
         j = tl.sum((ends <= t).to(tl.int32), 0)                         # row slot of tile t
         here = slots == j
@@ -75,21 +73,10 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
         b = row // H_KV
         h_kv = row % H_KV
         h0 = h_kv * GROUP
-        q = tl.load(Q + b * stride_qb + row_offset(offs_g, h0, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
-                    + offs_d[None, :], mask=mask_gd, other=0.0)
+        q = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
         valid = pos < L
-        kv_mask = valid[:, None] & mask_d[None, :]
-        if PAGE == 0:   # the tile's first key as a 64-bit scalar offset, 32-bit offsets within the tile
-            k = tl.load(K + (b.to(tl.int64) * stride_kb + h_kv * stride_kh + n0.to(tl.int64) * stride_kl) + k_offs,
-                        mask=kv_mask, other=0.0)
-            v = tl.load(V + (b.to(tl.int64) * stride_vb + h_kv * stride_vh + n0.to(tl.int64) * stride_vl) + v_offs,
-                        mask=kv_mask, other=0.0)
-        else:
-            page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, PAGE)
-            k = tl.load(K + (page * stride_kb + slot * stride_kl)[:, None] + h_kv * stride_kh + offs_d[None, :],
-                        mask=kv_mask, other=0.0)
-            v = tl.load(V + (page * stride_vb + slot * stride_vl)[:, None] + h_kv * stride_vh + offs_d[None, :],
-                        mask=kv_mask, other=0.0)
+        k, v = row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl,
+                           stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE)
         if Q_LEN == 1:
             seen = valid
         else:   # several query tokens: row r also stops at its causal limit

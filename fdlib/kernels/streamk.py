@@ -30,8 +30,9 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, strides4
-from .tile import (LOG2E, causal_limit, combine_blocks, combine_heads, load_lengths, page_rows, row_offset,
-                   state_to_partial, store_partial, take_ticket, tile_update, timeline_record, timeline_start)
+from .tile import (LOG2E, batch_tiles, causal_limit, combine_blocks, combine_heads, empty_state, group_queries,
+                   row_offset, row_tile_kv, state_to_partial, store_partial, take_ticket, tile_update,
+                   timeline_record, timeline_start)
 
 MAX_BATCH = 4096
 """Every program keeps all B lengths in registers; larger batches use the other kernels."""
@@ -86,10 +87,7 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
     if TIMELINE:
         t_start = timeline_start()
     p = tl.program_id(0)
-    offs_b = tl.arange(0, BLOCK_B)
-    mine = offs_b < n_batch
-    lens = load_lengths(LENS, offs_b, mine, L_MAX, FLAG)
-    tiles = tl.where(mine, tl.maximum(tl.cdiv(lens, BLOCK_N), 1), 0)
+    offs_b, lens, tiles = batch_tiles(LENS, n_batch, L_MAX, FLAG, BLOCK_B, BLOCK_N)
     ends = tl.cumsum(tiles * H_KV, 0)                                   # E_b
     T = tl.sum(tiles * H_KV, 0)
     P = tl.maximum(tl.minimum(tl.num_programs(0), T), 1)   # those taking part: each has >= 1 tile (module doc)
@@ -108,28 +106,15 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         mask_gd = mask_g[:, None] & mask_d[None, :]
         k_offs = (offs_n * stride_kl)[:, None] + offs_d[None, :]
         v_offs = (offs_n * stride_vl)[:, None] + offs_d[None, :]
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_G], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        m, l, acc = empty_state(BLOCK_G, BLOCK_D)
         for t in range(t0, t1):
             b, h, T_b, j, L = tile_row(t, offs_b, ends, tiles, lens, H_KV)
             h0 = h * GROUP
-            q = tl.load(Q + b * stride_qb + row_offset(offs_g, h0, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
-                        + offs_d[None, :], mask=mask_gd, other=0.0)
+            q = group_queries(Q, b, h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
             pos = j * BLOCK_N + offs_n
             valid = pos < L
-            kv_mask = valid[:, None] & mask_d[None, :]
-            if PAGE == 0:   # 64-bit scalar base, 32-bit offsets within the tile
-                k = tl.load(K + (b.to(tl.int64) * stride_kb + h * stride_kh + (j * BLOCK_N).to(tl.int64) * stride_kl)
-                            + k_offs, mask=kv_mask, other=0.0)
-                v = tl.load(V + (b.to(tl.int64) * stride_vb + h * stride_vh + (j * BLOCK_N).to(tl.int64) * stride_vl)
-                            + v_offs, mask=kv_mask, other=0.0)
-            else:
-                page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, PAGE)
-                k = tl.load(K + (page * stride_kb + slot * stride_kl)[:, None] + h * stride_kh + offs_d[None, :],
-                            mask=kv_mask, other=0.0)
-                v = tl.load(V + (page * stride_vb + slot * stride_vl)[:, None] + h * stride_vh + offs_d[None, :],
-                            mask=kv_mask, other=0.0)
+            k, v = row_tile_kv(K, V, b, h, j * BLOCK_N, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb,
+                               stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE)
             if Q_LEN == 1:
                 seen = valid
             else:

@@ -239,6 +239,65 @@ def load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, st
 
 
 @triton.jit
+def empty_state(BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The online-softmax state of no key yet: m = −∞, ℓ = 0, Õ = 0 for BLOCK_G query rows."""
+    return (tl.full([BLOCK_G], float("-inf"), tl.float32), tl.zeros([BLOCK_G], dtype=tl.float32),
+            tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32))
+
+
+@triton.jit
+def attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc, qk_scale, stride_kl, stride_vl,
+                BT_ROW, stride_kb, stride_vb, n_pages, FLAG, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
+                TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr):
+    """One step of a slice's loop: the tile of keys n0 + offs_n below ``end`` (:func:`load_kv`, then the
+    pointers moved on by :func:`kv_step`), each query row also stopping at its ``limit`` when Q_LEN > 1, folded
+    into (m, ℓ, Õ) by TILE_UPDATE. Returns the new state and pointers."""
+    pos = n0 + offs_n
+    valid = pos < end
+    k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb, n_pages,
+                   FLAG, PAGE)
+    k_ptrs, v_ptrs = kv_step(k_ptrs, v_ptrs, stride_kl, stride_vl, BLOCK_N, PAGE)
+    if Q_LEN == 1:
+        seen = valid
+    else:
+        seen = valid[None, :] & (pos[None, :] < limit[:, None])
+    m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+    return m, l, acc, k_ptrs, v_ptrs
+
+
+@triton.jit
+def batch_tiles(LENS, n_batch, L_MAX, FLAG, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    """All B lengths of the batch in registers (clamped, :func:`load_lengths`), and each row's tiles
+    max(1, ⌈L_b/BLOCK_N⌉) (0 past the batch): the schedules the balanced and stream-K kernels compute on the
+    device start from these. Returns (offs_b, lens, tiles)."""
+    offs_b = tl.arange(0, BLOCK_B)
+    mine = offs_b < n_batch
+    lens = load_lengths(LENS, offs_b, mine, L_MAX, FLAG)
+    return offs_b, lens, tl.where(mine, tl.maximum(tl.cdiv(lens, BLOCK_N), 1), 0)
+
+
+@triton.jit
+def row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl, stride_kh,
+                stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE: tl.constexpr):
+    """The K/V tile of keys ``pos`` = n0 + offs_n of row (b, h_kv), for kernels whose loop jumps between rows
+    (persistent, stream-K): a contiguous cache from a 64-bit scalar base plus the 32-bit in-tile offsets
+    ``k_offs``/``v_offs`` = offs_n·stride + offs_d; pages gathered through the block table (:func:`page_rows`)."""
+    kv_mask = valid[:, None] & mask_d[None, :]
+    if PAGE == 0:
+        k = tl.load(K + (b.to(tl.int64) * stride_kb + h_kv * stride_kh + n0.to(tl.int64) * stride_kl) + k_offs,
+                    mask=kv_mask, other=0.0)
+        v = tl.load(V + (b.to(tl.int64) * stride_vb + h_kv * stride_vh + n0.to(tl.int64) * stride_vl) + v_offs,
+                    mask=kv_mask, other=0.0)
+    else:
+        page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, PAGE)
+        k = tl.load(K + (page * stride_kb + slot * stride_kl)[:, None] + h_kv * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        v = tl.load(V + (page * stride_vb + slot * stride_vl)[:, None] + h_kv * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+    return k, v
+
+
+@triton.jit
 def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mask_d, qk_scale,
                  BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -251,22 +310,13 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     Q_LEN > 1 (several query tokens): row r also sees only keys below ``limit[r]`` (its causal limit,
     :func:`causal_limit`); the slice [start, end) is the same for every row, a row whose limit ends inside it
     masks the rest, and a row whose limit is at or below ``start`` keeps the empty state."""
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_G], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
     for n0 in range(start, end, BLOCK_N):
-        pos = n0 + offs_n
-        valid = pos < end
-        k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
-                       n_pages, FLAG, PAGE)
-        k_ptrs, v_ptrs = kv_step(k_ptrs, v_ptrs, stride_kl, stride_vl, BLOCK_N, PAGE)
-        if Q_LEN == 1:
-            seen = valid
-        else:
-            seen = valid[None, :] & (pos[None, :] < limit[:, None])
-        m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+        m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
+                                                qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
     return m, l, acc
 
 
