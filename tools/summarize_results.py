@@ -229,9 +229,12 @@ def ragged_section(folder: Path) -> list[str]:
             same = [k for k in pb if "auto" in pb[k] and "auto" in fb.get(k, {})
                     and round(pb[k]["auto"]["kv_mb"], 3) == round(fb[k]["auto"]["kv_mb"], 3)]
             dense = [f"{k[1]}:{k[2]} {pb[k]['auto']['graph_us'] / fb[k]['auto']['graph_us']:.3f}" for k in same]
+            runs = {r["provenance"].get("date_utc", "?")[:16] for r in (res, flat)}
+            across = (f" (two runs: the paged grid of {res['provenance'].get('date_utc', '?')[:16]}Z against the "
+                      f"contiguous grid of {flat['provenance'].get('date_utc', '?')[:16]}Z)" if len(runs) > 1 else "")
             out.append(f"- pages of {ps} (B=32, mean 8192), auto's time against the contiguous cache on the rows "
                        f"of equal bytes (constant lengths): " + (", ".join(dense) or "none")
-                       + (" (target ≤ 1.03 at ≥ 16)" if ps >= 16 else ""))
+                       + (" (target ≤ 1.03 at ≥ 16)" if ps >= 16 else "") + across)
     return out
 
 
