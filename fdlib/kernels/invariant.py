@@ -72,11 +72,13 @@ def chunk_of(L, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, MIN_TILES: tl.const
 def load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c, n_chunks, rows, mask_gd, offs_d, stride_ps,
                  GROUP: tl.constexpr, Q_LEN: tl.constexpr):
     """Chunk c's partial (O_c, lse_c) of the rows, written by another program of this launch (read from L2);
-    (0, −∞) for c >= n_chunks."""
+    (0, −∞) for c >= n_chunks. A scalar condition enters a mask through tl.where, never ``&`` (an int32 mask in
+    Triton's interpreter, which newer releases' tl.load/tl.store refuse)."""
     have = c < n_chunks
-    o = tl.load(O_ROW + o_rows[:, None] + c * stride_ps + offs_d[None, :], mask=mask_gd & have, other=0.0,
-                cache_modifier=".cg")
-    lse = tl.load(LSE_ROW + l_rows + c, mask=(rows < GROUP * Q_LEN) & have, other=float("-inf"), cache_modifier=".cg")
+    o = tl.load(O_ROW + o_rows[:, None] + c * stride_ps + offs_d[None, :], mask=tl.where(have, mask_gd, False),
+                other=0.0, cache_modifier=".cg")
+    lse = tl.load(LSE_ROW + l_rows + c, mask=tl.where(have, rows < GROUP * Q_LEN, False), other=float("-inf"),
+                  cache_modifier=".cg")
     return o, lse
 
 

@@ -8,10 +8,11 @@ microseconds that dispatch is a large part of the call's host time (results/h200
 A :class:`Launcher` holds one kernel with its constexprs and options fixed (a plan makes one per kernel it
 runs). Its first launch of a specialisation goes through Triton's generic path, which compiles; it keeps the
 compiled kernel and afterwards calls Triton's C launcher directly, with the pointers as the integers it has
-already read (Triton's generic path asks the driver about each tensor on every call). The key it checks on every call is what Triton's
-specialisation depends on for these kernels: the pointers' dtypes and 16-byte alignment (direct launches only
-when all are aligned), and the scalar arguments themselves (strides, chunk, sizes, scale). Anything else (a launch hook installed by a profiler, a
-Triton version whose launcher this was not written against, the interpreter) takes the generic path, which
+already read (Triton's generic path asks the driver about each tensor on every call). The key it checks on
+every call is what Triton's specialisation depends on for these kernels: the pointers' dtypes and 16-byte
+alignment (direct launches only when all are aligned), and the scalar arguments themselves (strides, chunk,
+sizes, scale). Anything else (a launch hook installed by a profiler, a Triton version whose launcher this was
+not written against, the interpreter) takes the generic path, which
 is always correct.
 """
 from __future__ import annotations
@@ -69,7 +70,8 @@ class Launcher:
                 addr |= a
             if addr & 15 == 0:
                 slots = self.dtype_slots
-                key = (scalars, *[t.dtype for t in ptrs]) if slots is None else (scalars, *[ptrs[i].dtype for i in slots])
+                key = ((scalars, *[t.dtype for t in ptrs]) if slots is None
+                       else (scalars, *[ptrs[i].dtype for i in slots]))
                 hit = self._compiled.get(key)
                 if hit is not None and _no_hooks():
                     launch, function, head, constexprs = hit

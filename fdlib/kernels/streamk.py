@@ -114,7 +114,8 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
             pos = j * BLOCK_N + offs_n
             valid = pos < L
             k, v = row_tile_kv(K, V, b, h, j * BLOCK_N, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb,
-                               stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE)
+                               stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG,
+                               PAGE)
             if Q_LEN == 1:
                 seen = valid
             else:

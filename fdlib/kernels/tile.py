@@ -367,9 +367,9 @@ def store_partial(o, lse, rows, mask_gd, h0, split, O_ROW, stride_pt, stride_ph,
     ``LSE_ROW + row_offset(r, h0, stride_lt, stride_lh) + split``; nothing where ``keep`` (a scalar) is False."""
     offs_d = tl.arange(0, BLOCK_D)
     tl.store(O_ROW + row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)[:, None] + split * stride_ps
-             + offs_d[None, :], o, mask=mask_gd & keep)
+             + offs_d[None, :], o, mask=tl.where(keep, mask_gd, False))
     tl.store(LSE_ROW + row_offset(rows, h0, stride_lt, stride_lh, GROUP, Q_LEN) + split, lse,
-             mask=(rows < GROUP * Q_LEN) & keep)
+             mask=tl.where(keep, rows < GROUP * Q_LEN, False))
 
 
 @triton.jit
