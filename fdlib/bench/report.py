@@ -285,30 +285,40 @@ def _plot_bench(results, where):
     fig = Figure(figsize=(max(10.0, 0.22 * len(shapes) + 4), 10))
     ax1, ax2 = fig.subplots(2, 1)
 
-    # (a) time / cuDNN time per shape
+    # (a) time / cuDNN time per shape; a run without cuDNN (e.g. --methods auto,invariant) is drawn against its
+    # first method instead, so the panel still compares what the run measured
     x = {k: i for i, k in enumerate(shapes)}
+    has_cudnn = any(r.get(f"{tk}_ratio_cudnn") for r in recs)
+    base = "cudnn" if has_cudnn else methods[0] if methods else None
+    base_us = {_shape_key(r): r[f"{tk}_us"] for r in recs if r["method"] == base and r.get(f"{tk}_us")}
+    base_label = "SDPA cuDNN" if has_cudnn else f"fdlib '{base}'"
     plotted = False
     for m in methods:
-        if m == "cudnn":
+        if m == base:
             continue
-        pts = [(x[_shape_key(r)], r[f"{tk}_ratio_cudnn"]) for r in recs
-               if r["method"] == m and r.get(f"{tk}_ratio_cudnn")]
+        if has_cudnn:
+            pts = [(x[_shape_key(r)], r[f"{tk}_ratio_cudnn"]) for r in recs
+                   if r["method"] == m and r.get(f"{tk}_ratio_cudnn")]
+        else:
+            pts = [(x[_shape_key(r)], r[f"{tk}_us"] / base_us[_shape_key(r)]) for r in recs
+                   if r["method"] == m and r.get(f"{tk}_us") and _shape_key(r) in base_us]
         if pts:
             xs, ys = zip(*pts)
-            ax1.plot(xs, ys, marker="o", ms=4, lw=1, label=m)
+            ax1.plot(xs, ys, marker="o", ms=4, lw=1, label=m, color=f"C{methods.index(m) % 10}")
             plotted = True
-    ax1.axhline(1.0, color="k", lw=1, ls="--", label="cuDNN (= 1)")
+    short = "cuDNN" if has_cudnn else base
+    ax1.axhline(1.0, color="k", lw=1, ls="--", label=f"{short} (= 1)")
     if plotted:
         ax1.set_yscale("log")
     else:
-        ax1.text(0.5, 0.5, "no cuDNN timings in this run (peer unavailable)", transform=ax1.transAxes,
+        ax1.text(0.5, 0.5, "one method only in this run: nothing to compare", transform=ax1.transAxes,
                  ha="center", va="center")
     ax1.set_xticks(range(len(shapes)))
     ax1.set_xticklabels([labels[k] for k in shapes], rotation=90, fontsize=6)
     ax1.set_xlim(-0.5, max(len(shapes) - 0.5, 0.5))
     ax1.set_xlabel("shape (dtype, batch B, heads H_q:H_kv, KV length L)")
-    ax1.set_ylabel("time / cuDNN time (×, lower is faster)")
-    ax1.set_title(f"(a) decode-attention time relative to SDPA cuDNN — {where}")
+    ax1.set_ylabel(f"time / {short} time (×, lower is faster)")
+    ax1.set_title(f"(a) decode-attention time relative to {base_label} — {where}")
     ax1.grid(True, which="both", alpha=0.3)
     ax1.legend(fontsize=7, ncol=4)
 
@@ -317,7 +327,7 @@ def _plot_bench(results, where):
         pts = sorted((r["kv_mb"], r[f"{tk}_tbs"]) for r in recs if r["method"] == m and r.get(f"{tk}_tbs"))
         if pts:
             xs, ys = zip(*pts)
-            ax2.plot(xs, ys, marker="o", ms=3, lw=0, label=m)
+            ax2.plot(xs, ys, marker="o", ms=3, lw=0, label=m, color=f"C{methods.index(m) % 10}")   # as in (a)
     ceil = (results.get("ceiling") or {}).get("tbs")
     if ceil:
         ax2.axhline(ceil, color="k", ls="--", lw=1.2, label=f"measured read ceiling {ceil:.2f} TB/s")
