@@ -264,3 +264,21 @@ def test_host_overhead_harness_takes_turns_and_reports_failures():
     by = {r["variant"]: r for r in res["records"]}
     assert by["plan.run"]["status"] == "ok" and by["plan.run"]["us_per_call"] > 0
     assert "median of 5 loops" in format_host_table(res)
+
+
+def test_figure_without_cudnn_compares_against_the_first_method(quick):
+    """A run whose peers did not run (the interpreter has no cuDNN) still draws panel (a): every other method's
+    time over the first method's, with one colour per method in both panels."""
+    res = json.loads(json.dumps(quick))
+    for r in res["records"]:
+        for k in [k for k in r if k.endswith("_ratio_cudnn")]:
+            r.pop(k)
+    res["records"] = [r for r in res["records"] if r["method"] != "cudnn"]
+    fig = plot_results(res)
+    ax1, ax2 = fig.axes[:2]
+    first = res["records"][0]["method"]
+    assert f"relative to fdlib '{first}'" in ax1.get_title()
+    drawn = {line.get_label(): line.get_color() for line in ax1.get_lines() if not line.get_label().startswith("_")}
+    dots = {line.get_label(): line.get_color() for line in ax2.get_lines() if not line.get_label().startswith("_")}
+    others = [m for m in dots if m != first and not m.startswith("measured")]
+    assert others and all(drawn[m] == dots[m] for m in others)
