@@ -1,11 +1,11 @@
-"""Record per-program timelines of the split and balanced plans on a GPU, for Lab 06's Gantt charts.
+"""Record per-program timelines of the split, balanced and stream-K plans on a GPU, for Lab 06's Gantt charts.
 
     python tools/record_timeline.py --out OUT_DIR [--seed 0] [--repeats 5]
 
 For each of Lab 06's ragged batches (``fdlib.timeline.BATCH``: B=32, H 32:8, D=128, fp16; lengths
 ``fdlib.timeline.batch_lengths``: "uniform" in 1..32768, the batch of issue 13, and "zipf", Zipf-like of mean 8192,
-both from ``--seed``), it plans each method (``split``, ``balanced``, and ``auto`` for reference) with the host
-lengths, runs it once to compile, then ``--repeats`` times with the timeline flag
+both from ``--seed``), it plans each method (``split``, ``balanced``, ``streamk``, and ``auto`` for reference)
+with the host lengths, runs it once to compile, then ``--repeats`` times with the timeline flag
 (``plan.run(q, k, v, lens, timeline=plan.timeline_buffer())``: one row (SM id, start ns, end ns) per program, from
 the GPU's global timer) and keeps the run of median makespan. It writes ``OUT_DIR/timeline-<batch>.json``
 (``fdlib.timeline.save_recorded``, read back by ``fdlib.timeline.load_recorded``) with the provenance of
@@ -24,7 +24,7 @@ import fdlib
 from fdlib import runtime, timeline
 from fdlib.bench.harness import provenance, reference_rows, rel_error
 
-METHODS = ("split", "balanced", "auto")
+METHODS = ("split", "balanced", "streamk", "auto")
 
 
 def record_batch(name: str, seed: int, repeats: int, methods=METHODS) -> tuple[dict, list]:
@@ -63,7 +63,8 @@ def record_batch(name: str, seed: int, repeats: int, methods=METHODS) -> tuple[d
         span, rows = recorded[len(recorded) // 2]
         d = plan.decision
         mode = (f"{method}: {d.kernel} kernel, {d.splits} splits of {d.chunk} keys"
-                + (f", budget {d.budget}" if d.kernel == "balanced" else ""))
+                + (f", budget {d.budget}" if d.kernel == "balanced" else "")
+                + (f", {d.programs} programs" if d.kernel == "streamk" else ""))
         runs.append(dict(method=method, mode=mode, kernel=d.kernel, splits=d.splits, chunk=d.chunk,
                          budget=d.budget, block_n=d.tile.BLOCK_N if d.tile else None, rel_err=err,
                          makespans_us=[r[0] / 1e3 for r in recorded], programs=rows))
