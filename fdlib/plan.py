@@ -241,9 +241,14 @@ class DecodePlan:
         extra = f", {d.programs} programs" if d.kernel in ("persistent", "streamk") else ""
         paged = f", pages of {self.page_size}" if self.page_size else ""
         paged += f", q_len={self.q_len}" if self.q_len > 1 else ""
+        if d.kernel == "streamk":
+            return (f"DecodePlan: streamk kernel, {d.programs} programs taking equal shares of the batch's tiles{tile}; "
+                    f"B={self.B}, H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, "
+                    f"{str(self.dtype)[6:]} on {self.device}; workspace {self.workspace.nbytes()} bytes")
         if d.kernel == "invariant":
             return (f"DecodePlan: invariant kernel, rows cut by their own lengths into <= {d.splits} chunk(s) "
-                    f"({d.chunk} keys at L_max), {d.per_program} a program{tile}; B={self.B}, H_q={self.H_q}, "
+                    f"({d.chunk}-key chunks for L_max), {d.per_program} chunk(s) a program{tile}; B={self.B}, "
+                    f"H_q={self.H_q}, "
                     f"H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, {str(self.dtype)[6:]} on "
                     f"{self.device}; schedule chosen for L_cap={d.L_cap}; workspace {self.workspace.nbytes()} "
                     f"bytes")
