@@ -27,7 +27,7 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, q_len_of, strides4
 from .tile import (LOG2E, causal_limit, empty_state, group_queries, load_lengths, row_offset, row_tile_kv,
-                   state_to_partial, tile_update, timeline_record, timeline_start)
+                   row_walk_offsets, state_to_partial, tile_update, timeline_record, timeline_start)
 
 
 @triton.jit
@@ -53,14 +53,8 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
     ends = tl.cumsum(tiles, 0)                                          # E_j
     total = tl.sum(tiles, 0)
 
-    offs_g = tl.arange(0, BLOCK_G)                                      # query rows r = t·GROUP + g
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    mask_g = offs_g < GROUP * Q_LEN
-    mask_gd = mask_g[:, None] & mask_d[None, :]
-    k_offs = (offs_n * stride_kl)[:, None] + offs_d[None, :]
-    v_offs = (offs_n * stride_vl)[:, None] + offs_d[None, :]
+    offs_g, offs_n, offs_d, mask_d, mask_g, mask_gd, k_offs, v_offs = row_walk_offsets(
+        stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     for t in range(0, total):
         j = tl.sum((ends <= t).to(tl.int32), 0)                         # row slot of tile t

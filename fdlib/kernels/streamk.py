@@ -31,8 +31,8 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, strides4
 from .tile import (LOG2E, batch_tiles, causal_limit, combine_blocks, combine_heads, empty_state, group_queries,
-                   row_offset, row_tile_kv, state_to_partial, store_partial, take_ticket, tile_update,
-                   timeline_record, timeline_start)
+                   row_offset, row_tile_kv, row_walk_offsets, state_to_partial, store_partial, take_ticket,
+                   tile_update, timeline_record, timeline_start)
 
 MAX_BATCH = 4096
 """Every program keeps all B lengths in registers; larger batches use the other kernels."""
@@ -98,14 +98,8 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         b_f, h_f, T_f, j_f, L_f = tile_row(t0, offs_b, ends, tiles, lens, H_KV)
         p_af = program_of(t0 - j_f, T, P)
         slot_f = p_af + p + 1
-        offs_g = tl.arange(0, BLOCK_G)                                  # query rows r = t·GROUP + g
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        mask_d = offs_d < D
-        mask_g = offs_g < GROUP * Q_LEN
-        mask_gd = mask_g[:, None] & mask_d[None, :]
-        k_offs = (offs_n * stride_kl)[:, None] + offs_d[None, :]
-        v_offs = (offs_n * stride_vl)[:, None] + offs_d[None, :]
+        offs_g, offs_n, offs_d, mask_d, mask_g, mask_gd, k_offs, v_offs = row_walk_offsets(
+            stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
         for t in range(t0, t1):
             b, h, T_b, j, L = tile_row(t, offs_b, ends, tiles, lens, H_KV)

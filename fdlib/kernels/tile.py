@@ -277,6 +277,23 @@ def batch_tiles(LENS, n_batch, L_MAX, FLAG, BLOCK_B: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
+def row_walk_offsets(stride_kl, stride_vl, GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr,
+                     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The index vectors and masks of a kernel whose loop walks tiles of several rows (persistent, stream-K):
+    query rows r = t·GROUP + g, keys of a tile, dims, the masks of real rows and dims, and the 32-bit in-tile
+    K/V offsets offs_n·stride + offs_d that :func:`row_tile_kv` adds to each tile's base."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    mask_g = offs_g < GROUP * Q_LEN
+    mask_gd = mask_g[:, None] & mask_d[None, :]
+    k_offs = (offs_n * stride_kl)[:, None] + offs_d[None, :]
+    v_offs = (offs_n * stride_vl)[:, None] + offs_d[None, :]
+    return offs_g, offs_n, offs_d, mask_d, mask_g, mask_gd, k_offs, v_offs
+
+
+@triton.jit
 def row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl, stride_kh,
                 stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE: tl.constexpr):
     """The K/V tile of keys ``pos`` = n0 + offs_n of row (b, h_kv), for kernels whose loop jumps between rows
