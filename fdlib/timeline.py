@@ -20,10 +20,11 @@ Three schedules (``schedule=``):
   :func:`fdlib.plan.decide` does on a GPU (splits from :func:`fdlib.costmodel.explain`); grid ``(B, H_kv, splits)``;
 * ``"balanced"``: FlashInfer-style chunking (:func:`fdlib.schedule.balanced`, budget P = B·splits as the plan
   sets it); grid ``(P + B, H_kv)``;
-* ``"stream-k"``: the schedule of ``method="streamk"`` (:mod:`fdlib.kernels.streamk`), modelled with the same
-  tiles and streaming rate as the others: one program per slot, program p owns tiles
+* ``"stream-k"``: the schedule of ``method="streamk"`` (:mod:`fdlib.kernels.streamk`) as it launches: P =
+  PERSISTENT_PER_SM·SMs programs on the persistent kernel's tiles (64 keys at D = 128, 2 bytes), with the same
+  streaming rate as the others; program p owns tiles
   :math:`[\lfloor pT/P\rfloor, \lfloor (p+1)T/P\rfloor)` of the batch's T tiles laid end to end over the rows
-  (b, h_kv); a slice may span row boundaries; every row split between programs is merged by the program that
+  (b, h_kv) in the kernel's order; a slice may span row boundaries; every row split between programs is merged by the program that
   finishes its last piece (the ticket). Each extra piece costs one more partial store (:math:`t_{\text{split}}`).
 
 The **recorded timeline** (:func:`from_buffer`) reads what ``plan.run(..., timeline=buf)`` wrote on a GPU: one
@@ -247,7 +248,8 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
 
     ``splits``: the split count (default: the cost model's choice for this batch, :func:`model_splits`);
     ``budget``: the balanced schedule's P (default B·splits, as :func:`fdlib.plan.decide` sets it) or the
-    stream-K program count (default: one per slot, r·SMs)."""
+    stream-K program count (default: as the kernel launches it, PERSISTENT_PER_SM·SMs, on the persistent
+    kernel's tiles)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
     lengths = [int(x) for x in lengths]
@@ -290,10 +292,16 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
             progs += [_Program((), 0.0, -1)] * (P + B - s.items)
         merge = {(b, h): _merge_cost(cal, n_b[b], group, D) for b in range(B) for h in range(H_kv)}
         mode = f"balanced schedule, {s.items} items of ≤ {s.chunk_tiles} tiles (budget {P})"
-    else:
-        P = budget if budget is not None else r * g.sms
+    else:   # as fdlib.kernels.streamk launches it: the persistent kernel's tiles, PERSISTENT_PER_SM programs an SM,
+        # rows in the kernel's order r = b·H_kv + h_kv
+        from .kernels.config import PERSISTENT_PER_SM, persistent_config
+        sk = persistent_config(D, dtype_bytes, compiled_mode=True)
+        N = sk.BLOCK_N
+        r = costmodel.kernel_programs_per_sm(g, D, dtype_bytes, N, sk.num_warps, sk.num_stages)
+        info.update(block_n=N, programs_per_sm=r)
+        P = budget if budget is not None else PERSISTENT_PER_SM * g.sms
         tiles = [max(1, -(-L // N)) for L in lengths]
-        rows = [(b, h) for h in range(H_kv) for b in range(B)]
+        rows = [(b, h) for b in range(B) for h in range(H_kv)]
         bounds = np.concatenate([[0], np.cumsum([tiles[b] for b, _ in rows])])   # row k: tiles [bounds[k], bounds[k+1])
         T = int(bounds[-1])
         cuts = [p * T // P for p in range(P + 1)]

@@ -70,7 +70,8 @@ def test_balancing_leaves_fewer_idle_sms_on_the_issue_batch():
     sk = T.model_timeline(lens, 32, 8, schedule="stream-k")
     assert bal.idle_fraction < split.idle_fraction and bal.makespan < split.makespan
     assert sk.idle_fraction < bal.idle_fraction
-    assert sk.source == "stream-K model" and sk.programs == 132
+    # as the kernel launches: 2 programs per SM on the persistent kernel's 64-key tiles
+    assert sk.source == "stream-K model" and sk.programs == 2 * 132 and sk.info["block_n"] == 64
     assert split.bands and split.bands[0][0] == "kernel boundary"
 
 

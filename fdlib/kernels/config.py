@@ -83,11 +83,13 @@ short-cache, large-batch shapes where it runs (results/h200/explore/explore.json
 configuration on each)."""
 
 
-def persistent_config(D: int = 128, elem_bytes: int = 2, q_rows: int = 1) -> TileConfig:
-    """Tiles of the persistent kernel here: at most PERSISTENT_BLOCK_N keys, fewer where tile_config_for
-    halves them (D > 128, float32, many query rows ``q_rows`` = group × q_len); the interpreter's config in
-    the interpreter."""
-    if runtime.INTERPRET:
+def persistent_config(D: int = 128, elem_bytes: int = 2, q_rows: int = 1,
+                      compiled_mode: bool | None = None) -> TileConfig:
+    """Tiles of the persistent (and stream-K) kernel: at most PERSISTENT_BLOCK_N keys, fewer where
+    tile_config_for halves them (D > 128, float32, many query rows ``q_rows`` = group × q_len); the
+    interpreter's config in the interpreter. ``compiled_mode``: a GPU's (True) or the interpreter's (False)
+    tiles whatever this runtime is (default: this runtime's)."""
+    if not (not runtime.INTERPRET if compiled_mode is None else compiled_mode):
         return INTERPRETER_CONFIG
     base = tile_config_for(D, 1 << 30, compiled_mode=True, elem_bytes=elem_bytes, q_rows=q_rows)
     return TileConfig(BLOCK_N=min(PERSISTENT_BLOCK_N, base.BLOCK_N), num_warps=base.num_warps,
