@@ -48,7 +48,7 @@ import torch
 from . import runtime
 from .kernels.launch import rows4
 from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config, tile_config, tile_config_for
-from .kernels.invariant import invariant_launcher, max_chunks, programs_per_row, row_chunks
+from .kernels.invariant import invariant_launcher, max_chunks, row_chunks
 from .kernels.balanced import MAX_BATCH, balanced_args, balanced_launcher, items_max
 from .kernels.persistent import persistent_args, persistent_launcher, programs_for, rows_for
 from .kernels.stage1 import stage1_args, stage1_launcher
@@ -76,7 +76,8 @@ class Decision:
     rows_per_program: int = 0   # persistent: the kernel's ROWS (a power of two)
     budget: int = 0             # balanced: P, the work items the batch is cut into (fdlib.schedule)
     invariant: bool = False     # batch-invariant: chunks by each row's own length (invariant_decision)
-    per_program: int = 0        # invariant: chunks one program computes (splits: chunks of the longest row)
+    per_program: int = 0        # invariant: chunks one program computes (splits: the most chunks a row can
+                                # have, its partial slots; so ⌈splits / per_program⌉ programs a row)
 
 
 def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: int, compiled: bool) -> int:
@@ -331,7 +332,7 @@ class DecodePlan:
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, self.scale, d.per_program, d.splits, out,
                                                lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times)
-            go[0]((grid[0], grid[1], programs_per_row(self.L_max, d.tile.BLOCK_N, d.per_program)), ptrs, scalars)
+            go[0]((grid[0], grid[1], -(-d.splits // d.per_program)), ptrs, scalars)   # programs per row
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
                                ws.flag, bt, times))
@@ -375,7 +376,7 @@ class DecodePlan:
         if d.kernel in ("unified", "split"):
             return B * self.H_kv * d.splits
         if d.kernel == "invariant":
-            return B * self.H_kv * programs_per_row(self.L_max, d.tile.BLOCK_N, d.per_program)
+            return B * self.H_kv * -(-d.splits // d.per_program)
         if d.kernel == "balanced":
             return items_max(B, d.budget) * self.H_kv
         if d.kernel == "persistent":

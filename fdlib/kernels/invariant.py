@@ -32,8 +32,8 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher
 from .tile import (attend_tile, causal_limit, empty_state, fold_partial, fold_result, group_queries, kv_base, kv_start,
-                   load_lengths, row_offset, state_to_partial, store_out, store_partial, take_ticket, tile_update,
-                   timeline_record, timeline_start)
+                   load_lengths, restart_where, row_offset, state_to_partial, store_out, store_partial, take_ticket,
+                   tile_update, timeline_record, timeline_start)
 
 CHUNKS = 16
 """Most chunks a row is cut into."""
@@ -54,11 +54,6 @@ def max_chunks(L_max: int, block_n: int) -> int:
     slots a row needs (a shorter row may have more chunks than a longer one, e.g. 16 tiles make 16 chunks and
     17 tiles 9, so this is not simply L_max's count)."""
     return max(1, min(CHUNKS, -(-(-(-max(L_max, 0) // block_n)) // MIN_TILES)))
-
-
-def programs_per_row(L_max: int, block_n: int, per_program: int) -> int:
-    """Programs a launch starts per (sequence, KV head): enough for any row of at most L_max keys."""
-    return -(-max_chunks(L_max, block_n) // per_program)
 
 
 @triton.jit
@@ -141,9 +136,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
             f_m = tl.where(fold, n_m, f_m)
             f_den = tl.where(fold, n_den, f_den)
             f_acc = tl.where(fold, n_acc, f_acc)
-            m = tl.where(emit, float("-inf"), m)
-            l = tl.where(emit, 0.0, l)
-            acc = tl.where(emit, 0.0, acc)
+            m, l, acc = restart_where(emit, m, l, acc)
         o, lse = state_to_partial(m, l, acc)                     # the program's last chunk
         OUT_ROW = OUT + b * stride_ob
         LSE_OUT_ROW = LSE + b * stride_sb
@@ -151,7 +144,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
             f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o, lse)
             o, lse = fold_result(f_m, f_den, f_acc)
             store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
-                      GROUP, Q_LEN, BLOCK_D)
+                      True, GROUP, Q_LEN, BLOCK_D)
         else:
             store_partial(o, lse, rows, mask_gd, h0, c_last, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW,
                           stride_lt, stride_lh, True, GROUP, Q_LEN, BLOCK_D)
@@ -176,7 +169,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                     f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o3, l3)
                 o, lse = fold_result(f_m, f_den, f_acc)
                 store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st,
-                          stride_sh, GROUP, Q_LEN, BLOCK_D)
+                          stride_sh, True, GROUP, Q_LEN, BLOCK_D)
     if TIMELINE:
         timeline_record(TIMES, t_start)
 

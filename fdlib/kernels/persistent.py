@@ -26,8 +26,8 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, q_len_of, strides4
-from .tile import (LOG2E, causal_limit, empty_state, group_queries, load_lengths, row_offset, row_tile_kv,
-                   row_walk_offsets, state_to_partial, tile_update, timeline_record, timeline_start)
+from .tile import (LOG2E, empty_state, load_lengths, restart_where, row_tile_update, row_walk_offsets,
+                   state_to_partial, store_out, tile_update, timeline_record, timeline_start)
 
 
 @triton.jit
@@ -62,33 +62,22 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
         end_j = tl.sum(tl.where(here, ends, 0), 0)
         L = tl.sum(tl.where(here, lens, 0), 0)
         n0 = (t - (end_j - tl.sum(tl.where(here, tiles, 0), 0))) * BLOCK_N   # the tile's first key in its row
-        pos = n0 + offs_n
         row = pid + j * P
         b = row // H_KV
         h_kv = row % H_KV
-        h0 = h_kv * GROUP
-        q = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
-        valid = pos < L
-        k, v = row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl,
-                           stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE)
-        if Q_LEN == 1:
-            seen = valid
-        else:   # several query tokens: row r also stops at its causal limit
-            seen = valid[None, :] & (pos[None, :] < causal_limit(offs_g, L, GROUP, Q_LEN)[:, None])
-        m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+        m, l, acc = row_tile_update(Q, K, V, b, h_kv, n0, L, m, l, acc, offs_g, offs_n, offs_d, mask_d, k_offs,
+                                    v_offs, qk_scale, stride_qb, stride_qt, stride_qh, stride_kb, stride_kl,
+                                    stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG,
+                                    GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
         # Tile t ends its row: one scalar flag, uniform over the program, selected into the masks with
         # tl.where (boolean in the compiled kernel and in the interpreter; a scalar compare `&`-ed into a mask
         # is int32 in Triton's interpreter, which Triton 3.9's tl.store refuses). A [BLOCK_G] block compare
         # instead made the persistent kernel ~5% slower on the H200.
         last = t + 1 == end_j
         o, lse = state_to_partial(m, l, acc)
-        tl.store(OUT + b * stride_ob + row_offset(offs_g, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None]
-                 + offs_d[None, :], o.to(OUT.dtype.element_ty), mask=tl.where(last, mask_gd, False))
-        tl.store(LSE + b * stride_sb + row_offset(offs_g, h0, stride_st, stride_sh, GROUP, Q_LEN), lse,
-                 mask=tl.where(last, mask_g, False))
-        m = tl.where(last, float("-inf"), m)
-        l = tl.where(last, 0.0, l)
-        acc = tl.where(last, 0.0, acc)
+        store_out(o, lse, offs_g, mask_gd, h_kv * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
+                  LSE + b * stride_sb, stride_st, stride_sh, last, GROUP, Q_LEN, BLOCK_D)
+        m, l, acc = restart_where(last, m, l, acc)
     if TIMELINE:   # one row per program, over all its rows
         timeline_record(TIMES, t_start)
 

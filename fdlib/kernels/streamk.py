@@ -30,9 +30,9 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, strides4
-from .tile import (LOG2E, batch_tiles, causal_limit, combine_blocks, combine_heads, empty_state, group_queries,
-                   row_offset, row_tile_kv, row_walk_offsets, state_to_partial, store_partial, take_ticket,
-                   tile_update, timeline_record, timeline_start)
+from .tile import (LOG2E, batch_tiles, combine_blocks, combine_heads, empty_state, restart_where, row_tile_update,
+                   row_walk_offsets, state_to_partial, store_out, store_partial, take_ticket, tile_update,
+                   timeline_record, timeline_start)
 
 MAX_BATCH = 4096
 """Every program keeps all B lengths in registers; larger batches use the other kernels."""
@@ -103,33 +103,21 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
         for t in range(t0, t1):
             b, h, T_b, j, L = tile_row(t, offs_b, ends, tiles, lens, H_KV)
-            h0 = h * GROUP
-            q = group_queries(Q, b, h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
-            pos = j * BLOCK_N + offs_n
-            valid = pos < L
-            k, v = row_tile_kv(K, V, b, h, j * BLOCK_N, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb,
-                               stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG,
-                               PAGE)
-            if Q_LEN == 1:
-                seen = valid
-            else:
-                seen = valid[None, :] & (pos[None, :] < causal_limit(offs_g, L, GROUP, Q_LEN)[:, None])
-            m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+            m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d, mask_d,
+                                        k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh, stride_kb,
+                                        stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages,
+                                        FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
             # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
             # earlier) goes to its slot; either way the next row starts from the empty state (masked stores,
             # nothing branches inside the loop)
             last = j == T_b - 1
             whole = last & (t - j >= t0)
             o, lse = state_to_partial(m, l, acc)
-            tl.store(OUT + b * stride_ob + row_offset(offs_g, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None]
-                     + offs_d[None, :], o.to(OUT.dtype.element_ty), mask=tl.where(whole, mask_gd, False))
-            tl.store(LSE + b * stride_sb + row_offset(offs_g, h0, stride_st, stride_sh, GROUP, Q_LEN), lse,
-                     mask=tl.where(whole, mask_g, False))
+            store_out(o, lse, offs_g, mask_gd, h * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
+                      LSE + b * stride_sb, stride_st, stride_sh, whole, GROUP, Q_LEN, BLOCK_D)
             store_partial(o, lse, offs_g, mask_gd, 0, slot_f, O_PART, GROUP * D, D, stride_pp, LSE_PART,
                           GROUP * n_slots, n_slots, last & (t - j < t0), GROUP, Q_LEN, BLOCK_D)
-            m = tl.where(last, float("-inf"), m)
-            l = tl.where(last, 0.0, l)
-            acc = tl.where(last, 0.0, acc)
+            m, l, acc = restart_where(last, m, l, acc)
         # the last row, continued by later programs: its piece from the state the loop ended in
         b_l, h_l, T_l, j_l, L_l = tile_row(t1 - 1, offs_b, ends, tiles, lens, H_KV)
         p_al = program_of(t1 - 1 - j_l, T, P)

@@ -390,14 +390,43 @@ def store_partial(o, lse, rows, mask_gd, h0, split, O_ROW, stride_pt, stride_ph,
 
 
 @triton.jit
-def store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
+def store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh, keep,
               GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_D: tl.constexpr):
     """O (in the output's dtype) and lse of a KV head's query rows ``rows`` (head h0 + g of token t), as
-    :func:`row_offset` places them."""
+    :func:`row_offset` places them; nothing where ``keep`` (a scalar, selected into the masks) is False."""
     offs_d = tl.arange(0, BLOCK_D)
     tl.store(OUT_ROW + row_offset(rows, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None] + offs_d[None, :],
-             o.to(OUT_ROW.dtype.element_ty), mask=mask_gd)
-    tl.store(LSE_OUT_ROW + row_offset(rows, h0, stride_st, stride_sh, GROUP, Q_LEN), lse, mask=rows < GROUP * Q_LEN)
+             o.to(OUT_ROW.dtype.element_ty), mask=tl.where(keep, mask_gd, False))
+    tl.store(LSE_OUT_ROW + row_offset(rows, h0, stride_st, stride_sh, GROUP, Q_LEN), lse,
+             mask=tl.where(keep, rows < GROUP * Q_LEN, False))
+
+
+@triton.jit
+def restart_where(cond, m, l, acc):
+    """(m, ℓ, Õ) emptied (−∞, 0, 0) where the scalar ``cond`` holds, else kept: a loop that ends a row or a
+    chunk at some tile starts the next one afresh without a branch, so it stays one software-pipelined loop."""
+    return tl.where(cond, float("-inf"), m), tl.where(cond, 0.0, l), tl.where(cond, 0.0, acc)
+
+
+@triton.jit
+def row_tile_update(Q, K, V, b, h_kv, n0, L, m, l, acc, offs_g, offs_n, offs_d, mask_d, k_offs, v_offs, qk_scale,
+                    stride_qb, stride_qt, stride_qh, stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
+                    BT, stride_bt, n_pages, FLAG, GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr,
+                    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
+                    PAGE: tl.constexpr):
+    """One step of a loop that jumps between rows (persistent, stream-K): row (b, h_kv)'s queries
+    (:func:`group_queries`), its tile of keys n0 + offs_n below L (:func:`row_tile_kv`), each query row also
+    stopping at its causal limit when Q_LEN > 1, folded into (m, ℓ, Õ) by TILE_UPDATE."""
+    q = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
+    pos = n0 + offs_n
+    valid = pos < L
+    k, v = row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl,
+                       stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE)
+    if Q_LEN == 1:
+        seen = valid
+    else:
+        seen = valid[None, :] & (pos[None, :] < causal_limit(offs_g, L, GROUP, Q_LEN)[:, None])
+    return TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
 
 
 @triton.jit
@@ -411,7 +440,7 @@ def finish_row(o, lse, rows, mask_gd, h0, split, n_splits, O_ROW, stride_pt, str
     of ``COUNTER`` merges the row's ``n_splits`` partials (:func:`combine_heads`). Shared by the unified and
     balanced kernels."""
     if n_splits == 1:
-        store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
+        store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh, True,
                   GROUP, Q_LEN, BLOCK_D)
     else:
         store_partial(o, lse, rows, mask_gd, h0, split, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW, stride_lt,
