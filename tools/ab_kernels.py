@@ -1,6 +1,10 @@
-"""A/B timing of the unified and two-stage kernels of several source trees, at fixed split counts.
+"""A/B timing of fdlib's kernels in several source trees, at fixed split counts.
 
-    python tools/ab_kernels.py OUT.json LABEL=TREE [LABEL=TREE ...]
+    python tools/ab_kernels.py OUT.json LABEL=TREE [LABEL=TREE ...] [--methods unified,split]
+        [--shapes B:H_q:H_kv:D:L:splits,...]
+
+``--methods``: plan methods (default unified and split, at the shape's split count); ``invariant`` plans with
+``batch_invariant=True`` and ``auto`` with the cost model's choice (their split counts are ignored).
 
 Each tree (a checkout of some commit) is imported in its own process; every shape is timed with the same
 protocol: a CUDA graph of 24 calls rotating over copies of q/K/V totalling >= 4x the L2, replayed 40 times,
@@ -22,8 +26,9 @@ import json, sys, torch, fdlib
 shapes = json.loads(sys.argv[1])
 dev = "cuda"
 res = []
+methods = json.loads(sys.argv[2])
 for (B, Hq, Hkv, D, L, S) in shapes:
-    for method in ("unified", "split"):
+    for method in methods:
         g = torch.Generator(device=dev).manual_seed(0)
         per = 2 * B * L * Hkv * D * 2
         n = max(2, -(-4 * 60 * 2**20 // per))
@@ -32,8 +37,11 @@ for (B, Hq, Hkv, D, L, S) in shapes:
         vs = [torch.randn(B, L, Hkv, D, device=dev, dtype=torch.float16, generator=g) for _ in range(n)]
         lens = torch.full((B,), L, dtype=torch.int32, device=dev)
         out = torch.empty_like(qs[0])
+        p = None
         if hasattr(fdlib, "plan"):
-            p = fdlib.plan(B, Hq, Hkv, D, L, dtype=torch.float16, device=qs[0].device, method=method, num_splits=S)
+            kw = (dict(batch_invariant=True) if method == "invariant" else dict(method="auto") if method == "auto"
+                  else dict(method=method, num_splits=S))
+            p = fdlib.plan(B, Hq, Hkv, D, L, dtype=torch.float16, device=qs[0].device, **kw)
             call = lambda i: p.run(qs[i], ks[i], vs[i], lens, out=out)
         else:
             call = lambda i: fdlib.decode_attention(qs[i], ks[i], vs[i], lens, method=method, num_splits=S,
@@ -55,7 +63,8 @@ for (B, Hq, Hkv, D, L, S) in shapes:
             b.record(); torch.cuda.synchronize()
             times.append(a.elapsed_time(b) * 1e3 / (40 * 24))
         times.sort()
-        res.append(dict(B=B, H_q=Hq, H_kv=Hkv, D=D, L=L, splits=S, method=method, us=times[2]))
+        res.append(dict(B=B, H_q=Hq, H_kv=Hkv, D=D, L=L, splits=S, method=method, us=times[2],
+                        plan=str(p) if p is not None else None))
         print(res[-1], file=sys.stderr, flush=True)
 print(json.dumps(res))
 '''
@@ -68,12 +77,31 @@ print(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version
 '''
 
 
+def options(argv):
+    """(out, [(label, tree)], methods, shapes) from the command line."""
+    methods, shapes, rest = ["unified", "split"], SHAPES, []
+    it = iter(argv)
+    for a in it:
+        if a == "--methods":
+            methods = next(it).split(",")
+        elif a == "--shapes":
+            shapes = [tuple(int(x) for x in s.split(":")) for s in next(it).split(",")]
+            if any(len(s) != 6 for s in shapes):
+                sys.exit("--shapes: expected B:H_q:H_kv:D:L:splits items, comma separated")
+        else:
+            rest.append(a)
+    if len(rest) < 2 or any("=" not in a for a in rest[1:]):
+        sys.exit(__doc__)
+    return rest[0], [a.split("=", 1) for a in rest[1:]], methods, shapes
+
+
 def main():
-    out, trees = sys.argv[1], [a.split("=", 1) for a in sys.argv[2:]]
+    out, trees, methods, shapes = options(sys.argv[1:])
     results = {}
     for label, tree in trees:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-        p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(SHAPES)], env=env, capture_output=True,
+        p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(shapes), json.dumps(methods)], env=env,
+                           capture_output=True,
                            text=True, cwd=tree)
         sys.stderr.write(p.stderr[-3000:])
         results[label] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else p.stderr[-2000:]

@@ -18,9 +18,9 @@ NCCL's version), rewritten after every case, so a case that fails (or a run that
    against the CP step with 1/world of it on each, with both merges; the step's local decode alone; the merge
    alone (merge_partials) and the bare collective(s) alone (one all_gather of the packed [B, H_q, D + 1]
    float32 partials; all_reduce MAX + all_reduce SUM); eager and under a CUDA graph; median of --iters calls,
-   CUDA events around each (under a graph, an op shorter than 200 µs is captured up to 20 times in one graph
-   and the replay's time divided by that count, so the graph's launch from the host is not counted as the
-   op's); the slowest rank sets each number. Correctness vs a float64 reference of the first
+   CUDA events around each (under a graph, an op whose one-call graph replays in under 500 µs is captured
+   again up to 50 times in one graph, about 1 ms of work, and the replay's time divided by that count, so the
+   graph's launch from the host is not counted as the op's); the slowest rank sets each number. Correctness vs a float64 reference of the first
    and last sequence, computed in chunks of keys on rank 0's GPU;
 3. --partials-batch (64) at --partials-seqlen: 1 MB of partials per rank at 32 heads, D = 128; the same timings.
 
@@ -283,21 +283,35 @@ def timed(fns, a, ctrl):
         if not a.no_graph:
             # A short op is captured `reps` times in one graph and each replay's time divided by reps, so the
             # graph launch (several µs from the host) is not counted as the op's: inside a captured decode step
-            # the merge runs back to back with the kernels around it.
-            reps = max(1, min(20, int(200.0 / max(med, 1.0))))
-            try:
-                gr, _ = capture(lambda: [fn() for _ in range(reps)][-1])
-                captured = True
-            except Exception as e:  # noqa: BLE001
-                print(f"  rank {dist.get_rank()}: capture of {label} failed: {type(e).__name__}: {e}", flush=True)
-                captured = False
-            if all_ok(captured, ctrl):
+            # the merge runs back to back with the kernels around it. reps comes from a first graph of one call
+            # (the eager time is mostly host work, so it would undercount): enough calls for ~1 ms, at most 50.
+            reps, t = 1, None
+            for attempt in range(2):
+                try:
+                    gr, _ = capture(lambda: [fn() for _ in range(reps)][-1])
+                    captured = True
+                except Exception as e:  # noqa: BLE001
+                    print(f"  rank {dist.get_rank()}: capture of {label} failed: {type(e).__name__}: {e}", flush=True)
+                    captured = False
+                if not all_ok(captured, ctrl):
+                    t = None
+                    break
                 t, _ = time_us(gr.replay, a, ctrl)
-                entry["graph"] = t / reps
                 del gr
+                one = [None] * dist.get_world_size()
+                dist.all_gather_object(one, t, group=ctrl)
+                want = max(1, min(50, int(1000.0 / max(max(one), 1.0))))
+                if attempt == 0 and want > 1:
+                    reps = want
+                else:
+                    break
+            if t is not None:
+                entry["graph"] = t / reps
+                entry["graph_reps"] = reps
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, entry, group=ctrl)
         res[label] = {k: max(e.get(k) or 0.0 for e in every) or None for k in ("eager", "graph")}
+        res[label]["graph_reps"] = entry.get("graph_reps")
         say(f"  {label:24s} eager {res[label]['eager']:9.1f} µs   graph "
             f"{'—' if res[label]['graph'] is None else format(res[label]['graph'], '9.1f')} µs")
     return res
