@@ -98,18 +98,17 @@ def options(argv):
 def main():
     out, trees, methods, shapes = options(sys.argv[1:])
     results = {}
-    for label, tree in trees:
-        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
-        p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(shapes), json.dumps(methods)], env=env,
-                           capture_output=True,
-                           text=True, cwd=tree)
-        sys.stderr.write(p.stderr[-3000:])
-        results[label] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else p.stderr[-2000:]
     prov = subprocess.run([sys.executable, "-c", PROVENANCE], capture_output=True, text=True)
     results["provenance"] = dict(json.loads(prov.stdout) if prov.returncode == 0 else {"error": prov.stderr[-500:]},
                                  command=" ".join(sys.argv), trees=dict(trees))
-    with open(out, "w") as f:
-        json.dump(results, f, indent=1)
+    for label, tree in trees:
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+        p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(shapes), json.dumps(methods)], env=env,
+                           capture_output=True, text=True, cwd=tree)
+        sys.stderr.write(p.stderr[-3000:])
+        results[label] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else p.stderr[-2000:]
+        with open(out, "w") as f:          # after every tree, so a run cut short keeps the trees it finished
+            json.dump(results, f, indent=1)
     labels = [lab for lab, _ in trees]
     print("| B | H | L | splits | method | " + " | ".join(labels) + " |")
     print("|---" * (5 + len(labels)) + "|")
