@@ -94,7 +94,7 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     cache of a large batch), the row cut into :math:`n_b \le` CHUNKS chunks by its length alone
     (:func:`~fdlib.kernels.invariant.row_chunks`), and the merge reading the chunks' partials in index order in
     blocks sized for CHUNKS. The batch decides only the schedule: each program computes ``per_program``
-    consecutive chunks of its row (each from an empty online-softmax state), chosen so that the launch has about
+    consecutive chunks of its row (restarting the online softmax at each), chosen so that the launch has about
     as many programs per row as the unified kernel's best split count for this batch (``L_cap``: the lengths
     the splits are chosen for, default L_max); the ticket decides only *who* merges. So a sequence's out and
     lse are bitwise the same whatever its batchmates, the batch size, its place in the batch, the run, and

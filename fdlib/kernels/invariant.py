@@ -11,9 +11,9 @@ function of the row's own length L only:
 so a short row is cut finely (a batch of one still fills the GPU) and no row has more than CHUNKS chunks.
 
 What may depend on the batch is only *who computes what*: program p of a row computes chunks
-[p·k, (p+1)·k) one after another, each from an empty online-softmax state (m, ℓ, Õ) in a tile loop of its
-own (the unified kernel's loop, nothing added per tile), so each chunk's partial (O_c, lse_c) is bit for bit
-what a program computing that chunk alone would get. The plan picks k (``per_program``) so that a large batch runs one program per row and a
+[p·k, (p+1)·k) one after another in one pass over the keys, restarting the online softmax (m, ℓ, Õ) at each
+chunk's first tile, so each chunk's partial (O_c, lse_c) is bit for bit what a program computing that chunk
+alone would get. The plan picks k (``per_program``) so that a large batch runs one program per row and a
 small one about one per chunk. The partials are then merged in chunk order by one fixed sequence of
 operations, :func:`~fdlib.kernels.tile.fold_partial` (c = 0, 1, …, n − 1), whoever does it:
 
@@ -32,7 +32,7 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher
 from .tile import (attend_tile, causal_limit, empty_state, fold_partial, fold_result, group_queries, kv_base, kv_start,
-                   load_lengths, row_offset, state_to_partial, store_out, store_partial, take_ticket,
+                   load_lengths, restart_where, row_offset, state_to_partial, store_out, store_partial, take_ticket,
                    tile_update, timeline_record, timeline_start)
 
 CHUNKS = 16
@@ -118,30 +118,36 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
         k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
         k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
         alone = n_programs == 1            # this program computes every chunk of its row: it folds them as it goes
-        f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)         # the fold (m, den, acc) starts empty
-        # one chunk at a time: the tile loop inside is the unified kernel's (nothing more per tile, so it is
-        # software-pipelined alike); at each chunk's end its partial is folded into the row's merge (a program
-        # alone on its row: in registers, nothing written, nobody waited for) or stored for the merging program
-        for c in range(c0, c_last + 1):
-            m, l, acc = empty_state(BLOCK_G, BLOCK_D)
-            for n0 in range(c * chunk, tl.minimum((c + 1) * chunk, end), BLOCK_N):
-                m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l,
-                                                        acc, qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb,
-                                                        stride_vb, n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE,
-                                                        PAGE, Q_LEN)
+        m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+        f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)         # the fold (m, den, acc) starts empty alike
+        for n0 in range(start, end, BLOCK_N):
+            m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
+                                                    qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                    n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
+            # a chunk that ends here, before the program's last: its partial is folded into the row's merge (a
+            # program alone on its row) or stored for the merging program; the next chunk starts afresh
+            # (predicated, not branched, so that the loop stays one software-pipelined loop)
+            emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
             o_c, lse_c = state_to_partial(m, l, acc)
-            if alone:
-                f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o_c, lse_c)
-            else:
-                store_partial(o_c, lse_c, rows, mask_gd, h0, c, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW,
-                              stride_lt, stride_lh, True, GROUP, Q_LEN, BLOCK_D)
+            store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph, stride_ps,
+                          LSE_ROW, stride_lt, stride_lh, emit & (n_programs > 1), GROUP, Q_LEN, BLOCK_D)
+            n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o_c, lse_c)
+            fold = emit & alone
+            f_m = tl.where(fold, n_m, f_m)
+            f_den = tl.where(fold, n_den, f_den)
+            f_acc = tl.where(fold, n_acc, f_acc)
+            m, l, acc = restart_where(emit, m, l, acc)
+        o, lse = state_to_partial(m, l, acc)                     # the program's last chunk
         OUT_ROW = OUT + b * stride_ob
         LSE_OUT_ROW = LSE + b * stride_sb
         if alone:
+            f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o, lse)
             o, lse = fold_result(f_m, f_den, f_acc)
             store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
                       True, GROUP, Q_LEN, BLOCK_D)
         else:
+            store_partial(o, lse, rows, mask_gd, h0, c_last, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW,
+                          stride_lt, stride_lh, True, GROUP, Q_LEN, BLOCK_D)
             if TAKE_TICKET(COUNTERS + b * H_KV + h_kv, n_programs):   # the last one folds the chunks in order
                 f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)
                 o_rows = row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)
