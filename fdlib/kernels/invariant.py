@@ -90,7 +90,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                      BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
                      TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False,
-                     CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1):
+                     CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1, ONE_CHUNK: tl.constexpr = False):
     if TIMELINE:
         t_start = timeline_start()
     b = tl.program_id(0)
@@ -126,17 +126,19 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                                                     n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
             # a chunk that ends here, before the program's last: its partial is folded into the row's merge (a
             # program alone on its row) or stored for the merging program; the next chunk starts afresh
-            # (predicated, not branched, so that the loop stays one software-pipelined loop)
-            emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
-            o_c, lse_c = state_to_partial(m, l, acc)
-            store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph, stride_ps,
-                          LSE_ROW, stride_lt, stride_lh, emit & (n_programs > 1), GROUP, Q_LEN, BLOCK_D)
-            n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o_c, lse_c)
-            fold = emit & alone
-            f_m = tl.where(fold, n_m, f_m)
-            f_den = tl.where(fold, n_den, f_den)
-            f_acc = tl.where(fold, n_acc, f_acc)
-            m, l, acc = restart_where(emit, m, l, acc)
+            # (predicated, not branched, so that the loop stays one software-pipelined loop). A plan whose
+            # programs compute one chunk each (ONE_CHUNK) never ends a chunk inside the loop: it has none of it.
+            if not ONE_CHUNK:
+                emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
+                o_c, lse_c = state_to_partial(m, l, acc)
+                store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph, stride_ps,
+                              LSE_ROW, stride_lt, stride_lh, emit & (n_programs > 1), GROUP, Q_LEN, BLOCK_D)
+                n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o_c, lse_c)
+                fold = emit & alone
+                f_m = tl.where(fold, n_m, f_m)
+                f_den = tl.where(fold, n_den, f_den)
+                f_acc = tl.where(fold, n_acc, f_acc)
+                m, l, acc = restart_where(emit, m, l, acc)
         o, lse = state_to_partial(m, l, acc)                     # the program's last chunk
         OUT_ROW = OUT + b * stride_ob
         LSE_OUT_ROW = LSE + b * stride_sb
@@ -175,7 +177,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
 
 
 def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
-                       timeline: bool = False) -> Launcher:
+                       timeline: bool = False, one_chunk: bool = False) -> Launcher:
     """The batch-invariant kernel with its constexprs fixed for q's dtype, the group, D, the tiles (the plan's
     fixed ones), the page size and q_len. It takes :func:`~fdlib.kernels.unified.unified_args` with ``chunk`` =
     chunks per program."""
@@ -183,5 +185,6 @@ def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: i
     return Launcher(invariant_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                            FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, TAKE_TICKET=take_ticket,
                                            PAGE=page, Q_LEN=q_len, TIMELINE=timeline, CHUNKS=CHUNKS,
-                                           MIN_TILES=MIN_TILES, num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                                           MIN_TILES=MIN_TILES, ONE_CHUNK=one_chunk, num_warps=cfg.num_warps,
+                                           num_stages=cfg.num_stages),
                     dtype_slots)
