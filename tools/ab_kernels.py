@@ -4,7 +4,8 @@
         [--shapes B:H_q:H_kv:D:L:splits,...]
 
 ``--methods``: plan methods (default unified and split, at the shape's split count); ``invariant`` plans with
-``batch_invariant=True`` and ``auto`` with the cost model's choice (their split counts are ignored).
+``batch_invariant=True``, ``auto`` with the cost model's choice, ``persistent`` and ``streamk`` at one split
+(their split counts are ignored).
 
 Each tree (a checkout of some commit) is imported in its own process; every shape is timed with the same
 protocol: a CUDA graph of 24 calls rotating over copies of q/K/V totalling >= 4x the L2, replayed 40 times,
@@ -39,8 +40,8 @@ for (B, Hq, Hkv, D, L, S) in shapes:
         out = torch.empty_like(qs[0])
         p = None
         if hasattr(fdlib, "plan"):
-            kw = (dict(batch_invariant=True) if method == "invariant" else dict(method="auto") if method == "auto"
-                  else dict(method=method, num_splits=S))
+            kw = (dict(batch_invariant=True) if method == "invariant" else dict(method=method)
+                  if method in ("auto", "persistent", "streamk") else dict(method=method, num_splits=S))
             p = fdlib.plan(B, Hq, Hkv, D, L, dtype=torch.float16, device=qs[0].device, **kw)
             call = lambda i: p.run(qs[i], ks[i], vs[i], lens, out=out)
         else:
