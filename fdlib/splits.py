@@ -218,10 +218,12 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: bool = Fals
     they are long. Measured on an H200 (the fp16 bench of 2026-11-30 14:20Z, graph timings, since replaced): B=64,
     H 32:8, L=512 41.8 µs unified, 36.3 persistent; B=16, 32:32, L=2048 127.7 vs 127.0; but B=64, 32:32,
     L=2048 (≈16k keys per program) 495.9 vs 531.4, and with 128 rows (one wave of the plain grid) B=16, 32:8,
-    L=512 12.3 vs 15.6. In the run of 2026-11-30 18:34Z (results/h200/bench-float16.json), on the shapes of two
-    or more waves of rows, the persistent kernel took 0.827-0.972x the unified kernel's time where a program
-    has at most 4096 keys (B=64, 32:8, L=512: 35.7 vs 43.2 µs) and 0.978-1.043x beyond (B=64, 32:32, L=2048:
-    514.2 vs 498.1), which is the rule above."""
+    L=512 12.3 vs 15.6. In the run of 2026-11-30 18:34Z (results/h200/bench-float16.json of then, in the git
+    history), on the shapes of two or more waves of rows, the persistent kernel took 0.827-0.972x the unified
+    kernel's time where a program has at most 4096 keys (B=64, 32:8, L=512: 35.7 vs 43.2 µs) and 0.978-1.043x
+    beyond (B=64, 32:32, L=2048: 514.2 vs 498.1), which is the rule above. In the run of 20:49Z (fp16 and bf16
+    on two H200s) it took 0.825-0.981x up to 4096 keys and 0.966-1.051x beyond, where the runs disagree on
+    which is faster (B=64, 32:32, L=2048: 0.978 and 0.966, persistent faster)."""
     if paged:
         # Not over pages: on the H200 (ragged run of 2026-11-30 15:45Z, pages of 16, every row 1024 keys), B=128
         # 32:8 took 199.7 µs through the persistent kernel against 127.7 µs for a contiguous cache.
