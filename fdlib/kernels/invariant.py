@@ -23,6 +23,14 @@ operations, :func:`~fdlib.kernels.tile.fold_partial` (c = 0, 1, …, n − 1), w
   partials back and folds them in the same order.
 
 The ticket decides only who merges, never the order, so a sequence's result does not depend on k.
+
+The chunk-end work (a partial, a fold, a restart) is done on every tile and kept only where a chunk ends, so
+the loop stays one software-pipelined loop; a plan with k = 1 never ends a chunk inside the loop and compiles
+the kernel without it (``ONE_CHUNK``). Measured on an H200 (fp16 grid, time against ``auto``): geometric mean
+1.105 without ONE_CHUNK, 1.078 with it (B = 1 long rows 1.107 -> 1.007); a branch taken only at chunk ends
+gave 1.080 (faster on long rows of many chunks a program, slower on short ones), and one tile loop per chunk
+nested in a loop over the chunks ran 37-110x slower where a program had several chunks
+(``results/h200/invariant-fp16*.md``).
 """
 from __future__ import annotations
 
