@@ -111,15 +111,16 @@ def main():
         with open(out, "w") as f:          # after every tree, so a run cut short keeps the trees it finished
             json.dump(results, f, indent=1)
     labels = [lab for lab, _ in trees]
-    print("| B | H | L | splits | method | " + " | ".join(labels) + " |")
-    print("|---" * (5 + len(labels)) + "|")
+    print("| B | H | D | L | splits | method | " + " | ".join(labels) + " |")
+    print("|---" * (6 + len(labels)) + "|")
     rows = {}
     for lab in labels:
         if isinstance(results[lab], list):
             for r in results[lab]:
-                rows.setdefault((r["B"], r["H_q"], r["H_kv"], r["L"], r["splits"], r["method"]), {})[lab] = r["us"]
-    for (B, hq, hkv, L, S, m), v in rows.items():
-        print(f"| {B} | {hq}:{hkv} | {L} | {S} | {m} | " + " | ".join(f"{v[lab]:.2f}" if lab in v else "-" for lab in labels) + " |")
+                rows.setdefault((r["B"], r["H_q"], r["H_kv"], r["D"], r["L"], r["splits"], r["method"]), {})[lab] = r["us"]
+    for (B, hq, hkv, D, L, S, m), v in rows.items():
+        print(f"| {B} | {hq}:{hkv} | {D} | {L} | {S} | {m} | "
+              + " | ".join(f"{v[lab]:.2f}" if lab in v else "-" for lab in labels) + " |")
 
 
 if __name__ == "__main__":
