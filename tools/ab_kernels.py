@@ -101,7 +101,8 @@ def main():
     results = {}
     prov = subprocess.run([sys.executable, "-c", PROVENANCE], capture_output=True, text=True)
     results["provenance"] = dict(json.loads(prov.stdout) if prov.returncode == 0 else {"error": prov.stderr[-500:]},
-                                 command=" ".join(sys.argv), trees=dict(trees))
+                                 command=" ".join(sys.argv), trees=dict(trees),
+                                 git_commit=os.environ.get("FDLIB_GIT_COMMIT"))
     for label, tree in trees:
         env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
         p = subprocess.run([sys.executable, "-c", CHILD, json.dumps(shapes), json.dumps(methods)], env=env,
