@@ -118,7 +118,8 @@ def main():
     for lab in labels:
         if isinstance(results[lab], list):
             for r in results[lab]:
-                rows.setdefault((r["B"], r["H_q"], r["H_kv"], r["D"], r["L"], r["splits"], r["method"]), {})[lab] = r["us"]
+                key = (r["B"], r["H_q"], r["H_kv"], r["D"], r["L"], r["splits"], r["method"])
+                rows.setdefault(key, {})[lab] = r["us"]
     for (B, hq, hkv, D, L, S, m), v in rows.items():
         print(f"| {B} | {hq}:{hkv} | {D} | {L} | {S} | {m} | "
               + " | ".join(f"{v[lab]:.2f}" if lab in v else "-" for lab in labels) + " |")

@@ -7,7 +7,8 @@ fails here (CI has no GPU). Nothing is launched.
 Contiguous (PAGE=0) and paged (PAGE=16) variants; fp16, GQA group 4, D=128 (and fp32, D=80 for stage 1); one
 query token and several (Q_LEN=4, 5, and 16 with group 16: the most rows a program holds); and each kernel's
 TIMELINE=True variant (per-program SM id and times from %smid and %globaltimer); the unified-max kernels (pass 1
-with ticket or atomic partials, pass 2's exact recompute), contiguous and paged; the batch-invariant kernel (with and without ONE_CHUNK) and the stream-K kernel.
+with ticket or atomic partials, pass 2's exact recompute), contiguous and paged; the batch-invariant kernel
+(with and without ONE_CHUNK) and the stream-K kernel.
 """
 import os
 import sys

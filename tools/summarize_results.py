@@ -308,7 +308,8 @@ def cp_section(folder: Path) -> list[str]:
         if c.get("B") != 1 or c.get("status") != "ok":
             continue
         t = c.get("timings", {})
-        best = min(((t.get(f"collective_{m}") or {}).get("graph") or float("inf"), m) for m in ("allgather", "allreduce"))
+        best = min(((t.get(f"collective_{m}") or {}).get("graph") or float("inf"), m)
+                   for m in ("allgather", "allreduce"))
         verdicts.append(f"L={c['L']}: the faster collective alone under a graph ({best[1]}) {best[0]:.1f} µs "
                         f"({'met' if best[0] <= 25 else 'missed'})")
         if c.get("L") == 1 << 21:
