@@ -114,7 +114,7 @@ def test_the_schedule_never_changes_the_bits(dtype, monkeypatch):
         p = fdlib.plan(len(lens), H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True)
         seen.add(p.decision.per_program)
         got.append(p.run(q, k, v, lens, return_lse=True))
-    assert len(seen) >= 4, seen
+    assert len(seen) >= 4 and 1 in seen, seen      # per_program 1 compiles the ONE_CHUNK loop, the others not
     assert_attention_close(got[0][0], got[0][1], q, k, v, lens, what="batch-invariant kernel vs float64")
     for o, lse in got[1:]:
         assert torch.equal(o, got[0][0]) and torch.equal(lse, got[0][1])
