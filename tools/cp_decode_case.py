@@ -20,8 +20,8 @@ NCCL's version), rewritten after every case, so a case that fails (or a run that
    float32 partials; all_reduce MAX + all_reduce SUM); eager and under a CUDA graph; median of --iters calls,
    CUDA events around each (under a graph, an op whose one-call graph replays in under 500 µs is captured
    again up to 50 times in one graph, about 1 ms of work, and the replay's time divided by that count, so the
-   graph's launch from the host is not counted as the op's); the slowest rank sets each number. Correctness vs a float64 reference of the first
-   and last sequence, computed in chunks of keys on rank 0's GPU;
+   graph's launch from the host is not counted as the op's); the slowest rank sets each number. Correctness vs
+   a float64 reference of the first and last sequence, computed in chunks of keys on rank 0's GPU;
 3. --partials-batch (64) at --partials-seqlen: 1 MB of partials per rank at 32 heads, D = 128; the same timings.
 
 Targets (issue 15): speedup >= 1.8x at 2M; the merge collective <= 25 µs at B = 1 under a CUDA graph.
@@ -273,6 +273,23 @@ def collective_only(o, lse, merge):
     return lambda: (dist.all_reduce(m, op=dist.ReduceOp.MAX), dist.all_reduce(packed))
 
 
+def graph_us(fn, reps, label, a, ctrl):
+    """µs of one replay of a CUDA graph holding ``reps`` calls of fn (median, slowest rank), or None where a
+    capture failed on some rank (every rank then agrees)."""
+    try:
+        gr, _ = capture(lambda: [fn() for _ in range(reps)][-1])
+        captured = True
+    except Exception as e:  # noqa: BLE001
+        print(f"  rank {dist.get_rank()}: capture of {label} failed: {type(e).__name__}: {e}", flush=True)
+        captured = False
+    if not all_ok(captured, ctrl):
+        return None
+    t, _ = time_us(gr.replay, a, ctrl)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, t, group=ctrl)
+    return max(every)
+
+
 def timed(fns, a, ctrl):
     """{label: {"eager": µs, "graph": µs}}: median of a.iters calls (slowest rank), graph replays unless
     --no-graph; a capture that fails costs that graph number only (the same on every rank)."""
@@ -285,26 +302,10 @@ def timed(fns, a, ctrl):
             # graph launch (several µs from the host) is not counted as the op's: inside a captured decode step
             # the merge runs back to back with the kernels around it. reps comes from a first graph of one call
             # (the eager time is mostly host work, so it would undercount): enough calls for ~1 ms, at most 50.
-            reps, t = 1, None
-            for attempt in range(2):
-                try:
-                    gr, _ = capture(lambda: [fn() for _ in range(reps)][-1])
-                    captured = True
-                except Exception as e:  # noqa: BLE001
-                    print(f"  rank {dist.get_rank()}: capture of {label} failed: {type(e).__name__}: {e}", flush=True)
-                    captured = False
-                if not all_ok(captured, ctrl):
-                    t = None
-                    break
-                t, _ = time_us(gr.replay, a, ctrl)
-                del gr
-                one = [None] * dist.get_world_size()
-                dist.all_gather_object(one, t, group=ctrl)
-                want = max(1, min(50, int(1000.0 / max(max(one), 1.0))))
-                if attempt == 0 and want > 1:
-                    reps = want
-                else:
-                    break
+            t = graph_us(fn, 1, label, a, ctrl)
+            reps = 1 if t is None else max(1, min(50, int(1000.0 / max(t, 1.0))))
+            if reps > 1:
+                t = graph_us(fn, reps, label, a, ctrl)
             if t is not None:
                 entry["graph"] = t / reps
                 entry["graph_reps"] = reps
