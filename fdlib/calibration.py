@@ -4,7 +4,7 @@ The cost model (:mod:`fdlib.costmodel`) predicts one decode step as
 
 .. math::
     T(\text{splits}) = t_{\text{launch}} + \frac{P}{r\cdot\text{SMs}}\,t_{\text{wave}}
-                     + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,\frac{c}{\rho}\Big)
+                     + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,n\,\frac{c}{\rho}\Big)
                      + [\text{splits}>1]\,(t_{\text{merge}} + \text{splits}\cdot t_{\text{split}})
 
 Six constants are the GPU's: BW, ρ, t_launch, t_wave, t_merge, t_split. :func:`calibrate` times the unified

@@ -11,12 +11,15 @@ For a launch that cuts each sequence into chunks of ``chunk`` keys (``splits`` p
 
 .. math::
     T(\text{splits}) = n_{\text{launch}}\,t_{\text{launch}} + \frac{P}{r\cdot\text{SMs}}\,t_{\text{wave}}
-                     + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,\frac{c}{\rho}\Big)
+                     + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,n\,\frac{c}{\rho}\Big)
                      + [\text{splits}>1]\,(t_{\text{merge}} + \text{splits}\cdot t_{\text{split}})
 
 with :math:`\operatorname{smax}(a, b) = (a^4 + b^4)^{1/4}`, a maximum with a soft corner (near the corner
-both limits slow the stream, as measured). Two limits race in the max: the whole GPU cannot read faster
-than BW, and one program cannot stream faster than ρ (bytes it keeps in flight / memory latency), so too
+both limits slow the stream, as measured), and :math:`n = \min(\lceil P/\text{SMs}\rceil, r)` the programs the
+busiest SM holds in a wave: an SM streams at about ρ however many programs it holds, so the SMs that hold
+two set the time when P is a little above the SM count (on an H200, the two-stage path at 148-152 programs
+was 10-25% slower than at 128 on four head layouts: ``results/h200/ab/ab-heads-split-counts.md``). Two limits race in the max: the whole GPU cannot read faster
+than BW, and one SM cannot stream faster than ρ (bytes its programs keep in flight / memory latency), so too
 few programs leave bandwidth unused ("too few splits"), and a last wave with few programs still takes a
 whole program's time (the wave quantisation W). Each program costs a start-up (first loads' latency,
 pipeline fill, storing its partial), spread over the r·SMs slots: t_wave per full wave of programs.
@@ -134,10 +137,11 @@ def _predict_many(lengths: np.ndarray, H_kv: int, D: int, dtype_bytes: int, chun
     docstring for that group and D."""
     programs = H_kv * np.maximum(1, -(-lengths[:, None] // chunks[None, :])).sum(axis=0)
     w = waves(programs, r, gpu.sms)
+    per_sm = np.minimum(-(-programs // gpu.sms), r)      # programs the busiest SM holds in a wave
     kv_mb = 2 * float(lengths.sum()) * H_kv * D * dtype_bytes / 1e6
     prog_mb = 2 * chunks * D * dtype_bytes / 1e6
     t_bw = kv_mb / cal.bw_tbs
-    t_prog = w * prog_mb / cal.rho_tbs
+    t_prog = w * per_sm * prog_mb / cal.rho_tbs
     if group is None:
         launches = np.where((effs > 1) & (method == "split"), 2, 1)
         merge = np.where(effs > 1, cal.t_merge_us + effs * cal.t_split_us, 0.0)

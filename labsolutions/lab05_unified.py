@@ -15,10 +15,11 @@ def predict_time(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r):
     P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)                 # programs (a length-0 row: 1)
     slots = r * gpu.sms
     W = -(-P // slots)                                                      # waves: a partial wave counts whole
+    n = min(-(-P // gpu.sms), r)                                            # programs on the busiest SM
     kv_mb = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6                 # all of K and V
     prog_mb = 2 * chunk * D * dtype_bytes / 1e6                             # one program's K and V slice
     t_bw = kv_mb / cal.bw_tbs                                               # the GPU's streaming limit
-    t_prog = W * prog_mb / cal.rho_tbs                                      # one program's streaming limit
+    t_prog = W * n * prog_mb / cal.rho_tbs                                  # one SM's streaming limit
     t = cal.t_launch_us + P / slots * cal.t_wave_us + (t_bw ** 4 + t_prog ** 4) ** 0.25
     if used > 1:
         t += cal.t_merge_us + used * cal.t_split_us                         # the merge of `used` partials

@@ -19,13 +19,14 @@ PREDICT, CHOOSE, TICKET = "lab05.predict_time", "lab05.choose_splits", "lab05.ta
 
 # ---------------------------------------------------------------------------------------------- predict_time
 def _predict(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r, *, corner="smax", waves="ceil",
-             per_program=True, merge=True, merge_splits="used", startup=True):
+             per_program=True, merge=True, merge_splits="used", startup=True, per_sm=True):
     chunk, used = chunk_for(max(max(lengths), 1), splits, block_n)
     P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
     slots = r * gpu.sms
     W = -(-P // slots) if waves == "ceil" else P / slots
+    n = min(-(-P // gpu.sms), r) if per_sm else 1
     t_bw = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6 / cal.bw_tbs
-    t_prog = W * 2 * chunk * D * dtype_bytes / 1e6 / cal.rho_tbs if per_program else 0.0
+    t_prog = W * n * 2 * chunk * D * dtype_bytes / 1e6 / cal.rho_tbs if per_program else 0.0
     stream = (t_bw ** 4 + t_prog ** 4) ** 0.25 if corner == "smax" else max(t_bw, t_prog)
     t = cal.t_launch_us + (P / slots * cal.t_wave_us if startup else 0.0) + stream
     if merge and used > 1:
@@ -40,6 +41,7 @@ WRONG_PREDICT = {
     "no merge cost": lambda *a: _predict(*a, merge=False),
     "merge priced with the requested splits": lambda *a: _predict(*a, merge_splits="requested"),
     "no start-up (wave) term": lambda *a: _predict(*a, startup=False),
+    "every program streams at rho (no busiest-SM count n)": lambda *a: _predict(*a, per_sm=False),
     "returns the requested splits": lambda *a: (_predict(*a)[0], a[4]),
     "time only, no splits_used": lambda *a: _predict(*a)[0],
 }

@@ -60,7 +60,8 @@ def predict_time(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r):
     Returns (time_us, splits_used).
     """
     # TODO: chunk, used = fdlib.kernels.config.chunk_for(max(max(lengths), 1), splits, block_n)
-    #       P programs, W = ceil(P / (r * SMs)) waves, K/BW and W * c/rho in µs, their smax, the start-up
+    #       P programs, W = ceil(P / (r * SMs)) waves, n = min(ceil(P / SMs), r) programs on the busiest SM,
+    #       K/BW and W * n * c/rho in µs, their smax, the start-up
     #       term, and the merge term when more than one split is used.
     todo("lab05.predict_time")
 ''')
