@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 import torch
 
 from . import runtime
-from .kernels.launch import rows4
+from .kernels import launch as _launch_mod
+from .kernels.launch import record, replay, rows4
 from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config, tile_config, tile_config_for
 from .kernels.invariant import invariant_launcher, max_chunks, row_chunks
 from .kernels.balanced import MAX_BATCH, balanced_args, balanced_launcher, items_max
@@ -223,6 +224,7 @@ class DecodePlan:
     _launchers: tuple = field(repr=False, compare=False)             # the kernels with their constexprs fixed
     q_len: int = 1          # query tokens per sequence: q is [B', q_len, H_q, D] (or [B', H_q, D] when 1)
     _timeline: dict = field(default_factory=dict, repr=False, compare=False)   # TIMELINE launchers, made on first use
+    _replays: dict = field(default_factory=dict, repr=False, compare=False)    # layout of a call -> its launches
 
     @property
     def kernel(self) -> str:
@@ -271,7 +273,28 @@ class DecodePlan:
         Returns ``out``, or
         ``(out, lse)`` when ``return_lse`` or ``lse`` is given. Launches only (see the module doc).
         ``timeline``: a buffer from :meth:`timeline_buffer` (GPU only): the launch records each program's SM and
-        start and end times in it (see the class doc)."""
+        start and end times in it (see the class doc).
+
+        A call laid out like an earlier checked one (the same shapes, strides, dtypes and devices of every
+        tensor argument, and the same arguments left out) replays that call's launches with the new tensors'
+        addresses (:func:`~fdlib.kernels.launch.replay`): its checks passed for that layout, and its strides and
+        sizes are the same, so only the pointers are read again. Any other call is checked in full."""
+        key = None
+        if timeline is None and _launch_mod.FAST_LAUNCH:
+            try:
+                key = _layout(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse)
+            except AttributeError:   # not a tensor: the checks below say what was expected
+                pass
+            steps = self._replays.get(key)
+            if steps is not None:
+                ws = self.workspace
+                want_lse = return_lse or lse is not None
+                out_t = torch.empty_like(q) if out is None else out
+                lse_t = lse if lse is not None else (
+                    torch.empty(q.shape[:-1], dtype=torch.float32, device=self.device) if want_lse else ws.lse)
+                lens = ws.full_lengths if cache_seqlens is None else cache_seqlens
+                if replay(steps, (q, k_cache, v_cache, lens, out_t, lse_t, block_table)):
+                    return (out_t, lse_t) if want_lse else out_t
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -314,16 +337,28 @@ class DecodePlan:
             raise ValueError(f"lse: expected a float32 tensor of shape {list(lse_shape)} on {self.device}, got "
                              f"{lse.dtype} {list(lse.shape)} on {lse.device}")
         times = None if timeline is None else self._check_timeline(timeline, B)
-        self._launch(q, k_cache, v_cache, lens, out, lse, block_table, times)
+        calls = [] if key is not None else None
+        self._launch(q, k_cache, v_cache, lens, out, lse, block_table, times, calls)
+        if calls and lens is (self.workspace.full_lengths if cache_seqlens is None else cache_seqlens):
+            ws = self.workspace
+            steps = record(calls, (q, k_cache, v_cache, lens, out, lse, block_table),
+                           tuple(t for t in vars(ws).values() if t is not None))
+            if steps is not None:
+                if len(self._replays) >= 64:   # layouts seen: a bound, not a cache of lengths or pointers
+                    self._replays.clear()
+                self._replays[key] = steps
         return (out, lse) if want_lse else out
 
-    def _launch(self, q, k_cache, v_cache, lens, out, lse, bt, times=None):
+    def _launch(self, q, k_cache, v_cache, lens, out, lse, bt, times=None, calls=None):
         """Launch the decided kernel(s): q, out ``[B', q_len, H_q, D]``, lse ``[B', q_len, H_q]``, or the
         one-token form ``[B', H_q, D]``, ``[B', H_q]`` as the caller gave them (the launches read the strides of
         the query-token axis without making views: :func:`~fdlib.kernels.launch.strides4`);
-        ``times``: a checked timeline buffer (the TIMELINE variant of the kernel), or None."""
+        ``times``: a checked timeline buffer (the TIMELINE variant of the kernel), or None; ``calls``: a list
+        that gets each launch as ``(launcher, (grid, ptrs, scalars))``, for :func:`~fdlib.kernels.launch.record`."""
         d, ws = self.decision, self.workspace
         go = self._launchers if times is None else self._timeline_launchers()
+        if calls is not None:
+            go = tuple(_Noted(g, calls) for g in go)
         if d.kernel == "unified":
             compiled = go[0](*unified_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, out, lse,
                                            ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times))
@@ -468,6 +503,33 @@ class DecodePlan:
         if reset and seen:
             self.workspace.flag.zero_()
         return seen
+
+
+def _layout(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse) -> tuple:
+    """What a call's checks and launch arguments depend on, besides its addresses: every tensor argument's
+    shape, strides, dtype and device (None for one left out); AttributeError for an argument that is not a
+    tensor (a host list of lengths: those calls are always checked)."""
+    return (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
+            None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
+                                                cache_seqlens.device),
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+            None if lse is None else (lse.shape, lse.stride(), lse.dtype, lse.device),
+            None if block_table is None else (block_table.shape, block_table.stride(), block_table.dtype,
+                                              block_table.device),
+            bool(return_lse))
+
+
+class _Noted:
+    """A launcher that also notes each launch's arguments in ``calls`` (for :func:`record`)."""
+    __slots__ = ("go", "calls")
+
+    def __init__(self, go, calls: list):
+        self.go, self.calls = go, calls
+
+    def __call__(self, *args):
+        self.calls.append((self.go, args))
+        return self.go(*args)
 
 
 def host_lengths(cache_seqlens, B: int, L_max: int, device) -> torch.Tensor:

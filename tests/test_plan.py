@@ -144,6 +144,42 @@ def test_plan_rejects_bad_arguments(over, exc, name):
         fdlib.plan(**args)
 
 
+@pytest.mark.parametrize("method, splits", [("unified", 2), ("unified", 1), ("persistent", None),
+                                            ("streamk", None), ("split", 2), ("batch_invariant", None)])
+def test_calls_of_changing_layouts_and_fresh_tensors(method, splits):
+    """One plan over a run of calls that change what a replay of an earlier call could get wrong: fresh
+    tensors every call, out and lse given or not, lengths given or not, a strided q, K passed as V, fewer
+    live sequences, and a layout seen before coming back. On a GPU the repeated layouts replay the
+    recorded launch (fdlib.kernels.launch.replay); every result is checked against float64."""
+    inv = method == "batch_invariant"
+    p = fdlib.plan(3, 4, 2, 32, 40, dtype=torch.float32, device=DEVICE, method="auto" if inv else method,
+                   num_splits=splits, batch_invariant=inv)
+    for i, how in enumerate(["plain", "plain", "out", "out", "lse", "lse", "nolens", "nolens", "strided",
+                             "strided", "kv", "kv", "two", "two", "plain", "plain"]):
+        B = 2 if how == "two" else 3
+        q, k, v, lens = make_problem(B, 40, 4, 2, 32, torch.float32, seed=100 + i, lens=[40, 17, 1][:B])
+        kw = {}
+        if how == "out":
+            kw["out"] = torch.full_like(q, float("nan"))
+        if how == "lse":
+            kw["lse"] = torch.full((B, 4), float("nan"), device=DEVICE)
+        if how == "nolens":
+            lens = None
+        if how == "strided":
+            wide = torch.zeros(B, 4, 64, dtype=torch.float32, device=DEVICE)
+            wide[..., :32] = q
+            q = wide[..., :32]
+        if how == "kv":
+            v = k
+        res = p.run(q, k, v, lens, return_lse=True, **kw)
+        out, lse = res
+        if "out" in kw:
+            assert out is kw["out"]
+        if "lse" in kw:
+            assert lse is kw["lse"]
+        assert_attention_close(out, lse, q, k, v, lens, what=f"{method} call {i} ({how})")
+
+
 def test_decode_attention_caches_plans_by_shape_never_by_lengths():
     fdlib.api._PLANS.clear()
     q, k, v, lens = small()

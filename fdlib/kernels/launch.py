@@ -61,6 +61,11 @@ class Launcher:
         self.dtype_slots = dtype_slots
         self._compiled: dict = {}
 
+    def _key(self, ptrs: tuple, scalars: tuple):
+        slots = self.dtype_slots
+        return ((scalars, *[t.dtype for t in ptrs]) if slots is None
+                else (scalars, *[ptrs[i].dtype for i in slots]))
+
     def __call__(self, grid, ptrs: tuple, scalars: tuple):
         key = None
         if FAST_LAUNCH:
@@ -69,9 +74,7 @@ class Launcher:
             for a in addrs:
                 addr |= a
             if addr & 15 == 0:
-                slots = self.dtype_slots
-                key = ((scalars, *[t.dtype for t in ptrs]) if slots is None
-                       else (scalars, *[ptrs[i].dtype for i in slots]))
+                key = self._key(ptrs, scalars)
                 hit = self._compiled.get(key)
                 if hit is not None and _no_hooks():
                     launch, function, head, constexprs = hit
@@ -88,6 +91,66 @@ class Launcher:
             if all(n in self.meta for n in names):   # the constexprs follow the runtime arguments
                 self._compiled[key] = (*_direct(compiled), tuple(self.meta[n] for n in names))
         return compiled
+
+    def entry(self, ptrs: tuple, scalars: tuple):
+        """(launch, function, leading arguments, constexprs) of the direct launch a call with these arguments
+        takes, or None where it takes Triton's generic one (a pointer not 16-byte aligned, or not compiled yet)."""
+        if not FAST_LAUNCH or any(t.data_ptr() & 15 for t in ptrs):
+            return None
+        return self._compiled.get(self._key(ptrs, scalars))
+
+
+def record(calls: list, roles: tuple, constants: tuple):
+    """The direct launches of one call, to be replayed by :func:`replay` with other tensors of the same layout.
+
+    ``calls``: the call's launches, ``(launcher, (grid, ptrs, scalars))`` in order. Each pointer must be one of
+    ``roles`` (the caller's tensors, whose addresses change from call to call; recorded as their index) or one
+    of ``constants`` (the plan's workspace, recorded as its address). Returns None, and nothing is replayed,
+    where a launch would take Triton's generic path or a pointer is neither (a view or a copy made for the
+    call), or where one tensor plays two roles (``out`` passed as ``q``; a later call may not alias them):
+    such calls keep the checked path."""
+    present = [id(r) for r in roles if r is not None]
+    if len(set(present)) != len(present):
+        return None
+    steps = []
+    for go, (grid, ptrs, scalars) in calls:
+        hit = go.entry(ptrs, scalars)
+        if hit is None:
+            return None
+        launch, function, head, constexprs = hit
+        base, fill = [], []
+        for i, t in enumerate(ptrs):
+            role = next((j for j, r in enumerate(roles) if r is t), None)
+            if role is not None:
+                base.append(0)
+                fill.append((i, role))
+            elif any(c is t for c in constants):
+                base.append(t.data_ptr())
+            else:
+                return None
+        grid3 = (*grid, 1, 1)[:3]
+        steps.append((launch, function, head, base, tuple(fill), (*scalars, *constexprs), grid3))
+    return tuple(steps) or None
+
+
+def replay(steps: tuple, tensors: tuple) -> bool:
+    """Launch recorded steps (:func:`record`) with the addresses of ``tensors`` in the roles' order (None for
+    an absent one), on the current stream of the first one's device. Returns False, having launched nothing,
+    where an address is not 16-byte aligned (the specialisation the steps were compiled for) or a launch hook is
+    installed: the caller then takes the checked path."""
+    addrs = [0 if t is None else t.data_ptr() for t in tensors]
+    addr = 0
+    for a in addrs:
+        addr |= a
+    if addr & 15 or not _no_hooks():
+        return False
+    stream = torch._C._cuda_getCurrentRawStream(tensors[0].get_device())
+    for launch, function, head, base, fill, tail, (g0, g1, g2) in steps:
+        ptrs = base.copy()
+        for i, role in fill:
+            ptrs[i] = addrs[role]
+        launch(g0, g1, g2, stream, function, *head, *ptrs, *tail)
+    return True
 
 
 def _direct(compiled) -> tuple:
