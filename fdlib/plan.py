@@ -109,7 +109,9 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     chunk, n_max = row_chunks(max(L_max, 1), tile.BLOCK_N)[0], max_chunks(L_max, tile.BLOCK_N)
     n_cap = row_chunks(L_cap, tile.BLOCK_N)[1]
     want = max(1, min(choose_splits(B, H_q, H_kv, D, dtype, L_cap), n_cap))
-    per_program = -(-n_cap // want)
+    # one program a row (want = 1): it takes every chunk any row can have (a shorter row may have more chunks
+    # than an L_cap one), so the kernel is compiled ALONE: no partial stored, no ticket
+    per_program = n_max if want == 1 else -(-n_cap // want)
     return Decision("invariant", n_max, chunk, tile, L_cap, "batch-invariant: chunks by each row's length",
                     invariant=True, per_program=per_program)
 
@@ -631,7 +633,8 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
                                  timeline=timeline),)
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
-                                   timeline=timeline, one_chunk=d.per_program == 1),)
+                                   timeline=timeline, one_chunk=d.per_program == 1,
+                                   alone=d.per_program >= d.splits),)
     if d.kernel == "split":
         return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len, timeline=timeline),
                 stage2_launcher(D, d.splits, dtype_slots=()))

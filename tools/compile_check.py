@@ -8,7 +8,7 @@ Contiguous (PAGE=0) and paged (PAGE=16) variants; fp16, GQA group 4, D=128 (and 
 query token and several (Q_LEN=4, 5, and 16 with group 16: the most rows a program holds); and each kernel's
 TIMELINE=True variant (per-program SM id and times from %smid and %globaltimer); the unified-max kernels (pass 1
 with ticket or atomic partials, pass 2's exact recompute), contiguous and paged; the batch-invariant kernel
-(with and without ONE_CHUNK) and the stream-K kernel.
+(with and without ONE_CHUNK and ALONE) and the stream-K kernel.
 """
 import os
 import sys
@@ -68,11 +68,12 @@ def cases():
             yield (f"unified PAGE={page}{q}", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
                         PAGE=page))
-            for one in (False, True):    # ONE_CHUNK: the loop without the per-tile chunk-end work
-                yield (f"invariant PAGE={page}{q}{' ONE_CHUNK' if one else ''}", invariant.invariant_kernel,
-                       h16 + UNIFIED + ["*i32"],
+            # ONE_CHUNK: the loop without the per-tile chunk-end work; ALONE: no partial stored, no ticket
+            for one, alone in ((False, False), (True, False), (False, True), (True, True)):
+                yield (f"invariant PAGE={page}{q}{' ONE_CHUNK' if one else ''}{' ALONE' if alone else ''}",
+                       invariant.invariant_kernel, h16 + UNIFIED + ["*i32"],
                        dict(common, BLOCK_N=cfg.BLOCK_N, TAKE_TICKET=tile.take_ticket, PAGE=page,
-                            CHUNKS=invariant.CHUNKS, MIN_TILES=invariant.MIN_TILES, ONE_CHUNK=one))
+                            CHUNKS=invariant.CHUNKS, MIN_TILES=invariant.MIN_TILES, ONE_CHUNK=one, ALONE=alone))
             yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page))
             yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
@@ -88,7 +89,7 @@ def cases():
     yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"],
            dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket))
     yield ("invariant TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"],
-           dict(timed, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1, ONE_CHUNK=False))
+           dict(timed, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1, ONE_CHUNK=False, ALONE=False))
     yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"], dict(timed, BLOCK_N=128))
     yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"],
            dict(timed, BLOCK_N=64, ROWS=2))

@@ -86,6 +86,17 @@ def load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c, n_chunks, rows, mask_gd, off
 
 
 @triton.jit
+def finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st,
+                 stride_sh, GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A program alone on its row: its last chunk's partial folded into the merge, and the row's out and lse
+    stored."""
+    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o, lse)
+    o, lse = fold_result(f_m, f_den, f_acc)
+    store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh, True,
+              GROUP, Q_LEN, BLOCK_D)
+
+
+@triton.jit
 def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
                      stride_qb, stride_qt, stride_qh,
                      stride_kb, stride_kl, stride_kh,
@@ -98,7 +109,8 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                      BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
                      TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False,
-                     CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1, ONE_CHUNK: tl.constexpr = False):
+                     CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1, ONE_CHUNK: tl.constexpr = False,
+                     ALONE: tl.constexpr = False):
     if TIMELINE:
         t_start = timeline_start()
     b = tl.program_id(0)
@@ -139,10 +151,14 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
             if not ONE_CHUNK:
                 emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
                 o_c, lse_c = state_to_partial(m, l, acc)
-                store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph, stride_ps,
-                              LSE_ROW, stride_lt, stride_lh, emit & (n_programs > 1), GROUP, Q_LEN, BLOCK_D)
+                if ALONE:    # every program is alone on its row: nothing is stored inside the loop
+                    fold = emit
+                else:
+                    store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph,
+                                  stride_ps, LSE_ROW, stride_lt, stride_lh, emit & (n_programs > 1), GROUP, Q_LEN,
+                                  BLOCK_D)
+                    fold = emit & alone
                 n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o_c, lse_c)
-                fold = emit & alone
                 f_m = tl.where(fold, n_m, f_m)
                 f_den = tl.where(fold, n_den, f_den)
                 f_acc = tl.where(fold, n_acc, f_acc)
@@ -150,11 +166,12 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
         o, lse = state_to_partial(m, l, acc)                     # the program's last chunk
         OUT_ROW = OUT + b * stride_ob
         LSE_OUT_ROW = LSE + b * stride_sb
-        if alone:
-            f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o, lse)
-            o, lse = fold_result(f_m, f_den, f_acc)
-            store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
-                      True, GROUP, Q_LEN, BLOCK_D)
+        if ALONE:
+            finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW,
+                         stride_st, stride_sh, GROUP, Q_LEN, BLOCK_D)
+        elif alone:
+            finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW,
+                         stride_st, stride_sh, GROUP, Q_LEN, BLOCK_D)
         else:
             store_partial(o, lse, rows, mask_gd, h0, c_last, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW,
                           stride_lt, stride_lh, True, GROUP, Q_LEN, BLOCK_D)
@@ -185,14 +202,15 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
 
 
 def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
-                       timeline: bool = False, one_chunk: bool = False) -> Launcher:
+                       timeline: bool = False, one_chunk: bool = False, alone: bool = False) -> Launcher:
     """The batch-invariant kernel with its constexprs fixed for q's dtype, the group, D, the tiles (the plan's
     fixed ones), the page size and q_len. It takes :func:`~fdlib.kernels.unified.unified_args` with ``chunk`` =
-    chunks per program."""
+    chunks per program. ``one_chunk``: every program computes one chunk (ONE_CHUNK); ``alone``: every program
+    computes all its row's chunks (ALONE: no partial is stored, no ticket taken)."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     return Launcher(invariant_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                            FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, TAKE_TICKET=take_ticket,
                                            PAGE=page, Q_LEN=q_len, TIMELINE=timeline, CHUNKS=CHUNKS,
-                                           MIN_TILES=MIN_TILES, ONE_CHUNK=one_chunk, num_warps=cfg.num_warps,
-                                           num_stages=cfg.num_stages),
+                                           MIN_TILES=MIN_TILES, ONE_CHUNK=one_chunk, ALONE=alone,
+                                           num_warps=cfg.num_warps, num_stages=cfg.num_stages),
                     dtype_slots)
