@@ -26,11 +26,13 @@ The ticket decides only who merges, never the order, so a sequence's result does
 
 The chunk-end work (a partial, a fold, a restart) is done on every tile and kept only where a chunk ends, so
 the loop stays one software-pipelined loop; a plan with k = 1 never ends a chunk inside the loop and compiles
-the kernel without it (``ONE_CHUNK``). Measured on an H200 (fp16 grid, time against ``auto``): geometric mean
-1.105 without ONE_CHUNK, 1.078 with it (B = 1 long rows 1.107 -> 1.007); a branch taken only at chunk ends
-gave 1.080 (faster on long rows of many chunks a program, slower on short ones), and one tile loop per chunk
-nested in a loop over the chunks ran 37-110x slower where a program had several chunks
-(``results/h200/invariant-fp16*.md``).
+the kernel without it (``ONE_CHUNK``), and a plan whose every program is alone on its row (k >= the most chunks a
+row can have) compiles it without the partial stores and the ticket merge (``ALONE``). Measured on an H200 (fp16
+grid, time against ``auto``): geometric mean 1.105 with neither, 1.078 with ONE_CHUNK (B = 1 long rows 1.107 ->
+1.007), 1.057 with both (B = 64, 32:8, L = 512: 1.41 -> 1.26). Not kept: a branch taken only at chunk ends
+(1.080; with ALONE 1.057), chunks of at least 4 tiles (1.060: slower at B = 1), one chunk a program for chunks of
+>= 2048 keys (1.064), a reciprocal per row for the partials (1.058), and one tile loop per chunk nested in a loop
+over the chunks (37-110x slower where a program had several chunks) (``results/h200/invariant-fp16*.md``).
 """
 from __future__ import annotations
 

@@ -14,6 +14,12 @@ alignment (direct launches only when all are aligned), and the scalar arguments 
 sizes, scale). Anything else (a launch hook installed by a profiler, a Triton version whose launcher this was
 not written against, the interpreter) takes the generic path, which
 is always correct.
+
+One level up, :func:`record` and :func:`replay` let a plan skip even that: a call's launches, once made
+directly, are kept with each pointer marked as one of the call's own tensors (q, K, V, lengths, out, lse,
+block table) or a workspace address, and a later call whose tensors are laid out alike (the plan checks shapes,
+strides, dtypes and devices) is launched with the new addresses alone: no checks, no strides, no key. On an
+H200 that took ``plan.run`` from 0.87x to 0.55x of SDPA cuDNN's host time per call.
 """
 from __future__ import annotations
 
