@@ -32,7 +32,7 @@ GPU_CONFIG = TileConfig(BLOCK_N=128, num_warps=4, num_stages=3)
 INTERPRETER_CONFIG = TileConfig(BLOCK_N=16, num_warps=1, num_stages=1)
 
 
-SMALL_BATCH_ROWS = 64
+SMALL_BATCH_ROWS = 128
 """B·H_kv at or below which short caches (L <= 2048) use 64-key tiles, so they can still be split finely."""
 
 
