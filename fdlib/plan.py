@@ -96,8 +96,11 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     (:func:`~fdlib.kernels.invariant.row_chunks`), and the merge reading the chunks' partials in index order in
     blocks sized for CHUNKS. The batch decides only the schedule: each program computes ``per_program``
     consecutive chunks of its row (restarting the online softmax at each), chosen so that the launch has about
-    as many programs per row as the unified kernel's best split count for this batch (``L_cap``: the lengths
-    the splits are chosen for, default L_max); the ticket decides only *who* merges. So a sequence's out and
+    one wave of programs, :math:`\lfloor \text{SMs} / (B H_{kv}) \rfloor` a row (at least one, at most the
+    chunks of an ``L_cap`` row; ``L_cap``: the lengths the schedule is chosen for, default L_max), by a rule of
+    the shape alone, so the schedule is the same on every GPU of a kind (it took the unified kernel's split
+    count before, which follows the live calibration: two H200s differed at B=1 32:8 L=2048, 9.0 against
+    11.5 µs, ``results/README.md``); the ticket decides only *who* merges. So a sequence's out and
     lse are bitwise the same whatever its batchmates, the batch size, its place in the batch, the run, and
     whether the cache is paged.
     ``q_rows``: group × q_len for several query tokens (1 for one; see :func:`tile_config_for`): q_len is the
@@ -108,7 +111,7 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     L_cap = max(L_max if L_cap is None else min(L_cap, L_max), 1)
     chunk, n_max = row_chunks(max(L_max, 1), tile.BLOCK_N)[0], max_chunks(L_max, tile.BLOCK_N)
     n_cap = row_chunks(L_cap, tile.BLOCK_N)[1]
-    want = max(1, min(choose_splits(B, H_q, H_kv, D, dtype, L_cap), n_cap))
+    want = max(1, min(sm_count() // (B * H_kv), n_cap))
     # one program a row (want = 1): it takes every chunk any row can have (a shorter row may have more chunks
     # than an L_cap one), so the kernel is compiled ALONE: no partial stored, no ticket
     per_program = n_max if want == 1 else -(-n_cap // want)
