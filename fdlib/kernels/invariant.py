@@ -29,7 +29,8 @@ the loop stays one software-pipelined loop; a plan with k = 1 never ends a chunk
 the kernel without it (``ONE_CHUNK``), and a plan whose every program is alone on its row (k >= the most chunks a
 row can have) compiles it without the partial stores and the ticket merge (``ALONE``). Measured on an H200 (fp16
 grid, time against ``auto``): geometric mean 1.105 with neither, 1.078 with ONE_CHUNK (B = 1 long rows 1.107 ->
-1.007), 1.057 with both (B = 64, 32:8, L = 512: 1.41 -> 1.26). Not kept: a branch taken only at chunk ends
+1.007), 1.057 with both (B = 64, 32:8, L = 512: 1.41 -> 1.26; 1.062 in the run of the schedule rule of
+:func:`fdlib.plan.invariant_decision`). Not kept: a branch taken only at chunk ends
 (1.080; with ALONE 1.057), chunks of at least 4 tiles (1.060: slower at B = 1), one chunk a program for chunks of
 >= 2048 keys (1.064), a reciprocal per row for the partials (1.058), and one tile loop per chunk nested in a loop
 over the chunks (37-110x slower where a program had several chunks) (``results/h200/invariant-fp16*.md``).
