@@ -292,12 +292,9 @@ class DecodePlan:
                 pass
             steps = self._replays.get(key)
             if steps is not None:
-                ws = self.workspace
                 want_lse = return_lse or lse is not None
-                out_t = torch.empty_like(q) if out is None else out
-                lse_t = lse if lse is not None else (
-                    torch.empty(q.shape[:-1], dtype=torch.float32, device=self.device) if want_lse else ws.lse)
-                lens = ws.full_lengths if cache_seqlens is None else cache_seqlens
+                out_t, lse_t = self._outputs(q, out, lse, want_lse)
+                lens = self.workspace.full_lengths if cache_seqlens is None else cache_seqlens
                 if replay(steps, (q, k_cache, v_cache, lens, out_t, lse_t, block_table)):
                     return (out_t, lse_t) if want_lse else out_t
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -328,19 +325,16 @@ class DecodePlan:
                         or t.stride(-1) != 1 and self.D > 1):
                     self._mismatch(name, t, B)
         lens = self._lengths(cache_seqlens, B)
-        if out is None:
-            out = torch.empty_like(q)
-        elif (out.shape != q.shape or out.dtype != self.dtype or out.device != self.device
-                or out.stride(-1) != 1 and self.D > 1):
+        if out is not None and (out.shape != q.shape or out.dtype != self.dtype or out.device != self.device
+                                or out.stride(-1) != 1 and self.D > 1):
             self._mismatch("out", out, B, want=q)
-        want_lse = return_lse or lse is not None
         lse_shape = tuple(q.shape[:-1])
-        if lse is None:
-            lse = torch.empty(lse_shape, dtype=torch.float32, device=self.device) if want_lse \
-                else self.workspace.lse
-        elif tuple(lse.shape) != lse_shape or lse.dtype != torch.float32 or lse.device != self.device:
+        if lse is not None and (tuple(lse.shape) != lse_shape or lse.dtype != torch.float32
+                                or lse.device != self.device):
             raise ValueError(f"lse: expected a float32 tensor of shape {list(lse_shape)} on {self.device}, got "
                              f"{lse.dtype} {list(lse.shape)} on {lse.device}")
+        want_lse = return_lse or lse is not None
+        out, lse = self._outputs(q, out, lse, want_lse)
         times = None if timeline is None else self._check_timeline(timeline, B)
         calls = [] if key is not None else None
         self._launch(q, k_cache, v_cache, lens, out, lse, block_table, times, calls)
@@ -353,6 +347,16 @@ class DecodePlan:
                     self._replays.clear()
                 self._replays[key] = steps
         return (out, lse) if want_lse else out
+
+    def _outputs(self, q, out, lse, want_lse: bool):
+        """(out, lse) a call writes: the caller's where given, else a new out like q, and a new float32 lse
+        ``q.shape[:-1]`` when the caller wants one back (else the plan's own buffer)."""
+        if out is None:
+            out = torch.empty_like(q)
+        if lse is None:
+            lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=self.device) if want_lse
+                   else self.workspace.lse)
+        return out, lse
 
     def _launch(self, q, k_cache, v_cache, lens, out, lse, bt, times=None, calls=None):
         """Launch the decided kernel(s): q, out ``[B', q_len, H_q, D]``, lse ``[B', q_len, H_q]``, or the

@@ -169,10 +169,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
         o, lse = state_to_partial(m, l, acc)                     # the program's last chunk
         OUT_ROW = OUT + b * stride_ob
         LSE_OUT_ROW = LSE + b * stride_sb
-        if ALONE:
-            finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW,
-                         stride_st, stride_sh, GROUP, Q_LEN, BLOCK_D)
-        elif alone:
+        if ALONE or alone:   # ALONE: decided at compile time, no ticket code at all
             finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW,
                          stride_st, stride_sh, GROUP, Q_LEN, BLOCK_D)
         else:

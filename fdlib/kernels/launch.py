@@ -50,6 +50,14 @@ def _no_hooks() -> bool:
     return hook is None or not getattr(hook, "calls", True)
 
 
+def _aligned(addrs) -> bool:
+    """Every address 16-byte aligned: the specialisation the direct launches are compiled for."""
+    addr = 0
+    for a in addrs:
+        addr |= a
+    return addr & 15 == 0
+
+
 class Launcher:
     """``kernel[grid](*ptrs, *scalars, **meta)`` for a kernel whose parameters are the pointers, then the
     scalars, then the constexprs of ``meta`` (plus the launch options ``num_warps``/``num_stages``).
@@ -76,10 +84,7 @@ class Launcher:
         key = None
         if FAST_LAUNCH:
             addrs = [t.data_ptr() for t in ptrs]
-            addr = 0
-            for a in addrs:
-                addr |= a
-            if addr & 15 == 0:
+            if _aligned(addrs):
                 key = self._key(ptrs, scalars)
                 hit = self._compiled.get(key)
                 if hit is not None and _no_hooks():
@@ -101,7 +106,7 @@ class Launcher:
     def entry(self, ptrs: tuple, scalars: tuple):
         """(launch, function, leading arguments, constexprs) of the direct launch a call with these arguments
         takes, or None where it takes Triton's generic one (a pointer not 16-byte aligned, or not compiled yet)."""
-        if not FAST_LAUNCH or any(t.data_ptr() & 15 for t in ptrs):
+        if not FAST_LAUNCH or not _aligned([t.data_ptr() for t in ptrs]):
             return None
         return self._compiled.get(self._key(ptrs, scalars))
 
@@ -145,10 +150,7 @@ def replay(steps: tuple, tensors: tuple) -> bool:
     where an address is not 16-byte aligned (the specialisation the steps were compiled for) or a launch hook is
     installed: the caller then takes the checked path."""
     addrs = [0 if t is None else t.data_ptr() for t in tensors]
-    addr = 0
-    for a in addrs:
-        addr |= a
-    if addr & 15 or not _no_hooks():
+    if not _aligned(addrs) or not _no_hooks():
         return False
     stream = torch._C._cuda_getCurrentRawStream(tensors[0].get_device())
     for launch, function, head, base, fill, tail, (g0, g1, g2) in steps:
