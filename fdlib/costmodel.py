@@ -18,8 +18,10 @@ with :math:`\operatorname{smax}(a, b) = (a^4 + b^4)^{1/4}`, a maximum with a sof
 both limits slow the stream, as measured), and :math:`n = \min(\lceil P/\text{SMs}\rceil, r)` the programs the
 busiest SM holds in a wave: an SM streams at about ρ however many programs it holds, so the SMs that hold
 two set the time when P is a little above the SM count (on an H200, the two-stage path at 148-152 programs
-was 10-25% slower than at 128 on four head layouts: ``results/h200/ab/ab-heads-split-counts.md``). Two limits race in the max: the whole GPU cannot read faster
-than BW, and one SM cannot stream faster than ρ (bytes its programs keep in flight / memory latency), so too
+was 10-25% slower than at 128 on four head layouts: ``results/h200/ab/ab-heads-split-counts.md``; but the
+unified kernel at D = 64 and 256, B = 8, ran faster at 256 programs than at 128, which this term does not
+predict: ``results/h200/heads-sweep.md``). Two limits race in the max: the whole GPU cannot read faster than BW, and one SM cannot stream faster than ρ
+(bytes its programs keep in flight / memory latency), so too
 few programs leave bandwidth unused ("too few splits"), and a last wave with few programs still takes a
 whole program's time (the wave quantisation W). Each program costs a start-up (first loads' latency,
 pipeline fill, storing its partial), spread over the r·SMs slots: t_wave per full wave of programs.
