@@ -4,7 +4,8 @@
         [--shapes B:H_q:H_kv:D:L:splits,...]
 
 ``--methods``: plan methods (default unified and split, at the shape's split count); ``invariant`` plans with
-``batch_invariant=True``, ``auto`` with the cost model's choice, ``persistent`` and ``streamk`` at one split
+``batch_invariant=True`` (``invariant@K``: that plan with K chunks a program, its schedule rule overridden;
+K >= the row's most chunks is the ALONE kernel), ``auto`` with the cost model's choice, ``persistent`` and ``streamk`` at one split
 (their split counts are ignored).
 
 Each tree (a checkout of some commit) is imported in its own process; every shape is timed with the same
@@ -40,7 +41,17 @@ for (B, Hq, Hkv, D, L, S) in shapes:
         out = torch.empty_like(qs[0])
         p = None
         if hasattr(fdlib, "plan"):
-            kw = (dict(batch_invariant=True) if method == "invariant" else dict(method=method)
+            P = sys.modules["fdlib.plan"]        # the module (fdlib.plan is the function)
+            rule = getattr(P.invariant_decision, "__wrapped__", P.invariant_decision)
+            P.invariant_decision = rule
+            if method.startswith("invariant@"):      # the schedule of invariant_decision, overridden
+                import dataclasses
+                def forced(*a, _k=int(method.split("@")[1]), **kw):
+                    d = rule(*a, **kw)
+                    return dataclasses.replace(d, per_program=min(_k, d.splits))
+                forced.__wrapped__ = rule
+                P.invariant_decision = forced
+            kw = (dict(batch_invariant=True) if method.startswith("invariant") else dict(method=method)
                   if method in ("auto", "persistent", "streamk") else dict(method=method, num_splits=S))
             p = fdlib.plan(B, Hq, Hkv, D, L, dtype=torch.float16, device=qs[0].device, **kw)
             call = lambda i: p.run(qs[i], ks[i], vs[i], lens, out=out)
