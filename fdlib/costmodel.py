@@ -74,6 +74,8 @@ H200_DEFAULT = Calibration(bw_tbs=5.16, rho_tbs=0.0482, t_launch_us=4.45, t_wave
                            t_stage2_us=1.9)
 """t_stage2_us: two_stage - stage1 on an H200 under CUDA graphs was 1.9-2.3 µs at 2-32 splits
 (results/h200/explore/explore.json); the merge work in it is counted by the t_split term."""
+SECOND_PROGRAM = float(__import__("os").environ.get("FDLIB_SECOND_PROGRAM", "0.5"))
+"""What each program beyond the first on an SM adds to its streaming time, in programs' worth (candidate)."""
 CAL_GROUP, CAL_D = 4, 128
 """The heads per group and head dim of the calibration points (H 32:8, D=128): t_split is per split there."""
 
@@ -139,7 +141,7 @@ def _predict_many(lengths: np.ndarray, H_kv: int, D: int, dtype_bytes: int, chun
     docstring for that group and D."""
     programs = H_kv * np.maximum(1, -(-lengths[:, None] // chunks[None, :])).sum(axis=0)
     w = waves(programs, r, gpu.sms)
-    per_sm = np.minimum(-(-programs // gpu.sms), r)      # programs the busiest SM holds in a wave
+    per_sm = 1 + (np.minimum(-(-programs // gpu.sms), r) - 1) * SECOND_PROGRAM   # the busiest SM's load
     kv_mb = 2 * float(lengths.sum()) * H_kv * D * dtype_bytes / 1e6
     prog_mb = 2 * chunks * D * dtype_bytes / 1e6
     t_bw = kv_mb / cal.bw_tbs

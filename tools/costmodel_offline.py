@@ -9,7 +9,13 @@ found in a committed split-count sweep, then compare its choices with the measur
 2. ``ab/ab-heads-split-counts.json`` (``tools/ab_kernels.py --methods split``: the two-stage path of head layouts
    at forced split counts): the two-stage model's choice on each shape against the measured counts.
 
-Run it on two trees to compare two versions of the model on the same measurements.
+3. ``heads-sweep.json`` (and older head-layout sweeps given after the folder, e.g. one from the git history):
+   auto's choice (kernel, splits) for each shape under the model with the calibration of ``FDLIB_OFFLINE_CAL``
+   (a ``calibration-*.json``, default ``calibration.json``: use the one of the heads sweep's run), and its time where one of the sweeps measured that choice, against the fastest measured point
+   of the shape (a mix of runs: a few percent of run-to-run spread is in these ratios).
+
+Run it on two trees to compare two versions of the model on the same measurements; ``FDLIB_SECOND_PROGRAM``
+sets the candidate per-SM term (:data:`fdlib.costmodel.SECOND_PROGRAM`).
 """
 import json
 import math
@@ -26,7 +32,49 @@ from fdlib import calibration, costmodel  # noqa: E402
 from fdlib.gpus import PRESETS  # noqa: E402
 
 
-def main(folder: Path) -> None:
+def auto_choice(B, H_q, H_kv, D, L, gpu, cal):
+    """auto's (kernel, splits) by the rule of :func:`fdlib.splits.choose_auto`, offline (no compiled resources)."""
+    from fdlib import splits
+    u = costmodel.explain(B, H_q, H_kv, L, D, 2, gpu, "unified", cal=cal)
+    s = costmodel.explain(B, H_q, H_kv, L, D, 2, gpu, "split", cal=cal)
+    if min(c.time_us for c in s.candidates) < min(c.time_us for c in u.candidates) / 1.02:
+        return "split", s.chosen
+    if u.chosen * (H_q // H_kv) * (D + 1) >= splits.EPILOGUE_WORK:
+        return "split", u.chosen
+    return "unified", u.chosen
+
+
+def heads(folder: Path, older: list, gpu) -> None:
+    """Section 3 of the module doc."""
+    import os
+    cal_path = Path(os.environ.get("FDLIB_OFFLINE_CAL", folder / "calibration.json"))
+    cal = costmodel.Calibration(**json.loads(cal_path.read_text()))
+    pts, shapes = {}, set()
+    for path in [folder / "heads-sweep.json", *older]:
+        for r in json.loads(Path(path).read_text())["records"]:
+            if r.get("graph_us"):
+                k = (r["B"], r["H_q"], r["H_kv"], r["D"], r["L"])
+                shapes.add(k)
+                kern = r.get("kernel") if r["method"] == "auto" else r["method"]
+                if kern in ("split", "unified"):
+                    pts.setdefault(k, {}).setdefault((kern, r["splits"]), []).append(r["graph_us"])
+    est, miss, unknown = [], [], []
+    for k in sorted(shapes):
+        ch = auto_choice(*k, gpu, cal)
+        best = min(float(np.mean(v)) for v in pts[k].values())
+        if ch in pts[k]:
+            est.append(float(np.mean(pts[k][ch])) / best)
+            if est[-1] > 1.02:
+                miss.append(f"B={k[0]} {k[1]}:{k[2]} D={k[3]} L={k[4]} {ch[0]}@{ch[1]} {est[-1]:.3f}")
+        else:
+            unknown.append(f"B={k[0]} {k[1]}:{k[2]} D={k[3]} L={k[4]} {ch[0]}@{ch[1]}")
+    print(f"heads sweeps ({len(shapes)} shapes, calibration {cal_path.name}, second program "
+          f"{costmodel.SECOND_PROGRAM}): auto's choice measured on {len(est)}, geometric mean against the fastest "
+          f"point {math.exp(np.mean(np.log(est))):.3f}, above 1.02 on {len(miss)}: {', '.join(miss) or 'none'}; "
+          f"never measured: {', '.join(unknown) or 'none'}")
+
+
+def main(folder: Path, older: list = ()) -> None:
     gpu = PRESETS["H200"]
     sweep = json.loads((folder / "sweep-fp16.json").read_text())
     measured = {(row["B"], row["H_kv"], row["L"], p["splits"]): p["us"]
@@ -63,5 +111,9 @@ def main(folder: Path) -> None:
                   f"µs; best/chosen {pts[best] / pts[near]:.3f}")
 
 
+    if (folder / "heads-sweep.json").exists():
+        heads(folder, older, gpu)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "results" / "h200")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "results" / "h200", sys.argv[2:])
