@@ -15,12 +15,15 @@ For a launch that cuts each sequence into chunks of ``chunk`` keys (``splits`` p
                      + [\text{splits}>1]\,(t_{\text{merge}} + \text{splits}\cdot t_{\text{split}})
 
 with :math:`\operatorname{smax}(a, b) = (a^4 + b^4)^{1/4}`, a maximum with a soft corner (near the corner
-both limits slow the stream, as measured), and :math:`n = \min(\lceil P/\text{SMs}\rceil, r)` the programs the
-busiest SM holds in a wave: an SM streams at about ρ however many programs it holds, so the SMs that hold
-two set the time when P is a little above the SM count (on an H200, the two-stage path at 148-152 programs
-was 10-25% slower than at 128 on four head layouts: ``results/h200/ab/ab-heads-split-counts.md``; but the
-unified kernel at D = 64 and 256, B = 8, ran faster at 256 programs than at 128, which this term does not
-predict: ``results/h200/heads-sweep.md``). Two limits race in the max: the whole GPU cannot read faster than BW, and one SM cannot stream faster than ρ
+both limits slow the stream, as measured), and :math:`n = 1 + (\min(\lceil P/\text{SMs}\rceil, r) - 1)\,\varphi`
+the load of the busiest SM in a wave: its first program streams a whole program's bytes per c/ρ, and each
+further program it holds adds a fraction φ = ``SECOND_PROGRAM`` = 0.5 of that (a second program overlaps
+part of its stream with the first's). Measured on an H200: the two-stage path at 148-152 programs was
+10-25% slower than at 128 on four head layouts (``results/h200/ab/ab-heads-split-counts.md``), and the unified
+kernel at D = 64 and 256, B = 8, 2-13% faster at 256 programs than at 128; φ = 1 (every program on an SM
+costs a whole one) missed the second, φ = 0 (programs beyond the first are free) the first. With φ = 0.5,
+``auto`` was within 1.02 of the faster of split and unified on 46 of the 48 head layouts of
+``results/h200/heads-sweep.json`` (43 with φ = 1). Two limits race in the max: the whole GPU cannot read faster than BW, and one SM cannot stream faster than ρ
 (bytes its programs keep in flight / memory latency), so too
 few programs leave bandwidth unused ("too few splits"), and a last wave with few programs still takes a
 whole program's time (the wave quantisation W). Each program costs a start-up (first loads' latency,
@@ -74,8 +77,9 @@ H200_DEFAULT = Calibration(bw_tbs=5.16, rho_tbs=0.0482, t_launch_us=4.45, t_wave
                            t_stage2_us=1.9)
 """t_stage2_us: two_stage - stage1 on an H200 under CUDA graphs was 1.9-2.3 µs at 2-32 splits
 (results/h200/explore/explore.json); the merge work in it is counted by the t_split term."""
-SECOND_PROGRAM = float(__import__("os").environ.get("FDLIB_SECOND_PROGRAM", "0.5"))
-"""What each program beyond the first on an SM adds to its streaming time, in programs' worth (candidate)."""
+SECOND_PROGRAM = 0.5
+"""φ: what each program beyond the first on an SM adds to the busiest SM's streaming time, in programs' worth
+(see the module doc)."""
 CAL_GROUP, CAL_D = 4, 128
 """The heads per group and head dim of the calibration points (H 32:8, D=128): t_split is per split there."""
 
@@ -141,7 +145,7 @@ def _predict_many(lengths: np.ndarray, H_kv: int, D: int, dtype_bytes: int, chun
     docstring for that group and D."""
     programs = H_kv * np.maximum(1, -(-lengths[:, None] // chunks[None, :])).sum(axis=0)
     w = waves(programs, r, gpu.sms)
-    per_sm = 1 + (np.minimum(-(-programs // gpu.sms), r) - 1) * SECOND_PROGRAM   # the busiest SM's load
+    per_sm = 1 + (np.minimum(-(-programs // gpu.sms), r) - 1) * SECOND_PROGRAM   # n: the busiest SM's load
     kv_mb = 2 * float(lengths.sum()) * H_kv * D * dtype_bytes / 1e6
     prog_mb = 2 * chunks * D * dtype_bytes / 1e6
     t_bw = kv_mb / cal.bw_tbs

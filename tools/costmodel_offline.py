@@ -1,21 +1,21 @@
 """Judge the cost model on committed H200 measurements, with no GPU: fit its constants to the calibration points
 found in a committed split-count sweep, then compare its choices with the measured times.
 
-    python tools/costmodel_offline.py [results/h200]
+    python tools/costmodel_offline.py [FOLDER [OLDER_HEADS_SWEEP.json ...]] [--second-program PHI]
 
 1. ``sweep-fp16.json`` (``python -m fdlib.bench --sweep-splits``: the unified kernel at every split count on the
    fp16 bench grid): :func:`fdlib.calibration.fit` on the rows of :data:`fdlib.calibration.CALIBRATION_POINTS`
    that it holds, then for each shape best measured time / measured time at the model's choice.
 2. ``ab/ab-heads-split-counts.json`` (``tools/ab_kernels.py --methods split``: the two-stage path of head layouts
    at forced split counts): the two-stage model's choice on each shape against the measured counts.
-
 3. ``heads-sweep.json`` (and older head-layout sweeps given after the folder, e.g. one from the git history):
    auto's choice (kernel, splits) for each shape under the model with the calibration of ``FDLIB_OFFLINE_CAL``
-   (a ``calibration-*.json``, default ``calibration.json``: use the one of the heads sweep's run), and its time where one of the sweeps measured that choice, against the fastest measured point
-   of the shape (a mix of runs: a few percent of run-to-run spread is in these ratios).
+   (a ``calibration-*.json``, default ``calibration.json``: use the one of the heads sweep's run), and its
+   time where one of the sweeps measured that choice, against the fastest measured point of the shape (a mix
+   of runs: a few percent of run-to-run spread is in these ratios).
 
-Run it on two trees to compare two versions of the model on the same measurements; ``FDLIB_SECOND_PROGRAM``
-sets the candidate per-SM term (:data:`fdlib.costmodel.SECOND_PROGRAM`).
+Run it on two trees to compare two versions of the model on the same measurements; ``--second-program`` sets
+φ of the per-SM term (:data:`fdlib.costmodel.SECOND_PROGRAM`) for this run.
 """
 import json
 import math
@@ -110,10 +110,14 @@ def main(folder: Path, older: list = ()) -> None:
                   f"measured at {near}: {pts[near]:.1f} µs; best {best} ({B * hkv * best} programs): {pts[best]:.1f} "
                   f"µs; best/chosen {pts[best] / pts[near]:.3f}")
 
-
     if (folder / "heads-sweep.json").exists():
         heads(folder, older, gpu)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "results" / "h200", sys.argv[2:])
+    args = sys.argv[1:]
+    if "--second-program" in args:
+        i = args.index("--second-program")
+        costmodel.SECOND_PROGRAM = float(args[i + 1])
+        del args[i:i + 2]
+    main(Path(args[0]) if args else ROOT / "results" / "h200", args[1:])

@@ -35,9 +35,11 @@ INTERPRETER_CONFIG = TileConfig(BLOCK_N=16, num_warps=1, num_stages=1)
 SMALL_BATCH_ROWS = 128
 """B·H_kv at or below which short caches (L <= 2048) use 64-key tiles, so they can still be split finely. 128,
 not 64: on an H200 (fp16, graphs) 64-key tiles took B=16 32:8 L=512 from 12.33 to 11.71 µs and B=4 32:32 L=512
-from 11.91 to 11.66 (and the unified kernel at two splits of B=16 32:8 L=512 from 17.36 to 12.75; not profiled:
-the shared memory, 40 KB a program at 128 keys and 22 KB at 64 by tools/compile_check.py's build, does not limit
-either to one program an SM), for 34.5 -> 35.9 µs at B=16 32:8 L=2048 (``results/h200/ab/ab-rows128.md``); the
+from 11.91 to 11.66 (and the unified kernel at two splits of B=16 32:8 L=512 from 17.36 to 12.75), for
+34.5 -> 35.9 µs at B=16 32:8 L=2048 (``results/h200/ab/ab-rows128.md``). Why, as read from the H200's build
+(``results/h200/kernel-resources.json``, D=128 fp16): a program of 128-key tiles holds 136 KB of shared memory
+(its pipelined K and V tiles), so one fits on an SM; at 64 keys it holds 70 KB, and three fit. (Read these from
+the GPU: ``tools/compile_check.py``'s build without one, given no alignment facts, reports 40 and 22 KB.) The
 fp16 and bf16 grids of that commit met every graph target (``bench-*.json`` of 22:47Z)."""
 
 
