@@ -57,7 +57,8 @@ from .kernels.streamk import MAX_BATCH as STREAMK_MAX_BATCH, slots_for, streamk_
 from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
 from .kernels.unified import remember_resources, unified_args, unified_launcher
 from .reference import naive_attention
-from .splits import choose_auto, choose_balanced, choose_kernel, choose_splits, persistent_per_sm, sm_count
+from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
+                     persistent_per_sm, sm_count)
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits, check_page_size,
                        check_q_len, check_scale, shape_str)
 
@@ -88,6 +89,15 @@ def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: i
     return chunk_for(L, min(int(splits), MAX_SPLITS), tile.BLOCK_N)[1]
 
 
+FEW_STAGES, FEW_STAGES_L = 2, 2048
+"""The batch-invariant plan's pipeline stages for short rows of a large batch (see :func:`invariant_decision`).
+On an H200 (fp16 grid, time against ``auto``; ``results/h200/invariant-fp16-s2-*.md``, every invariant plan at 2
+stages, against ``invariant-fp16.md`` of 2026-11-30 at 3): with B·H_kv >= 264 rows and L <= 2048, 1.291 -> 1.146
+(B=16 32:32 L=512), 1.276 -> 1.182 (B=64 32:8 L=512), 1.238 -> 1.083 (B=64 32:32 L=512), 1.073 -> 1.039,
+1.096 -> 1.077 and 1.035 -> 1.034 at L=2048; but 1.005 -> 1.036 at B=64 32:8 L=8192, and 1.051 -> 1.367 with 128
+rows (B=16 32:8 L=512), where the plan has one program an SM anyway."""
+
+
 def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int = 1,
                        L_cap: int | None = None) -> Decision:
     r"""Batch-invariant decode (:mod:`fdlib.kernels.invariant`): everything that shapes a row's arithmetic is
@@ -103,6 +113,11 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     11.5 µs, ``results/README.md``); the ticket decides only *who* merges. So a sequence's out and
     lse are bitwise the same whatever its batchmates, the batch size, its place in the batch, the run, and
     whether the cache is paged.
+    Short rows of a large batch (B·H_kv >= PERSISTENT_MIN_WAVES · SMs rows, L_cap <= FEW_STAGES_L, one
+    program a row) are compiled with FEW_STAGES pipeline stages instead of the tiles' 3: the stages change which
+    loads are in flight, never a sum, so the results are the same bits, and a program then holds less shared
+    memory, so more of them share an SM (one program of 128-key tiles holds 136 KB at 3 stages on an H200,
+    ``results/h200/kernel-resources.json``).
     ``q_rows``: group × q_len for several query tokens (1 for one; see :func:`tile_config_for`): q_len is the
     plan's, so a sequence's results are invariant among calls of the same q_len."""
     compiled = not runtime.INTERPRET
@@ -115,6 +130,8 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     # one program a row (want = 1): it takes every chunk any row can have (a shorter row may have more chunks
     # than an L_cap one), so the kernel is compiled ALONE: no partial stored, no ticket
     per_program = n_max if want == 1 else -(-n_cap // want)
+    if compiled and want == 1 and B * H_kv >= PERSISTENT_MIN_WAVES * sm_count() and L_cap <= FEW_STAGES_L:
+        tile = TileConfig(tile.BLOCK_N, tile.num_warps, FEW_STAGES)   # the same arithmetic, less shared memory
     return Decision("invariant", n_max, chunk, tile, L_cap, "batch-invariant: chunks by each row's length",
                     invariant=True, per_program=per_program)
 

@@ -188,7 +188,7 @@ def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method):
 
 
 PERSISTENT_MIN_WAVES = 2
-PERSISTENT_MAX_KEYS = 16384
+PERSISTENT_MAX_KEYS = 65536
 
 
 def sm_count() -> int:
@@ -223,12 +223,13 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: bool = Fals
     kernel's time where a program has at most 4096 keys (B=64, 32:8, L=512: 35.7 vs 43.2 µs) and 0.978-1.043x
     beyond (B=64, 32:32, L=2048: 514.2 vs 498.1), which is the rule above. In the run of 20:49Z (fp16 and bf16
     on two H200s) it took 0.825-0.981x up to 4096 keys and 0.966-1.051x beyond, where the runs disagree on
-    which is faster (B=64, 32:32, L=2048: 0.978 and 0.966, persistent faster). The limit is 16384 keys since
-    the runs of 2026-12-01: B=64, 32:32, L=2048 (15888 keys a program) took 0.964x in the grid of 22:47Z the
-    day before and 0.969x in ``results/h200/ab/ab-persistent.json``, which also has 0.997x at B=16, 32:32,
-    L=8192 and 0.983x at B=64, 32:8, L=8192 (15888 keys each), and 0.989x at B=64, 32:32, L=8192 (63550 keys,
-    above the limit: not measured elsewhere, so left to the unified kernel). The persistent kernel's
-    64-key tiles fit three programs an SM, the unified kernel's 128-key tiles one
+    which is faster (B=64, 32:32, L=2048: 0.978 and 0.966, persistent faster). The limit is 65536 keys since
+    the runs of 2026-12-01: on every grid shape of two or more waves of rows (B·H_kv >= 264), which all have at most
+    63550 keys a program, the persistent kernel took 0.815-1.000x the faster of the unified and two-stage paths
+    at one split, in the fp16 and bf16 grids of three runs (``bench-*.json`` of 2026-11-30 22:47Z, and of the
+    runs of 2026-12-01 named in ``results/README.md``); ``results/h200/ab/ab-persistent.json`` has 0.969x at
+    B=64, 32:32, L=2048 and 0.989x at B=64, 32:32, L=8192. Beyond 65536 keys nothing was measured. The
+    persistent kernel's 64-key tiles fit three programs an SM, the unified kernel's 128-key tiles one
     (``results/h200/kernel-resources.json``: 74 against 136 KB of shared memory)."""
     if paged:
         # Not over pages: on the H200 (ragged run of 2026-11-30 15:45Z, pages of 16, every row 1024 keys), B=128

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fdlib
-from helpers import DEVICE, assert_attention_close
+from helpers import DEVICE, assert_attention_close, requires_cuda
 
 L_MAX, H_Q, H_KV, D = 100, 6, 2, 80      # group 3, D = 80; in the interpreter tiles (and the shortest chunks) are 16 keys
 
@@ -121,6 +121,33 @@ def test_the_schedule_never_changes_the_bits(dtype, monkeypatch):
     assert_attention_close(got[0][0], got[0][1], q, k, v, lens, what="batch-invariant kernel vs float64")
     for o, lse in got[1:]:
         assert torch.equal(o, got[0][0]) and torch.equal(lse, got[0][1])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fewer_pipeline_stages_never_change_the_bits(dtype, monkeypatch):
+    """Short rows of a large batch run at FEW_STAGES pipeline stages (one program a row, at least
+    PERSISTENT_MIN_WAVES waves of rows, L <= FEW_STAGES_L): the same bits as the tiles' own stages, and right
+    against float64. The SM count is pretended, so that a small batch takes either plan."""
+    import sys
+    plan_mod = sys.modules["fdlib.plan"]
+    L = plan_mod.FEW_STAGES_L
+    lens = [L, 1, 0, 127, 128, 129, 1000, L - 1]
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(len(lens), H_Q, D, generator=g).to(dtype).to(DEVICE)
+    k = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
+    v = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
+    lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    got, stages = [], []
+    for sms in (1, len(lens) * H_KV):       # rows >= 2 waves of 1 SM: few stages; one wave of rows: the tiles' own
+        monkeypatch.setattr(plan_mod, "sm_count", lambda sms=sms: sms)
+        p = fdlib.plan(len(lens), H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True)
+        assert p.decision.per_program >= p.decision.splits, p     # one program a row (ALONE) in both
+        stages.append(p.decision.tile.num_stages)
+        got.append(p.run(q, k, v, lens, return_lse=True))
+    assert stages[0] == plan_mod.FEW_STAGES and stages[1] != stages[0], stages
+    assert_attention_close(got[0][0], got[0][1], q, k, v, lens, what="batch-invariant kernel, few stages, vs float64")
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
 
 
 def test_several_query_tokens_are_invariant_too():
