@@ -89,6 +89,15 @@ def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: i
     return chunk_for(L, min(int(splits), MAX_SPLITS), tile.BLOCK_N)[1]
 
 
+ONE_CHUNK_KEYS = 2048
+"""A batch-invariant plan of several programs a row whose chunks have at least this many keys gives each program
+one chunk (the ONE_CHUNK kernel, no chunk-end work in its loop) rather than about one wave of programs. On an
+H200 (``results/h200/ab/ab-inv-one-chunk.md``, graph µs, one chunk a program against four): B=4 32:8 L=32768
+132.0 against 137.0, L=131072 474.0 against 518.1; but B=1 32:32 L=32768 130.8 against 125.2 and L=131072 475.4
+against 471.2, and shorter chunks lose (B=4 32:8 L=8192, chunks of 512 keys: 45.0 against 41.8). The same
+pattern was measured on another H200 the day before (``ab/ab-inv-schedule.md``). Not explained: both layouts
+have 32 rows of the same bytes and the same program counts; they differ in the KV heads a key position holds
+(8 against 32, so 2 against 8 KB between a row's consecutive keys)."""
 FEW_STAGES, FEW_STAGES_L = 2, 2048
 """The batch-invariant plan's pipeline stages for short rows of a large batch (see :func:`invariant_decision`).
 On an H200 (fp16 grid, time against ``auto``; ``results/h200/invariant-fp16-s2-*.md``, every invariant plan at 2
@@ -112,7 +121,8 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     count before, which follows the live calibration: two H200s differed at B=1 32:8 L=2048, 9.0 against
     11.5 µs, ``results/README.md``); the ticket decides only *who* merges. So a sequence's out and
     lse are bitwise the same whatever its batchmates, the batch size, its place in the batch, the run, and
-    whether the cache is paged.
+    whether the cache is paged. Chunks of at least ONE_CHUNK_KEYS keys are computed one a program whenever a row
+    gets more than one program.
     Short rows of a large batch (B·H_kv >= PERSISTENT_MIN_WAVES · SMs rows, L_cap <= FEW_STAGES_L, one
     program a row) are compiled with FEW_STAGES pipeline stages instead of the tiles' 3: the stages change which
     loads are in flight, never a sum, so the results are the same bits, and a program then holds less shared
@@ -129,7 +139,12 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     want = max(1, min(sm_count() // (B * H_kv), n_cap))
     # one program a row (want = 1): it takes every chunk any row can have (a shorter row may have more chunks
     # than an L_cap one), so the kernel is compiled ALONE: no partial stored, no ticket
-    per_program = n_max if want == 1 else -(-n_cap // want)
+    if want == 1:
+        per_program = n_max
+    elif row_chunks(L_cap, tile.BLOCK_N)[0] >= ONE_CHUNK_KEYS:   # long chunks: one a program (ONE_CHUNK)
+        per_program = 1
+    else:
+        per_program = -(-n_cap // want)
     if compiled and want == 1 and B * H_kv >= PERSISTENT_MIN_WAVES * sm_count() and L_cap <= FEW_STAGES_L:
         tile = TileConfig(tile.BLOCK_N, tile.num_warps, FEW_STAGES)   # the same arithmetic, less shared memory
     return Decision("invariant", n_max, chunk, tile, L_cap, "batch-invariant: chunks by each row's length",

@@ -80,7 +80,7 @@ def test_large_shapes(B, L, H_kv, group, D, dtype):
 @pytest.mark.parametrize("B,L,H_kv,group,dtype,auto_takes_it", [(64, 512, 32, 1, torch.float16, True),
                                                                  (64, 2048, 8, 4, torch.bfloat16, True),
                                                                  (300, 300, 1, 3, torch.float16, None),
-                                                                 (64, 2048, 32, 1, torch.float16, False)])
+                                                                 (64, 2048, 32, 1, torch.float16, True)])
 def test_persistent_and_auto_on_many_rows(B, L, H_kv, group, dtype, auto_takes_it):
     """Many rows of short caches, ragged (0, 1 and L among them), against float64; where the H200 benchmark
     showed auto taking the persistent kernel (full-length rows: one split), it still does."""
