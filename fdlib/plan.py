@@ -100,7 +100,7 @@ have 32 rows of the same bytes and the same program counts; they differ in the K
 (8 against 32, so 2 against 8 KB between a row's consecutive keys)."""
 FEW_STAGES, FEW_STAGES_L = 2, 2048
 """The batch-invariant plan's pipeline stages for short rows of a large batch (see :func:`invariant_decision`).
-On an H200 (fp16 grid, time against ``auto``; ``results/h200/invariant-fp16-s2-*.md``, every invariant plan at 2
+On an H200 (fp16 grid, time against ``auto``; ``results/h200/invariant-fp16-s2-926a1b4.md``, every invariant plan at 2
 stages, against ``invariant-fp16.md`` of 2026-11-30 at 3): with B·H_kv >= 264 rows and L <= 2048, 1.291 -> 1.146
 (B=16 32:32 L=512), 1.276 -> 1.182 (B=64 32:8 L=512), 1.238 -> 1.083 (B=64 32:32 L=512), 1.073 -> 1.039,
 1.096 -> 1.077 and 1.035 -> 1.034 at L=2048; but 1.005 -> 1.036 at B=64 32:8 L=8192, and 1.051 -> 1.367 with 128
