@@ -10,12 +10,13 @@ from fdlib.grading import solution
 @solution("lab05.predict_time")
 def predict_time(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r):
     """Predicted µs of one unified decode step asking for `splits` splits, and the split count actually used."""
+    from fdlib.costmodel import SECOND_PROGRAM
     from fdlib.kernels.config import chunk_for
     chunk, used = chunk_for(max(max(lengths), 1), splits, block_n)          # keys per split, splits used
     P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)                 # programs (a length-0 row: 1)
     slots = r * gpu.sms
     W = -(-P // slots)                                                      # waves: a partial wave counts whole
-    n = min(-(-P // gpu.sms), r)                                            # programs on the busiest SM
+    n = 1 + (min(-(-P // gpu.sms), r) - 1) * SECOND_PROGRAM                 # the busiest SM's load
     kv_mb = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6                 # all of K and V
     prog_mb = 2 * chunk * D * dtype_bytes / 1e6                             # one program's K and V slice
     t_bw = kv_mb / cal.bw_tbs                                               # the GPU's streaming limit

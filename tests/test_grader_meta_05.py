@@ -24,7 +24,8 @@ def _predict(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r, *, cor
     P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
     slots = r * gpu.sms
     W = -(-P // slots) if waves == "ceil" else P / slots
-    n = min(-(-P // gpu.sms), r) if per_sm else 1
+    phi = {True: costmodel.SECOND_PROGRAM, "whole": 1.0, False: 0.0}[per_sm]
+    n = 1 + (min(-(-P // gpu.sms), r) - 1) * phi
     t_bw = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6 / cal.bw_tbs
     t_prog = W * n * 2 * chunk * D * dtype_bytes / 1e6 / cal.rho_tbs if per_program else 0.0
     stream = (t_bw ** 4 + t_prog ** 4) ** 0.25 if corner == "smax" else max(t_bw, t_prog)
@@ -41,7 +42,8 @@ WRONG_PREDICT = {
     "no merge cost": lambda *a: _predict(*a, merge=False),
     "merge priced with the requested splits": lambda *a: _predict(*a, merge_splits="requested"),
     "no start-up (wave) term": lambda *a: _predict(*a, startup=False),
-    "every program streams at rho (no busiest-SM count n)": lambda *a: _predict(*a, per_sm=False),
+    "every program streams at rho (no busiest-SM load n)": lambda *a: _predict(*a, per_sm=False),
+    "a second program on an SM costs a whole program (phi = 1)": lambda *a: _predict(*a, per_sm="whole"),
     "returns the requested splits": lambda *a: (_predict(*a)[0], a[4]),
     "time only, no splits_used": lambda *a: _predict(*a)[0],
 }

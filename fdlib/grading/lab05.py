@@ -6,11 +6,12 @@ r"""Checks for Lab 05: the adaptive unified kernel.
 
   .. math::
       T = t_{\text{launch}} + \frac{P}{r\cdot\text{SMs}}\,t_{\text{wave}}
-          + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,\frac{c}{\rho}\Big)
+          + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,n\,\frac{c}{\rho}\Big)
           + [s>1]\,(t_{\text{merge}} + s\cdot t_{\text{split}}),\qquad \operatorname{smax}(a,b)=(a^4+b^4)^{1/4}
 
   with chunk and s (the splits actually used) from :func:`fdlib.kernels.config.chunk_for`,
-  P = Σ_b H_kv·max(1, ⌈L_b/chunk⌉) programs, W = ⌈P/(r·SMs)⌉ waves, c = 2·chunk·D·elem bytes per program,
+  P = Σ_b H_kv·max(1, ⌈L_b/chunk⌉) programs, W = ⌈P/(r·SMs)⌉ waves, n = 1 + (min(⌈P/SMs⌉, r) − 1)·φ the busiest
+  SM's load (φ = :data:`fdlib.costmodel.SECOND_PROGRAM`), c = 2·chunk·D·elem bytes per program,
   K = 2·Σ_b L_b·H_kv·D·elem bytes (MB and TB/s = MB/µs give µs).
 * ``lab05.choose_splits(lengths, H_kv, D, dtype_bytes, gpu, cal, block_n, r, predict) -> int``: call
   ``predict`` (same signature as predict_time) for every count in :data:`fdlib.costmodel.CANDIDATES`; return the
@@ -60,8 +61,8 @@ def predict_time(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r):
     Returns (time_us, splits_used).
     """
     # TODO: chunk, used = fdlib.kernels.config.chunk_for(max(max(lengths), 1), splits, block_n)
-    #       P programs, W = ceil(P / (r * SMs)) waves, n = min(ceil(P / SMs), r) programs on the busiest SM,
-    #       K/BW and W * n * c/rho in µs, their smax, the start-up
+    #       P programs, W = ceil(P / (r * SMs)) waves, n = 1 + (min(ceil(P / SMs), r) - 1) * phi the busiest
+    #       SM's load (phi = fdlib.costmodel.SECOND_PROGRAM), K/BW and W * n * c/rho in µs, their smax, the start-up
     #       term, and the merge term when more than one split is used.
     todo("lab05.predict_time")
 ''')
@@ -109,11 +110,13 @@ def _terms(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r) -> str:
     chunk, s = chunk_for(max(max(lengths), 1), splits, block_n)
     P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
     W = schedule(P, r, gpu.sms).waves
+    n = 1 + (min(-(-P // gpu.sms), r) - 1) * costmodel.SECOND_PROGRAM
     t_bw = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6 / cal.bw_tbs
-    t_prog = W * 2 * chunk * D * dtype_bytes / 1e6 / cal.rho_tbs
+    t_prog = W * n * 2 * chunk * D * dtype_bytes / 1e6 / cal.rho_tbs
     merge = cal.t_merge_us + s * cal.t_split_us if s > 1 else 0.0
-    return (f"chunk={chunk}, splits used={s}, P={P} programs, W={W} wave(s); terms: launch {cal.t_launch_us:.3g} "
-            f"+ start-up {P / (r * gpu.sms) * cal.t_wave_us:.3g} + smax(K/BW={t_bw:.4g}, W·c/ρ={t_prog:.4g}) "
+    return (f"chunk={chunk}, splits used={s}, P={P} programs, W={W} wave(s), n={n:g}; terms: launch "
+            f"{cal.t_launch_us:.3g} + start-up {P / (r * gpu.sms) * cal.t_wave_us:.3g} + smax(K/BW={t_bw:.4g}, "
+            f"W·n·c/ρ={t_prog:.4g}) "
             f"= {(t_bw ** 4 + t_prog ** 4) ** 0.25:.4g} + merge {merge:.3g} µs")
 
 
