@@ -30,8 +30,8 @@ the kernel without it (``ONE_CHUNK``), and a plan whose every program is alone o
 row can have) compiles it without the partial stores and the ticket merge (``ALONE``). Measured on an H200 (fp16
 grid, time against ``auto``): geometric mean 1.105 with neither, 1.078 with ONE_CHUNK (B = 1 long rows 1.107 ->
 1.007), 1.057 with both (B = 64, 32:8, L = 512: 1.41 -> 1.26; 1.062 in the run of the schedule rule of
-:func:`fdlib.plan.invariant_decision`; 1.048 with that rule's two refinements, FEW_STAGES for short rows of
-large batches and ONE_CHUNK_KEYS). Not kept: a branch taken only at chunk ends
+:func:`fdlib.plan.invariant_decision`; 1.048 and 1.050 in two runs with that rule's two refinements,
+FEW_STAGES for short rows of large batches and ONE_CHUNK_KEYS). Not kept: a branch taken only at chunk ends
 (1.080; with ALONE 1.057), chunks of at least 4 tiles (1.060: slower at B = 1), one chunk a program for chunks of
 >= 2048 keys also where a row has one program (1.064), a reciprocal per row for the partials (1.058), 64-key
 tiles (1.255) and every plan at 2 stages (1.281), and one tile loop per chunk nested in a loop over the chunks
