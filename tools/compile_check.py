@@ -8,7 +8,8 @@ Contiguous (PAGE=0) and paged (PAGE=16) variants; fp16, GQA group 4, D=128 (and 
 query token and several (Q_LEN=4, 5, and 16 with group 16: the most rows a program holds); and each kernel's
 TIMELINE=True variant (per-program SM id and times from %smid and %globaltimer); the unified-max kernels (pass 1
 with ticket or atomic partials, pass 2's exact recompute), contiguous and paged; the batch-invariant kernel
-(with and without ONE_CHUNK and ALONE) and the stream-K kernel.
+(with and without ONE_CHUNK and ALONE, and ALONE at the plan's FEW_STAGES pipeline stages) and the stream-K
+kernel.
 """
 import os
 import sys
@@ -27,6 +28,7 @@ import fdlib  # noqa: E402,F401
 from fdlib import runtime  # noqa: E402
 from fdlib.kernels import balanced, invariant, persistent, stage1, stage2, streamk, tile, unified, unified_max  # noqa: E402,E501
 from fdlib.kernels.config import block_sizes, tile_config_for  # noqa: E402
+from fdlib.plan import FEW_STAGES  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -82,8 +84,13 @@ def cases():
                    dict(common, BLOCK_N=64, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=128, PAGE=page))
             yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=64, PAGE=page))
-    # the TIMELINE=True variants (per-program SM id and start/end times, DecodePlan.run(timeline=...))
+    # short rows of large batches: the batch-invariant plan's ALONE kernel at FEW_STAGES pipeline stages
     BG, BD = block_sizes(g, D)
+    yield (f"invariant ALONE num_stages={FEW_STAGES}", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"],
+           dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
+                TIMELINE=False, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, PAGE=0, CHUNKS=invariant.CHUNKS,
+                MIN_TILES=invariant.MIN_TILES, ONE_CHUNK=False, ALONE=True), 4, FEW_STAGES)
+    # the TIMELINE=True variants (per-program SM id and start/end times, DecodePlan.run(timeline=...))
     timed = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
                  TIMELINE=True, PAGE=16)
     yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"],
