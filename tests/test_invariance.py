@@ -123,6 +123,27 @@ def test_the_schedule_never_changes_the_bits(dtype, monkeypatch):
         assert torch.equal(o, got[0][0]) and torch.equal(lse, got[0][1])
 
 
+def test_the_schedule_rules_of_a_gpu_plan(monkeypatch):
+    """The batch-invariant schedule on an H200's tiles (128 keys, 132 SMs), decided on the host: about one wave of
+    programs, one chunk a program where a row gets several and its chunks hold ONE_CHUNK_KEYS keys, and
+    FEW_STAGES pipeline stages for one program a row over >= 2 waves of rows of at most FEW_STAGES_L keys."""
+    import sys
+    plan_mod = sys.modules["fdlib.plan"]
+    monkeypatch.setattr(plan_mod.runtime, "INTERPRET", False)       # the compiled tiles, on this machine's host
+    monkeypatch.setattr(plan_mod, "sm_count", lambda: 132)
+    decide = lambda B, H_kv, L: plan_mod.invariant_decision(B, 32, H_kv, 128, L, torch.float16)
+    d = decide(4, 8, 8192)                   # 32 rows: 4 programs a row, chunks of 512 keys, 4 a program
+    assert (d.per_program, d.splits, d.tile.BLOCK_N, d.tile.num_stages) == (4, 16, 128, 3), d
+    d = decide(4, 8, 32768)                  # chunks of 2048 keys: one a program
+    assert d.chunk == plan_mod.ONE_CHUNK_KEYS and d.per_program == 1, d
+    d = decide(1, 8, 131072)                 # 8 rows: 16 programs a row, one chunk each anyway
+    assert d.per_program == 1, d
+    for B, H_kv, L, stages in ((64, 32, 512, plan_mod.FEW_STAGES), (64, 8, 2048, plan_mod.FEW_STAGES),
+                               (16, 32, 512, plan_mod.FEW_STAGES), (64, 32, 8192, 3), (16, 8, 512, 3)):
+        d = decide(B, H_kv, L)               # one program a row (ALONE); short rows of >= 264 rows: few stages
+        assert d.per_program == d.splits and d.tile.num_stages == stages, (B, H_kv, L, d)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fewer_pipeline_stages_never_change_the_bits(dtype, monkeypatch):
