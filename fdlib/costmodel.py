@@ -23,10 +23,10 @@ part of its stream with the first's). Measured on an H200: the two-stage path at
 kernel at D = 64 and 256, B = 8, 2-13% faster at 256 programs than at 128; φ = 1 (every program on an SM
 costs a whole one) missed the second, φ = 0 (programs beyond the first are free) the first. With φ = 0.5,
 ``auto`` was within 1.02 of the faster of split and unified on 46 of the 48 head layouts of
-``results/h200/heads-sweep.json`` (43 with φ = 1). Two limits race in the max: the whole GPU cannot read faster than BW, and one SM cannot stream faster than ρ
-(bytes its programs keep in flight / memory latency), so too
-few programs leave bandwidth unused ("too few splits"), and a last wave with few programs still takes a
-whole program's time (the wave quantisation W). Each program costs a start-up (first loads' latency,
+``results/h200/heads-sweep.json`` (43 with φ = 1; 47 in a second run, ``heads-sweep-0db0230.json``). Two
+limits race in the max: the whole GPU cannot read faster than BW, and one SM cannot stream faster than about ρ
+(bytes its programs keep in flight / memory latency), so too few programs leave bandwidth unused ("too few
+splits"), and a last wave with few programs still takes a whole program's time (the wave quantisation W). Each program costs a start-up (first loads' latency,
 pipeline fill, storing its partial), spread over the r·SMs slots: t_wave per full wave of programs.
 Merging costs t_merge plus t_split per partial ("too many splits"). Who merges decides the critical path
 (the epilogue): in the unified kernel the last program of a row merges all ``group`` query heads, reading

@@ -100,11 +100,13 @@ have 32 rows of the same bytes and the same program counts; they differ in the K
 (8 against 32, so 2 against 8 KB between a row's consecutive keys)."""
 FEW_STAGES, FEW_STAGES_L = 2, 2048
 """The batch-invariant plan's pipeline stages for short rows of a large batch (see :func:`invariant_decision`).
-On an H200 (fp16 grid, time against ``auto``; ``results/h200/invariant-fp16-s2-926a1b4.md``, every invariant plan at 2
-stages, against ``invariant-fp16.md`` of 2026-11-30 at 3): with B·H_kv >= 264 rows and L <= 2048, 1.291 -> 1.146
-(B=16 32:32 L=512), 1.276 -> 1.182 (B=64 32:8 L=512), 1.238 -> 1.083 (B=64 32:32 L=512), 1.073 -> 1.039,
-1.096 -> 1.077 and 1.035 -> 1.034 at L=2048; but 1.005 -> 1.036 at B=64 32:8 L=8192, and 1.051 -> 1.367 with 128
-rows (B=16 32:8 L=512), where the plan has one program an SM anyway."""
+On an H200 (fp16 grid, time against ``auto``; ``results/h200/invariant-fp16-s2-926a1b4.md``, every invariant
+plan at 2 stages, against ``invariant-fp16.md`` of 2026-11-30 at 3): with B·H_kv >= 264 rows and L <= 2048,
+1.291 -> 1.146 (B=16 32:32 L=512), 1.276 -> 1.182 (B=64 32:8 L=512), 1.238 -> 1.083 (B=64 32:32 L=512),
+1.073 -> 1.039, 1.096 -> 1.077 and 1.035 -> 1.034 at L=2048; but 1.005 -> 1.036 at B=64 32:8 L=8192, and
+1.051 -> 1.367 with 128 rows (B=16 32:8 L=512), one wave of one program a row. At 2 stages a program of
+128-key tiles holds 72 KB of shared memory (136 KB at 3) and, with its 188 registers a thread, two fit on an
+SM (``results/h200/kernel-resources-417a393.json``)."""
 
 
 def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int = 1,
@@ -135,13 +137,13 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
                            q_rows=q_rows)
     L_cap = max(L_max if L_cap is None else min(L_cap, L_max), 1)
     chunk, n_max = row_chunks(max(L_max, 1), tile.BLOCK_N)[0], max_chunks(L_max, tile.BLOCK_N)
-    n_cap = row_chunks(L_cap, tile.BLOCK_N)[1]
+    chunk_cap, n_cap = row_chunks(L_cap, tile.BLOCK_N)
     want = max(1, min(sm_count() // (B * H_kv), n_cap))
     # one program a row (want = 1): it takes every chunk any row can have (a shorter row may have more chunks
     # than an L_cap one), so the kernel is compiled ALONE: no partial stored, no ticket
     if want == 1:
         per_program = n_max
-    elif row_chunks(L_cap, tile.BLOCK_N)[0] >= ONE_CHUNK_KEYS:   # long chunks: one a program (ONE_CHUNK)
+    elif chunk_cap >= ONE_CHUNK_KEYS:   # long chunks: one a program (the ONE_CHUNK kernel)
         per_program = 1
     else:
         per_program = -(-n_cap // want)
@@ -278,6 +280,8 @@ class DecodePlan:
     def __str__(self) -> str:
         d = self.decision
         tile = f", {d.tile.BLOCK_N}-key tiles" if d.tile else ""
+        if d.invariant and d.tile.num_stages == FEW_STAGES and not runtime.INTERPRET:
+            tile += f" ({FEW_STAGES} pipeline stages)"
         extra = f", {d.programs} programs" if d.kernel in ("persistent", "streamk") else ""
         paged = f", pages of {self.page_size}" if self.page_size else ""
         paged += f", q_len={self.q_len}" if self.q_len > 1 else ""

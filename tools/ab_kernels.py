@@ -5,8 +5,8 @@
 
 ``--methods``: plan methods (default unified and split, at the shape's split count); ``invariant`` plans with
 ``batch_invariant=True`` (``invariant@K``: that plan with K chunks a program, its schedule rule overridden;
-K >= the row's most chunks is the ALONE kernel), ``auto`` with the cost model's choice, ``persistent`` and ``streamk`` at one split
-(their split counts are ignored).
+K >= the row's most chunks is the ALONE kernel), ``auto`` with the cost model's choice, ``persistent`` and
+``streamk`` at one split (their split counts are ignored).
 
 Each tree (a checkout of some commit) is imported in its own process; every shape is timed with the same
 protocol: a CUDA graph of 24 calls rotating over copies of q/K/V totalling >= 4x the L2, replayed 40 times,
