@@ -225,10 +225,13 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: bool = Fals
     on two H200s) it took 0.825-0.981x up to 4096 keys and 0.966-1.051x beyond, where the runs disagree on
     which is faster (B=64, 32:32, L=2048: 0.978 and 0.966, persistent faster). The limit is 65536 keys since
     the runs of 2026-12-01: on every grid shape of two or more waves of rows (B·H_kv >= 264), which all have at most
-    63550 keys a program, the persistent kernel took 0.815-1.000x the faster of the unified and two-stage paths
-    at one split, in the fp16 and bf16 grids of three runs (``bench-*.json`` of 2026-11-30 22:47Z, and of the
-    runs of 2026-12-01 named in ``results/README.md``); ``results/h200/ab/ab-persistent.json`` has 0.969x at
-    B=64, 32:32, L=2048 and 0.989x at B=64, 32:32, L=8192. Beyond 65536 keys nothing was measured. The
+    63550 keys a program, the persistent kernel took 0.815-1.001x the faster of the unified and two-stage paths
+    at one split in the fp16 and bf16 grids of four runs (``bench-*.json`` of 2026-11-30 22:47Z, in the git
+    history, and ``bench-*.json``, ``bench-*-d1ea4d5.json`` and ``bench-*-c1a57e1.json`` of 2026-12-01);
+    ``results/h200/ab/ab-persistent.json`` has 0.969x at B=64, 32:32, L=2048 and 0.989x at B=64, 32:32, L=8192.
+    One earlier run disagrees at the two shapes of 63550 keys: the fp16 grid of 2026-11-30 22:22Z (git history)
+    had 1.062x at B=64, 32:8, L=32768 and 1.020x at B=64, 32:32, L=8192, in a run whose timings of one kernel
+    varied by up to 9% on those 8.6 GB shapes. Beyond 65536 keys nothing was measured. The
     persistent kernel's 64-key tiles fit three programs an SM, the unified kernel's 128-key tiles one
     (``results/h200/kernel-resources.json``: 74 against 136 KB of shared memory)."""
     if paged:
