@@ -43,27 +43,31 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     if runtime.INTERPRET:
         splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths)
     else:
-        unified = _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "unified")
-        two_stage = _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "split")
-        t_u = min(c.time_us for c in unified.candidates)
-        t_s = min(c.time_us for c in two_stage.candidates)
-        if t_s < t_u / 1.02:
-            kernel, splits = "split", two_stage.chosen
-        elif unified.chosen * (H_q // H_kv) * (D + 1) >= EPILOGUE_WORK:
-            kernel, splits = "split", unified.chosen
-        else:
-            kernel, splits = None, unified.chosen
+        kernel, splits = auto_path(_explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "unified"),
+                                   _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "split"), H_q // H_kv, D)
         if lengths is not None and len(set(lengths)) > 1 and not paged and streamk_suits(B, H_kv, lengths):
             return "streamk", 1
         if lengths is not None and len(set(lengths)) > 1:
             gain, bal = best_balanced(lengths, H_kv, D, dtype, L_cap, splits)
             if gain < (BALANCED_GAIN_PAGED if paged else BALANCED_GAIN):
                 return "balanced", bal
-        if kernel is not None:
+        if kernel == "split":
             return kernel, splits
     from .kernels.config import chunk_for
     eff = chunk_for(L_cap, splits, tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N)[1]
     return choose_kernel(B, H_kv, L_cap, eff, paged=paged), splits
+
+
+def auto_path(unified, two_stage, group: int, D: int) -> tuple[str, int]:
+    """("unified" or "split", splits): of the cost model's two explanations (:func:`fdlib.costmodel.explain`
+    with ``method="unified"`` and ``"split"``), the two-stage path where it is predicted more than 2% faster
+    at its own best count, or where the unified epilogue would merge splits·group·(D+1) >= EPILOGUE_WORK
+    values in one program (at the unified count); else the unified kernel (:func:`choose_auto`'s first step)."""
+    if min(c.time_us for c in two_stage.candidates) < min(c.time_us for c in unified.candidates) / 1.02:
+        return "split", two_stage.chosen
+    if unified.chosen * group * (D + 1) >= EPILOGUE_WORK:
+        return "split", unified.chosen
+    return "unified", unified.chosen
 
 
 # The unified kernel's last program merges splits × group rows of D+1 values alone on one SM, after everything

@@ -33,15 +33,10 @@ from fdlib.gpus import PRESETS  # noqa: E402
 
 
 def auto_choice(B, H_q, H_kv, D, L, gpu, cal):
-    """auto's (kernel, splits) by the rule of :func:`fdlib.splits.choose_auto`, offline (no compiled resources)."""
+    """auto's (kernel, splits) by :func:`fdlib.splits.auto_path`, offline (no compiled resources)."""
     from fdlib import splits
-    u = costmodel.explain(B, H_q, H_kv, L, D, 2, gpu, "unified", cal=cal)
-    s = costmodel.explain(B, H_q, H_kv, L, D, 2, gpu, "split", cal=cal)
-    if min(c.time_us for c in s.candidates) < min(c.time_us for c in u.candidates) / 1.02:
-        return "split", s.chosen
-    if u.chosen * (H_q // H_kv) * (D + 1) >= splits.EPILOGUE_WORK:
-        return "split", u.chosen
-    return "unified", u.chosen
+    return splits.auto_path(costmodel.explain(B, H_q, H_kv, L, D, 2, gpu, "unified", cal=cal),
+                            costmodel.explain(B, H_q, H_kv, L, D, 2, gpu, "split", cal=cal), H_q // H_kv, D)
 
 
 def heads(folder: Path, older: list, gpu) -> None:
