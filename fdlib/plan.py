@@ -138,17 +138,18 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     L_cap = max(L_max if L_cap is None else min(L_cap, L_max), 1)
     chunk, n_max = row_chunks(max(L_max, 1), tile.BLOCK_N)[0], max_chunks(L_max, tile.BLOCK_N)
     chunk_cap, n_cap = row_chunks(L_cap, tile.BLOCK_N)
-    want = max(1, min(sm_count() // (B * H_kv), n_cap))
+    sms = sm_count()
+    want = max(1, min(sms // (B * H_kv), n_cap))
     # one program a row (want = 1): it takes every chunk any row can have (a shorter row may have more chunks
     # than an L_cap one), so the kernel is compiled ALONE: no partial stored, no ticket
     if want == 1:
         per_program = n_max
+        if compiled and B * H_kv >= PERSISTENT_MIN_WAVES * sms and L_cap <= FEW_STAGES_L:
+            tile = TileConfig(tile.BLOCK_N, tile.num_warps, FEW_STAGES)   # the same arithmetic, less shared memory
     elif chunk_cap >= ONE_CHUNK_KEYS:   # long chunks: one a program (the ONE_CHUNK kernel)
         per_program = 1
     else:
         per_program = -(-n_cap // want)
-    if compiled and want == 1 and B * H_kv >= PERSISTENT_MIN_WAVES * sm_count() and L_cap <= FEW_STAGES_L:
-        tile = TileConfig(tile.BLOCK_N, tile.num_warps, FEW_STAGES)   # the same arithmetic, less shared memory
     return Decision("invariant", n_max, chunk, tile, L_cap, "batch-invariant: chunks by each row's length",
                     invariant=True, per_program=per_program)
 
@@ -280,7 +281,7 @@ class DecodePlan:
     def __str__(self) -> str:
         d = self.decision
         tile = f", {d.tile.BLOCK_N}-key tiles" if d.tile else ""
-        if d.invariant and d.tile.num_stages == FEW_STAGES and not runtime.INTERPRET:
+        if d.invariant and d.tile.num_stages == FEW_STAGES:
             tile += f" ({FEW_STAGES} pipeline stages)"
         extra = f", {d.programs} programs" if d.kernel in ("persistent", "streamk") else ""
         paged = f", pages of {self.page_size}" if self.page_size else ""
