@@ -72,10 +72,13 @@ def cases():
                         PAGE=page))
             # ONE_CHUNK: the loop without the per-tile chunk-end work; ALONE: no partial stored, no ticket
             for one, alone in ((False, False), (True, False), (False, True), (True, True)):
-                yield (f"invariant PAGE={page}{q}{' ONE_CHUNK' if one else ''}{' ALONE' if alone else ''}",
-                       invariant.invariant_kernel, h16 + UNIFIED + ["*i32"],
-                       dict(common, BLOCK_N=cfg.BLOCK_N, TAKE_TICKET=tile.take_ticket, PAGE=page,
-                            CHUNKS=invariant.CHUNKS, MIN_TILES=invariant.MIN_TILES, ONE_CHUNK=one, ALONE=alone))
+                name = f"invariant PAGE={page}{q}{' ONE_CHUNK' if one else ''}{' ALONE' if alone else ''}"
+                meta = dict(common, BLOCK_N=cfg.BLOCK_N, TAKE_TICKET=tile.take_ticket, PAGE=page,
+                            CHUNKS=invariant.CHUNKS, MIN_TILES=invariant.MIN_TILES, ONE_CHUNK=one, ALONE=alone)
+                yield name, invariant.invariant_kernel, h16 + UNIFIED + ["*i32"], meta
+                if alone and not one and q_len == 1:   # short rows of large batches: FEW_STAGES pipeline stages
+                    yield (f"{name} num_stages={FEW_STAGES}", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"],
+                           meta, cfg.num_warps, FEW_STAGES)
             yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page))
             yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
@@ -84,13 +87,8 @@ def cases():
                    dict(common, BLOCK_N=64, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=128, PAGE=page))
             yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=64, PAGE=page))
-    # short rows of large batches: the batch-invariant plan's ALONE kernel at FEW_STAGES pipeline stages
-    BG, BD = block_sizes(g, D)
-    yield (f"invariant ALONE num_stages={FEW_STAGES}", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"],
-           dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
-                TIMELINE=False, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, PAGE=0, CHUNKS=invariant.CHUNKS,
-                MIN_TILES=invariant.MIN_TILES, ONE_CHUNK=False, ALONE=True), 4, FEW_STAGES)
     # the TIMELINE=True variants (per-program SM id and start/end times, DecodePlan.run(timeline=...))
+    BG, BD = block_sizes(g, D)
     timed = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
                  TIMELINE=True, PAGE=16)
     yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"],
