@@ -26,8 +26,9 @@ costs a whole one) missed the second, φ = 0 (programs beyond the first are free
 ``results/h200/heads-sweep.json`` (43 with φ = 1; 47 in a second run, ``heads-sweep-0db0230.json``). Two
 limits race in the max: the whole GPU cannot read faster than BW, and one SM cannot stream faster than about ρ
 (bytes its programs keep in flight / memory latency), so too few programs leave bandwidth unused ("too few
-splits"), and a last wave with few programs still takes a whole program's time (the wave quantisation W). Each program costs a start-up (first loads' latency,
-pipeline fill, storing its partial), spread over the r·SMs slots: t_wave per full wave of programs.
+splits"), and a last wave with few programs still takes a whole program's time (the wave quantisation W).
+Each program costs a start-up (first loads' latency, pipeline fill, storing its partial), spread over the r·SMs
+slots: t_wave per full wave of programs.
 Merging costs t_merge plus t_split per partial ("too many splits"). Who merges decides the critical path
 (the epilogue): in the unified kernel the last program of a row merges all ``group`` query heads, reading
 group·(D+1) floats per split alone on its SM after everything else, so its per-split cost is t_split scaled by
