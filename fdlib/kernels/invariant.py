@@ -101,6 +101,33 @@ def finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_o
               GROUP, Q_LEN, BLOCK_D)
 
 
+
+@triton.jit
+def fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
+                GROUP: tl.constexpr, Q_LEN: tl.constexpr, FOLD_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                CHUNKS: tl.constexpr):
+    """(O, lse) of a row from its n_chunks stored partials, folded in chunk order (:func:`fold_partial`,
+    c = 0, 1, …, n_chunks − 1: the same operations as a program that folds its chunks as they end; the slots up
+    to CHUNKS are unrolled and kept out by a select, for even a fold of (0, −∞) could turn an Õ of −0 into +0).
+    On FOLD_G rows, the group's query rows padded to a power of two (not the BLOCK_G >= 16 of tl.dot, which
+    would fold padding rows too), with the loop unrolled, so that every partial's load can be in flight before
+    the first fold. Also returns the rows and their mask, for the store."""
+    rows = tl.arange(0, FOLD_G)
+    mask_gd = (rows < GROUP * Q_LEN)[:, None] & mask_d[None, :]
+    o_rows = row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)
+    l_rows = row_offset(rows, h0, stride_lt, stride_lh, GROUP, Q_LEN)
+    f_m, f_den, f_acc = empty_state(FOLD_G, BLOCK_D)
+    for c in tl.static_range(CHUNKS):
+        o, lse = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c, n_chunks, rows, mask_gd, offs_d, stride_ps,
+                              GROUP, Q_LEN)
+        n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o, lse)
+        have = c < n_chunks
+        f_m = tl.where(have, n_m, f_m)
+        f_den = tl.where(have, n_den, f_den)
+        f_acc = tl.where(have, n_acc, f_acc)
+    o, lse = fold_result(f_m, f_den, f_acc)
+    return o, lse, rows, mask_gd
+
 @triton.jit
 def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
                      stride_qb, stride_qt, stride_qh,
@@ -115,7 +142,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                      TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False,
                      CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1, ONE_CHUNK: tl.constexpr = False,
-                     ALONE: tl.constexpr = False):
+                     ALONE: tl.constexpr = False, FOLD_G: tl.constexpr = 16):
     if TIMELINE:
         t_start = timeline_start()
     b = tl.program_id(0)
@@ -142,62 +169,45 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
         offs_n = tl.arange(0, BLOCK_N)
         k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
         k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
-        alone = n_programs == 1            # this program computes every chunk of its row: it folds them as it goes
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
         f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)         # the fold (m, den, acc) starts empty alike
         for n0 in range(start, end, BLOCK_N):
             m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
                                                     qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
                                                     n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
-            # a chunk that ends here, before the program's last: its partial is folded into the row's merge (a
-            # program alone on its row) or stored for the merging program; the next chunk starts afresh
+            # a chunk that ends here, before the program's last: its partial is folded into the row's merge (an
+            # ALONE plan) or stored for the merging program; the next chunk starts afresh
             # (predicated, not branched, so that the loop stays one software-pipelined loop). A plan whose
             # programs compute one chunk each (ONE_CHUNK) never ends a chunk inside the loop: it has none of it.
             if not ONE_CHUNK:
                 emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
                 o_c, lse_c = state_to_partial(m, l, acc)
-                if ALONE:    # every program is alone on its row: nothing is stored inside the loop
-                    fold = emit
-                else:
+                if ALONE:    # every program is alone on its row: folded here, nothing stored
+                    n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o_c, lse_c)
+                    f_m = tl.where(emit, n_m, f_m)
+                    f_den = tl.where(emit, n_den, f_den)
+                    f_acc = tl.where(emit, n_acc, f_acc)
+                else:        # stored for the merging program (also by a program alone on its row: see below)
                     store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph,
-                                  stride_ps, LSE_ROW, stride_lt, stride_lh, emit & (n_programs > 1), GROUP, Q_LEN,
-                                  BLOCK_D)
-                    fold = emit & alone
-                n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o_c, lse_c)
-                f_m = tl.where(fold, n_m, f_m)
-                f_den = tl.where(fold, n_den, f_den)
-                f_acc = tl.where(fold, n_acc, f_acc)
+                                  stride_ps, LSE_ROW, stride_lt, stride_lh, emit, GROUP, Q_LEN, BLOCK_D)
                 m, l, acc = restart_where(emit, m, l, acc)
         o, lse = state_to_partial(m, l, acc)                     # the program's last chunk
         OUT_ROW = OUT + b * stride_ob
         LSE_OUT_ROW = LSE + b * stride_sb
-        if ALONE or alone:   # ALONE: decided at compile time, no ticket code at all
+        # ALONE (decided at compile time): no ticket code at all. Otherwise a row of one chunk finishes here
+        # (folding its one partial into the empty merge); a row of several chunks merges from the stored
+        # partials, also where one program computed them all, so that the loop above never folds
+        if ALONE or n_chunks == 1:
             finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW,
                          stride_st, stride_sh, GROUP, Q_LEN, BLOCK_D)
         else:
             store_partial(o, lse, rows, mask_gd, h0, c_last, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW,
                           stride_lt, stride_lh, True, GROUP, Q_LEN, BLOCK_D)
             if TAKE_TICKET(COUNTERS + b * H_KV + h_kv, n_programs):   # the last one folds the chunks in order
-                f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)
-                o_rows = row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)
-                l_rows = row_offset(rows, h0, stride_lt, stride_lh, GROUP, Q_LEN)
-                # four partials loaded at a time (their loads in flight together), then folded in order; a slot
-                # past the last chunk reads (0, −∞), whose fold changes nothing (α = 1, w = 0)
-                for c in range(0, n_chunks, 4):
-                    o0, l0 = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c, n_chunks, rows, mask_gd, offs_d,
-                                          stride_ps, GROUP, Q_LEN)
-                    o1, l1 = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c + 1, n_chunks, rows, mask_gd, offs_d,
-                                          stride_ps, GROUP, Q_LEN)
-                    o2, l2 = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c + 2, n_chunks, rows, mask_gd, offs_d,
-                                          stride_ps, GROUP, Q_LEN)
-                    o3, l3 = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c + 3, n_chunks, rows, mask_gd, offs_d,
-                                          stride_ps, GROUP, Q_LEN)
-                    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o0, l0)
-                    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o1, l1)
-                    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o2, l2)
-                    f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o3, l3)
-                o, lse = fold_result(f_m, f_den, f_acc)
-                store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st,
+                o_f, lse_f, f_rows, f_mask = fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt,
+                                                         stride_ph, stride_ps, stride_lt, stride_lh, GROUP, Q_LEN,
+                                                         FOLD_G, BLOCK_D, CHUNKS)
+                store_out(o_f, lse_f, f_rows, f_mask, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st,
                           stride_sh, True, GROUP, Q_LEN, BLOCK_D)
     if TIMELINE:
         timeline_record(TIMES, t_start)
@@ -214,5 +224,6 @@ def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: i
                                            FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, TAKE_TICKET=take_ticket,
                                            PAGE=page, Q_LEN=q_len, TIMELINE=timeline, CHUNKS=CHUNKS,
                                            MIN_TILES=MIN_TILES, ONE_CHUNK=one_chunk, ALONE=alone,
+                                           FOLD_G=triton.next_power_of_2(group * q_len),
                                            num_warps=cfg.num_warps, num_stages=cfg.num_stages),
                     dtype_slots)
