@@ -678,7 +678,7 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                    timeline=timeline, one_chunk=d.per_program == 1,
-                                   alone=d.per_program >= d.splits),)
+                                   alone=d.per_program >= d.splits, max_row_chunks=d.splits),)
     if d.kernel == "split":
         return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len, timeline=timeline),
                 stage2_launcher(D, d.splits, dtype_slots=()))

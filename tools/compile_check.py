@@ -75,7 +75,7 @@ def cases():
                 name = f"invariant PAGE={page}{q}{' ONE_CHUNK' if one else ''}{' ALONE' if alone else ''}"
                 meta = dict(common, BLOCK_N=cfg.BLOCK_N, TAKE_TICKET=tile.take_ticket, PAGE=page,
                             CHUNKS=invariant.CHUNKS, MIN_TILES=invariant.MIN_TILES, ONE_CHUNK=one, ALONE=alone,
-                            FOLD_G=g * q_len)
+                            FOLD_G=g * q_len, FOLD_C=invariant.CHUNKS)
                 yield name, invariant.invariant_kernel, h16 + UNIFIED + ["*i32"], meta
                 if alone and not one and q_len == 1:   # short rows of large batches: FEW_STAGES pipeline stages
                     yield (f"{name} num_stages={FEW_STAGES}", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"],
@@ -96,7 +96,7 @@ def cases():
            dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket))
     yield ("invariant TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"],
            dict(timed, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1, ONE_CHUNK=False, ALONE=False,
-                FOLD_G=g))
+                FOLD_G=g, FOLD_C=16))
     yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"], dict(timed, BLOCK_N=128))
     yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"],
            dict(timed, BLOCK_N=64, ROWS=2))

@@ -105,10 +105,12 @@ def finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_o
 @triton.jit
 def fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
                 GROUP: tl.constexpr, Q_LEN: tl.constexpr, FOLD_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                CHUNKS: tl.constexpr):
+                FOLD_C: tl.constexpr):
     """(O, lse) of a row from its n_chunks stored partials, folded in chunk order (:func:`fold_partial`,
-    c = 0, 1, …, n_chunks − 1: the same operations as a program that folds its chunks as they end; the slots up
-    to CHUNKS are unrolled and kept out by a select, for even a fold of (0, −∞) could turn an Õ of −0 into +0).
+    c = 0, 1, …, n_chunks − 1: the same operations as a program that folds its chunks as they end). The loop
+    is unrolled over FOLD_C slots, the most chunks a row of the plan can have (rounded up to a power of two, so
+    that few variants are compiled); a slot past the row's last chunk is kept out by a select (a fold of
+    (0, −∞) changes nothing, except that it could turn an Õ of −0 into +0).
     On FOLD_G rows, the group's query rows padded to a power of two (not the BLOCK_G >= 16 of tl.dot, which
     would fold padding rows too), with the loop unrolled, so that every partial's load can be in flight before
     the first fold. Also returns the rows and their mask, for the store."""
@@ -117,7 +119,7 @@ def fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt, stride_
     o_rows = row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)
     l_rows = row_offset(rows, h0, stride_lt, stride_lh, GROUP, Q_LEN)
     f_m, f_den, f_acc = empty_state(FOLD_G, BLOCK_D)
-    for c in tl.static_range(CHUNKS):
+    for c in tl.static_range(FOLD_C):
         o, lse = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c, n_chunks, rows, mask_gd, offs_d, stride_ps,
                               GROUP, Q_LEN)
         n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o, lse)
@@ -142,7 +144,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                      TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False,
                      CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1, ONE_CHUNK: tl.constexpr = False,
-                     ALONE: tl.constexpr = False, FOLD_G: tl.constexpr = 16):
+                     ALONE: tl.constexpr = False, FOLD_G: tl.constexpr = 16, FOLD_C: tl.constexpr = 16):
     if TIMELINE:
         t_start = timeline_start()
     b = tl.program_id(0)
@@ -206,7 +208,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
             if TAKE_TICKET(COUNTERS + b * H_KV + h_kv, n_programs):   # the last one folds the chunks in order
                 o_f, lse_f, f_rows, f_mask = fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt,
                                                          stride_ph, stride_ps, stride_lt, stride_lh, GROUP, Q_LEN,
-                                                         FOLD_G, BLOCK_D, CHUNKS)
+                                                         FOLD_G, BLOCK_D, FOLD_C)
                 store_out(o_f, lse_f, f_rows, f_mask, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st,
                           stride_sh, True, GROUP, Q_LEN, BLOCK_D)
     if TIMELINE:
@@ -214,16 +216,19 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
 
 
 def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
-                       timeline: bool = False, one_chunk: bool = False, alone: bool = False) -> Launcher:
+                       timeline: bool = False, one_chunk: bool = False, alone: bool = False,
+                       max_row_chunks: int = CHUNKS) -> Launcher:
     """The batch-invariant kernel with its constexprs fixed for q's dtype, the group, D, the tiles (the plan's
     fixed ones), the page size and q_len. It takes :func:`~fdlib.kernels.unified.unified_args` with ``chunk`` =
     chunks per program. ``one_chunk``: every program computes one chunk (ONE_CHUNK); ``alone``: every program
-    computes all its row's chunks (ALONE: no partial is stored, no ticket taken)."""
+    computes all its row's chunks (ALONE: no partial is stored, no ticket taken); ``max_row_chunks``: the most
+    chunks a row of the plan can have (:func:`max_chunks` of its L_max), which the merge unrolls."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     return Launcher(invariant_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                            FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, TAKE_TICKET=take_ticket,
                                            PAGE=page, Q_LEN=q_len, TIMELINE=timeline, CHUNKS=CHUNKS,
                                            MIN_TILES=MIN_TILES, ONE_CHUNK=one_chunk, ALONE=alone,
                                            FOLD_G=triton.next_power_of_2(group * q_len),
+                                           FOLD_C=triton.next_power_of_2(max_row_chunks),
                                            num_warps=cfg.num_warps, num_stages=cfg.num_stages),
                     dtype_slots)
