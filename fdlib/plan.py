@@ -98,6 +98,9 @@ against 471.2, and shorter chunks lose (B=4 32:8 L=8192, chunks of 512 keys: 45.
 pattern was measured on another H200 the day before (``ab/ab-inv-schedule.md``). Not explained: both layouts
 have 32 rows of the same bytes and the same program counts; they differ in the KV heads a key position holds
 (8 against 32, so 2 against 8 KB between a row's consecutive keys)."""
+INVARIANT_PER_SM = 2
+"""Programs per SM of the batch-invariant plan's persistent schedule (short rows of a large batch, see
+:func:`invariant_decision`): its 128-key tiles at FEW_STAGES stages fit two on an H200's SM."""
 FEW_STAGES, FEW_STAGES_L = 2, 2048
 """The batch-invariant plan's pipeline stages for short rows of a large batch (see :func:`invariant_decision`).
 On an H200 (fp16 grid, time against ``auto``; ``results/h200/invariant-fp16-s2-926a1b4.md``, every invariant
@@ -144,8 +147,13 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     # than an L_cap one), so the kernel is compiled ALONE: no partial stored, no ticket
     if want == 1:
         per_program = n_max
-        if compiled and B * H_kv >= PERSISTENT_MIN_WAVES * sms and L_cap <= FEW_STAGES_L:
-            tile = TileConfig(tile.BLOCK_N, tile.num_warps, FEW_STAGES)   # the same arithmetic, less shared memory
+        if B * H_kv >= PERSISTENT_MIN_WAVES * sms and L_cap <= FEW_STAGES_L:
+            if compiled:
+                tile = TileConfig(tile.BLOCK_N, tile.num_warps, FEW_STAGES)   # the same arithmetic, less smem
+            programs = programs_for(B * H_kv, sms, INVARIANT_PER_SM if compiled else 1)
+            return Decision("persistent", n_max, chunk, tile, L_cap,
+                            "batch-invariant: chunks by each row's length", programs=programs,
+                            rows_per_program=rows_for(B * H_kv, programs), invariant=True, per_program=n_max)
     elif chunk_cap >= ONE_CHUNK_KEYS:   # long chunks: one a program (the ONE_CHUNK kernel)
         per_program = 1
     else:
@@ -290,9 +298,11 @@ class DecodePlan:
             return (f"DecodePlan: streamk kernel, {d.programs} programs taking equal shares of the batch's tiles{tile}; "
                     f"B={self.B}, H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, "
                     f"{str(self.dtype)[6:]} on {self.device}; workspace {self.workspace.nbytes()} bytes")
-        if d.kernel == "invariant":
-            return (f"DecodePlan: invariant kernel, rows cut by their own lengths into <= {d.splits} chunk(s) "
-                    f"({d.chunk}-key chunks for L_max), {d.per_program} chunk(s) a program{tile}; B={self.B}, "
+        if d.invariant:
+            walk = (f", {d.programs} programs walking the rows" if d.kernel == "persistent" else
+                    f", {d.per_program} chunk(s) a program")
+            return (f"DecodePlan: {d.kernel} kernel{',' if d.kernel == 'invariant' else ', batch-invariant:'} rows cut by their own lengths into <= {d.splits} chunk(s) "
+                    f"({d.chunk}-key chunks for L_max){walk}{tile}; B={self.B}, "
                     f"H_q={self.H_q}, "
                     f"H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, {str(self.dtype)[6:]} on "
                     f"{self.device}; schedule chosen for L_cap={d.L_cap}; workspace {self.workspace.nbytes()} "
@@ -690,6 +700,7 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
                                  timeline=timeline),)
     if d.kernel == "persistent":
         return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,), page=page,
+                                    invariant=d.invariant,
                                     q_len=q_len, timeline=timeline),)
     return ()
 

@@ -83,7 +83,11 @@ def cases():
             yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page))
             yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
-                   dict(common, BLOCK_N=min(64, cfg.BLOCK_N), ROWS=2, PAGE=page))
+                   dict(common, BLOCK_N=min(64, cfg.BLOCK_N), ROWS=2, PAGE=page, CHUNKS=0, MIN_TILES=1))
+            # the batch-invariant plan's persistent walk of short rows: its 128-key tiles at FEW_STAGES stages
+            yield (f"persistent invariant PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
+                   dict(common, BLOCK_N=cfg.BLOCK_N, ROWS=2, PAGE=page, CHUNKS=invariant.CHUNKS,
+                        MIN_TILES=invariant.MIN_TILES), cfg.num_warps, FEW_STAGES)
             yield (f"streamk PAGE={page}{q}", streamk.streamk_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=64, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=128, PAGE=page))
             yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel, h16 + UNIFIED + ["*i32"],
@@ -99,7 +103,7 @@ def cases():
                 FOLD_G=g, FOLD_C=16))
     yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"], dict(timed, BLOCK_N=128))
     yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"],
-           dict(timed, BLOCK_N=64, ROWS=2))
+           dict(timed, BLOCK_N=64, ROWS=2, CHUNKS=0, MIN_TILES=1))
     yield ("streamk TIMELINE", streamk.streamk_kernel, h16 + UNIFIED + ["*i64"],
            dict(timed, BLOCK_N=64, BLOCK_H=4, BLOCK_S=16, BLOCK_B=128))
     yield ("balanced TIMELINE", balanced.balanced_kernel, h16 + UNIFIED + ["*i64"],

@@ -25,7 +25,7 @@ from fdlib import kernels as _kernels  # noqa: F401  (the modules whose JIT func
 
 ITEMS = ["64:32:32:128:512:auto", "64:32:32:128:512:invariant", "4:32:8:128:8192:auto",
          "4:32:8:128:8192:invariant", "8:16:4:64:65536:auto"]
-SHOWN = ("GROUP", "D", "BLOCK_N", "BLOCK_G", "PAGE", "ONE_CHUNK", "ALONE", "ROWS", "Q_LEN")
+SHOWN = ("GROUP", "D", "BLOCK_N", "BLOCK_G", "PAGE", "ONE_CHUNK", "ALONE", "ROWS", "Q_LEN", "CHUNKS", "FOLD_C")
 
 
 def run_item(item: str):

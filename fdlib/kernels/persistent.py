@@ -18,6 +18,12 @@ starts the next row from the empty state. Rows are whole, so there is nothing to
 
 Row r is (b, h_kv) = (r div H_kv, r mod H_kv): programs that run at the same time read neighbouring heads of
 the same tokens.
+
+With CHUNKS > 0 the kernel is the batch-invariant one's schedule for short rows of a large batch
+(:mod:`fdlib.kernels.invariant`): each row is cut into its chunks by its own length (:func:`chunk_of`), the
+online softmax restarts at each chunk's first tile, and each chunk's partial is folded into the row's merge as
+the chunk ends (:func:`~fdlib.kernels.tile.fold_partial`, in chunk order), so a row gets bit for bit what the
+invariant kernel's program alone on its row computes; which program walks it changes nothing.
 """
 from __future__ import annotations
 
@@ -26,8 +32,9 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, q_len_of, strides4
-from .tile import (LOG2E, empty_state, load_lengths, restart_where, row_tile_update, row_walk_offsets,
-                   state_to_partial, store_out, tile_update, timeline_record, timeline_start)
+from .invariant import CHUNKS, MIN_TILES, chunk_of
+from .tile import (LOG2E, empty_state, fold_partial, fold_result, load_lengths, restart_where, row_tile_update,
+                   row_walk_offsets, state_to_partial, store_out, tile_update, timeline_record, timeline_start)
 
 
 @triton.jit
@@ -40,7 +47,8 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
                       GROUP: tl.constexpr, D: tl.constexpr,
                       BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       ROWS: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr,
-                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False):
+                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, CHUNKS: tl.constexpr = 0,
+                      MIN_TILES: tl.constexpr = 1):
     if TIMELINE:
         t_start = timeline_start()
     pid = tl.program_id(0)
@@ -56,6 +64,7 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
     offs_g, offs_n, offs_d, mask_d, mask_g, mask_gd, k_offs, v_offs = row_walk_offsets(
         stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+    f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)      # CHUNKS > 0: the row's merge of its chunks
     for t in range(0, total):
         j = tl.sum((ends <= t).to(tl.int32), 0)                         # row slot of tile t
         here = slots == j
@@ -75,9 +84,19 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
         # instead made the persistent kernel ~5% slower on the H200.
         last = t + 1 == end_j
         o, lse = state_to_partial(m, l, acc)
+        if CHUNKS > 0:   # a chunk (or the row) ends here: its partial folded into the row's merge, in order
+            emit = ((n0 + BLOCK_N) % chunk_of(L, BLOCK_N, CHUNKS, MIN_TILES)[0] == 0) | last
+            n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o, lse)
+            f_m = tl.where(emit, n_m, f_m)
+            f_den = tl.where(emit, n_den, f_den)
+            f_acc = tl.where(emit, n_acc, f_acc)
+            o, lse = fold_result(f_m, f_den, f_acc)
+            f_m, f_den, f_acc = restart_where(last, f_m, f_den, f_acc)
+        else:
+            emit = last
         store_out(o, lse, offs_g, mask_gd, h_kv * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
                   LSE + b * stride_sb, stride_st, stride_sh, last, GROUP, Q_LEN, BLOCK_D)
-        m, l, acc = restart_where(last, m, l, acc)
+        m, l, acc = restart_where(emit, m, l, acc)
     if TIMELINE:   # one row per program, over all its rows
         timeline_record(TIMES, t_start)
 
@@ -99,16 +118,19 @@ def programs_for(n_rows: int, sms: int, per_sm: int) -> int:
 
 
 def persistent_launcher(dtype, group: int, D: int, cfg, rows_per_program: int, tile_update_fn=None,
-                        dtype_slots=None, page: int = 0, q_len: int = 1, timeline: bool = False) -> Launcher:
+                        dtype_slots=None, page: int = 0, q_len: int = 1, timeline: bool = False,
+                        invariant: bool = False) -> Launcher:
     """The persistent kernel with its constexprs fixed; ``rows_per_program`` (a power of two) is its ROWS;
     ``page`` the page size of a paged cache (0: contiguous); ``q_len`` the query tokens per sequence;
-    ``timeline``: the variant that records each program's (SM, start, end)."""
+    ``timeline``: the variant that records each program's (SM, start, end); ``invariant``: the batch-invariant
+    rows (CHUNKS, MIN_TILES of :mod:`fdlib.kernels.invariant`; ``cfg`` must then be the invariant plan's tiles)."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     return Launcher(persistent_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                             ROWS=rows_per_program, FP32_DOT=fp32_dot(dtype),
                                             TILE_UPDATE=tile_update_fn or tile_update, PAGE=page, Q_LEN=q_len,
-                                            TIMELINE=timeline,
-                                            num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
+                                            TIMELINE=timeline, CHUNKS=CHUNKS if invariant else 0,
+                                            MIN_TILES=MIN_TILES, num_warps=cfg.num_warps,
+                                            num_stages=cfg.num_stages), dtype_slots)
 
 
 def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, flag, block_table=None, times=None):
