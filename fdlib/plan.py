@@ -98,9 +98,16 @@ against 471.2, and shorter chunks lose (B=4 32:8 L=8192, chunks of 512 keys: 45.
 pattern was measured on another H200 the day before (``ab/ab-inv-schedule.md``). Not explained: both layouts
 have 32 rows of the same bytes and the same program counts; they differ in the KV heads a key position holds
 (8 against 32, so 2 against 8 KB between a row's consecutive keys)."""
-INVARIANT_PER_SM = 2
-"""Programs per SM of the batch-invariant plan's persistent schedule (short rows of a large batch, see
-:func:`invariant_decision`): its 128-key tiles at FEW_STAGES stages fit two on an H200's SM."""
+WALK_L, WALK_ROWS, INVARIANT_PER_SM = 512, 2, 2
+"""The batch-invariant plan's persistent walk (:func:`invariant_decision`): rows of at most WALK_L keys, at most
+WALK_ROWS rows a program, INVARIANT_PER_SM programs an SM (its 128-key tiles at FEW_STAGES stages hold 72 KB
+of shared memory and 228-230 registers a thread: two fit on an H200's SM, ``results/h200/kernel-resources.json``).
+On an H200 (``results/h200/ab/ab-inv-persist.md``, graph µs, one program a row against the walk, both at
+FEW_STAGES stages): B=64 32:8 L=512 (512 rows) 41.25 against 38.72, B=16 32:32 L=512 (512 rows) 39.17 against
+37.65; but with more rows a program or longer rows the walk lost: B=64 32:32 L=512 (2048 rows, 8 a program)
+132.1 against 133.9, B=16 32:32 L=2048 126.4 against 129.7, B=64 32:32 L=2048 484.1 against 513.1 (it won only
+B=64 32:8 L=2048, 131.4 against 129.9). Its loop does more each tile than the plain persistent kernel's: the
+chunk fold and the row's result (the merge's O and lse) on every tile, selected where a chunk or row ends."""
 FEW_STAGES, FEW_STAGES_L = 2, 2048
 """The batch-invariant plan's pipeline stages for short rows of a large batch (see :func:`invariant_decision`).
 On an H200 (fp16 grid, time against ``auto``; ``results/h200/invariant-fp16-s2-926a1b4.md``, every invariant
@@ -132,7 +139,9 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     program a row) are compiled with FEW_STAGES pipeline stages instead of the tiles' 3: the stages change which
     loads are in flight, never a sum, so the results are the same bits, and a program then holds less shared
     memory, so more of them share an SM (one program of 128-key tiles holds 136 KB at 3 stages on an H200,
-    ``results/h200/kernel-resources.json``).
+    ``results/h200/kernel-resources.json``). Of those, rows of at most WALK_L keys, at most WALK_ROWS a
+    program, are walked by the persistent kernel (:mod:`fdlib.kernels.persistent` with CHUNKS), which folds each
+    row's chunks as they end exactly as a program alone on its row does: one start-up a program, not a row.
     ``q_rows``: group × q_len for several query tokens (1 for one; see :func:`tile_config_for`): q_len is the
     plan's, so a sequence's results are invariant among calls of the same q_len."""
     compiled = not runtime.INTERPRET
@@ -148,12 +157,14 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     if want == 1:
         per_program = n_max
         if B * H_kv >= PERSISTENT_MIN_WAVES * sms and L_cap <= FEW_STAGES_L:
+            per_sm = INVARIANT_PER_SM if compiled else 1
             if compiled:
                 tile = TileConfig(tile.BLOCK_N, tile.num_warps, FEW_STAGES)   # the same arithmetic, less smem
-            programs = programs_for(B * H_kv, sms, INVARIANT_PER_SM if compiled else 1)
-            return Decision("persistent", n_max, chunk, tile, L_cap,
-                            "batch-invariant: chunks by each row's length", programs=programs,
-                            rows_per_program=rows_for(B * H_kv, programs), invariant=True, per_program=n_max)
+            if L_cap <= WALK_L and B * H_kv <= WALK_ROWS * sms * per_sm:   # the rows walked by fewer programs
+                programs = programs_for(B * H_kv, sms, per_sm)
+                return Decision("persistent", n_max, chunk, tile, L_cap,
+                                "batch-invariant: chunks by each row's length", programs=programs,
+                                rows_per_program=rows_for(B * H_kv, programs), invariant=True, per_program=n_max)
     elif chunk_cap >= ONE_CHUNK_KEYS:   # long chunks: one a program (the ONE_CHUNK kernel)
         per_program = 1
     else:

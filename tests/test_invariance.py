@@ -110,7 +110,7 @@ def test_the_schedule_never_changes_the_bits(dtype, monkeypatch):
     lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     got, seen, kernels = [], set(), set()
     rows = len(lens) * H_KV
-    for sms in (1, 5, 1 * rows, 2 * rows, 3 * rows, 7 * rows, 16 * rows):   # sms // rows programs a row
+    for sms in (rows // 2, 5, 1 * rows, 2 * rows, 3 * rows, 7 * rows, 16 * rows):   # sms // rows programs a row
         monkeypatch.setattr(plan_mod, "sm_count", lambda sms=sms: sms)
         p = fdlib.plan(len(lens), H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True)
         seen.add(p.decision.per_program)
@@ -120,7 +120,7 @@ def test_the_schedule_never_changes_the_bits(dtype, monkeypatch):
     # per_program 1 compiles the ONE_CHUNK loop, per_program >= the most chunks a row has the ALONE one (no
     # partial stored, no ticket), the others neither; rows >= 2 waves of short rows: the persistent walk
     assert len(seen) >= 4 and 1 in seen and max(seen) >= slots and min(seen - {1}) < slots, (seen, slots)
-    assert kernels == {"invariant", "persistent"}, kernels
+    assert kernels == ({"invariant", "persistent"} if L <= plan_mod.WALK_L else {"invariant"}), kernels
     assert_attention_close(got[0][0], got[0][1], q, k, v, lens, what="batch-invariant kernel vs float64")
     for o, lse in got[1:]:
         assert torch.equal(o, got[0][0]) and torch.equal(lse, got[0][1])
@@ -145,18 +145,18 @@ def test_the_schedule_rules_of_a_gpu_plan(monkeypatch):
                                (16, 32, 512, plan_mod.FEW_STAGES), (64, 32, 8192, 3), (16, 8, 512, 3)):
         d = decide(B, H_kv, L)   # one program a row (ALONE); short rows of >= 264 rows: few stages, persistent walk
         assert d.per_program == d.splits and d.tile.num_stages == stages, (B, H_kv, L, d)
-        few = stages == plan_mod.FEW_STAGES
-        assert d.kernel == ("persistent" if few else "invariant") and d.invariant, (B, H_kv, L, d)
-        if few:                              # two programs an SM, each walking its share of the rows
-            assert d.programs == -(-B * H_kv // -(-B * H_kv // (132 * plan_mod.INVARIANT_PER_SM))), d
+        walk = stages == plan_mod.FEW_STAGES and L <= plan_mod.WALK_L and B * H_kv <= 528   # <= 2 rows a program
+        assert d.kernel == ("persistent" if walk else "invariant") and d.invariant, (B, H_kv, L, d)
+        if walk:                             # two programs an SM, each walking its share of the rows
+            assert d.programs == 256 and d.rows_per_program == 2, d
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fewer_pipeline_stages_never_change_the_bits(dtype, monkeypatch):
-    """Short rows of a large batch (at least PERSISTENT_MIN_WAVES waves of rows, L <= FEW_STAGES_L) run in the
-    persistent walk at FEW_STAGES pipeline stages: the same bits as one program a row (ALONE) at the tiles' own
-    stages, and right against float64. The SM count is pretended, so that a small batch takes either plan."""
+    """Short rows of a large batch run at FEW_STAGES pipeline stages (one program a row, at least
+    PERSISTENT_MIN_WAVES waves of rows, L <= FEW_STAGES_L): the same bits as the tiles' own stages, and right
+    against float64. The SM count is pretended, so that a small batch takes either plan."""
     import sys
     plan_mod = sys.modules["fdlib.plan"]
     L = plan_mod.FEW_STAGES_L
@@ -166,17 +166,43 @@ def test_fewer_pipeline_stages_never_change_the_bits(dtype, monkeypatch):
     k = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
     v = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
     lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    got, stages, kernels = [], [], []
+    got, stages = [], []
     for sms in (1, len(lens) * H_KV):       # rows >= 2 waves of 1 SM: few stages; one wave of rows: the tiles' own
         monkeypatch.setattr(plan_mod, "sm_count", lambda sms=sms: sms)
         p = fdlib.plan(len(lens), H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True)
-        assert p.decision.per_program >= p.decision.splits, p     # a row's chunks all in one program in both
+        assert p.decision.per_program >= p.decision.splits and p.kernel == "invariant", p   # ALONE in both
         stages.append(p.decision.tile.num_stages)
-        kernels.append(p.kernel)
         got.append(p.run(q, k, v, lens, return_lse=True))
     assert stages[0] == plan_mod.FEW_STAGES and stages[1] != stages[0], stages
-    assert kernels == ["persistent", "invariant"], kernels
     assert_attention_close(got[0][0], got[0][1], q, k, v, lens, what="batch-invariant kernel, few stages, vs float64")
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_persistent_walk_never_changes_the_bits(dtype, monkeypatch):
+    """Rows of at most WALK_L keys in a large batch (at least PERSISTENT_MIN_WAVES waves of rows, at most
+    WALK_ROWS rows a program) are walked by the persistent kernel, which folds each row's chunks as they end, at
+    FEW_STAGES pipeline stages: the same bits as one program a row at the tiles' own stages, and right against
+    float64. The SM count is pretended, so that a small batch takes either plan."""
+    import sys
+    plan_mod = sys.modules["fdlib.plan"]
+    L = plan_mod.WALK_L
+    lens = [L, 1, 0, 127, 128, 129, 300, L - 1]
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(len(lens), H_Q, D, generator=g).to(dtype).to(DEVICE)
+    k = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
+    v = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
+    lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    rows = len(lens) * H_KV
+    got, kernels = [], []
+    for sms in (rows // (plan_mod.WALK_ROWS * plan_mod.INVARIANT_PER_SM), rows):   # the walk; one wave of rows
+        monkeypatch.setattr(plan_mod, "sm_count", lambda sms=sms: sms)
+        p = fdlib.plan(len(lens), H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True)
+        kernels.append(p.kernel)
+        got.append(p.run(q, k, v, lens, return_lse=True))
+    assert kernels == ["persistent", "invariant"], kernels
+    assert_attention_close(got[0][0], got[0][1], q, k, v, lens, what="batch-invariant persistent walk vs float64")
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
 
 

@@ -10,6 +10,7 @@ small one, through ``auto`` and the batch-invariant plan.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -89,7 +90,9 @@ def main(argv):
     if out:
         with open(out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                           command=" ".join(sys.argv), plans=plans, kernels=rows), f, indent=1)
+                           date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                           git_commit=os.environ.get("FDLIB_GIT_COMMIT"), command=" ".join(sys.argv),
+                           plans=plans, kernels=rows), f, indent=1)
 
 
 if __name__ == "__main__":

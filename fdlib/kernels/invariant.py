@@ -17,10 +17,12 @@ alone would get. The plan picks k (``per_program``) so that a large batch runs o
 small one about one per chunk. The partials are then merged in chunk order by one fixed sequence of
 operations, :func:`~fdlib.kernels.tile.fold_partial` (c = 0, 1, …, n − 1), whoever does it:
 
-* a program alone on its row (k >= n) folds each chunk's partial into the merge as the chunk ends, in
-  registers: no partial is written, nothing waits for anybody;
-* otherwise every program stores its chunks' partials, takes the row's ticket, and the last one reads the n
-  partials back and folds them in the same order.
+* in a plan whose every program is alone on its row (k >= the most chunks a row can have: ``ALONE``) a program
+  folds each chunk's partial into the merge as the chunk ends, in registers: no partial is written, nothing
+  waits for anybody (the persistent kernel's walk of short rows does the same, :mod:`fdlib.kernels.persistent`);
+* otherwise every program stores its chunks' partials (also one that has its whole row, unless the row is one
+  chunk), takes the row's ticket, and the last one reads the n partials back and folds them in the same order
+  (:func:`fold_chunks`: the loads all in flight before the first fold, on the group's real rows only).
 
 The ticket decides only who merges, never the order, so a sequence's result does not depend on k.
 
@@ -31,7 +33,9 @@ row can have) compiles it without the partial stores and the ticket merge (``ALO
 grid, time against ``auto``): geometric mean 1.105 with neither, 1.078 with ONE_CHUNK (B = 1 long rows 1.107 ->
 1.007), 1.057 with both (B = 64, 32:8, L = 512: 1.41 -> 1.26; 1.062 in the run of the schedule rule of
 :func:`fdlib.plan.invariant_decision`; 1.048 and 1.050 in two runs with that rule's two refinements,
-FEW_STAGES for short rows of large batches and ONE_CHUNK_KEYS). Not kept: a branch taken only at chunk ends
+FEW_STAGES for short rows of large batches and ONE_CHUNK_KEYS; 1.040 once the loop of a plan that stores
+partials stopped folding them too and the merge read them all at once, and 1.039 with the persistent walk for
+every short-row plan, since narrowed to the shapes where it won: ``results/README.md``, runs 12-14). Not kept: a branch taken only at chunk ends
 (1.080; with ALONE 1.057), chunks of at least 4 tiles (1.060: slower at B = 1), one chunk a program for chunks of
 >= 2048 keys also where a row has one program (1.064), a reciprocal per row for the partials (1.058), 64-key
 tiles (1.255) and every plan at 2 stages (1.281), and one tile loop per chunk nested in a loop over the chunks
