@@ -101,7 +101,7 @@ have 32 rows of the same bytes and the same program counts; they differ in the K
 WALK_L, WALK_ROWS, INVARIANT_PER_SM = 512, 2, 2
 """The batch-invariant plan's persistent walk (:func:`invariant_decision`): rows of at most WALK_L keys, at most
 WALK_ROWS rows a program, INVARIANT_PER_SM programs an SM (its 128-key tiles at FEW_STAGES stages hold 72 KB
-of shared memory and 228-230 registers a thread: two fit on an H200's SM, ``results/h200/kernel-resources.json``).
+of shared memory and 230 registers a thread: two fit on an H200's SM, ``results/h200/kernel-resources-9702767.json``).
 On an H200 (``results/h200/ab/ab-inv-persist.md``, graph µs, one program a row against the walk, both at
 FEW_STAGES stages): B=64 32:8 L=512 (512 rows) 41.25 against 38.72, B=16 32:32 L=512 (512 rows) 39.17 against
 37.65; but with more rows a program or longer rows the walk lost: B=64 32:32 L=512 (2048 rows, 8 a program)
@@ -312,7 +312,8 @@ class DecodePlan:
         if d.invariant:
             walk = (f", {d.programs} programs walking the rows" if d.kernel == "persistent" else
                     f", {d.per_program} chunk(s) a program")
-            return (f"DecodePlan: {d.kernel} kernel{',' if d.kernel == 'invariant' else ', batch-invariant:'} rows cut by their own lengths into <= {d.splits} chunk(s) "
+            kind = "," if d.kernel == "invariant" else ", batch-invariant:"
+            return (f"DecodePlan: {d.kernel} kernel{kind} rows cut by their own lengths into <= {d.splits} chunk(s) "
                     f"({d.chunk}-key chunks for L_max){walk}{tile}; B={self.B}, "
                     f"H_q={self.H_q}, "
                     f"H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, {str(self.dtype)[6:]} on "

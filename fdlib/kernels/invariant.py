@@ -34,8 +34,9 @@ grid, time against ``auto``): geometric mean 1.105 with neither, 1.078 with ONE_
 1.007), 1.057 with both (B = 64, 32:8, L = 512: 1.41 -> 1.26; 1.062 in the run of the schedule rule of
 :func:`fdlib.plan.invariant_decision`; 1.048 and 1.050 in two runs with that rule's two refinements,
 FEW_STAGES for short rows of large batches and ONE_CHUNK_KEYS; 1.040 once the loop of a plan that stores
-partials stopped folding them too and the merge read them all at once, and 1.039 with the persistent walk for
-every short-row plan, since narrowed to the shapes where it won: ``results/README.md``, runs 12-14). Not kept: a branch taken only at chunk ends
+partials stopped folding them too and the merge read them all at once, 1.039 with the persistent walk for every
+short-row plan, and 1.037 and 1.0375 in two runs once the walk was narrowed to the shapes where it won:
+``results/README.md``, runs 12-15). Not kept: a branch taken only at chunk ends
 (1.080; with ALONE 1.057), chunks of at least 4 tiles (1.060: slower at B = 1), one chunk a program for chunks of
 >= 2048 keys also where a row has one program (1.064), a reciprocal per row for the partials (1.058), 64-key
 tiles (1.255) and every plan at 2 stages (1.281), and one tile loop per chunk nested in a loop over the chunks
