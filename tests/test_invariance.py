@@ -27,6 +27,23 @@ def decode(q, k, v, lens, **kw):
     return fdlib.decode_attention(q, k, v, lens, batch_invariant=True, return_lse=True, **kw)
 
 
+def batch_of(lens, L, dtype, seed):
+    """q, K and V of len(lens) sequences with caches of L keys (fresh random values), and the lengths."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(len(lens), H_Q, D, generator=g).to(dtype).to(DEVICE)
+    k = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
+    v = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
+    return q, k, v, torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+
+
+def plan_on(monkeypatch, sms, B, L, dtype):
+    """The batch-invariant plan of B sequences of L keys for a pretended GPU of ``sms`` SMs (the schedule rules
+    read fdlib.plan.sm_count), so that a small batch takes the plans of a large one."""
+    import sys
+    monkeypatch.setattr(sys.modules["fdlib.plan"], "sm_count", lambda: sms)
+    return fdlib.plan(B, H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_each_sequence_is_bitwise_itself_in_any_batch(dtype):
     n = 14
@@ -102,17 +119,11 @@ def test_the_schedule_never_changes_the_bits(dtype, monkeypatch):
     plan_mod = sys.modules["fdlib.plan"]   # the module (fdlib.plan is also the function)
     block_n = fdlib.plan(1, H_Q, H_KV, D, 64, dtype=dtype, device=DEVICE, batch_invariant=True).decision.tile.BLOCK_N
     L = 20 * block_n
-    lens = [L, 1, 0, 2 * block_n, 2 * block_n + 1, 7 * block_n - 1]
-    g = torch.Generator().manual_seed(6)
-    q = torch.randn(len(lens), H_Q, D, generator=g).to(dtype).to(DEVICE)
-    k = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
-    v = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
-    lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q, k, v, lens = batch_of([L, 1, 0, 2 * block_n, 2 * block_n + 1, 7 * block_n - 1], L, dtype, seed=6)
     got, seen, kernels = [], set(), set()
     rows = len(lens) * H_KV
     for sms in (rows // 2, 5, 1 * rows, 2 * rows, 3 * rows, 7 * rows, 16 * rows):   # sms // rows programs a row
-        monkeypatch.setattr(plan_mod, "sm_count", lambda sms=sms: sms)
-        p = fdlib.plan(len(lens), H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True)
+        p = plan_on(monkeypatch, sms, len(lens), L, dtype)
         seen.add(p.decision.per_program)
         kernels.add(p.kernel)
         slots = p.decision.splits
@@ -160,16 +171,10 @@ def test_fewer_pipeline_stages_never_change_the_bits(dtype, monkeypatch):
     import sys
     plan_mod = sys.modules["fdlib.plan"]
     L = plan_mod.FEW_STAGES_L
-    lens = [L, 1, 0, 127, 128, 129, 1000, L - 1]
-    g = torch.Generator().manual_seed(8)
-    q = torch.randn(len(lens), H_Q, D, generator=g).to(dtype).to(DEVICE)
-    k = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
-    v = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
-    lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q, k, v, lens = batch_of([L, 1, 0, 127, 128, 129, 1000, L - 1], L, dtype, seed=8)
     got, stages = [], []
     for sms in (1, len(lens) * H_KV):       # rows >= 2 waves of 1 SM: few stages; one wave of rows: the tiles' own
-        monkeypatch.setattr(plan_mod, "sm_count", lambda sms=sms: sms)
-        p = fdlib.plan(len(lens), H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True)
+        p = plan_on(monkeypatch, sms, len(lens), L, dtype)
         assert p.decision.per_program >= p.decision.splits and p.kernel == "invariant", p   # ALONE in both
         stages.append(p.decision.tile.num_stages)
         got.append(p.run(q, k, v, lens, return_lse=True))
@@ -188,17 +193,11 @@ def test_the_persistent_walk_never_changes_the_bits(dtype, monkeypatch):
     import sys
     plan_mod = sys.modules["fdlib.plan"]
     L = plan_mod.WALK_L
-    lens = [L, 1, 0, 127, 128, 129, 300, L - 1]
-    g = torch.Generator().manual_seed(9)
-    q = torch.randn(len(lens), H_Q, D, generator=g).to(dtype).to(DEVICE)
-    k = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
-    v = torch.randn(len(lens), L, H_KV, D, generator=g).to(dtype).to(DEVICE)
-    lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    q, k, v, lens = batch_of([L, 1, 0, 127, 128, 129, 300, L - 1], L, dtype, seed=9)
     rows = len(lens) * H_KV
     got, kernels = [], []
     for sms in (rows // (plan_mod.WALK_ROWS * plan_mod.INVARIANT_PER_SM), rows):   # the walk; one wave of rows
-        monkeypatch.setattr(plan_mod, "sm_count", lambda sms=sms: sms)
-        p = fdlib.plan(len(lens), H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True)
+        p = plan_on(monkeypatch, sms, len(lens), L, dtype)
         kernels.append(p.kernel)
         got.append(p.run(q, k, v, lens, return_lse=True))
     assert kernels == ["persistent", "invariant"], kernels

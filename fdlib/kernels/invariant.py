@@ -106,19 +106,19 @@ def finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_o
               GROUP, Q_LEN, BLOCK_D)
 
 
-
 @triton.jit
 def fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt, stride_ph, stride_ps, stride_lt, stride_lh,
                 GROUP: tl.constexpr, Q_LEN: tl.constexpr, FOLD_G: tl.constexpr, BLOCK_D: tl.constexpr,
                 FOLD_C: tl.constexpr):
     """(O, lse) of a row from its n_chunks stored partials, folded in chunk order (:func:`fold_partial`,
-    c = 0, 1, …, n_chunks − 1: the same operations as a program that folds its chunks as they end). The loop
-    is unrolled over FOLD_C slots, the most chunks a row of the plan can have (rounded up to a power of two, so
-    that few variants are compiled); a slot past the row's last chunk is kept out by a select (a fold of
-    (0, −∞) changes nothing, except that it could turn an Õ of −0 into +0).
-    On FOLD_G rows, the group's query rows padded to a power of two (not the BLOCK_G >= 16 of tl.dot, which
-    would fold padding rows too), with the loop unrolled, so that every partial's load can be in flight before
-    the first fold. Also returns the rows and their mask, for the store."""
+    c = 0, 1, …, n_chunks − 1: the same operations as a program that folds its chunks as they end).
+
+    The loop is unrolled over FOLD_C slots, the most chunks a row of the plan can have (rounded up to a power of
+    two, so that few variants are compiled), so that every partial's load can be in flight before the first
+    fold; a slot past the row's last chunk is kept out by a select (a fold of (0, −∞) changes nothing, except
+    that it could turn an Õ of −0 into +0). It folds FOLD_G rows, the group's query rows padded to a power of
+    two, not the BLOCK_G >= 16 of tl.dot, which would fold padding rows too. Also returns the rows and their
+    mask, for the store."""
     rows = tl.arange(0, FOLD_G)
     mask_gd = (rows < GROUP * Q_LEN)[:, None] & mask_d[None, :]
     o_rows = row_offset(rows, h0, stride_pt, stride_ph, GROUP, Q_LEN)
@@ -134,6 +134,7 @@ def fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt, stride_
         f_acc = tl.where(have, n_acc, f_acc)
     o, lse = fold_result(f_m, f_den, f_acc)
     return o, lse, rows, mask_gd
+
 
 @triton.jit
 def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
