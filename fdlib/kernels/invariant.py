@@ -98,8 +98,8 @@ def load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c, n_chunks, rows, mask_gd, off
 @triton.jit
 def finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st,
                  stride_sh, GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A program alone on its row: its last chunk's partial folded into the merge, and the row's out and lse
-    stored."""
+    """A program that has its whole row: its last chunk's partial folded into the merge (of its earlier chunks in
+    an ALONE plan; empty for a row of one chunk), and the row's out and lse stored."""
     f_m, f_den, f_acc = fold_partial(f_m, f_den, f_acc, o, lse)
     o, lse = fold_result(f_m, f_den, f_acc)
     store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh, True,
