@@ -16,6 +16,7 @@ import os
 import re
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
 from .host import format_host_table
 
@@ -274,6 +275,28 @@ def plot_results(results, path=None):
     return fig
 
 
+def _ratio_axis(ax):
+    """A log axis of ratios (call it after plotting) labelled as plain multiples (0.95×, 2×), not as powers of
+    ten (1.1 × 10⁰). Where the data span less than a decade, ticks at about eight round values (0.95×, 1×,
+    1.05×, …: a log axis has few or no decade ticks there); over a wider span, the decades and the minor ticks
+    of leading digit 2, 3 and 5, so labels never crowd."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    times = FuncFormatter(lambda y, _: f"{y:.3g}×")
+    if hi / lo < 10:
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10]))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(times)
+        ax.set_ylim(lo, hi)
+        return
+
+    def minor(y, _):
+        lead = int(round(y / 10 ** math.floor(math.log10(y) + 1e-9)))
+        return f"{y:.3g}×" if lead in (2, 3, 5) else ""
+    ax.yaxis.set_major_formatter(times)
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
+
+
 def _plot_bench(results, where):
     recs = [r for r in results["records"] if r["status"] == "ok"]
     tk = _timing_key(results)
@@ -309,7 +332,7 @@ def _plot_bench(results, where):
     short = "cuDNN" if has_cudnn else base
     ax1.axhline(1.0, color="k", lw=1, ls="--", label=f"{short} (= 1)")
     if plotted:
-        ax1.set_yscale("log")
+        _ratio_axis(ax1)
     else:
         ax1.text(0.5, 0.5, "one method only in this run: nothing to compare", transform=ax1.transAxes,
                  ha="center", va="center")
@@ -358,7 +381,7 @@ def _plot_sweep(results, where):
             if c.get("us"):
                 ax1.plot([c["splits"]], [c["us"] / r["best"]["us"]], marker="*", color=line.get_color(), ms=9)
     ax1.set_xscale("log", base=2)
-    ax1.set_yscale("log")
+    _ratio_axis(ax1)
     ax1.set_xlabel("splits (log2 scale)   ● = fdlib auto's choice, ★ = cost model's choice")
     ax1.set_ylabel("time / best time over splits (×)")
     ax1.set_title(f"(a) unified kernel time vs split count, per shape — {where}")
