@@ -36,12 +36,12 @@ def batch_of(lens, L, dtype, seed):
     return q, k, v, torch.tensor(lens, dtype=torch.int32, device=DEVICE)
 
 
-def plan_on(monkeypatch, sms, B, L, dtype):
+def plan_on(monkeypatch, sms, B, L, dtype, **kw):
     """The batch-invariant plan of B sequences of L keys for a pretended GPU of ``sms`` SMs (the schedule rules
     read fdlib.plan.sm_count), so that a small batch takes the plans of a large one."""
     import sys
     monkeypatch.setattr(sys.modules["fdlib.plan"], "sm_count", lambda: sms)
-    return fdlib.plan(B, H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True)
+    return fdlib.plan(B, H_Q, H_KV, D, L, dtype=dtype, device=DEVICE, batch_invariant=True, **kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -216,3 +216,20 @@ def test_several_query_tokens_are_invariant_too():
     for i in (0, 3, 4):
         o1, l1 = decode(q4[i:i + 1], k[i:i + 1], v[i:i + 1], lens[i:i + 1])
         assert torch.equal(o1[0], o_all[i]) and torch.equal(l1[0], l_all[i])
+
+
+def test_the_walk_of_several_query_tokens_never_changes_the_bits(monkeypatch):
+    """Several query tokens (q_len = 3, each row stopping at its causal limit) in the persistent walk of short
+    rows: the bits of one program a row, and right against float64."""
+    q, k, v, lens = pool(6, torch.float32, seed=10)
+    q3 = torch.randn(6, 3, H_Q, D, generator=torch.Generator().manual_seed(11)).to(DEVICE)
+    rows = 6 * H_KV
+    got, kernels = [], []
+    for sms in (rows // 2, 100 * rows):         # rows = 2 waves of 2 a program (interpreter: 1 an SM); one wave
+        p = plan_on(monkeypatch, sms, 6, L_MAX, torch.float32, q_len=3)
+        kernels.append(p.kernel)
+        got.append(p.run(q3, k, v, lens, return_lse=True))
+    assert kernels == ["persistent", "invariant"], kernels
+    from test_qlen import assert_close_qlen
+    assert_close_qlen(got[0][0], got[0][1], q3, k, v, lens, what="batch-invariant walk, q_len=3, vs float64")
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
