@@ -49,9 +49,9 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher
-from .tile import (attend_tile, causal_limit, empty_state, fold_partial, fold_result, group_queries, kv_base, kv_start,
-                   load_lengths, restart_where, row_offset, state_to_partial, store_out, store_partial, take_ticket,
-                   tile_update, timeline_record, timeline_start)
+from .tile import (attend_tile, causal_limit, empty_state, fold_partial, fold_result, fold_where, group_queries,
+                   kv_base, kv_start, load_lengths, restart_where, row_offset, state_to_partial, store_out,
+                   store_partial, take_ticket, tile_update, timeline_record, timeline_start)
 
 CHUNKS = 16
 """Most chunks a row is cut into."""
@@ -127,11 +127,7 @@ def fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt, stride_
     for c in tl.static_range(FOLD_C):
         o, lse = load_partial(O_ROW, LSE_ROW, o_rows, l_rows, c, n_chunks, rows, mask_gd, offs_d, stride_ps,
                               GROUP, Q_LEN)
-        n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o, lse)
-        have = c < n_chunks
-        f_m = tl.where(have, n_m, f_m)
-        f_den = tl.where(have, n_den, f_den)
-        f_acc = tl.where(have, n_acc, f_acc)
+        f_m, f_den, f_acc = fold_where(c < n_chunks, f_m, f_den, f_acc, o, lse)
     o, lse = fold_result(f_m, f_den, f_acc)
     return o, lse, rows, mask_gd
 
@@ -191,10 +187,7 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                 emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
                 o_c, lse_c = state_to_partial(m, l, acc)
                 if ALONE:    # every program is alone on its row: folded here, nothing stored
-                    n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o_c, lse_c)
-                    f_m = tl.where(emit, n_m, f_m)
-                    f_den = tl.where(emit, n_den, f_den)
-                    f_acc = tl.where(emit, n_acc, f_acc)
+                    f_m, f_den, f_acc = fold_where(emit, f_m, f_den, f_acc, o_c, lse_c)
                 else:        # stored for the merging program (also by a program alone on its row: see below)
                     store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph,
                                   stride_ps, LSE_ROW, stride_lt, stride_lh, emit, GROUP, Q_LEN, BLOCK_D)

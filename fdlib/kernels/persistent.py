@@ -33,7 +33,7 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, q_len_of, strides4
 from .invariant import CHUNKS, MIN_TILES, chunk_of
-from .tile import (LOG2E, empty_state, fold_partial, fold_result, load_lengths, restart_where, row_tile_update,
+from .tile import (LOG2E, empty_state, fold_result, fold_where, load_lengths, restart_where, row_tile_update,
                    row_walk_offsets, state_to_partial, store_out, tile_update, timeline_record, timeline_start)
 
 
@@ -86,10 +86,7 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
         o, lse = state_to_partial(m, l, acc)
         if CHUNKS > 0:   # a chunk (or the row) ends here: its partial folded into the row's merge, in order
             emit = ((n0 + BLOCK_N) % chunk_of(L, BLOCK_N, CHUNKS, MIN_TILES)[0] == 0) | last
-            n_m, n_den, n_acc = fold_partial(f_m, f_den, f_acc, o, lse)
-            f_m = tl.where(emit, n_m, f_m)
-            f_den = tl.where(emit, n_den, f_den)
-            f_acc = tl.where(emit, n_acc, f_acc)
+            f_m, f_den, f_acc = fold_where(emit, f_m, f_den, f_acc, o, lse)
             o, lse = fold_result(f_m, f_den, f_acc)
             f_m, f_den, f_acc = restart_where(last, f_m, f_den, f_acc)
         else:

@@ -171,6 +171,14 @@ def fold_partial(m, den, acc, o_i, lse_i):
 
 
 @triton.jit
+def fold_where(cond, m, den, acc, o_i, lse_i):
+    """:func:`fold_partial` where the scalar ``cond`` holds (a chunk ends here, a slot holds a chunk), else the
+    merge kept as it is: selected, not branched, so a loop that folds at some tiles stays one pipelined loop."""
+    n_m, n_den, n_acc = fold_partial(m, den, acc, o_i, lse_i)
+    return tl.where(cond, n_m, m), tl.where(cond, n_den, den), tl.where(cond, n_acc, acc)
+
+
+@triton.jit
 def fold_result(m, den, acc):
     """(O, lse) of a finished :func:`fold_partial` merge; rows that merged nothing but empty partials give
     (0, −∞)."""
