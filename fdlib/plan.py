@@ -53,7 +53,8 @@ from .kernels.invariant import invariant_launcher, max_chunks, row_chunks
 from .kernels.balanced import MAX_BATCH, balanced_args, balanced_launcher, items_max
 from .kernels.persistent import persistent_args, persistent_launcher, programs_for, rows_for
 from .kernels.stage1 import stage1_args, stage1_launcher
-from .kernels.streamk import MAX_BATCH as STREAMK_MAX_BATCH, slots_for, streamk_args, streamk_launcher
+from .kernels.streamk import (MAX_BATCH as STREAMK_MAX_BATCH, slots_for, streamk_args, streamk_launcher,
+                              streamk_programs)
 from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
 from .kernels.unified import remember_resources, unified_args, unified_launcher
 from .reference import naive_attention
@@ -223,7 +224,7 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         # H200 (B=128 constant rows of 1024 keys, 32:8 164.7 vs 149.5 µs, 32:32 645.9 vs 566.8;
         # results/h200/ragged-fp16-b128-mean1k-streamk128.json against ragged-fp16.json)
         return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows), L_cap, basis,
-                        sm_count() * persistent_per_sm())
+                        streamk_programs(H_kv, sm_count(), persistent_per_sm()))
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
@@ -306,7 +307,8 @@ class DecodePlan:
         paged = f", pages of {self.page_size}" if self.page_size else ""
         paged += f", q_len={self.q_len}" if self.q_len > 1 else ""
         if d.kernel == "streamk":
-            return (f"DecodePlan: streamk kernel, {d.programs} programs taking equal shares of the batch's tiles{tile}; "
+            return (f"DecodePlan: streamk kernel, {d.programs} programs ({d.programs // self.H_kv} a KV head) taking "
+                    f"equal shares of each head's tiles{tile}; "
                     f"B={self.B}, H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, "
                     f"{str(self.dtype)[6:]} on {self.device}; workspace {self.workspace.nbytes()} bytes")
         if d.invariant:

@@ -21,10 +21,10 @@ Three schedules (``schedule=``):
 * ``"balanced"``: FlashInfer-style chunking (:func:`fdlib.schedule.balanced`, budget P = B·splits as the plan
   sets it); grid ``(P + B, H_kv)``;
 * ``"stream-k"``: the schedule of ``method="streamk"`` (:mod:`fdlib.kernels.streamk`) as it launches: P =
-  PERSISTENT_PER_SM·SMs programs on the persistent kernel's tiles (64 keys at D = 128, 2 bytes), with the same
-  streaming rate as the others; program p owns tiles
-  :math:`[\lfloor pT/P\rfloor, \lfloor (p+1)T/P\rfloor)` of the batch's T tiles laid end to end over the rows
-  (b, h_kv) in the kernel's order; a slice may span row boundaries; every row split between programs is merged by the program that
+  H_kv·P_h programs, P_h = ⌊PERSISTENT_PER_SM·SMs / H_kv⌋, on the persistent kernel's tiles (64 keys at D = 128,
+  2 bytes), with the same streaming rate as the others; program p = q·H_kv + h owns tiles
+  :math:`[\lfloor qT/P_h\rfloor, \lfloor (q+1)T/P_h\rfloor)` of head h's T tiles laid end to end over the
+  sequences; a slice may span row boundaries; every row split between programs is merged by the program that
   finishes its last piece (the ticket). Each extra piece costs one more partial store (:math:`t_{\text{split}}`).
 
 The **recorded timeline** (:func:`from_buffer`) reads what ``plan.run(..., timeline=buf)`` wrote on a GPU: one
@@ -248,8 +248,8 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
 
     ``splits``: the split count (default: the cost model's choice for this batch, :func:`model_splits`);
     ``budget``: the balanced schedule's P (default B·splits, as :func:`fdlib.plan.decide` sets it) or the
-    stream-K program count (default: as the kernel launches it, PERSISTENT_PER_SM·SMs, on the persistent
-    kernel's tiles)."""
+    stream-K program count, rounded down to a multiple of H_kv (default: as the kernel launches it,
+    :func:`fdlib.kernels.streamk.streamk_programs` of PERSISTENT_PER_SM·SMs, on the persistent kernel's tiles)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: expected one of {', '.join(SCHEDULES)}, got {schedule!r}")
     lengths = [int(x) for x in lengths]
@@ -293,37 +293,38 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
         merge = {(b, h): _merge_cost(cal, n_b[b], group, D) for b in range(B) for h in range(H_kv)}
         mode = f"balanced schedule, {s.items} items of ≤ {s.chunk_tiles} tiles (budget {P})"
     else:   # as fdlib.kernels.streamk launches it: the persistent kernel's tiles, PERSISTENT_PER_SM programs an SM,
-        # rows in the kernel's order r = b·H_kv + h_kv
+        # P_h shares a KV head over that head's rows in sequence order, program p = q·H_kv + h
         from .kernels.config import PERSISTENT_PER_SM, persistent_config
+        from .kernels.streamk import streamk_programs
         sk = persistent_config(D, dtype_bytes, compiled_mode=True)
         N = sk.BLOCK_N
         r = costmodel.kernel_programs_per_sm(g, D, dtype_bytes, N, sk.num_warps, sk.num_stages)
         info.update(block_n=N, programs_per_sm=r)
-        P = budget if budget is not None else PERSISTENT_PER_SM * g.sms
+        P = streamk_programs(H_kv, PERSISTENT_PER_SM * g.sms if budget is None else budget, 1)
+        P_h = P // H_kv
         tiles = [max(1, -(-L // N)) for L in lengths]
-        rows = [(b, h) for b in range(B) for h in range(H_kv)]
-        bounds = np.concatenate([[0], np.cumsum([tiles[b] for b, _ in rows])])   # row k: tiles [bounds[k], bounds[k+1])
+        bounds = np.concatenate([[0], np.cumsum(tiles)])   # sequence b: tiles [bounds[b], bounds[b+1]) of each head
         T = int(bounds[-1])
-        cuts = [p * T // P for p in range(P + 1)]
+        cuts = [q * T // min(P_h, T) for q in range(min(P_h, T) + 1)] + [T] * max(0, P_h - T)
         parts: dict = {}
         for p in range(P):
-            a, e = cuts[p], cuts[p + 1]
+            q, h = divmod(p, H_kv)
+            a, e = cuts[q], cuts[q + 1]
             pieces = []
-            k = int(np.searchsorted(bounds, a, side="right") - 1)
+            b = int(np.searchsorted(bounds, a, side="right") - 1)
             while a < e:
-                b, h = rows[k]
-                hi = min(e, int(bounds[k + 1]))
-                t0, t1 = a - int(bounds[k]), hi - int(bounds[k])
+                hi = min(e, int(bounds[b + 1]))
+                t0, t1 = a - int(bounds[b]), hi - int(bounds[b])
                 keys = max(0, min(t1 * N, lengths[b]) - min(t0 * N, lengths[b]))
                 pieces.append(((b, h), keys * mb_per_key))
                 parts[(b, h)] = parts.get((b, h), 0) + 1
-                a, k = hi, k + 1
+                a, b = hi, b + 1
             row = pieces[0][0][0] if len({pc[0][0] for pc in pieces}) == 1 else -1
             progs.append(_Program(tuple(pieces), cal.t_wave_us + (len(pieces) - 1) * cal.t_split_us if pieces
                                   else 0.0, row))
         merge = {key: _merge_cost(cal, n, group, D) for key, n in parts.items()}
-        info.update(programs=P, tiles=T, tiles_per_program=T / P)
-        mode = f"stream-K schedule, {P} programs of ~{T / P:.1f} tiles"
+        info.update(programs=P, tiles=T * H_kv, tiles_per_program=T / P_h)
+        mode = f"stream-K schedule, {P} programs ({P_h} a KV head) of ~{T / P_h:.1f} tiles"
     sm, start, end = simulate(progs, g.sms, r, cal.bw_tbs, cal.rho_tbs, merge)
     work = np.array([bool(p.pieces) for p in progs], dtype=bool)
     if schedule == "split":

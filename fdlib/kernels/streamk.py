@@ -1,27 +1,33 @@
 r"""The stream-K kernel: P programs share a ragged batch's tiles equally, cutting rows wherever they fall.
 
-Lay every row's tiles end to end, rows (b, h_kv) in order, row r = b·H_kv + h_kv having
-:math:`T_b = \max(1, \lceil L_b/N\rceil)` tiles (an empty row still takes one, to write O = 0, lse = −∞):
+Each KV head h has the same rows, one per sequence: lay sequence b's tiles end to end,
+:math:`T_b = \max(1, \lceil L_b/N\rceil)` tiles (an empty row still takes one, to write O = 0, lse = −∞).
+The :math:`P = H_{kv} P_h` programs are :math:`P_h` per head, program :math:`p = q H_{kv} + h` taking the
+share :math:`q` of head h's tiles:
 
-.. math::  T = H_{kv} \sum_b T_b, \qquad \text{program } p \text{ takes tiles } [t_0, t_1) =
-           [\lfloor pT/P \rfloor,\ \lfloor (p+1)T/P \rfloor).
+.. math::  T = \sum_b T_b, \qquad \text{share } q \text{ of head } h: \text{tiles } [t_0, t_1) =
+           [\lfloor qT/P_h \rfloor,\ \lfloor (q+1)T/P_h \rfloor).
 
 Every program streams the same number of tiles (±1) in **one** software-pipelined loop, whatever the mix of
 lengths, and pays its start-up once (the persistent kernel's loop, :mod:`fdlib.kernels.persistent`, over
-equal shares instead of whole rows). Fewer tiles than programs: only the first T programs take part, one tile
-each, so that every program of :math:`p_a \dots p_b` holds a piece of a cut row and its n pieces lie in n
-consecutive slots. Tile t belongs to sequence :math:`b = \#\{b : E_b \le t\}`,
-:math:`E_b = H_{kv}(T_0 + \dots + T_b)`, head :math:`h = \lfloor u/T_b \rfloor` and tile :math:`j = u - hT_b`
-of its row, :math:`u = t - E_{b-1}` (all B lengths kept in registers, computed in every program: nothing is
-read on the host, so a captured graph stays balanced when the lengths change in place).
+equal shares instead of whole rows). Programs launched together, :math:`p = qH_{kv}, \dots, qH_{kv} + H_{kv}-1`,
+hold the same share of neighbouring heads, so they read the same tokens at the same time, as the persistent
+kernel's neighbouring rows do; a share laid over the rows (b, h) in order had each program's tiles far from its
+neighbours' and streamed up to 15% slower on the H200 (results/h200/README.md). Fewer tiles than programs:
+only the first T shares of each head take part, one tile each, so that every share of :math:`q_a \dots q_b`
+holds a piece of a cut row and its n pieces lie in n consecutive slots. Tile t of a head belongs to sequence
+:math:`b = \#\{b : E_b \le t\}`, :math:`E_b = T_0 + \dots + T_b`, tile :math:`j = t - E_{b-1}` of its row (all
+B lengths kept in registers, computed in every program: nothing is read on the host, so a captured graph stays
+balanced when the lengths change in place).
 
 A row that starts and ends inside a program's share is written directly (masked stores at its last tile; the
-state restarts for the next row). A row cut by share boundaries leaves one partial (O, lse) per program it
-touches, :math:`p_a \dots p_b` with :math:`p(t) = \lfloor ((t+1)P - 1)/T \rfloor`; program p stores its piece
-at slot :math:`p_a + p + 1`, so the row's pieces lie at slots :math:`2p_a + 1 \dots 2p_a + n` (n = p_b − p_a + 1)
-and no two rows' slots overlap (2P slots in all). The last of the n programs to take the row's ticket merges
-them (:func:`~fdlib.kernels.tile.take_ticket`, :func:`~fdlib.kernels.tile.combine_heads`). A program has at
-most two pieces: its first row (begun by an earlier program) and its last (continued by a later one).
+state restarts for the next row). A row cut by share boundaries leaves one partial (O, lse) per share it
+touches, :math:`q_a \dots q_b` with :math:`q(t) = \lfloor ((t+1)P_h - 1)/T \rfloor`; share q stores its piece
+at slot :math:`2P_h h + q_a + q + 1`, so the row's pieces lie at slots :math:`2P_h h + 2q_a + 1 \dots
+2P_h h + 2q_a + n` (n = q_b − q_a + 1) and no two rows' slots overlap (2P slots in all). The last of the n
+programs to take the row's ticket merges them (:func:`~fdlib.kernels.tile.take_ticket`,
+:func:`~fdlib.kernels.tile.combine_heads`). A program has at most two pieces: its first row (begun by an
+earlier share) and its last (continued by a later one).
 """
 from __future__ import annotations
 
@@ -45,25 +51,22 @@ def program_of(t, T, P):
 
 
 @triton.jit
-def tile_row(t, offs_b, ends, tiles, lens, H_KV):
-    """(b, h_kv, tiles of the row T_b, tile j within the row, L_b) of tile t of the batch's tile sequence."""
+def tile_row(t, offs_b, ends, tiles, lens):
+    """(b, tiles of the row T_b, tile j within the row, L_b) of tile t of a head's tile sequence."""
     b = tl.sum((ends <= t).to(tl.int32), 0)
     here = offs_b == b
     T_b = tl.sum(tl.where(here, tiles, 0), 0)
-    u = t - (tl.sum(tl.where(here, ends, 0), 0) - T_b * H_KV)
-    h = u // T_b
-    return b, h, T_b, u - h * T_b, tl.sum(tl.where(here, lens, 0), 0)
+    return b, T_b, t - (tl.sum(tl.where(here, ends, 0), 0) - T_b), tl.sum(tl.where(here, lens, 0), 0)
 
 
 @triton.jit
-def hand_off(b, h, p_a, n, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slots,
+def hand_off(b, h, s0, n, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slots,
              stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
              GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
              BLOCK_D: tl.constexpr, D: tl.constexpr):
     """After storing its piece of row (b, h): take the row's ticket; the last of its n programs merges the
-    pieces at slots 2p_a + 1 ... 2p_a + n into O and lse."""
+    pieces at slots s0 ... s0 + n - 1 into O and lse."""
     if take_ticket(COUNTERS + b * H_KV + h, n):
-        s0 = 2 * p_a + 1
         h0 = h * GROUP
         combine_heads(O_PART + s0.to(tl.int64) * stride_pp, LSE_PART + s0, n, GROUP * D, D, stride_pp,
                       GROUP * n_slots, n_slots, OUT + b * stride_ob + h0 * stride_oh, stride_ot, stride_oh,
@@ -86,23 +89,26 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    TIMELINE: tl.constexpr = False):
     if TIMELINE:
         t_start = timeline_start()
-    p = tl.program_id(0)
+    P_h = tl.num_programs(0) // H_KV                       # shares a head (the launch is H_kv·P_h programs)
+    q = tl.program_id(0) // H_KV
+    h = tl.program_id(0) % H_KV
     offs_b, lens, tiles = batch_tiles(LENS, n_batch, L_MAX, FLAG, BLOCK_B, BLOCK_N)
-    ends = tl.cumsum(tiles * H_KV, 0)                                   # E_b
-    T = tl.sum(tiles * H_KV, 0)
-    P = tl.maximum(tl.minimum(tl.num_programs(0), T), 1)   # those taking part: each has >= 1 tile (module doc)
-    t0 = (p.to(tl.int64) * T // P).to(tl.int32)
-    t1 = ((p.to(tl.int64) + 1) * T // P).to(tl.int32)
-    if (p < P) & (t0 < t1):
-        # the first row's piece (begun by an earlier program, ending here) and its slot
-        b_f, h_f, T_f, j_f, L_f = tile_row(t0, offs_b, ends, tiles, lens, H_KV)
-        p_af = program_of(t0 - j_f, T, P)
-        slot_f = p_af + p + 1
+    ends = tl.cumsum(tiles, 0)                                          # E_b
+    T = tl.sum(tiles, 0)
+    P = tl.maximum(tl.minimum(P_h, T), 1)    # the shares taking part: each has >= 1 tile (module doc)
+    t0 = (q.to(tl.int64) * T // P).to(tl.int32)
+    t1 = ((q.to(tl.int64) + 1) * T // P).to(tl.int32)
+    base = 2 * P_h * h + 1                                              # slot of piece 0 of share 0 of head h
+    if (q < P) & (t0 < t1):
+        # the first row's piece (begun by an earlier share, ending here) and its slot
+        b_f, T_f, j_f, L_f = tile_row(t0, offs_b, ends, tiles, lens)
+        q_af = program_of(t0 - j_f, T, P)
+        slot_f = base + q_af + q
         offs_g, offs_n, offs_d, mask_d, mask_g, mask_gd, k_offs, v_offs = row_walk_offsets(
             stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
         for t in range(t0, t1):
-            b, h, T_b, j, L = tile_row(t, offs_b, ends, tiles, lens, H_KV)
+            b, T_b, j, L = tile_row(t, offs_b, ends, tiles, lens)
             m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d, mask_d,
                                         k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh, stride_kb,
                                         stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages,
@@ -118,31 +124,32 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
             store_partial(o, lse, offs_g, mask_gd, 0, slot_f, O_PART, GROUP * D, D, stride_pp, LSE_PART,
                           GROUP * n_slots, n_slots, last & (t - j < t0), GROUP, Q_LEN, BLOCK_D)
             m, l, acc = restart_where(last, m, l, acc)
-        # the last row, continued by later programs: its piece from the state the loop ended in
-        b_l, h_l, T_l, j_l, L_l = tile_row(t1 - 1, offs_b, ends, tiles, lens, H_KV)
-        p_al = program_of(t1 - 1 - j_l, T, P)
+        # the last row, continued by later shares: its piece from the state the loop ended in
+        b_l, T_l, j_l, L_l = tile_row(t1 - 1, offs_b, ends, tiles, lens)
+        q_al = program_of(t1 - 1 - j_l, T, P)
         cont = t1 - 1 - j_l + T_l > t1                                    # the row's last tile lies past t1 - 1
         if cont:
             o, lse = state_to_partial(m, l, acc)
-            store_partial(o, lse, offs_g, mask_gd, 0, p_al + p + 1, O_PART, GROUP * D, D, stride_pp, LSE_PART,
+            store_partial(o, lse, offs_g, mask_gd, 0, base + q_al + q, O_PART, GROUP * D, D, stride_pp, LSE_PART,
                           GROUP * n_slots, n_slots, True, GROUP, Q_LEN, BLOCK_D)
         if (j_f > 0) & (t0 - j_f + T_f <= t1):                           # the first row ended here, begun earlier
-            hand_off(b_f, h_f, p_af, p - p_af + 1, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slots,
-                     stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
+            hand_off(b_f, h, base + 2 * q_af, q - q_af + 1, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp,
+                     n_slots, stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
                      GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D)
         if cont:
-            p_bl = program_of(t1 - 1 - j_l + T_l - 1, T, P)
-            hand_off(b_l, h_l, p_al, p_bl - p_al + 1, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slots,
-                     stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
+            q_bl = program_of(t1 - 1 - j_l + T_l - 1, T, P)
+            hand_off(b_l, h, base + 2 * q_al, q_bl - q_al + 1, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp,
+                     n_slots, stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
                      GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D)
     if TIMELINE:
         timeline_record(TIMES, t_start)
 
 
 def shares(row_tiles, programs: int) -> list[dict]:
-    """The kernel's schedule, on the host (tests and figures): for rows of ``row_tiles`` tiles each (in row
-    order, (b, h_kv) flattened) and P = ``programs``, one dict per row: its tiles [start, end), the programs
-    p_a .. p_b that touch it, and the slots of its pieces (empty for a row inside one share)."""
+    """The kernel's schedule of one KV head, on the host (tests and figures): for rows of ``row_tiles`` tiles
+    each (one per sequence, in order) and P_h = ``programs`` shares, one dict per row: its tiles [start, end),
+    the shares p_a .. p_b that touch it, and the slots of its pieces within the head's 2·P_h (empty for a row
+    inside one share; head h adds 2·P_h·h)."""
     T = sum(row_tiles)
     programs = min(programs, T)   # as the kernel: only programs with at least one tile take part
     rows, start = [], 0
@@ -156,8 +163,15 @@ def shares(row_tiles, programs: int) -> list[dict]:
 
 
 def slots_for(programs: int) -> int:
-    """Partial slots a launch of ``programs`` programs may use: 2P (slot p_a + p + 1 <= 2P - 1)."""
+    """Partial slots a launch of ``programs`` programs may use: 2P (2·P_h per head, a head's slots
+    q_a + q + 1 <= 2P_h - 1)."""
     return 2 * max(1, programs)
+
+
+def streamk_programs(H_kv: int, sms: int, per_sm: int) -> int:
+    """P = H_kv·P_h, the most programs that fit ``per_sm`` to an SM with the same number of shares P_h for
+    every head (at least one each)."""
+    return H_kv * max(1, sms * per_sm // max(1, H_kv))
 
 
 def streamk_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
@@ -175,16 +189,20 @@ def streamk_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, p
 
 def streamk_args(q, k_cache, v_cache, lens, scale, programs, out, lse, o_part, lse_part, counters, flag,
                  block_table=None, times=None):
-    """(grid, pointers, scalars) of one launch of ``programs`` programs; ``o_part`` [slots, q_len·group, D] and
+    """(grid, pointers, scalars) of one launch of ``programs`` programs (a multiple of H_kv,
+    :func:`streamk_programs`); ``o_part`` [slots, q_len·group, D] and
     ``lse_part`` [q_len·group, slots] float32 (slots >= :func:`slots_for`), ``counters`` zeroed int32 [B·H_kv].
     q and out ``[B, H_q, D]`` or ``[B, q_len, H_q, D]``, lse ``q.shape[:-1]``. ``times``: the timeline buffer
     of a TIMELINE launch (else the flag stands in)."""
-    B = q.shape[0]
+    B, H_kv = q.shape[0], k_cache.shape[2]
+    if programs % H_kv:
+        raise ValueError(f"programs: stream-K launches the same number of shares for every KV head, a multiple of "
+                         f"H_kv={H_kv}; got {programs}")
     qs, ks, vs, os_, ls = strides4(q), k_cache.stride(), v_cache.stride(), strides4(out), strides4(lse, 3)
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((programs,),
             (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt,
              flag if times is None else times),
             (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], o_part.stride(0), lse_part.shape[1],
-             os_[0], os_[1], os_[2], ls[0], ls[1], ls[2], scale * LOG2E, B, k_cache.shape[2], L_max,
+             os_[0], os_[1], os_[2], ls[0], ls[1], ls[2], scale * LOG2E, B, H_kv, L_max,
              bt_stride, n_pages))
