@@ -60,6 +60,30 @@ def test_ragged_batches_vs_float64(lens, dtype):
     assert int(p.workspace.counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("window", [1, 2, 4])
+def test_shares_walked_in_windows_of_rows(window, monkeypatch):
+    """The loop finds each tile's row within windows of ROW_WINDOW sequences: shares that span several
+    windows (many short rows, one long) give what one window over the batch gives, and match float64."""
+    import fdlib.kernels.streamk as sk
+    lens = [0, 1, 17, 64, 100, 3, 5, 0, 90, 1, 33]
+    B, H_q, H_kv, D, L = len(lens), 4, 2, 16, max(lens)
+    tile = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float32, device=DEVICE, method="streamk").decision.tile
+    rows = shares([max(1, -(-n // tile.BLOCK_N)) for n in lens], fdlib.splits.sm_count() // H_kv)
+    spans = [sum(1 for r in rows if r["p_a"] <= p <= r["p_b"]) for p in range(rows[-1]["p_b"] + 1)]
+    assert max(spans) > window                         # the premise: a share crosses window boundaries
+    g = torch.Generator().manual_seed(window)
+    q = torch.randn(B, H_q, D, generator=g).to(DEVICE)
+    k, v = (torch.randn(B, L, H_kv, D, generator=g).to(DEVICE) for _ in range(2))
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    whole = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float32, device=DEVICE, method="streamk").run(
+        q, k, v, lens_t, return_lse=True)
+    monkeypatch.setattr(sk, "ROW_WINDOW", window)
+    out, lse = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float32, device=DEVICE, method="streamk").run(
+        q, k, v, lens_t, return_lse=True)
+    assert_attention_close(out, lse, q, k, v, lens_t, what=f"streamk, windows of {window} rows")
+    assert torch.equal(out, whole[0]) and torch.equal(lse, whole[1])
+
+
 @given(st.integers(1, 9), st.sampled_from([(4, 4), (6, 2), (8, 1)]), st.sampled_from([16, 80]),
        st.integers(1, 3), st.data())
 @hyp_settings(12)

@@ -89,7 +89,8 @@ def cases():
                    dict(common, BLOCK_N=cfg.BLOCK_N, ROWS=2, PAGE=page, CHUNKS=invariant.CHUNKS,
                         MIN_TILES=invariant.MIN_TILES), cfg.num_warps, FEW_STAGES)
             yield (f"streamk PAGE={page}{q}", streamk.streamk_kernel, h16 + UNIFIED + ["*i32"],
-                   dict(common, BLOCK_N=64, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=128, PAGE=page))
+                   dict(common, BLOCK_N=64, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW,
+                        PAGE=page))
             yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=64, PAGE=page))
     # the TIMELINE=True variants (per-program SM id and start/end times, DecodePlan.run(timeline=...))
@@ -105,7 +106,7 @@ def cases():
     yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"],
            dict(timed, BLOCK_N=64, ROWS=2, CHUNKS=0, MIN_TILES=1))
     yield ("streamk TIMELINE", streamk.streamk_kernel, h16 + UNIFIED + ["*i64"],
-           dict(timed, BLOCK_N=64, BLOCK_H=4, BLOCK_S=16, BLOCK_B=128))
+           dict(timed, BLOCK_N=64, BLOCK_H=4, BLOCK_S=16, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW))
     yield ("balanced TIMELINE", balanced.balanced_kernel, h16 + UNIFIED + ["*i64"],
            dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, BLOCK_B=64))
     # the most query rows a program can hold: group 16 × q_len 16 = 256 rows (8 warps, 16-key tiles)

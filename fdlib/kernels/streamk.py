@@ -36,12 +36,15 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, strides4
-from .tile import (LOG2E, batch_tiles, combine_blocks, combine_heads, empty_state, restart_where, row_tile_update,
-                   row_walk_offsets, state_to_partial, store_out, store_partial, take_ticket, tile_update,
+from .tile import (LOG2E, batch_tiles, combine_blocks, combine_heads, empty_state, load_lengths, restart_where,
+                   row_tile_update, row_walk_offsets, state_to_partial, store_out, store_partial, take_ticket, tile_update,
                    timeline_record, timeline_start)
 
 MAX_BATCH = 4096
 """Every program keeps all B lengths in registers; larger batches use the other kernels."""
+
+ROW_WINDOW = 32
+"""The loop finds each tile's row among a window of this many sequences (BLOCK_W, at most BLOCK_B)."""
 
 
 @triton.jit
@@ -86,7 +89,7 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr, FP32_DOT: tl.constexpr,
                    TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr = 1,
-                   TIMELINE: tl.constexpr = False):
+                   TIMELINE: tl.constexpr = False, BLOCK_W: tl.constexpr = ROW_WINDOW):
     if TIMELINE:
         t_start = timeline_start()
     P_h = tl.num_programs(0) // H_KV                       # shares a head (the launch is H_kv·P_h programs)
@@ -107,23 +110,36 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         offs_g, offs_n, offs_d, mask_d, mask_g, mask_gd, k_offs, v_offs = row_walk_offsets(
             stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
-        for t in range(t0, t1):
-            b, T_b, j, L = tile_row(t, offs_b, ends, tiles, lens)
-            m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d, mask_d,
-                                        k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh, stride_kb,
-                                        stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages,
-                                        FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
-            # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
-            # earlier) goes to its slot; either way the next row starts from the empty state (masked stores,
-            # nothing branches inside the loop)
-            last = j == T_b - 1
-            whole = last & (t - j >= t0)
-            o, lse = state_to_partial(m, l, acc)
-            store_out(o, lse, offs_g, mask_gd, h * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
-                      LSE + b * stride_sb, stride_st, stride_sh, whole, GROUP, Q_LEN, BLOCK_D)
-            store_partial(o, lse, offs_g, mask_gd, 0, slot_f, O_PART, GROUP * D, D, stride_pp, LSE_PART,
-                          GROUP * n_slots, n_slots, last & (t - j < t0), GROUP, Q_LEN, BLOCK_D)
-            m, l, acc = restart_where(last, m, l, acc)
+        # the share's rows b_f .. b_last, walked in windows of BLOCK_W sequences: finding tile t's row in a
+        # window is a reduction within one warp, where one over all B (BLOCK_B = 128) crossed the warps with a
+        # barrier on every tile and streamed 15% slower on the H200 (results/h200/README.md)
+        b_last = tl.sum((ends <= t1 - 1).to(tl.int32), 0)
+        offs_w = tl.arange(0, BLOCK_W)
+        for w0 in range(b_f, b_last + 1, BLOCK_W):
+            in_w = w0 + offs_w <= b_last
+            lens_w = load_lengths(LENS, w0 + offs_w, in_w, L_MAX, FLAG)
+            tiles_w = tl.where(in_w, tl.maximum(tl.cdiv(lens_w, BLOCK_N), 1), 0)
+            e0 = tl.sum(tl.where(offs_b < w0, tiles, 0), 0)              # the window's first tile, E_{w0-1}
+            ends_w = e0 + tl.cumsum(tiles_w, 0)
+            for t in range(tl.maximum(t0, e0), tl.minimum(t1, e0 + tl.sum(tiles_w, 0))):
+                b, T_b, j, L = tile_row(t, offs_w, ends_w, tiles_w, lens_w)
+                b += w0
+                m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d,
+                                            mask_d, k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh,
+                                            stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT,
+                                            stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT,
+                                            TILE_UPDATE, PAGE)
+                # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
+                # earlier) goes to its slot; either way the next row starts from the empty state (masked
+                # stores, nothing branches inside the loop)
+                last = j == T_b - 1
+                whole = last & (t - j >= t0)
+                o, lse = state_to_partial(m, l, acc)
+                store_out(o, lse, offs_g, mask_gd, h * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
+                          LSE + b * stride_sb, stride_st, stride_sh, whole, GROUP, Q_LEN, BLOCK_D)
+                store_partial(o, lse, offs_g, mask_gd, 0, slot_f, O_PART, GROUP * D, D, stride_pp, LSE_PART,
+                              GROUP * n_slots, n_slots, last & (t - j < t0), GROUP, Q_LEN, BLOCK_D)
+                m, l, acc = restart_where(last, m, l, acc)
         # the last row, continued by later shares: its piece from the state the loop ended in
         b_l, T_l, j_l, L_l = tile_row(t1 - 1, offs_b, ends, tiles, lens)
         q_al = program_of(t1 - 1 - j_l, T, P)
@@ -180,8 +196,10 @@ def streamk_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, p
     rows a program; ``timeline``: the variant that records each program's (SM, start, end))."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     block_h, block_s = combine_blocks(group * q_len, 16, BLOCK_D)
+    block_b = max(16, triton.next_power_of_2(B))
     return Launcher(streamk_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
-                                         BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=max(16, triton.next_power_of_2(B)),
+                                         BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=block_b,
+                                         BLOCK_W=min(ROW_WINDOW, block_b),
                                          FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, PAGE=page, Q_LEN=q_len,
                                          TIMELINE=timeline, num_warps=cfg.num_warps, num_stages=cfg.num_stages),
                     dtype_slots)

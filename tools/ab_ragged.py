@@ -1,0 +1,91 @@
+"""A/B timing of fdlib's methods on ragged batches, with the tiles of the row-walking kernels overridden.
+
+    python tools/ab_ragged.py OUT.json [--cases B:H_q:H_kv:dist:mean:page,...] [--methods auto,streamk,...]
+
+A method is a plan method (``auto``, ``streamk``, ``balanced``, ``unified``, ``split``, ``persistent``), or
+``streamk@NxWxS`` / ``persistent@NxWxS``: that kernel with BLOCK_N = N keys, W warps and S pipeline stages in
+place of :func:`fdlib.kernels.config.persistent_config`'s. ``page`` 0 is a contiguous cache. Lengths, inputs and
+timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the same draw of lengths from ``--seed``, CUDA graphs
+rotating over copies holding >= 4x the L2, the read ceiling measured in the same run); each shape's batch is
+planned from its host lengths. The JSON carries the device, versions, date, command and commit.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CASES = "128:32:8:uniform:1024:16,32:32:8:uniform:8192:16,128:32:32:constant:1024:16,128:32:8:constant:1024:0"
+
+
+def parse_case(text: str) -> dict:
+    B, H_q, H_kv, dist, mean, page = text.split(":")
+    return dict(dtype="float16", B=int(B), H_q=int(H_q), H_kv=int(H_kv), D=128, dist=dist, mean=int(mean),
+                page=int(page))
+
+
+def tiles_of(method: str):
+    """(plan method, TileConfig or None) of ``name`` or ``name@NxWxS``."""
+    from fdlib.kernels.config import TileConfig
+    if "@" not in method:
+        return method, None
+    name, spec = method.split("@")
+    n, w, s = (int(x) for x in spec.split("x"))
+    return name, TileConfig(BLOCK_N=n, num_warps=w, num_stages=s)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--cases", default=CASES)
+    ap.add_argument("--methods", default="auto,streamk,balanced")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    import torch
+
+    import fdlib
+    from fdlib import runtime
+    from fdlib.bench import ragged
+    from fdlib.bench.harness import DTYPES, measure_ceiling_or_none, provenance, reference_rows
+    from fdlib.bench.timing import copies_for_l2, free_memory
+
+    plan_module = sys.modules["fdlib.plan"]          # the module (fdlib.plan is the function)
+    gpu = runtime.MODE == "gpu"
+    settings = {"graphs": gpu, "warmup_ms": 10, "rep_ms": 30, "graph_rep_ms": 10, "cpu_runs": 1}
+    ceil = measure_ceiling_or_none(gpu, 4, settings)
+    records = []
+    default_tiles = plan_module.persistent_config
+    for i, text in enumerate(args.cases.split(",")):
+        shape = parse_case(text)
+        page = shape.pop("page")
+        lens = ragged.draw_lengths(shape["dist"], shape["B"], shape["mean"], args.seed + i)
+        need = 2 * shape["H_kv"] * shape["D"] * DTYPES[shape["dtype"]].itemsize
+        stored = need * (shape["B"] * max(lens) if not page else sum(-(-L // page) * page for L in lens))
+        base = dict(shape, L_mean=sum(lens) / len(lens), L_max=max(lens), page_size=page, kv_mb=need * sum(lens) / 1e6)
+        inp = ragged._inputs(shape, lens, page, args.seed + i)
+        ref = reference_rows(inp[0], inp[1], inp[2], inp[3].tolist(), inp[4])
+        copies = [inp] + [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp)
+                          for _ in range((copies_for_l2(int(stored)) if gpu else 1) - 1)]
+        for method in args.methods.split(","):
+            name, tiles = tiles_of(method)
+            plan_module.persistent_config = default_tiles if tiles is None else (lambda *a, _t=tiles, **k: _t)
+            try:
+                rec = ragged._measure(name, copies, ref, base, settings, ceil)
+            finally:
+                plan_module.persistent_config = default_tiles
+            rec["method"] = method
+            records.append(rec)
+            print(f"{text:32s} {method:22s} {rec.get('kernel')} {rec.get('graph_us', float('nan')):9.1f} us "
+                  f"{rec.get('pct_ceiling', float('nan')):5.1f}% {rec['status']}", flush=True)
+        del copies, inp, ref
+        free_memory()
+    out = {"schema": "fdlib.bench/1", "kind": "ab-ragged", "fdlib": fdlib.__version__,
+           "provenance": provenance("python tools/ab_ragged.py " + " ".join(argv or sys.argv[1:])),
+           "settings": settings, "ceiling": ceil, "records": records}
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
