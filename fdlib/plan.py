@@ -220,16 +220,15 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if B > STREAMK_MAX_BATCH:
             raise ValueError(f"method: 'streamk' keeps the batch's lengths in registers, B <= {STREAMK_MAX_BATCH}, "
                              f"got B={B}")
-        # the persistent kernel's 64-key tiles: with the unified kernel's 128 the stream-K loop was slower on the
-        # H200 (B=128 constant rows of 1024 keys, 32:8 164.7 vs 149.5 µs, 32:32 645.9 vs 566.8;
-        # results/h200/ragged-fp16-b128-mean1k-streamk128.json against ragged-fp16.json)
-        return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows), L_cap, basis,
+        # the persistent kernel's tiles: 64 keys on a contiguous cache, where the unified kernel's 128 made the
+        # stream-K loop slower on the H200, 128 over pages, where they made it faster (persistent_config)
+        return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
                         streamk_programs(H_kv, sm_count(), persistent_per_sm()))
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
-    return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows), L_cap, basis, programs,
-                    rows_for(B * H_kv, programs))
+    return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
+                    programs, rows_for(B * H_kv, programs))
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,9 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
     splits·group·(D+1) ≥ EPILOGUE_WORK values in one program; the stream-K kernel for ragged host lengths of a
-    contiguous cache where :func:`streamk_suits`; the balanced kernel for ragged host lengths
-    where :func:`balance_gain` predicts it faster; then the persistent kernel where :func:`choose_kernel` takes
+    contiguous cache where :func:`streamk_suits`; the balanced kernel for ragged host lengths where
+    :func:`balance_gain` predicts it faster, and for every ragged batch of at least one row (b, h_kv) per SM
+    over pages (BALANCED_GAIN_PAGED); then the persistent kernel where :func:`choose_kernel` takes
     it at one split. In the interpreter (no SMs, no timing): the unified kernel at :func:`simple_rule`'s
     splits."""
     if runtime.INTERPRET:
@@ -49,7 +50,7 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
             return "streamk", 1
         if lengths is not None and len(set(lengths)) > 1:
             gain, bal = best_balanced(lengths, H_kv, D, dtype, L_cap, splits)
-            if gain < (BALANCED_GAIN_PAGED if paged else BALANCED_GAIN):
+            if gain < (BALANCED_GAIN_PAGED if paged else BALANCED_GAIN) or paged and B * H_kv >= sm_count():
                 return "balanced", bal
         if kernel == "split":
             return kernel, splits
@@ -83,29 +84,41 @@ EPILOGUE_WORK = 10_000
 BALANCED_GAIN = 0.9
 # Over pages the split schedule's long rows gather through the table as well; on the H200 (pages of 16, B=32,
 # 32:8, results/h200/ragged-b32-mean16k-page16.json) the model predicted 0.91 and 0.93 for the uniform and Zipf
-# batches and the balanced kernel measured 0.92 of auto's unified time on both.
+# batches and the balanced kernel measured 0.92 of auto's unified time on both. On the paged ragged grid
+# (pages of 16, fp16, results/h200/ragged-fp16-page16-49e0d6b.json) the balanced kernel was within 1% of auto's
+# choice or faster on every ragged batch of at least one row (b, h_kv) per SM, by up to 1.26x where the model
+# had kept the two-stage path (B=128 32:8 Zipf mean 8192: 772.9 against 971.6 µs); at B=8 32:8 (64 rows) it
+# was slower by up to 10% (Zipf mean 8192, 43.8 against 39.7 µs). So over pages auto takes it on every ragged
+# batch of a row per SM or more, and by the model's gain below that.
 BALANCED_GAIN_PAGED = 0.95
 START_KEYS = 128     # a program's start-up (launch, q and lengths loads, pipeline fill), in keys of D=128 streamed
 
 
 # Stream-K (fdlib.kernels.streamk) against auto's choice before this rule, same run: H200, fp16, D=128,
 # contiguous caches, graph timings, the ragged grid (results/h200/ragged-fp16-e16cc5e.json). On the 10 ragged
-# batches this rule selects (mean <= 2048 keys, >= 1 row per SM), stream-K took 0.871x auto's time in geometric
-# mean, faster on 9 (B=128 32:32 Zipf: 420.3 vs 618.5 µs, unified) and 1.017x on B=128 32:8 uniform (154.5 vs
-# 151.8); it is slower on long rows (its 64-key tiles stream up to 17% slower than the unified kernel's 128-key
-# ones) and on batches of few rows (B=8, 32:8: 64 rows on 132 SMs, where splits win). The next run with this
-# rule (ragged-fp16.json) took stream-K on exactly these 10 batches.
+# batches of mean <= 2048 keys and >= 1 row per SM, stream-K took 0.871x auto's time in geometric mean, faster
+# on 9 (B=128 32:32 Zipf: 420.3 vs 618.5 µs, unified). Since its shares are per KV head and its rows are found
+# within windows of 32 sequences (results/h200/ragged-fp16.json, commit 20bb156 of 2026-12-01), it also beats
+# auto's unified and two-stage choices on every ragged batch of B >= 32 sequences, whatever the mean: B=32 32:8
+# Zipf mean 8192 194.4 vs 233.1 µs (split), uniform 8192 242.1 vs 263.8 (unified), B=32 32:32 uniform 8192
+# 1037.3 vs 1079.8; B=128 32:8 uniform 8192 1115.1 vs 1127.7. At B = 8 it does not: 32:32, uniform mean 8192
+# 251.2 vs 243.9 µs and 32768 813.0 vs 766.2 (unified), Zipf 32768 689.7 vs 665.3; 32:8 within ±4% either
+# way. Hence two rules: many sequences (STREAMK_MIN_BATCH), or short rows on average with a row per SM.
 STREAMK_MAX_MEAN = 2048
 STREAMK_MIN_ROWS_PER_SM = 1
+STREAMK_MIN_BATCH = 32
 
 
 def streamk_suits(B: int, H_kv: int, lengths) -> bool:
-    """Whether auto takes the stream-K kernel for a ragged batch with host ``lengths``: short rows on average
-    (mean <= STREAMK_MAX_MEAN keys) and at least STREAMK_MIN_ROWS_PER_SM rows (B·H_kv) per SM, the batches
-    where one program's start-up per row and the tail of unequal rows cost most (see the measurements above)."""
+    """Whether auto takes the stream-K kernel for a ragged batch with host ``lengths`` (contiguous cache): at
+    least STREAMK_MIN_BATCH sequences, or short rows on average (mean <= STREAMK_MAX_MEAN keys) with at least
+    STREAMK_MIN_ROWS_PER_SM rows (B·H_kv) per SM: the batches where the split schedule's unequal rows and one
+    program's start-up per row cost most (see the measurements above)."""
     from .kernels.streamk import MAX_BATCH
-    return (B <= MAX_BATCH and sum(lengths) <= STREAMK_MAX_MEAN * len(lengths)
-            and B * H_kv >= STREAMK_MIN_ROWS_PER_SM * sm_count())
+    if B > MAX_BATCH:
+        return False
+    return B >= STREAMK_MIN_BATCH or (sum(lengths) <= STREAMK_MAX_MEAN * len(lengths)
+                                      and B * H_kv >= STREAMK_MIN_ROWS_PER_SM * sm_count())
 
 
 def choose_balanced(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> int:

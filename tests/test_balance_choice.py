@@ -71,12 +71,50 @@ def test_balanced_method_picks_its_budget_from_the_model(monkeypatch):
     assert splits.choose_balanced(32, 32, 8, 128, torch.float16, 32768, None) == 30
 
 
-def test_streamk_suits_short_ragged_batches_of_many_rows(monkeypatch):
-    """auto's stream-K rule: ragged host lengths averaging at most STREAMK_MAX_MEAN keys, at least one row (b, h_kv)
-    per SM; not long rows, not a few rows (the measured cases named in fdlib.splits)."""
+def test_streamk_suits_ragged_batches_of_many_sequences_or_short_rows(monkeypatch):
+    """auto's stream-K rule: ragged host lengths of at least STREAMK_MIN_BATCH sequences, whatever their mean, or
+    averaging at most STREAMK_MAX_MEAN keys with at least one row (b, h_kv) per SM; not a few long rows (the
+    measured cases named in fdlib.splits)."""
     monkeypatch.setattr(splits, "sm_count", lambda: 132)
     short = [1 + (37 * i) % 2047 for i in range(128)]           # mean ~ 1024, ragged
+    long = [8 * x for x in short]                                # mean ~ 8192
     assert splits.streamk_suits(128, 8, short)                  # 1024 rows
-    assert splits.streamk_suits(8, 32, short[:8] * 1)           # 256 rows
+    assert splits.streamk_suits(8, 32, short[:8])               # 256 rows of short rows
     assert not splits.streamk_suits(8, 8, short[:8])            # 64 rows on 132 SMs: splits win
-    assert not splits.streamk_suits(128, 8, [8 * x for x in short])   # long rows: the unified kernel streams faster
+    assert splits.streamk_suits(32, 8, [4096 + 1000 * i for i in range(32)])   # 32 sequences, whatever the mean
+    assert splits.streamk_suits(128, 8, long)
+    assert not splits.streamk_suits(8, 32, [4096 + 1000 * i for i in range(8)])   # 8 long rows a head: unified wins
+    assert not splits.streamk_suits(31, 8, [4096 + 1000 * i for i in range(31)])
+
+
+def _gpu_auto(monkeypatch, gain):
+    """choose_auto on a pretend GPU of 132 SMs whose cost model prefers the unified kernel at 4 splits and whose
+    balanced schedule is predicted at ``gain`` of the split schedule's time."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(splits.runtime, "INTERPRET", False)
+    monkeypatch.setattr(splits, "sm_count", lambda: 132)
+    monkeypatch.setattr(splits, "_explain",
+                        lambda *a: SimpleNamespace(chosen=4, candidates=[SimpleNamespace(time_us=10.0)]))
+    monkeypatch.setattr(splits, "best_balanced", lambda *a: (gain, 2))
+
+
+def test_paged_ragged_batches_of_a_row_per_sm_take_the_balanced_kernel(monkeypatch):
+    """Over pages, every ragged batch of at least one row (b, h_kv) per SM goes to the balanced kernel, whatever
+    the model's gain; fewer rows, or equal lengths, follow the model; a contiguous cache takes stream-K."""
+    _gpu_auto(monkeypatch, 0.99)
+    ragged = [1 + (37 * i) % 8191 for i in range(32)]
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged, paged=True) == ("balanced", 2)
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged) == ("streamk", 1)
+    assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=True)[0] == "unified"
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, [8192] * 32, paged=True)[0] == "unified"
+    _gpu_auto(monkeypatch, 0.5)                                  # a clear gain: balanced at any size
+    assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=True) == ("balanced", 2)
+
+
+def test_row_walking_kernels_take_the_unified_tiles_over_pages():
+    from fdlib.kernels.config import PERSISTENT_BLOCK_N, persistent_config, tile_config_for
+    contiguous = persistent_config(128, 2, compiled_mode=True)
+    paged = persistent_config(128, 2, compiled_mode=True, paged=True)
+    assert contiguous.BLOCK_N == PERSISTENT_BLOCK_N == 64
+    assert paged.BLOCK_N == tile_config_for(128, 1 << 30, compiled_mode=True).BLOCK_N == 128
+    assert persistent_config(256, 2, compiled_mode=True, paged=True).BLOCK_N <= 64     # halved at D = 256

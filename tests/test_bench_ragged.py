@@ -20,11 +20,27 @@ def test_length_draws(dist):
     assert draw_lengths(dist, 50, 300, seed=7) == draw_lengths(dist, 50, 300, seed=7)
 
 
-@pytest.mark.parametrize("page_size", [None, 4])
-def test_quick_ragged_run_is_right_for_every_method(page_size):
-    res = run_ragged(quick=True, page_size=page_size, ceiling=False, progress=False, command="test")
+@pytest.mark.parametrize("page_size,order", [(None, "shuffled"), (4, "shuffled"), (4, "sequential")])
+def test_quick_ragged_run_is_right_for_every_method(page_size, order):
+    res = run_ragged(quick=True, page_size=page_size, page_order=order, ceiling=False, progress=False,
+                     command="test")
     assert res["kind"] == "ragged" and res["settings"]["page_size"] == (page_size or 0)
+    assert res["settings"]["page_order"] == (order if page_size else None)
     assert len(res["records"]) == len(DISTS) * len(RAGGED_METHODS)
     for r in res["records"]:
         assert r["status"] == "ok", r
         assert r["rel_err"] < 1e-2 and r["eager_us"] > 0
+
+
+def test_page_orders():
+    """Shuffled pages lie anywhere in the pool; sequential ones follow each other, sequence after sequence."""
+    from fdlib.bench.ragged import _inputs
+    shape = dict(dtype="float32", B=3, H_q=2, H_kv=1, D=16)
+    lens = [5, 1, 9]
+    bt_seq = _inputs(shape, lens, 4, 0, "sequential")[4].cpu()
+    assert bt_seq[0, :2].tolist() == [0, 1] and bt_seq[1, 0] == 2 and bt_seq[2, :3].tolist() == [3, 4, 5]
+    bt_shuf = _inputs(shape, lens, 4, 0, "shuffled")[4].cpu()
+    used = sorted(bt_shuf[0, :2].tolist() + bt_shuf[1, :1].tolist() + bt_shuf[2, :3].tolist())
+    assert used == list(range(6)) and bt_shuf[:, 0].tolist() != [0, 2, 3]
+    with pytest.raises(ValueError, match="page_order"):
+        run_ragged(quick=True, page_size=4, page_order="random", ceiling=False, progress=False)

@@ -69,6 +69,8 @@ def parser() -> argparse.ArgumentParser:
                    help="ragged batches (constant, uniform and Zipf-like lengths of mean 1k, 8k, 32k; B 8, 32, 128; "
                         "32:8 and 32:32; fp16 and bf16): fdlib's methods, effective bandwidth of the rows' bytes")
     m.add_argument("--page-size", type=int, help="with --ragged: a paged cache of this many keys a page")
+    m.add_argument("--page-order", choices=("shuffled", "sequential"), default="shuffled",
+                   help="with --page-size: each sequence's pages anywhere in the pool (default) or consecutive")
     m.add_argument("--qlen", action="store_true",
                    help="several query tokens per sequence (speculative decoding): fdlib vs SDPA cuDNN and "
                         "FlashAttention with the bottom-right causal mask, q_len 1,2,4,8 on (B, L) = (1, 128k), "
@@ -129,7 +131,8 @@ def main(argv=None) -> int:
     if args.ragged:
         from .ragged import run_ragged
         results = run_ragged(B=args.B, heads=args.heads, D=args.D, dtypes=args.dtype, means=args.L,
-                             methods=args.methods, page_size=args.page_size, max_kv_gb=args.max_kv_gb,
+                             methods=args.methods, page_size=args.page_size, page_order=args.page_order,
+                             max_kv_gb=args.max_kv_gb,
                              quick=args.quick, graphs=False if args.no_graphs else None, warmup_ms=args.warmup,
                              rep_ms=args.rep, graph_rep_ms=args.graph_rep, seed=args.seed,
                              ceiling=not args.no_ceiling, ceiling_gib=args.ceiling_gib,

@@ -8,7 +8,9 @@ Every shape draws one length per sequence from a distribution of mean :math:`\ba
   (Pareto II) law of shape 1.5 scaled to mean 1, capped at :math:`8\bar L`.
 
 The cache is either contiguous ``[B, L_max, H_kv, D]`` (L_max the longest row) or pages of ``--page-size``
-keys behind a shuffled block table (a pool of exactly the pages the rows use). The bytes a step must read are
+keys behind a block table over a pool of exactly the pages the rows use: shuffled (``--page-order shuffled``,
+the default: each sequence's pages anywhere in the pool) or in order (``sequential``: sequence b's pages
+consecutive, after sequence b-1's, as a fresh allocator hands them out; FlashInfer's anchor timings used that). The bytes a step must read are
 :math:`2\sum_b L_b H_{kv} D\,\text{elem}`; effective bandwidth is those bytes over the time, and % of ceiling
 compares it with the read ceiling measured in the same run. SDPA takes no ragged lengths without a mask, so
 the peers are fdlib's own methods. Each method is planned per batch from the batch's lengths on the host
@@ -49,8 +51,12 @@ def draw_lengths(dist: str, B: int, mean: int, seed: int = 0) -> list[int]:
     raise ValueError(f"dist: expected one of {', '.join(DISTS)}, got {dist!r}")
 
 
-def _inputs(shape, lens, page_size, seed):
-    """q, K and V (contiguous or a shuffled page pool with its table), the lengths on the device."""
+PAGE_ORDERS = ("shuffled", "sequential")
+
+
+def _inputs(shape, lens, page_size, seed, page_order="shuffled"):
+    """q, K and V (contiguous, or a page pool with its table: pages shuffled or in order), the lengths on the
+    device."""
     dt, dev = DTYPES[shape["dtype"]], runtime.DEVICE
     B, Hq, Hkv, D = (shape[k] for k in ("B", "H_q", "H_kv", "D"))
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -65,7 +71,8 @@ def _inputs(shape, lens, page_size, seed):
     n = sum(pages)
     k = torch.randn(n, page_size, Hkv, D, generator=g, device=dev, dtype=dt)
     v = torch.randn(n, page_size, Hkv, D, generator=g, device=dev, dtype=dt)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(torch.int32)
+    order = (torch.randperm(n, generator=torch.Generator().manual_seed(seed)) if page_order == "shuffled"
+             else torch.arange(n)).to(torch.int32)
     bt = torch.zeros(B, max(pages), dtype=torch.int32)
     at = 0
     for b, p in enumerate(pages):
@@ -75,9 +82,11 @@ def _inputs(shape, lens, page_size, seed):
 
 
 def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, methods=None, page_size=None,
-               max_kv_gb=20.0, quick=False, graphs=None, warmup_ms=None, rep_ms=None, graph_rep_ms=None, seed=0,
+               page_order="shuffled", max_kv_gb=20.0, quick=False, graphs=None, warmup_ms=None, rep_ms=None, graph_rep_ms=None, seed=0,
                ceiling=True, ceiling_gib=None, progress=True, command=None) -> dict:
     """Time fdlib's methods on the ragged grid (see the module doc); a results dict of kind ``"ragged"``."""
+    if page_order not in PAGE_ORDERS:
+        raise ValueError(f"page_order: expected one of {', '.join(PAGE_ORDERS)}, got {page_order!r}")
     grid = dict(QUICK_RAGGED if quick else RAGGED_GRID)
     for name, val in (("B", B), ("heads", heads), ("D", D), ("dtypes", dtypes), ("means", means), ("dists", dists)):
         if val:
@@ -85,6 +94,7 @@ def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, 
     gpu = runtime.MODE == "gpu"
     settings = {"graphs": gpu and graphs is not False, "warmup_ms": warmup_ms or 25, "rep_ms": rep_ms or 100,
                 "graph_rep_ms": graph_rep_ms or 20, "cpu_runs": 1, "page_size": page_size or 0,
+                "page_order": page_order if page_size else None,
                 "l2_handling": "eager: 256 MB zero-fill before each call; graphs: rotate over copies holding >= 4x L2"}
     ceil = measure_ceiling_or_none(ceiling and gpu, ceiling_gib or 4, settings)
     methods = tuple(methods or RAGGED_METHODS)
@@ -104,7 +114,7 @@ def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, 
             skipped.append(dict(base, reason=f"cache {stored / 1e9:.1f} GB > --max-kv-gb {max_kv_gb}"))
             bar.update()
             continue
-        inp = _inputs(shape, lens, page_size, seed + i)
+        inp = _inputs(shape, lens, page_size, seed + i, page_order)
         q, k, v, lens_t, bt = inp
         ref = reference_rows(q, k, v, lens_t.tolist(), bt)
         n = copies_for_l2(int(stored)) if settings["graphs"] else 1

@@ -91,16 +91,23 @@ configuration on each)."""
 
 
 def persistent_config(D: int = 128, elem_bytes: int = 2, q_rows: int = 1,
-                      compiled_mode: bool | None = None) -> TileConfig:
-    """Tiles of the persistent (and stream-K) kernel: at most PERSISTENT_BLOCK_N keys, fewer where
-    tile_config_for halves them (D > 128, float32, many query rows ``q_rows`` = group × q_len); the
-    interpreter's config in the interpreter. ``compiled_mode``: a GPU's (True) or the interpreter's (False)
-    tiles whatever this runtime is (default: this runtime's)."""
+                      compiled_mode: bool | None = None, paged: bool = False) -> TileConfig:
+    """Tiles of the persistent (and stream-K) kernel: at most PERSISTENT_BLOCK_N keys on a contiguous cache
+    (the unified kernel's tiles over pages, ``paged``), fewer where tile_config_for halves them (D > 128,
+    float32, many query rows ``q_rows`` = group × q_len); the interpreter's config in the interpreter.
+    ``compiled_mode``: a GPU's (True) or the interpreter's (False) tiles whatever this runtime is (default:
+    this runtime's).
+
+    Over pages of 16 keys these kernels gather each tile through the block table, and 128-key tiles stream
+    faster there than 64-key ones; on a contiguous cache it is the other way round (H200, fp16, 32:8 and 32:32,
+    results/h200/ab/ab-ragged-paged-tiles.json): stream-K over pages of 16, B=128 32:8 uniform mean 1024 191.6
+    -> 153.3 µs, B=128 32:32 constant 1024 735.4 -> 555.2; on a contiguous cache, B=128 32:8 constant 1024
+    132.6 -> 163.5."""
     if not (not runtime.INTERPRET if compiled_mode is None else compiled_mode):
         return INTERPRETER_CONFIG
     base = tile_config_for(D, 1 << 30, compiled_mode=True, elem_bytes=elem_bytes, q_rows=q_rows)
-    return TileConfig(BLOCK_N=min(PERSISTENT_BLOCK_N, base.BLOCK_N), num_warps=base.num_warps,
-                      num_stages=base.num_stages)
+    return TileConfig(BLOCK_N=base.BLOCK_N if paged else min(PERSISTENT_BLOCK_N, base.BLOCK_N),
+                      num_warps=base.num_warps, num_stages=base.num_stages)
 
 
 def block_sizes(group: int, D: int) -> tuple[int, int]:
