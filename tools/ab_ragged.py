@@ -4,7 +4,8 @@
 
 A method is a plan method (``auto``, ``streamk``, ``balanced``, ``unified``, ``split``, ``persistent``), or
 ``streamk@NxWxS`` / ``persistent@NxWxS``: that kernel with BLOCK_N = N keys, W warps and S pipeline stages in
-place of :func:`fdlib.kernels.config.persistent_config`'s. ``page`` 0 is a contiguous cache. Lengths, inputs and
+place of :func:`fdlib.kernels.config.persistent_config`'s, or ``streamk+NAME=VALUE``: the stream-K kernel with
+the integer constant NAME of :mod:`fdlib.kernels.streamk` (ROW_WINDOW, MIN_BLOCK_B) set to VALUE. ``page`` 0 is a contiguous cache. Lengths, inputs and
 timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the same draw of lengths from ``--seed``, CUDA graphs
 rotating over copies holding >= 4x the L2, the read ceiling measured in the same run); each shape's batch is
 planned from its host lengths. The JSON carries the device, versions, date, command and commit.
@@ -29,7 +30,7 @@ def tiles_of(method: str):
     """(plan method, TileConfig or None) of ``name`` or ``name@NxWxS``."""
     from fdlib.kernels.config import TileConfig
     if "@" not in method:
-        return method, None
+        return method.split("+")[0], None
     name, spec = method.split("@")
     n, w, s = (int(x) for x in spec.split("x"))
     return name, TileConfig(BLOCK_N=n, num_warps=w, num_stages=s)
@@ -70,10 +71,19 @@ def main(argv=None):
         for method in args.methods.split(","):
             name, tiles = tiles_of(method)
             plan_module.persistent_config = default_tiles if tiles is None else (lambda *a, _t=tiles, **k: _t)
+            sk = sys.modules["fdlib.kernels.streamk"]
+            saved = {k: getattr(sk, k) for k in ("ROW_WINDOW", "MIN_BLOCK_B")}
+            for item in method.split("+")[1:]:
+                key, val = item.split("=")
+                if key not in saved:
+                    raise SystemExit(f"--methods: {method!r}: expected ROW_WINDOW or MIN_BLOCK_B after '+', got {key!r}")
+                setattr(sk, key, int(val))
             try:
                 rec = ragged._measure(name, copies, ref, base, settings, ceil)
             finally:
                 plan_module.persistent_config = default_tiles
+                for k, v in saved.items():
+                    setattr(sk, k, v)
             rec["method"] = method
             records.append(rec)
             print(f"{text:32s} {method:22s} {rec.get('kernel')} {rec.get('graph_us', float('nan')):9.1f} us "

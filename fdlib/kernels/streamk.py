@@ -45,6 +45,8 @@ MAX_BATCH = 4096
 
 ROW_WINDOW = 32
 """The loop finds each tile's row among a window of this many sequences (BLOCK_W, at most BLOCK_B)."""
+MIN_BLOCK_B = 16
+"""BLOCK_B, the lengths a program holds, is the batch rounded up to a power of two, at least this."""
 
 
 @triton.jit
@@ -196,7 +198,7 @@ def streamk_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, p
     rows a program; ``timeline``: the variant that records each program's (SM, start, end))."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     block_h, block_s = combine_blocks(group * q_len, 16, BLOCK_D)
-    block_b = max(16, triton.next_power_of_2(B))
+    block_b = max(MIN_BLOCK_B, triton.next_power_of_2(B))
     return Launcher(streamk_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                          BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=block_b,
                                          BLOCK_W=min(ROW_WINDOW, block_b),
