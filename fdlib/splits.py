@@ -103,22 +103,31 @@ START_KEYS = 128     # a program's start-up (launch, q and lengths loads, pipeli
 # Zipf mean 8192 194.4 vs 233.1 µs (split), uniform 8192 242.1 vs 263.8 (unified), B=32 32:32 uniform 8192
 # 1037.3 vs 1079.8; B=128 32:8 uniform 8192 1115.1 vs 1127.7. At B = 8 it does not: 32:32, uniform mean 8192
 # 251.2 vs 243.9 µs and 32768 813.0 vs 766.2 (unified), Zipf 32768 689.7 vs 665.3; 32:8 within ±4% either
-# way. Hence two rules: many sequences (STREAMK_MIN_BATCH), or short rows on average with a row per SM.
+# way (with 16-length blocks; at 32, B = 8 streams as fast as the persistent kernel, fdlib.kernels.streamk
+# MIN_BLOCK_B, and beat the unified kernel on ragged rows: 32:8 uniform mean 32768 233.6 vs 246.1 µs, 32:32
+# uniform 8192 259.3 vs 273.0, results/h200/ab/ab-ragged-b8.json). Hence: many sequences (STREAMK_MIN_BATCH);
+# long rows in a batch of at least STREAMK_MIN_LONG_BATCH (nothing smaller was measured); short rows on average
+# with a row per SM.
 STREAMK_MAX_MEAN = 2048
 STREAMK_MIN_ROWS_PER_SM = 1
 STREAMK_MIN_BATCH = 32
+STREAMK_MIN_LONG_BATCH = 8
 
 
 def streamk_suits(B: int, H_kv: int, lengths) -> bool:
     """Whether auto takes the stream-K kernel for a ragged batch with host ``lengths`` (contiguous cache): at
-    least STREAMK_MIN_BATCH sequences, or short rows on average (mean <= STREAMK_MAX_MEAN keys) with at least
-    STREAMK_MIN_ROWS_PER_SM rows (B·H_kv) per SM: the batches where the split schedule's unequal rows and one
-    program's start-up per row cost most (see the measurements above)."""
+    least STREAMK_MIN_BATCH sequences; or rows averaging more than STREAMK_MAX_MEAN keys in a batch of at least
+    STREAMK_MIN_LONG_BATCH; or shorter rows with at least STREAMK_MIN_ROWS_PER_SM rows (B·H_kv) per SM. Left
+    out: small batches of short rows on few rows, where the split schedule's programs finish as soon (see the
+    measurements above)."""
     from .kernels.streamk import MAX_BATCH
     if B > MAX_BATCH:
         return False
-    return B >= STREAMK_MIN_BATCH or (sum(lengths) <= STREAMK_MAX_MEAN * len(lengths)
-                                      and B * H_kv >= STREAMK_MIN_ROWS_PER_SM * sm_count())
+    if B >= STREAMK_MIN_BATCH:
+        return True
+    if sum(lengths) > STREAMK_MAX_MEAN * len(lengths):
+        return B >= STREAMK_MIN_LONG_BATCH
+    return B * H_kv >= STREAMK_MIN_ROWS_PER_SM * sm_count()
 
 
 def choose_balanced(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> int:

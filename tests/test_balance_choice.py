@@ -72,9 +72,9 @@ def test_balanced_method_picks_its_budget_from_the_model(monkeypatch):
 
 
 def test_streamk_suits_ragged_batches_of_many_sequences_or_short_rows(monkeypatch):
-    """auto's stream-K rule: ragged host lengths of at least STREAMK_MIN_BATCH sequences, whatever their mean, or
-    averaging at most STREAMK_MAX_MEAN keys with at least one row (b, h_kv) per SM; not a few long rows (the
-    measured cases named in fdlib.splits)."""
+    """auto's stream-K rule: ragged host lengths of at least STREAMK_MIN_BATCH sequences, whatever their mean;
+    long rows in batches of at least STREAMK_MIN_LONG_BATCH; short rows with at least one row (b, h_kv) per SM
+    (the measured cases named in fdlib.splits)."""
     monkeypatch.setattr(splits, "sm_count", lambda: 132)
     short = [1 + (37 * i) % 2047 for i in range(128)]           # mean ~ 1024, ragged
     long = [8 * x for x in short]                                # mean ~ 8192
@@ -83,8 +83,11 @@ def test_streamk_suits_ragged_batches_of_many_sequences_or_short_rows(monkeypatc
     assert not splits.streamk_suits(8, 8, short[:8])            # 64 rows on 132 SMs: splits win
     assert splits.streamk_suits(32, 8, [4096 + 1000 * i for i in range(32)])   # 32 sequences, whatever the mean
     assert splits.streamk_suits(128, 8, long)
-    assert not splits.streamk_suits(8, 32, [4096 + 1000 * i for i in range(8)])   # 8 long rows a head: unified wins
-    assert not splits.streamk_suits(31, 8, [4096 + 1000 * i for i in range(31)])
+    assert splits.streamk_suits(8, 32, [4096 + 1000 * i for i in range(8)])       # 8 long rows
+    assert splits.streamk_suits(8, 8, [4096 + 1000 * i for i in range(8)])
+    assert not splits.streamk_suits(4, 8, [4096 + 1000 * i for i in range(4)])    # fewer: not measured
+    assert not splits.streamk_suits(16, 8, short[:16])          # short rows: 128 rows on 132 SMs
+    assert splits.streamk_suits(17, 8, short[:17])              # 136 rows
 
 
 def _gpu_auto(monkeypatch, gain):

@@ -63,13 +63,18 @@ def test_ragged_batches_vs_float64(lens, dtype):
 @pytest.mark.parametrize("window", [1, 2, 4])
 def test_shares_walked_in_windows_of_rows(window, monkeypatch):
     """The loop finds each tile's row within windows of ROW_WINDOW sequences: shares that span several
-    windows (many short rows, one long) give what one window over the batch gives, and match float64."""
+    windows (many short rows, a few long) give what one window over the batch gives, and match float64. The
+    batch has six sequences a share, whatever the device's program count."""
     import fdlib.kernels.streamk as sk
-    lens = [0, 1, 17, 64, 100, 3, 5, 0, 90, 1, 33]
-    B, H_q, H_kv, D, L = len(lens), 4, 2, 16, max(lens)
-    tile = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float32, device=DEVICE, method="streamk").decision.tile
-    rows = shares([max(1, -(-n // tile.BLOCK_N)) for n in lens], fdlib.splits.sm_count() // H_kv)
-    spans = [sum(1 for r in rows if r["p_a"] <= p <= r["p_b"]) for p in range(rows[-1]["p_b"] + 1)]
+    H_q, H_kv, D = 4, 2, 16
+    probe = fdlib.plan(8, H_q, H_kv, D, 64, dtype=torch.float32, device=DEVICE, method="streamk").decision
+    N, P_h = probe.tile.BLOCK_N, probe.programs // H_kv
+    B = 6 * P_h
+    lens = [(13 * i) % (N + 5) for i in range(B)]
+    lens[3], lens[B // 2] = 4 * N + 1, 3 * N
+    L = max(lens)
+    rows = shares([max(1, -(-n // N)) for n in lens], P_h)
+    spans = [sum(1 for r in rows if r["p_a"] <= p <= r["p_b"]) for p in range(P_h)]
     assert max(spans) > window                         # the premise: a share crosses window boundaries
     g = torch.Generator().manual_seed(window)
     q = torch.randn(B, H_q, D, generator=g).to(DEVICE)
@@ -78,8 +83,9 @@ def test_shares_walked_in_windows_of_rows(window, monkeypatch):
     whole = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float32, device=DEVICE, method="streamk").run(
         q, k, v, lens_t, return_lse=True)
     monkeypatch.setattr(sk, "ROW_WINDOW", window)
-    out, lse = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float32, device=DEVICE, method="streamk").run(
-        q, k, v, lens_t, return_lse=True)
+    plan = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float32, device=DEVICE, method="streamk")
+    assert plan.decision.tile.BLOCK_N == N and plan.decision.programs == P_h * H_kv
+    out, lse = plan.run(q, k, v, lens_t, return_lse=True)
     assert_attention_close(out, lse, q, k, v, lens_t, what=f"streamk, windows of {window} rows")
     assert torch.equal(out, whole[0]) and torch.equal(lse, whole[1])
 
