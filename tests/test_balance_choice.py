@@ -20,24 +20,34 @@ def best_gain(lengths, H_kv, L_cap, s):
                for b in splits.balanced_candidates(len(lengths), H_kv, s))
 
 
-def test_equal_lengths_gain_nothing():
+def pretend_interpreter_gpu(monkeypatch):
+    """The model's verdicts below are for the interpreter's pretend GPU of INTERPRETER_SMS SMs, on any machine
+    (on an H200 its 132 SMs change the budgets and the gains)."""
+    monkeypatch.setattr(splits, "sm_count", lambda: splits.INTERPRETER_SMS)
+
+
+def test_equal_lengths_gain_nothing(monkeypatch):
+    pretend_interpreter_gpu(monkeypatch)
     assert best_gain([4096] * 16, 1, 4096, 1) >= splits.BALANCED_GAIN
 
 
-def test_one_long_row_among_short_ones_is_balanced():
+def test_one_long_row_among_short_ones_is_balanced(monkeypatch):
     """One KV head, so the long row is one program among few: the split schedule waits for it."""
+    pretend_interpreter_gpu(monkeypatch)
     assert best_gain([64] * 31 + [32768], 1, 32768, 1) < 0.5
 
 
-def test_too_many_items_cost_their_start_up():
+def test_too_many_items_cost_their_start_up(monkeypatch):
     """A budget far above what fills the SMs cuts rows into pieces whose start-ups the model counts."""
+    pretend_interpreter_gpu(monkeypatch)
     lengths = [64] * 31 + [32768]
     fine = splits.balance_gain(lengths, 1, 128, torch.float16, 32768, 1, 64)
     coarse = splits.balance_gain(lengths, 1, 128, torch.float16, 32768, 1, 2)
     assert fine > coarse
 
 
-def test_balanced_candidates():
+def test_balanced_candidates(monkeypatch):
+    pretend_interpreter_gpu(monkeypatch)
     sms = splits.sm_count()
     c = splits.balanced_candidates(1, 1, 1)
     assert 1 in c and any(s >= 2 * sms for s in c) and c == sorted(c)
