@@ -184,33 +184,61 @@ def ragged_records(res):
     return by
 
 
+def same_run_contiguous(folder: Path, paged, dt: str):
+    """The contiguous grid of the paged grid ``paged``'s run (the same commit), else ``ragged-{dt}.json``; and
+    whether it is the same run."""
+    commit = paged["provenance"].get("git_commit")
+    for path in sorted(folder.glob(f"ragged-{dt}*.json")):
+        res = json.loads(path.read_text())
+        if (res.get("settings", {}).get("page_size") == 0 and res["provenance"].get("git_commit") == commit
+                and {r["method"] for r in res["records"]} >= {"auto"} and path.stem.count("-") <= 2):
+            return res, True
+    return load(folder, f"ragged-{dt}.json"), False
+
+
+def ragged_targets(label: str, res) -> list[str]:
+    """Issue 13's two targets on one --ragged grid: >= 90% of the ceiling on every shape of >= 512 MB, and the
+    geometric mean over all shapes >= 85%."""
+    by = ragged_records(res)
+    pct = [(k, m["auto"]["pct_ceiling"], m["auto"]["kv_mb"], m["auto"]["kernel"]) for k, m in sorted(by.items())
+           if "auto" in m]
+    big = [(k, x, kern) for k, x, mb, kern in pct if mb >= 512]
+    p = res["provenance"]
+    out = [f"- {label} (commit {p.get('git_commit', '?')[:7]}, {p['date_utc'][:16]}Z, ceiling "
+           f"{res['ceiling']['tbs']:.2f} TB/s): auto reads ≥ 90% of the ceiling on {sum(x >= 90 for _, x, _ in big)} "
+           f"of {len(big)} shapes of ≥ 512 MB (target: all); geometric mean over all {len(pct)} shapes "
+           f"{geomean([x for _, x, _, _ in pct]):.1f}% (target ≥ 85%); below 90% at ≥ 512 MB: "
+           + (", ".join(f"B={k[0]} {k[1]}:{k[2]} {k[3]} mean {k[4]} {x:.0f}% ({kern})" for k, x, kern in big
+                        if x < 90) or "none")]
+    bal = [m["balanced"]["graph_us"] / min(m[n]["graph_us"] for n in m if n not in ("balanced",))
+           for m in by.values() if "balanced" in m and len(m) > 1]
+    if bal:
+        out.append(f"  balanced/best-other time: geometric mean {geomean(bal):.3f}, best {min(bal):.2f}, worst "
+                   f"{max(bal):.2f} over {len(bal)} shapes")
+    return out
+
+
 def ragged_section(folder: Path) -> list[str]:
     """Issue 13's targets on the --ragged runs (auto, graph timings, % of the read ceiling of the same run)."""
     out = []
     flat = load(folder, "ragged-fp16.json")
-    paged = load(folder, "ragged-fp16-page16.json")
     if not flat:
         return out
-    p = flat["provenance"]
-    out += ["", "## Ragged batches (`--ragged`, fp16, CUDA graphs, each batch planned from its host lengths)", "",
-            f"`{p['command']}`, {p['device']}, {p['date_utc']}; read ceiling {flat['ceiling']['tbs']:.2f} TB/s", ""]
-    for label, res in (("contiguous", flat), ("pages of 16", paged)):
-        if not res:
-            continue
-        by = ragged_records(res)
-        pct = [(k, m["auto"]["pct_ceiling"], m["auto"]["kv_mb"], m["auto"]["kernel"]) for k, m in sorted(by.items())
-               if "auto" in m]
-        big = [(k, x, kern) for k, x, mb, kern in pct if mb >= 512]
-        out.append(f"- {label}: auto reads ≥ 90% of the ceiling on {sum(x >= 90 for _, x, _ in big)} of {len(big)} "
-                   f"shapes of ≥ 512 MB (target: all); geometric mean over all {len(pct)} shapes "
-                   f"{geomean([x for _, x, _, _ in pct]):.1f}% (target ≥ 85%); below 90% at ≥ 512 MB: "
-                   + (", ".join(f"B={k[0]} {k[1]}:{k[2]} {k[3]} mean {k[4]} {x:.0f}% ({kern})" for k, x, kern in big
-                                if x < 90) or "none"))
-        bal = [m["balanced"]["graph_us"] / min(m[n]["graph_us"] for n in m if n not in ("balanced",))
-               for m in by.values() if "balanced" in m and len(m) > 1]
-        if bal:
-            out.append(f"  balanced/best-other time: geometric mean {geomean(bal):.3f}, best {min(bal):.2f}, worst "
-                       f"{max(bal):.2f} over {len(bal)} shapes")
+    out += ["", "## Ragged batches (`--ragged`, CUDA graphs, each batch planned from its host lengths)", "",
+            "The protocol's cache is pages of 16 keys; the contiguous grids are the same batches without pages. "
+            "Commands:", ""]
+    grids = []
+    for dt in ("fp16", "bf16"):
+        for suffix, label in (("", "contiguous"), ("-page16", "pages of 16, shuffled"),
+                              ("-page16-sequential", "pages of 16, in order")):
+            res = load(folder, f"ragged-{dt}{suffix}.json")
+            if res:
+                grids.append((f"{dt}, {label}", res))
+                out.append(f"- `{res['provenance']['command']}`")
+    out += ["", f"{flat['provenance']['device']}; torch {flat['provenance']['torch']}, triton "
+            f"{flat['provenance']['triton']}, CUDA {flat['provenance']['cuda']}.", ""]
+    for label, res in grids:
+        out += ragged_targets(label, res)
     for ps in (0, 16):
         case = load(folder, f"ragged-b32-mean16k-page{ps}.json")
         if case:
@@ -218,15 +246,42 @@ def ragged_section(folder: Path) -> list[str]:
             cells = ", ".join(f"{n} {r['graph_us']:.1f} µs {r['pct_ceiling']:.0f}% ({r['kernel']})"
                               for n, r in sorted(m.items()))
             out.append(f"- issue 13's batch (B=32, 32:8, uniform in 1..32768, {'contiguous' if ps == 0 else 'pages of 16'}"
-                       f"): {cells} (target ≥ 90%; FlashInfer 0.7.4 was 3.41 TB/s on that batch)")
-    if paged:
-        fb, pb = ragged_records(flat), ragged_records(paged)
+                       f", {case['provenance']['date_utc'][:10]}): {cells} (target ≥ 90%; FlashInfer 0.7.4 was "
+                       f"3.41 TB/s on that batch)")
+    for dt in ("fp16", "bf16"):
+        paged = load(folder, f"ragged-{dt}-page16.json")
+        if not paged:
+            continue
+        flat_dt, same = same_run_contiguous(folder, paged, dt)
+        if not flat_dt:
+            continue
+        fb, pb = ragged_records(flat_dt), ragged_records(paged)
         dense = [(k, pb[k]["auto"]["graph_us"] / fb[k]["auto"]["graph_us"]) for k in fb
                  if k[3] == "constant" and "auto" in fb[k] and "auto" in pb.get(k, {})]
         if dense:
-            out.append(f"- pages of 16 against the contiguous cache on constant lengths (the dense grid), auto: "
-                       f"geometric mean {geomean([r for _, r in dense]):.3f}, worst {max(r for _, r in dense):.3f} "
-                       f"(target ≤ 1.03)")
+            worst = max(dense, key=lambda kr: kr[1])
+            out.append(f"- {dt}, pages of 16 (shuffled) against the contiguous cache on constant lengths (the dense "
+                       f"grid), auto: geometric mean {geomean([r for _, r in dense]):.3f}, worst {worst[1]:.3f} "
+                       f"(B={worst[0][0]} {worst[0][1]}:{worst[0][2]} mean {worst[0][4]}), target ≤ 1.03; "
+                       + ("the contiguous grid of the same run" if same else "two runs"))
+    seq, shuf = load(folder, "ragged-fp16-page16-sequential.json"), load(folder, "ragged-fp16-page16.json")
+    if seq and shuf:
+        a, b = ragged_records(seq), ragged_records(shuf)
+        both = [k for k in a if "auto" in a[k] and "auto" in b.get(k, {})]
+        r = [b[k]["auto"]["graph_us"] / a[k]["auto"]["graph_us"] for k in both]
+        const = [b[k]["auto"]["graph_us"] / a[k]["auto"]["graph_us"] for k in both if k[3] == "constant"]
+        same = seq["provenance"].get("git_commit") == shuf["provenance"].get("git_commit")
+        out.append(f"- fp16, where the pages lie: shuffled pages against in-order pages, auto's time, geometric mean "
+                   f"{geomean(r):.3f} over {len(r)} shapes ({geomean(const):.3f} on constant lengths)"
+                   + (", same run" if same else ", two runs"))
+        flat_seq, same_flat = same_run_contiguous(folder, seq, "fp16")
+        if flat_seq:
+            fb = ragged_records(flat_seq)
+            dense = [a[k]["auto"]["graph_us"] / fb[k]["auto"]["graph_us"] for k in fb
+                     if k[3] == "constant" and "auto" in fb[k] and "auto" in a.get(k, {})]
+            out.append(f"- fp16, pages of 16 in order against the contiguous cache on constant lengths: geometric mean "
+                       f"{geomean(dense):.3f}, worst {max(dense):.3f}"
+                       + (", same run" if same_flat else ", two runs"))
     for ps in (1, 4, 8, 16):
         res = load(folder, f"ragged-fp16-b32-page{ps}.json")
         if res:
