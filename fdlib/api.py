@@ -49,8 +49,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             ``"unified"``, ``"split"`` (stage 1 + stage 2 kernels), ``"persistent"`` (one launch of a few
             programs per SM walking all rows, no split), ``"balanced"`` (ragged batches: the batch cut into work
             items of near-equal size on the device, :mod:`fdlib.schedule`), ``"streamk"`` (a few programs per
-            SM take equal shares of the batch's tiles, rows cut wherever the shares fall:
-            :mod:`fdlib.kernels.streamk`), ``"naive"`` (PyTorch
+            SM, as many for every KV head, take equal shares of their head's tiles, rows cut wherever the
+            shares fall: :mod:`fdlib.kernels.streamk`), ``"naive"`` (PyTorch
             matmul-softmax-matmul) or ``"unified_max"`` (FlashDecoding++'s fixed-φ softmax with exact
             recomputation of rows whose logits leave the safe window: :func:`fdlib.exact.unified_max_attention`,
             φ estimated from each row's first keys; one query token, planned per call, not batch-invariant).

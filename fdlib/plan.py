@@ -5,8 +5,9 @@ depends on the shapes alone is decided once, by :func:`plan`, and kept in a froz
 
 * the kernel: ``"unified"`` (map and reduce in one launch), ``"split"`` (stage 1 + stage 2),
   ``"persistent"`` (a few programs per SM walk all rows, no split), ``"balanced"`` (a ragged batch cut into
-  near-equal work items on the device, :mod:`fdlib.schedule`), ``"streamk"`` (a few programs per SM take
-  equal shares of the batch's tiles, rows cut wherever the shares fall: :mod:`fdlib.kernels.streamk`),
+  near-equal work items on the device, :mod:`fdlib.schedule`), ``"streamk"`` (a few programs per SM, as many
+  for every KV head, take equal shares of their head's tiles, rows cut wherever the shares fall:
+  :mod:`fdlib.kernels.streamk`),
   ``"invariant"`` (``batch_invariant=True``) or ``"naive"`` (PyTorch); for a contiguous cache
   ``[B, L_max, H_kv, D]`` or pages ``[n_pages, page_size, H_kv, D]`` behind a block table;
 * the tiles (BLOCK_N keys, warps, stages), the split count and the chunk of keys each split covers,

@@ -83,7 +83,7 @@ EPILOGUE_WORK = 10_000
 # split schedule's time: its items pay a partial write and a merge that the model leaves out.
 BALANCED_GAIN = 0.9
 # Over pages the split schedule's long rows gather through the table as well; on the H200 (pages of 16, B=32,
-# 32:8, results/h200/ragged-b32-mean16k-page16.json) the model predicted 0.91 and 0.93 for the uniform and Zipf
+# 32:8, results/h200/ragged-b32-mean16k-page16-2026-11-30.json) the model predicted 0.91 and 0.93 for the uniform and Zipf
 # batches and the balanced kernel measured 0.92 of auto's unified time on both. On the paged ragged grid
 # (pages of 16, fp16, results/h200/ragged-fp16-page16-49e0d6b.json) the balanced kernel was within 1% of auto's
 # choice or faster on every ragged batch of at least one row (b, h_kv) per SM, by up to 1.26x where the model

@@ -14,8 +14,8 @@ fdlib methods (KV cache token-major ``[B, L, H_kv, D]``):
 ``persistent`` ``method="persistent"``: one launch of a few programs per SM over all rows, no split
 ``balanced``   ``method="balanced"``: ragged batches cut into near-equal work items on the device (not in
                the default list)
-``streamk``    ``method="streamk"``: a few programs per SM take equal shares of the batch's tiles, rows cut
-               wherever the shares fall (not in the default list)
+``streamk``    ``method="streamk"``: a few programs per SM, as many for every KV head, take equal shares of
+               their head's tiles, rows cut wherever the shares fall (not in the default list)
 ``invariant``  ``batch_invariant=True``: chunks by each row's own length, fixed tiles and merge order (not in
                the default list)
 ``auto``       ``method="auto"``

@@ -47,7 +47,7 @@ ROW_WINDOW = 32
 """The loop finds each tile's row among a window of this many sequences (BLOCK_W, at most BLOCK_B)."""
 MIN_BLOCK_B = 32
 """BLOCK_B, the lengths a program holds, is the batch rounded up to a power of two, at least this. With 16 (B =
-8), stream-K streamed 5-7% slower on the H200 than with 32 or 128 (results/h200/ab/ab-ragged-b8.json: B=8
+8), stream-K streamed 2-7% slower on the H200 than with 32 or 128 (results/h200/ab/ab-ragged-b8.json: B=8
 32:32 constant 8192 keys 260.0 against 242.3 µs, as fast as the persistent kernel's 242.2; B=8 32:8 uniform
 mean 32768 247.1 against 233.6)."""
 
