@@ -12,8 +12,9 @@ Every program streams the same number of tiles (±1) in **one** software-pipelin
 lengths, and pays its start-up once (the persistent kernel's loop, :mod:`fdlib.kernels.persistent`, over
 equal shares instead of whole rows). Programs launched together, :math:`p = qH_{kv}, \dots, qH_{kv} + H_{kv}-1`,
 hold the same share of neighbouring heads, so they read the same tokens at the same time, as the persistent
-kernel's neighbouring rows do; a share laid over the rows (b, h) in order had each program's tiles far from its
-neighbours' and streamed up to 15% slower on the H200 (results/h200/README.md). Fewer tiles than programs:
+kernel's neighbouring rows do; shares laid over the rows (b, h) in order put each program's tiles far from its
+neighbours' and streamed up to 9% slower on the H200 (B=32 32:32, rows of 1024 keys: 133.4 against 122.8 µs,
+results/h200/ragged-fp16-streamk-fc2f57f.json and ragged-fp16-49e0d6b.json). Fewer tiles than programs:
 only the first T shares of each head take part, one tile each, so that every share of :math:`q_a \dots q_b`
 holds a piece of a cut row and its n pieces lie in n consecutive slots. Tile t of a head belongs to sequence
 :math:`b = \#\{b : E_b \le t\}`, :math:`E_b = T_0 + \dots + T_b`, tile :math:`j = t - E_{b-1}` of its row (all
@@ -117,7 +118,8 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
         # the share's rows b_f .. b_last, walked in windows of BLOCK_W sequences: finding tile t's row in a
         # window is a reduction within one warp, where one over all B (BLOCK_B = 128) crossed the warps with a
-        # barrier on every tile and streamed 15% slower on the H200 (results/h200/README.md)
+        # barrier on every tile and streamed 13% slower on the H200 (B=128 32:32 uniform mean 1024: 552.4
+        # against 487.5 µs, results/h200/ragged-fp16-49e0d6b.json and ragged-fp16-20bb156.json)
         b_last = tl.sum((ends <= t1 - 1).to(tl.int32), 0)
         offs_w = tl.arange(0, BLOCK_W)
         for w0 in range(b_f, b_last + 1, BLOCK_W):
