@@ -2,7 +2,8 @@
 ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64; lengths
 outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a smaller
 batch than planned; a paged, ragged batch (shared and unused pages) through every method; q_len = 4; the
-stream-K and batch-invariant kernels.
+stream-K and batch-invariant kernels; stream-K over many short rows, each share crossing several windows of rows
+(contiguous and paged).
 
 compute-sanitizer --tool memcheck python tools/sanitize_case.py
 """
@@ -66,5 +67,33 @@ for method in ("split", "unified", "persistent", "balanced", "streamk", "auto"):
     out = fdlib.decode_attention(q4, k, v, lens, method=method)
     torch.cuda.synchronize()
     worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
+# Stream-K over many short rows: six sequences a share, so every share crosses windows of ROW_WINDOW = 4 rows;
+# contiguous and in pages of 16 (shuffled).
+import fdlib.kernels.streamk as sk  # noqa: E402
+P_h = fdlib.plan(8, H_q, H_kv, D, 64, dtype=torch.float16, device="cuda", method="streamk").decision.programs // H_kv
+Bm, Lm = 6 * P_h, 304
+lens = torch.randint(0, 70, (Bm,), device="cuda", dtype=torch.int32)
+lens[3] = Lm
+qm = torch.randn(Bm, H_q, D, device="cuda", dtype=torch.float16)
+km = torch.randn(Bm, Lm, H_kv, D, device="cuda", dtype=torch.float16)
+vm = torch.randn(Bm, Lm, H_kv, D, device="cuda", dtype=torch.float16)
+ref, _ = fdlib.reference_attention(qm, km, vm, lens)
+order = torch.randperm(Bm * (Lm // page), device="cuda")
+btm = order.view(Bm, Lm // page).to(torch.int32)
+kpm = torch.empty(Bm * (Lm // page), page, H_kv, D, device="cuda", dtype=torch.float16)
+vpm = torch.empty_like(kpm)
+kpm[order] = km.reshape(-1, page, H_kv, D)
+vpm[order] = vm.reshape(-1, page, H_kv, D)
+window = sk.ROW_WINDOW
+sk.ROW_WINDOW = 4
+try:
+    for bt_m, kk, vv in ((None, km, vm), (btm, kpm, vpm)):
+        p = fdlib.plan(Bm, H_q, H_kv, D, Lm, dtype=torch.float16, device="cuda", method="streamk",
+                       page_size=None if bt_m is None else page)
+        out = p.run(qm, kk, vv, lens, block_table=bt_m)
+        torch.cuda.synchronize()
+        worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
+finally:
+    sk.ROW_WINDOW = window
 print(f"sanitize case done, worst relative error {worst:.2e}")
 assert worst < 2e-3
