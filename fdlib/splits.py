@@ -83,13 +83,13 @@ EPILOGUE_WORK = 10_000
 # split schedule's time: its items pay a partial write and a merge that the model leaves out.
 BALANCED_GAIN = 0.9
 # Over pages the split schedule's long rows gather through the table as well; on the H200 (pages of 16, B=32,
-# 32:8, results/h200/ragged-b32-mean16k-page16-2026-11-30.json) the model predicted 0.91 and 0.93 for the uniform and Zipf
-# batches and the balanced kernel measured 0.92 of auto's unified time on both. On the paged ragged grid
-# (pages of 16, fp16, results/h200/ragged-fp16-page16-49e0d6b.json) the balanced kernel was within 1% of auto's
-# choice or faster on every ragged batch of at least one row (b, h_kv) per SM, by up to 1.26x where the model
-# had kept the two-stage path (B=128 32:8 Zipf mean 8192: 772.9 against 971.6 µs); at B=8 32:8 (64 rows) it
-# was slower by up to 10% (Zipf mean 8192, 43.8 against 39.7 µs). So over pages auto takes it on every ragged
-# batch of a row per SM or more, and by the model's gain below that.
+# 32:8, results/h200/ragged-b32-mean16k-page16-2026-11-30.json) the model predicted 0.91 and 0.93 for the
+# uniform and Zipf batches and the balanced kernel measured 0.92 of auto's unified time on both. On the paged
+# ragged grid (pages of 16, fp16, results/h200/ragged-fp16-page16-49e0d6b.json) the balanced kernel was within
+# 1% of auto's choice or faster on every ragged batch of at least one row (b, h_kv) per SM, by up to 1.26x
+# where the model had kept the two-stage path (B=128 32:8 Zipf mean 8192: 772.9 against 971.6 µs); at B=8
+# 32:8 (64 rows) it was slower by up to 10% (Zipf mean 8192, 43.8 against 39.7 µs). So over pages auto takes
+# it on every ragged batch of a row per SM or more, and by the model's gain below that.
 BALANCED_GAIN_PAGED = 0.95
 START_KEYS = 128     # a program's start-up (launch, q and lengths loads, pipeline fill), in keys of D=128 streamed
 
@@ -98,7 +98,7 @@ START_KEYS = 128     # a program's start-up (launch, q and lengths loads, pipeli
 # contiguous caches, graph timings, the ragged grid (results/h200/ragged-fp16-e16cc5e.json). On the 10 ragged
 # batches of mean <= 2048 keys and >= 1 row per SM, stream-K took 0.871x auto's time in geometric mean, faster
 # on 9 (B=128 32:32 Zipf: 420.3 vs 618.5 µs, unified). Since its shares are per KV head and its rows are found
-# within windows of 32 sequences (results/h200/ragged-fp16.json, commit 20bb156 of 2026-12-01), it also beats
+# within windows of 32 sequences (results/h200/ragged-fp16-20bb156.json, 2026-12-01), it also beats
 # auto's unified and two-stage choices on every ragged batch of B >= 32 sequences, whatever the mean: B=32 32:8
 # Zipf mean 8192 194.4 vs 233.1 µs (split), uniform 8192 242.1 vs 263.8 (unified), B=32 32:32 uniform 8192
 # 1037.3 vs 1079.8; B=128 32:8 uniform 8192 1115.1 vs 1127.7. At B = 8 it does not: 32:32, uniform mean 8192

@@ -3,12 +3,12 @@
     python tools/ab_ragged.py OUT.json [--cases B:H_q:H_kv:dist:mean:page,...] [--methods auto,streamk,...]
 
 A method is a plan method (``auto``, ``streamk``, ``balanced``, ``unified``, ``split``, ``persistent``), or
-``streamk@NxWxS`` / ``persistent@NxWxS``: that kernel with BLOCK_N = N keys, W warps and S pipeline stages in
-place of :func:`fdlib.kernels.config.persistent_config`'s, or ``streamk+NAME=VALUE``: the stream-K kernel with
-the integer constant NAME of :mod:`fdlib.kernels.streamk` (ROW_WINDOW, MIN_BLOCK_B) set to VALUE. ``page`` 0 is a contiguous cache. Lengths, inputs and
-timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the same draw of lengths from ``--seed``, CUDA graphs
-rotating over copies holding >= 4x the L2, the read ceiling measured in the same run); each shape's batch is
-planned from its host lengths. The JSON carries the device, versions, date, command and commit.
+``streamk@NxWxS`` / ``persistent@NxWxS``: that kernel with BLOCK_N = N keys, W warps and S pipeline stages in place
+of :func:`fdlib.kernels.config.persistent_config`'s, or ``streamk+NAME=VALUE``: the stream-K kernel with the integer
+constant NAME of :mod:`fdlib.kernels.streamk` (ROW_WINDOW, MIN_BLOCK_B) set to VALUE. ``page`` 0 is a contiguous
+cache. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the same draw of lengths from
+``--seed``, CUDA graphs rotating over copies holding >= 4x the L2, the read ceiling measured in the same run); each
+shape's batch is planned from its host lengths. The JSON carries the device, versions, date, command and commit.
 """
 import argparse
 import json
@@ -76,7 +76,8 @@ def main(argv=None):
             for item in method.split("+")[1:]:
                 key, val = item.split("=")
                 if key not in saved:
-                    raise SystemExit(f"--methods: {method!r}: expected ROW_WINDOW or MIN_BLOCK_B after '+', got {key!r}")
+                    raise SystemExit(f"--methods: {method!r}: expected ROW_WINDOW or MIN_BLOCK_B after '+', "
+                                     f"got {key!r}")
                 setattr(sk, key, int(val))
             try:
                 rec = ragged._measure(name, copies, ref, base, settings, ceil)

@@ -7,17 +7,17 @@ Every shape draws one length per sequence from a distribution of mean :math:`\ba
 * ``zipf``: most rows short, a few long: :math:`L = 1 + \lfloor \bar L\, x\rfloor` with x drawn from a Lomax
   (Pareto II) law of shape 1.5 scaled to mean 1, capped at :math:`8\bar L`.
 
-The cache is either contiguous ``[B, L_max, H_kv, D]`` (L_max the longest row) or pages of ``--page-size``
-keys behind a block table over a pool of exactly the pages the rows use: shuffled (``--page-order shuffled``,
-the default: each sequence's pages anywhere in the pool) or in order (``sequential``: sequence b's pages
-consecutive, after sequence b-1's, as a fresh allocator hands them out; FlashInfer's anchor timings used that). The bytes a step must read are
-:math:`2\sum_b L_b H_{kv} D\,\text{elem}`; effective bandwidth is those bytes over the time, and % of ceiling
-compares it with the read ceiling measured in the same run. SDPA takes no ragged lengths without a mask, so
+The cache is either contiguous ``[B, L_max, H_kv, D]`` (L_max the longest row) or pages of ``--page-size`` keys
+behind a block table over a pool of exactly the pages the rows use: shuffled (``--page-order shuffled``, the
+default: each sequence's pages anywhere in the pool) or in order (``sequential``: sequence b's pages consecutive,
+after sequence b-1's, as a fresh allocator hands them out; FlashInfer's anchor timings used that). The bytes a step
+must read are :math:`2\sum_b L_b H_{kv} D\,\text{elem}`; effective bandwidth is those bytes over the time, and % of
+ceiling compares it with the read ceiling measured in the same run. SDPA takes no ragged lengths without a mask, so
 the peers are fdlib's own methods. Each method is planned per batch from the batch's lengths on the host
-(``fdlib.plan(..., lengths=...)``, outside the timed region), and the timed step is ``plan.run``: a serving
-engine knows its lengths when it builds a step, as FlashInfer's ``plan()`` outside a graph and ``run()`` inside
-it do. With lengths, ``auto`` may take the balanced kernel (:func:`fdlib.splits.choose_auto`). Timings as in the dense bench (:mod:`fdlib.bench.timing`: eager with the
-L2 flushed, CUDA graphs rotating over copies of the inputs).
+(``fdlib.plan(..., lengths=...)``, outside the timed region), and the timed step is ``plan.run``: a serving engine
+knows its lengths when it builds a step, as FlashInfer's ``plan()`` outside a graph and ``run()`` inside it do. With
+lengths, ``auto`` may take the stream-K or balanced kernel (:func:`fdlib.splits.choose_auto`). Timings as in the dense bench
+(:mod:`fdlib.bench.timing`: eager with the L2 flushed, CUDA graphs rotating over copies of the inputs).
 """
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def _inputs(shape, lens, page_size, seed, page_order="shuffled"):
 
 
 def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, methods=None, page_size=None,
-               page_order="shuffled", max_kv_gb=20.0, quick=False, graphs=None, warmup_ms=None, rep_ms=None, graph_rep_ms=None, seed=0,
-               ceiling=True, ceiling_gib=None, progress=True, command=None) -> dict:
+               page_order="shuffled", max_kv_gb=20.0, quick=False, graphs=None, warmup_ms=None, rep_ms=None,
+               graph_rep_ms=None, seed=0, ceiling=True, ceiling_gib=None, progress=True, command=None) -> dict:
     """Time fdlib's methods on the ragged grid (see the module doc); a results dict of kind ``"ragged"``."""
     if page_order not in PAGE_ORDERS:
         raise ValueError(f"page_order: expected one of {', '.join(PAGE_ORDERS)}, got {page_order!r}")

@@ -38,8 +38,8 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, strides4
 from .tile import (LOG2E, batch_tiles, combine_blocks, combine_heads, empty_state, load_lengths, restart_where,
-                   row_tile_update, row_walk_offsets, state_to_partial, store_out, store_partial, take_ticket, tile_update,
-                   timeline_record, timeline_start)
+                   row_tile_update, row_walk_offsets, state_to_partial, store_out, store_partial, take_ticket,
+                   tile_update, timeline_record, timeline_start)
 
 MAX_BATCH = 4096
 """Every program keeps all B lengths in registers; larger batches use the other kernels."""
