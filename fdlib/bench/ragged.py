@@ -16,8 +16,8 @@ ceiling compares it with the read ceiling measured in the same run. SDPA takes n
 the peers are fdlib's own methods. Each method is planned per batch from the batch's lengths on the host
 (``fdlib.plan(..., lengths=...)``, outside the timed region), and the timed step is ``plan.run``: a serving engine
 knows its lengths when it builds a step, as FlashInfer's ``plan()`` outside a graph and ``run()`` inside it do. With
-lengths, ``auto`` may take the stream-K or balanced kernel (:func:`fdlib.splits.choose_auto`). Timings as in the dense bench
-(:mod:`fdlib.bench.timing`: eager with the L2 flushed, CUDA graphs rotating over copies of the inputs).
+lengths, ``auto`` may take the stream-K or balanced kernel (:func:`fdlib.splits.choose_auto`). Timings as in the
+dense bench (:mod:`fdlib.bench.timing`: eager with the L2 flushed, CUDA graphs rotating over copies of the inputs).
 """
 from __future__ import annotations
 
