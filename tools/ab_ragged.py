@@ -43,13 +43,12 @@ def main(argv=None):
     ap.add_argument("--methods", default="auto,streamk,balanced")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    import torch
 
     import fdlib
     from fdlib import runtime
     from fdlib.bench import ragged
-    from fdlib.bench.harness import DTYPES, measure_ceiling_or_none, provenance, reference_rows
-    from fdlib.bench.timing import copies_for_l2, free_memory
+    from fdlib.bench.harness import measure_ceiling_or_none, provenance
+    from fdlib.bench.timing import free_memory
 
     plan_module = sys.modules["fdlib.plan"]          # the module (fdlib.plan is the function)
     gpu = runtime.MODE == "gpu"
@@ -61,13 +60,8 @@ def main(argv=None):
         shape = parse_case(text)
         page = shape.pop("page")
         lens = ragged.draw_lengths(shape["dist"], shape["B"], shape["mean"], args.seed + i)
-        need = 2 * shape["H_kv"] * shape["D"] * DTYPES[shape["dtype"]].itemsize
-        stored = need * (shape["B"] * max(lens) if not page else sum(-(-L // page) * page for L in lens))
-        base = dict(shape, L_mean=sum(lens) / len(lens), L_max=max(lens), page_size=page, kv_mb=need * sum(lens) / 1e6)
-        inp = ragged._inputs(shape, lens, page, args.seed + i)
-        ref = reference_rows(inp[0], inp[1], inp[2], inp[3].tolist(), inp[4])
-        copies = [inp] + [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp)
-                          for _ in range((copies_for_l2(int(stored)) if gpu else 1) - 1)]
+        base, stored = ragged.case_record(shape, lens, page)
+        copies, ref = ragged.case_inputs(shape, lens, page, args.seed + i, "shuffled", stored, gpu)
         for method in args.methods.split(","):
             name, tiles = tiles_of(method)
             plan_module.persistent_config = default_tiles if tiles is None else (lambda *a, _t=tiles, **k: _t)
@@ -89,7 +83,7 @@ def main(argv=None):
             records.append(rec)
             print(f"{text:32s} {method:22s} {rec.get('kernel')} {rec.get('graph_us', float('nan')):9.1f} us "
                   f"{rec.get('pct_ceiling', float('nan')):5.1f}% {rec['status']}", flush=True)
-        del copies, inp, ref
+        del copies, ref
         free_memory()
     out = {"schema": "fdlib.bench/1", "kind": "ab-ragged", "fdlib": fdlib.__version__,
            "provenance": provenance("python tools/ab_ragged.py " + " ".join(argv or sys.argv[1:])),

@@ -105,28 +105,40 @@ def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, 
     bar = Progress(len(shapes), "ragged", progress)
     for i, shape in enumerate(shapes):
         lens = draw_lengths(shape["dist"], shape["B"], shape["mean"], seed + i)
-        elem = DTYPES[shape["dtype"]].itemsize
-        need = 2 * shape["H_kv"] * shape["D"] * elem
-        stored = need * (shape["B"] * max(lens) if not page_size else sum(-(-L // page_size) * page_size for L in lens))
-        base = dict(shape, L_mean=sum(lens) / len(lens), L_max=max(lens), page_size=page_size or 0,
-                    kv_mb=need * sum(lens) / 1e6)
+        base, stored = case_record(shape, lens, page_size)
         if stored > max_kv_gb * 1e9:
             skipped.append(dict(base, reason=f"cache {stored / 1e9:.1f} GB > --max-kv-gb {max_kv_gb}"))
             bar.update()
             continue
-        inp = _inputs(shape, lens, page_size, seed + i, page_order)
-        q, k, v, lens_t, bt = inp
-        ref = reference_rows(q, k, v, lens_t.tolist(), bt)
-        n = copies_for_l2(int(stored)) if settings["graphs"] else 1
-        copies = [inp] + [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp) for _ in range(n - 1)]
+        copies, ref = case_inputs(shape, lens, page_size, seed + i, page_order, stored, settings["graphs"])
         for name in methods:
             records.append(_measure(name, copies, ref, base, settings, ceil))
-        del copies, inp, ref, q, k, v
+        del copies, ref
         free_memory()
         bar.update()
     bar.close()
     return {"schema": "fdlib.bench/1", "kind": "ragged", "provenance": provenance(command), "settings": settings,
             "ceiling": ceil, "records": records, "skipped": skipped}
+
+
+def case_record(shape, lens, page_size):
+    """(the record fields of one ragged batch, the bytes its cache stores): ``shape`` with the lengths' mean
+    and maximum, the page size and the MB a step reads (every row's keys and values)."""
+    need = 2 * shape["H_kv"] * shape["D"] * DTYPES[shape["dtype"]].itemsize
+    stored = need * (shape["B"] * max(lens) if not page_size else sum(-(-L // page_size) * page_size for L in lens))
+    base = dict(shape, L_mean=sum(lens) / len(lens), L_max=max(lens), page_size=page_size or 0,
+                kv_mb=need * sum(lens) / 1e6)
+    return base, stored
+
+
+def case_inputs(shape, lens, page_size, seed, page_order, stored, graphs):
+    """(copies of the batch's (q, K, V, lengths, table) to rotate over, enough to hold >= 4x the L2 under CUDA
+    graphs, else one; the reference rows)."""
+    inp = _inputs(shape, lens, page_size, seed, page_order)
+    q, k, v, lens_t, bt = inp
+    ref = reference_rows(q, k, v, lens_t.tolist(), bt)
+    n = copies_for_l2(int(stored)) if graphs else 1
+    return [inp] + [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp) for _ in range(n - 1)], ref
 
 
 def _measure(name, copies, ref, base, settings, ceil):
