@@ -54,15 +54,21 @@ def test_balanced_candidates(monkeypatch):
     assert splits.balanced_candidates(1024, 8, 3) == [1, 2, 3, 4]
 
 
-def test_large_epilogues_go_to_the_two_stage_path(monkeypatch):
-    """On a GPU, auto leaves the unified kernel when its one-program merge would hold splits·group·(D+1) ≥
-    EPILOGUE_WORK values, even where the cost model calls the two equal; below that the model decides."""
+def pretend_h200(monkeypatch, chosen: int):
+    """A compiled run on a GPU of 132 SMs whose cost model chooses ``chosen`` splits, at the same predicted time
+    for the unified and two-stage paths."""
     from types import SimpleNamespace
     monkeypatch.setattr(splits.runtime, "INTERPRET", False)
     monkeypatch.setattr(splits, "sm_count", lambda: 132)
-    fake = lambda s: SimpleNamespace(chosen=s, candidates=[SimpleNamespace(time_us=10.0)])   # noqa: E731
+    monkeypatch.setattr(splits, "_explain",
+                        lambda *a: SimpleNamespace(chosen=chosen, candidates=[SimpleNamespace(time_us=10.0)]))
+
+
+def test_large_epilogues_go_to_the_two_stage_path(monkeypatch):
+    """On a GPU, auto leaves the unified kernel when its one-program merge would hold splits·group·(D+1) ≥
+    EPILOGUE_WORK values, even where the cost model calls the two equal; below that the model decides."""
     for s, group, D, want in ((26, 8, 256, "split"), (16, 4, 128, "unified"), (40, 4, 64, "split")):
-        monkeypatch.setattr(splits, "_explain", lambda *a, s=s: fake(s))
+        pretend_h200(monkeypatch, s)
         kernel, got = splits.choose_auto(1, 8 * group, 8, D, torch.float16, 65536)
         assert (kernel, got) == (want, s), (s, group, D)
 
@@ -70,9 +76,7 @@ def test_large_epilogues_go_to_the_two_stage_path(monkeypatch):
 def test_balanced_method_picks_its_budget_from_the_model(monkeypatch):
     """On a GPU with host lengths, method='balanced' takes the candidate budget the schedule model predicts
     fastest; without lengths (or in the interpreter) the split count of the cost model."""
-    monkeypatch.setattr(splits.runtime, "INTERPRET", False)
-    monkeypatch.setattr(splits, "sm_count", lambda: 132)
-    monkeypatch.setattr(splits, "_explain", lambda *a: type("E", (), {"chosen": 30})())
+    pretend_h200(monkeypatch, 30)
     lengths = [64] * 31 + [32768]
     got = splits.choose_balanced(32, 32, 8, 128, torch.float16, 32768, lengths)
     gains = {b: splits.balance_gain(lengths, 8, 128, torch.float16, 32768, 30, b)
@@ -101,13 +105,9 @@ def test_streamk_suits_ragged_batches_of_many_sequences_or_short_rows(monkeypatc
 
 
 def _gpu_auto(monkeypatch, gain):
-    """choose_auto on a pretend GPU of 132 SMs whose cost model prefers the unified kernel at 4 splits and whose
-    balanced schedule is predicted at ``gain`` of the split schedule's time."""
-    from types import SimpleNamespace
-    monkeypatch.setattr(splits.runtime, "INTERPRET", False)
-    monkeypatch.setattr(splits, "sm_count", lambda: 132)
-    monkeypatch.setattr(splits, "_explain",
-                        lambda *a: SimpleNamespace(chosen=4, candidates=[SimpleNamespace(time_us=10.0)]))
+    """choose_auto on :func:`pretend_h200` at 4 splits, the unified kernel's, with the balanced schedule
+    predicted at ``gain`` of the split schedule's time."""
+    pretend_h200(monkeypatch, 4)
     monkeypatch.setattr(splits, "best_balanced", lambda *a: (gain, 2))
 
 
