@@ -185,13 +185,14 @@ def ragged_records(res):
 
 
 def same_run_contiguous(folder: Path, paged, dt: str):
-    """The contiguous grid of the paged grid ``paged``'s run (the same commit), else ``ragged-{dt}.json``; and
-    whether it is the same run."""
+    """The contiguous grid of the paged grid ``paged``'s run (the same commit, auto timed on every constant-length
+    shape the paged grid has), else ``ragged-{dt}.json``; and whether it is the same run."""
     commit = paged["provenance"].get("git_commit")
+    constant = {k for k, m in ragged_records(paged).items() if k[3] == "constant" and "auto" in m}
     for path in sorted(folder.glob(f"ragged-{dt}*.json")):
         res = json.loads(path.read_text())
         if (res.get("settings", {}).get("page_size") == 0 and res["provenance"].get("git_commit") == commit
-                and {r["method"] for r in res["records"]} >= {"auto"} and path.stem.count("-") <= 2):
+                and constant <= {k for k, m in ragged_records(res).items() if "auto" in m}):
             return res, True
     return load(folder, f"ragged-{dt}.json"), False
 
