@@ -337,11 +337,34 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     masks the rest, and a row whose limit is at or below ``start`` keeps the empty state."""
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
-    for n0 in range(start, end, BLOCK_N):
-        m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
-                                                qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
-                                                n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
+    if PAGE == 0:
+        k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
+        for n0 in range(start, end, BLOCK_N):
+            m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
+                                                    qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                    n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
+    else:
+        # pages: each tile's row offsets (page·stride + slot·stride) are read from the table one tile ahead and
+        # carried, so the tile's K/V loads depend on no load of their own iteration
+        pos = start + offs_n
+        page, slot = page_rows(BT_ROW, pos, pos < end, n_pages, FLAG, PAGE)
+        k_rows = page * stride_kb + slot * stride_kl
+        v_rows = page * stride_vb + slot * stride_vl
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + offs_n
+            valid = pos < end
+            kv_mask = valid[:, None] & mask_d[None, :]
+            k = tl.load(k_ptrs + k_rows[:, None], mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs + v_rows[:, None], mask=kv_mask, other=0.0)
+            nxt = pos + BLOCK_N
+            page, slot = page_rows(BT_ROW, nxt, nxt < end, n_pages, FLAG, PAGE)
+            k_rows = page * stride_kb + slot * stride_kl
+            v_rows = page * stride_vb + slot * stride_vl
+            if Q_LEN == 1:
+                seen = valid
+            else:
+                seen = valid[None, :] & (pos[None, :] < limit[:, None])
+            m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
     return m, l, acc
 
 
