@@ -33,9 +33,11 @@ from fdlib.plan import FEW_STAGES  # noqa: E402
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3):
-    """Compile ``kernel`` with pointer types for its first arguments, fp32 qk_scale, i32 scalars, ``meta``."""
-    sig, constexprs = {}, {}
+def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3, aligned=False):
+    """Compile ``kernel`` with pointer types for its first arguments, fp32 qk_scale, i32 scalars, ``meta``.
+    ``aligned``: tell the compiler what a GPU launch tells it of real tensors, pointers and the K/V row strides
+    divisible by 16 (Triton's specialisation), without which it vectorises and pipelines less."""
+    sig, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in meta:
             sig[name], constexprs[(i,)] = "constexpr", meta[name]
@@ -43,10 +45,31 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3):
             raise ValueError(f"{name}: a constexpr of {kernel.__name__} missing from the case's meta")
         elif i < len(ptr_types):
             sig[name] = ptr_types[i]
+            if aligned:
+                attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             sig[name] = "fp32" if name in ("qk_scale", "lo2", "hi2") else "i32"
-    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs), target=TARGET,
+            if aligned and name in ("stride_kb", "stride_kl", "stride_kh", "stride_vb", "stride_vl", "stride_vh"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs), target=TARGET,
                           options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def pipeline_waits(compiled) -> list[int]:
+    """The ``num`` of every async wait inside a loop body of ``compiled``'s TTGIR (scf.for, up to its scf.yield):
+    how many groups of K/V copies stay in flight while a tile is computed (num_stages - 1 where the loop is
+    pipelined; 0 where it waits for all)."""
+    import re
+    lines, waits = compiled.asm["ttgir"].split("\n"), []
+    for i, line in enumerate(lines):
+        if "scf.for" not in line:
+            continue
+        indent = len(line) - len(line.lstrip())
+        for body in lines[i + 1:]:
+            if body.strip().startswith("scf.yield") and len(body) - len(body.lstrip()) == indent + 2:
+                break
+            waits += [int(n) for n in re.findall(r"async_wait.*num = (\d+)", body)]
+    return waits
 
 
 UNIFIED = ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"]    # O_PART ... BT after Q, K, V, LENS
