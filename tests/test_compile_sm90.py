@@ -21,19 +21,25 @@ def test_every_kernel_compiles_for_sm90():
     assert "0 failed" in proc.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("page", [0, 16])
-def test_the_unified_loop_pipelines_over_pages_as_over_a_contiguous_cache(page):
-    """With the page table read a tile ahead, the sm_90 build of the unified kernel keeps num_stages - 1 = 2
-    groups of K/V copies in flight over pages as on a contiguous cache (a lookup in the same iteration as the
-    loads made Triton's pipeliner wait for every copy: async_wait 0)."""
+def pipeline_waits(case: str) -> list[int]:
+    """tools/compile_check.py's async waits inside the loops of case ``case``, built as a GPU launch would."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FDLIB_INTERPRET")}
     code = (f"import compile_check as cc\n"
-            f"case = next(c for c in cc.cases() if c[0] == 'unified PAGE={page}')\n"
+            f"case = next(c for c in cc.cases() if c[0] == {case!r})\n"
             f"print(cc.pipeline_waits(cc.compile_kernel(*case[1:4], aligned=True)))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tools", env=env, capture_output=True, text=True,
                           timeout=580)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    waits = eval(proc.stdout.strip().splitlines()[-1])
-    assert waits and min(waits) == 2, waits
+    return eval(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kernel", ["unified", "streamk"])
+def test_the_loop_pipelines_over_pages_as_over_a_contiguous_cache(kernel):
+    """With the page table read a tile ahead, the sm_90 builds of the unified and stream-K kernels keep as many
+    groups of K/V copies in flight over pages as on a contiguous cache (a lookup in the same iteration as the
+    loads made Triton's pipeliner keep one buffer and wait for every copy: async_wait 0 or 1)."""
+    contiguous, paged = pipeline_waits(f"{kernel} PAGE=0"), pipeline_waits(f"{kernel} PAGE=16")
+    assert contiguous and max(contiguous) >= 2, contiguous
+    assert paged == contiguous, (paged, contiguous)

@@ -37,8 +37,8 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, strides4
-from .tile import (LOG2E, batch_tiles, combine_blocks, combine_heads, empty_state, load_lengths, restart_where,
-                   row_tile_update, row_walk_offsets, state_to_partial, store_out, store_partial, take_ticket,
+from .tile import (LOG2E, batch_tiles, combine_blocks, combine_heads, empty_state, load_lengths, paged_tile_rows,
+                   restart_where, row_tile_update, row_walk_offsets, state_to_partial, store_out, store_partial, take_ticket,
                    tile_update, timeline_record, timeline_start)
 
 MAX_BATCH = 4096
@@ -128,14 +128,30 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
             tiles_w = tl.where(in_w, tl.maximum(tl.cdiv(lens_w, BLOCK_N), 1), 0)
             e0 = tl.sum(tl.where(offs_b < w0, tiles, 0), 0)              # the window's first tile, E_{w0-1}
             ends_w = e0 + tl.cumsum(tiles_w, 0)
-            for t in range(tl.maximum(t0, e0), tl.minimum(t1, e0 + tl.sum(tiles_w, 0))):
-                b, T_b, j, L = tile_row(t, offs_w, ends_w, tiles_w, lens_w)
-                b += w0
-                m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d,
-                                            mask_d, k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh,
-                                            stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT,
-                                            stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT,
-                                            TILE_UPDATE, PAGE)
+            t_lo = tl.maximum(t0, e0)
+            if PAGE > 0:   # pages: each tile's table rows read one tile ahead (fdlib.kernels.tile.paged_tile_rows)
+                b_n, T_n, j_n, L_n = tile_row(t_lo, offs_w, ends_w, tiles_w, lens_w)
+                k_rows, v_rows = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages, FLAG,
+                                                 stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
+            for t in range(t_lo, tl.minimum(t1, e0 + tl.sum(tiles_w, 0))):
+                if PAGE > 0:
+                    b, T_b, j, L, kr, vr = b_n + w0, T_n, j_n, L_n, k_rows, v_rows
+                    b_n, T_n, j_n, L_n = tile_row(t + 1, offs_w, ends_w, tiles_w, lens_w)
+                    k_rows, v_rows = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages,
+                                                     FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
+                    m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d,
+                                                mask_d, k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh,
+                                                stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT,
+                                                stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D,
+                                                FP32_DOT, TILE_UPDATE, PAGE, kr, vr)
+                else:
+                    b, T_b, j, L = tile_row(t, offs_w, ends_w, tiles_w, lens_w)
+                    b += w0
+                    m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d,
+                                                mask_d, k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh,
+                                                stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT,
+                                                stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D,
+                                                FP32_DOT, TILE_UPDATE, PAGE)
                 # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
                 # earlier) goes to its slot; either way the next row starts from the empty state (masked
                 # stores, nothing branches inside the loop)

@@ -302,11 +302,24 @@ def row_walk_offsets(stride_kl, stride_vl, GROUP: tl.constexpr, Q_LEN: tl.conste
 
 
 @triton.jit
+def paged_tile_rows(BT, b, n0, L, offs_n, stride_bt, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
+                    PAGE: tl.constexpr):
+    """The 64-bit offsets page·stride + slot·stride of keys n0 + offs_n (below L) of sequence b in the K and V
+    page pools (:func:`page_rows`): what a row-walking loop reads from the table one tile ahead, so that its
+    K/V loads depend on no load of their own iteration."""
+    pos = n0 + offs_n
+    page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, pos < L, n_pages, FLAG, PAGE)
+    return page * stride_kb + slot * stride_kl, page * stride_vb + slot * stride_vl
+
+
+@triton.jit
 def row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl, stride_kh,
-                stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE: tl.constexpr):
+                stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE: tl.constexpr,
+                k_rows=None, v_rows=None):
     """The K/V tile of keys ``pos`` = n0 + offs_n of row (b, h_kv), for kernels whose loop jumps between rows
     (persistent, stream-K): a contiguous cache from a 64-bit scalar base plus the 32-bit in-tile offsets
-    ``k_offs``/``v_offs`` = offs_n·stride + offs_d; pages gathered through the block table (:func:`page_rows`)."""
+    ``k_offs``/``v_offs`` = offs_n·stride + offs_d; pages gathered through the block table (:func:`page_rows`),
+    or through ``k_rows``/``v_rows`` read ahead by :func:`paged_tile_rows`."""
     kv_mask = valid[:, None] & mask_d[None, :]
     if PAGE == 0:
         k = tl.load(K + (b.to(tl.int64) * stride_kb + h_kv * stride_kh + n0.to(tl.int64) * stride_kl) + k_offs,
@@ -314,11 +327,12 @@ def row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, s
         v = tl.load(V + (b.to(tl.int64) * stride_vb + h_kv * stride_vh + n0.to(tl.int64) * stride_vl) + v_offs,
                     mask=kv_mask, other=0.0)
     else:
-        page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, PAGE)
-        k = tl.load(K + (page * stride_kb + slot * stride_kl)[:, None] + h_kv * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        v = tl.load(V + (page * stride_vb + slot * stride_vl)[:, None] + h_kv * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        if k_rows is None:
+            page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, PAGE)
+            k_rows = page * stride_kb + slot * stride_kl
+            v_rows = page * stride_vb + slot * stride_vl
+        k = tl.load(K + k_rows[:, None] + h_kv * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + v_rows[:, None] + h_kv * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
     return k, v
 
 
@@ -444,15 +458,16 @@ def row_tile_update(Q, K, V, b, h_kv, n0, L, m, l, acc, offs_g, offs_n, offs_d, 
                     stride_qb, stride_qt, stride_qh, stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
                     BT, stride_bt, n_pages, FLAG, GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr,
                     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                    PAGE: tl.constexpr):
+                    PAGE: tl.constexpr, k_rows=None, v_rows=None):
     """One step of a loop that jumps between rows (persistent, stream-K): row (b, h_kv)'s queries
-    (:func:`group_queries`), its tile of keys n0 + offs_n below L (:func:`row_tile_kv`), each query row also
-    stopping at its causal limit when Q_LEN > 1, folded into (m, ℓ, Õ) by TILE_UPDATE."""
+    (:func:`group_queries`), its tile of keys n0 + offs_n below L (:func:`row_tile_kv`; over pages through
+    ``k_rows``/``v_rows`` when the loop read them ahead), each query row also stopping at its causal limit when
+    Q_LEN > 1, folded into (m, ℓ, Õ) by TILE_UPDATE."""
     q = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
     pos = n0 + offs_n
     valid = pos < L
     k, v = row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl,
-                       stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE)
+                       stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE, k_rows, v_rows)
     if Q_LEN == 1:
         seen = valid
     else:
