@@ -33,8 +33,21 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, q_len_of, strides4
 from .invariant import CHUNKS, MIN_TILES, chunk_of
-from .tile import (LOG2E, empty_state, fold_result, fold_where, load_lengths, restart_where, row_tile_update,
-                   row_walk_offsets, state_to_partial, store_out, tile_update, timeline_record, timeline_start)
+from .tile import (LOG2E, empty_state, fold_result, fold_where, load_lengths, paged_tile_rows, restart_where,
+                   row_tile_update, row_walk_offsets, state_to_partial, store_out, tile_update, timeline_record,
+                   timeline_start)
+
+
+@triton.jit
+def tile_of(t, slots, ends, lens, tiles, BLOCK_N: tl.constexpr):
+    """Tile t of a program's flat loop: its row slot j = #{j : E_j ≤ t}, the end E_j, the row's length L and the
+    tile's first key n0 in its row. Past the last tile, j = ROWS and L = 0 (nothing of it is read)."""
+    j = tl.sum((ends <= t).to(tl.int32), 0)
+    here = slots == j
+    end_j = tl.sum(tl.where(here, ends, 0), 0)
+    L = tl.sum(tl.where(here, lens, 0), 0)
+    n0 = (t - (end_j - tl.sum(tl.where(here, tiles, 0), 0))) * BLOCK_N
+    return j, end_j, L, n0
 
 
 @triton.jit
@@ -65,19 +78,26 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
         stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)      # CHUNKS > 0: the row's merge of its chunks
+    if PAGE > 0:   # pages: each tile's table rows read one tile ahead (fdlib.kernels.tile.paged_tile_rows)
+        j_n, end_n, L_n, n0_n = tile_of(0, slots, ends, lens, tiles, BLOCK_N)
+        k_rows, v_rows = paged_tile_rows(BT, (pid + j_n * P) // H_KV, n0_n, L_n, offs_n, stride_bt, n_pages, FLAG,
+                                         stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
     for t in range(0, total):
-        j = tl.sum((ends <= t).to(tl.int32), 0)                         # row slot of tile t
-        here = slots == j
-        end_j = tl.sum(tl.where(here, ends, 0), 0)
-        L = tl.sum(tl.where(here, lens, 0), 0)
-        n0 = (t - (end_j - tl.sum(tl.where(here, tiles, 0), 0))) * BLOCK_N   # the tile's first key in its row
+        if PAGE > 0:
+            j, end_j, L, n0, kr, vr = j_n, end_n, L_n, n0_n, k_rows, v_rows
+            j_n, end_n, L_n, n0_n = tile_of(t + 1, slots, ends, lens, tiles, BLOCK_N)
+            k_rows, v_rows = paged_tile_rows(BT, (pid + j_n * P) // H_KV, n0_n, L_n, offs_n, stride_bt, n_pages,
+                                             FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
+        else:
+            j, end_j, L, n0 = tile_of(t, slots, ends, lens, tiles, BLOCK_N)
+            kr, vr = None, None
         row = pid + j * P
         b = row // H_KV
         h_kv = row % H_KV
         m, l, acc = row_tile_update(Q, K, V, b, h_kv, n0, L, m, l, acc, offs_g, offs_n, offs_d, mask_d, k_offs,
                                     v_offs, qk_scale, stride_qb, stride_qt, stride_qh, stride_kb, stride_kl,
                                     stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG,
-                                    GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
+                                    GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, kr, vr)
         # Tile t ends its row: one scalar flag, uniform over the program, selected into the masks with
         # tl.where (boolean in the compiled kernel and in the interpreter; a scalar compare `&`-ed into a mask
         # is int32 in Triton's interpreter, which Triton 3.9's tl.store refuses). A [BLOCK_G] block compare
