@@ -4,11 +4,13 @@
 
 A method is a plan method (``auto``, ``streamk``, ``balanced``, ``unified``, ``split``, ``persistent``), or
 ``streamk@NxWxS`` / ``persistent@NxWxS``: that kernel with BLOCK_N = N keys, W warps and S pipeline stages in place
-of :func:`fdlib.kernels.config.persistent_config`'s, or ``streamk+NAME=VALUE``: the stream-K kernel with the integer
-constant NAME of :mod:`fdlib.kernels.streamk` (ROW_WINDOW, MIN_BLOCK_B) set to VALUE. ``page`` 0 is a contiguous
-cache. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the same draw of lengths from
-``--seed``, CUDA graphs rotating over copies holding >= 4x the L2, the read ceiling measured in the same run); each
-shape's batch is planned from its host lengths. The JSON carries the device, versions, date, command and commit.
+of :func:`fdlib.kernels.config.persistent_config`'s, ``balanced@NxWxS`` / ``unified@NxWxS`` / ``split@NxWxS``: the
+same in place of the plan's :func:`fdlib.kernels.config.tile_config`, or ``streamk+NAME=VALUE``: the stream-K
+kernel with the integer constant NAME of :mod:`fdlib.kernels.streamk` (ROW_WINDOW, MIN_BLOCK_B) set to VALUE.
+``page`` 0 is a contiguous cache. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
+same draw of lengths from ``--seed``, CUDA graphs rotating over copies holding >= 4x the L2, the read ceiling
+measured in the same run); each shape's batch is planned from its host lengths. The JSON carries the device,
+versions, date, command and commit.
 """
 import argparse
 import json
@@ -55,7 +57,7 @@ def main(argv=None):
     settings = {"graphs": gpu, "warmup_ms": 10, "rep_ms": 30, "graph_rep_ms": 10, "cpu_runs": 1}
     ceil = measure_ceiling_or_none(gpu, 4, settings)
     records = []
-    default_tiles = plan_module.persistent_config
+    default_tiles, default_grid_tiles = plan_module.persistent_config, plan_module.tile_config
     for i, text in enumerate(args.cases.split(",")):
         shape = parse_case(text)
         page = shape.pop("page")
@@ -64,7 +66,11 @@ def main(argv=None):
         copies, ref = ragged.case_inputs(shape, lens, page, args.seed + i, "shuffled", stored, gpu)
         for method in args.methods.split(","):
             name, tiles = tiles_of(method)
-            plan_module.persistent_config = default_tiles if tiles is None else (lambda *a, _t=tiles, **k: _t)
+            fixed = None if tiles is None else (lambda *a, _t=tiles, **k: _t)
+            if name in ("streamk", "persistent"):
+                plan_module.persistent_config = fixed or default_tiles
+            else:
+                plan_module.tile_config = fixed or default_grid_tiles
             sk = sys.modules["fdlib.kernels.streamk"]
             saved = {k: getattr(sk, k) for k in ("ROW_WINDOW", "MIN_BLOCK_B")}
             for item in method.split("+")[1:]:
@@ -76,7 +82,7 @@ def main(argv=None):
             try:
                 rec = ragged._measure(name, copies, ref, base, settings, ceil)
             finally:
-                plan_module.persistent_config = default_tiles
+                plan_module.persistent_config, plan_module.tile_config = default_tiles, default_grid_tiles
                 for k, v in saved.items():
                     setattr(sk, k, v)
             rec["method"] = method
