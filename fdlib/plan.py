@@ -200,16 +200,16 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     if method == "naive":
         return Decision("naive", 1, L_cap, None, L_cap, basis)
     elem_bytes = dtype.itemsize
-    tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv, q_rows=q_rows)
+    tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv, q_rows=q_rows, paged=paged)
     kernel = method
     if method in ("persistent", "streamk"):
         num_splits = 1
     elif method == "auto" and num_splits is None:
         kernel, num_splits = choose_auto(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged=paged)
     elif method == "balanced" and num_splits is None:
-        num_splits = choose_balanced(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths)
+        num_splits = choose_balanced(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged)
     elif num_splits is None:
-        num_splits = choose_splits(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths)
+        num_splits = choose_splits(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged)
     chunk, splits = chunk_for(L_cap, num_splits, tile.BLOCK_N)
     if kernel == "auto":   # forced splits: the unified kernel, or the persistent one at one split
         kernel = choose_kernel(B, H_kv, L_cap, splits, paged=paged)
@@ -221,14 +221,14 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if B > STREAMK_MAX_BATCH:
             raise ValueError(f"method: 'streamk' keeps the batch's lengths in registers, B <= {STREAMK_MAX_BATCH}, "
                              f"got B={B}")
-        # the persistent kernel's tiles: 64 keys on a contiguous cache, where the unified kernel's 128 made the
-        # stream-K loop slower on the H200, 128 over pages, where they made it faster (persistent_config)
-        return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
+        # the persistent kernel's tiles: 64 keys, where the unified kernel's 128 made the stream-K loop slower on
+        # the H200 (persistent_config)
+        return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows), L_cap, basis,
                         streamk_programs(H_kv, sm_count(), persistent_per_sm()))
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
-    return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
+    return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows), L_cap, basis,
                     programs, rows_for(B * H_kv, programs))
 
 

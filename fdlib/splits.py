@@ -20,14 +20,15 @@ def simple_rule(B: int, H_kv: int, L: int, sms: int, block_n: int) -> int:
     return max(1, min(want, cdiv(max(L, 1), block_n), MAX_SPLITS))
 
 
-def choose_splits(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> int:
+def choose_splits(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None, paged: bool = False) -> int:
     """Splits (the same for the unified and two-stage methods, so that they compare like with like) for B
     sequences of ``lengths`` (host ints; None: every sequence counts as L_cap long), H_q query and H_kv KV
-    heads of dim D, elements of ``dtype``: the unified kernel's best by the cost model."""
-    block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N
+    heads of dim D, elements of ``dtype``: the unified kernel's best by the cost model, for the tiles of a
+    contiguous cache or of pages (``paged``)."""
+    block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv, paged=paged).BLOCK_N
     if runtime.INTERPRET:
         return simple_rule(B, H_kv, L_cap, INTERPRETER_SMS, block_n)
-    return _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "unified").chosen
+    return _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "unified", paged).chosen
 
 
 def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None,
@@ -42,20 +43,20 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     it at one split. In the interpreter (no SMs, no timing): the unified kernel at :func:`simple_rule`'s
     splits."""
     if runtime.INTERPRET:
-        splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths)
+        splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths, paged)
     else:
-        kernel, splits = auto_path(_explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "unified"),
-                                   _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "split"), H_q // H_kv, D)
+        unified, split = (_explain(B, H_q, H_kv, D, dtype, L_cap, lengths, m, paged) for m in ("unified", "split"))
+        kernel, splits = auto_path(unified, split, H_q // H_kv, D)
         if lengths is not None and len(set(lengths)) > 1 and not paged and streamk_suits(B, H_kv, lengths):
             return "streamk", 1
         if lengths is not None and len(set(lengths)) > 1:
-            gain, bal = best_balanced(lengths, H_kv, D, dtype, L_cap, splits)
+            gain, bal = best_balanced(lengths, H_kv, D, dtype, L_cap, splits, paged)
             if gain < (BALANCED_GAIN_PAGED if paged else BALANCED_GAIN) or paged and B * H_kv >= sm_count():
                 return "balanced", bal
         if kernel == "split":
             return kernel, splits
     from .kernels.config import chunk_for
-    eff = chunk_for(L_cap, splits, tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N)[1]
+    eff = chunk_for(L_cap, splits, tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv, paged=paged).BLOCK_N)[1]
     return choose_kernel(B, H_kv, L_cap, eff, paged=paged), splits
 
 
@@ -130,15 +131,16 @@ def streamk_suits(B: int, H_kv: int, lengths) -> bool:
     return B * H_kv >= STREAMK_MIN_ROWS_PER_SM * sm_count()
 
 
-def choose_balanced(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None) -> int:
+def choose_balanced(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None,
+                    paged: bool = False) -> int:
     """splits of ``method="balanced"`` (its budget is B·splits items per KV head): with host lengths on a GPU,
     the candidate of :func:`balanced_candidates` whose schedule :func:`balance_gain` predicts fastest, so that
     a batch with one long row is not cut into items of one or two tiles each paying a start-up; otherwise
     :func:`choose_splits`."""
-    splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths)
+    splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths, paged)
     if runtime.INTERPRET or lengths is None:
         return splits
-    return best_balanced(lengths, H_kv, D, dtype, L_cap, splits)[1]
+    return best_balanced(lengths, H_kv, D, dtype, L_cap, splits, paged)[1]
 
 
 def balanced_candidates(B: int, H_kv: int, splits: int) -> list[int]:
@@ -161,29 +163,31 @@ def makespan(pieces, sms: int) -> float:
     return max(free, default=0.0)
 
 
-def balance_gain(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int, bal_splits: int) -> float:
+def balance_gain(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int, bal_splits: int,
+                 paged: bool = False) -> float:
     """Predicted time(balanced) / time(split schedule) for host ``lengths``: every row cut into pieces of the
     split schedule's chunk (sized for the longest row, L_cap / splits), against the balanced schedule's
     near-equal items (:func:`fdlib.schedule.balanced` at a budget of B·bal_splits), each piece costing
     START_KEYS + its keys (scaled by D/128), for each of the H_kv heads, on the live GPU's SMs."""
-    split_t, balanced_t = _schedule_times(lengths, H_kv, D, dtype, L_cap, splits)
+    split_t, balanced_t = _schedule_times(lengths, H_kv, D, dtype, L_cap, splits, paged)
     return balanced_t(bal_splits) / split_t
 
 
-def best_balanced(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int) -> tuple[float, int]:
+def best_balanced(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int,
+                  paged: bool = False) -> tuple[float, int]:
     """(gain, splits) of the :func:`balanced_candidates` budget whose :func:`balance_gain` is smallest; the
     split schedule's time is computed once for all candidates."""
-    split_t, balanced_t = _schedule_times(lengths, H_kv, D, dtype, L_cap, splits)
+    split_t, balanced_t = _schedule_times(lengths, H_kv, D, dtype, L_cap, splits, paged)
     return min((balanced_t(b) / split_t, b) for b in balanced_candidates(len(lengths), H_kv, splits))
 
 
-def _schedule_times(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int):
+def _schedule_times(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int, paged: bool = False):
     """(the split schedule's makespan, a function of bal_splits giving the balanced schedule's), in keys
     (:func:`balance_gain`)."""
     from .kernels.config import chunk_for
     from .schedule import items
     B = len(lengths)
-    block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N
+    block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv, paged=paged).BLOCK_N
     chunk = chunk_for(L_cap, splits, block_n)[0]
     start = START_KEYS * 128 / D
     sms = sm_count()
@@ -196,15 +200,16 @@ def _schedule_times(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int):
     return split_t, balanced_t
 
 
-def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method):
-    """The cost model's explanation for the live GPU (compiled kernel's resources when known)."""
+def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method, paged=False):
+    """The cost model's explanation for the live GPU (compiled kernel's resources when known), with the tiles of
+    a contiguous cache or of pages (``paged``)."""
     import torch
 
     from . import calibration, costmodel
     from .gpus import live_gpu
     from .kernels.unified import compiled_resources
     gpu = live_gpu()
-    block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv).BLOCK_N
+    block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv, paged=paged).BLOCK_N
     lengths = tuple(lengths) if lengths is not None else (L_cap,) * B
     cal = None
     if torch.cuda.is_current_stream_capturing():   # never calibrate (launch timing kernels) inside a capture

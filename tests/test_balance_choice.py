@@ -124,10 +124,15 @@ def test_paged_ragged_batches_of_a_row_per_sm_take_the_balanced_kernel(monkeypat
     assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=True) == ("balanced", 2)
 
 
-def test_row_walking_kernels_take_the_unified_tiles_over_pages():
-    from fdlib.kernels.config import PERSISTENT_BLOCK_N, persistent_config, tile_config_for
-    contiguous = persistent_config(128, 2, compiled_mode=True)
-    paged = persistent_config(128, 2, compiled_mode=True, paged=True)
-    assert contiguous.BLOCK_N == PERSISTENT_BLOCK_N == 64
-    assert paged.BLOCK_N == tile_config_for(128, 1 << 30, compiled_mode=True).BLOCK_N == 128
-    assert persistent_config(256, 2, compiled_mode=True, paged=True).BLOCK_N <= 64     # halved at D = 256
+def test_tiles_over_pages_are_64_keys():
+    """A GPU launch over pages takes PAGED_BLOCK_N = 64-key tiles, where a long contiguous cache takes 128; head
+    dims above 128 keep their 32 either way; the row-walking kernels take 64 both ways; the interpreter's tiles
+    do not change."""
+    from fdlib.kernels.config import (INTERPRETER_CONFIG, PAGED_BLOCK_N, PERSISTENT_BLOCK_N, persistent_config,
+                                      tile_config_for)
+    for rows in (8, 4096):
+        assert tile_config_for(128, 1 << 20, compiled_mode=True, rows=rows).BLOCK_N == 128
+        assert tile_config_for(128, 1 << 20, compiled_mode=True, rows=rows, paged=True).BLOCK_N == PAGED_BLOCK_N == 64
+    assert tile_config_for(256, 1 << 20, compiled_mode=True, paged=True).BLOCK_N == 32
+    assert tile_config_for(128, 1 << 20, compiled_mode=False, paged=True) == INTERPRETER_CONFIG
+    assert persistent_config(128, 2, compiled_mode=True).BLOCK_N == PERSISTENT_BLOCK_N == 64

@@ -44,11 +44,18 @@ fp16 and bf16 grids of that commit met every graph target (``bench-*.json`` of 2
 
 
 def tile_config(D: int = 128, L_cap: int = 1 << 30, elem_bytes: int = 2, rows: int | None = None,
-                q_rows: int = 1) -> TileConfig:
+                q_rows: int = 1, paged: bool = False) -> TileConfig:
     """The tiles a launch uses here (interpreter or GPU)."""
     return tile_config_for(D, L_cap, compiled_mode=not runtime.INTERPRET, elem_bytes=elem_bytes, rows=rows,
-                           q_rows=q_rows)
+                           q_rows=q_rows, paged=paged)
 
+
+PAGED_BLOCK_N = 64
+"""Keys a tile over pages. Each tile's block-table rows are read one tile ahead
+(:func:`fdlib.kernels.tile.attend_slice`), so Triton's pipeliner keeps K/V copies in flight over pages as over a
+contiguous cache; at 64 keys (3 stages, 69 KB of shared memory at D=128) three programs share an SM, where one
+program of 128-key tiles (136 KB) streamed gathered tiles more slowly (H200, pages of 16, fp16,
+``results/h200/ab/ab-paged-prefetch.json``)."""
 
 QROWS_TILE = 4096
 """Several query tokens: at most this many scores [query rows, BLOCK_N] a tile (a 32 × 128 tile, 32 float32
@@ -56,7 +63,7 @@ registers a thread at 4 warps): more query rows get fewer keys a tile."""
 
 
 def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2, rows: int | None = None,
-                    q_rows: int = 1) -> TileConfig:
+                    q_rows: int = 1, paged: bool = False) -> TileConfig:
     """The tiles a compiled (GPU) or interpreted launch would use for head dim D, longest length L_cap,
     element size and ``rows`` = B·H_kv: 128 keys of D <= 128 at 2 bytes, 32 keys of D > 128; float32 halves
     the keys (same tile bytes), never below 16; at most 64 keys for short caches (L_cap <= 2048) of small
@@ -67,12 +74,14 @@ def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2
     pads them to BLOCK_G); 1 (the default) for one token, whatever the group (the tiles measured on the H200).
     Above 32 rows the keys a tile shrink so that BLOCK_G · BLOCK_N <= QROWS_TILE
     (never below 16), and 8 warps hold an accumulator of BLOCK_G · BLOCK_D >= 16384 floats (at most 64 a
-    thread). Up to 32 rows nothing changes. Not yet tuned on a GPU."""
+    thread). Up to 32 rows nothing changes. Not yet tuned on a GPU.
+
+    ``paged``: a cache of pages gathered through a block table takes at most PAGED_BLOCK_N keys a tile."""
     if not compiled_mode:
         return INTERPRETER_CONFIG
     block_n = (GPU_CONFIG.BLOCK_N if D <= 128 else 32) * 2 // elem_bytes
-    if L_cap <= 2048 and (rows is None or rows <= SMALL_BATCH_ROWS):
-        block_n = min(block_n, 64)
+    if L_cap <= 2048 and (rows is None or rows <= SMALL_BATCH_ROWS) or paged:
+        block_n = min(block_n, PAGED_BLOCK_N if paged else 64)
     num_warps = GPU_CONFIG.num_warps
     block_g, block_d = block_sizes(q_rows, D)
     if block_g > 32:
@@ -91,23 +100,16 @@ configuration on each)."""
 
 
 def persistent_config(D: int = 128, elem_bytes: int = 2, q_rows: int = 1,
-                      compiled_mode: bool | None = None, paged: bool = False) -> TileConfig:
-    """Tiles of the persistent (and stream-K) kernel: at most PERSISTENT_BLOCK_N keys on a contiguous cache
-    (the unified kernel's tiles over pages, ``paged``), fewer where tile_config_for halves them (D > 128,
-    float32, many query rows ``q_rows`` = group × q_len); the interpreter's config in the interpreter.
-    ``compiled_mode``: a GPU's (True) or the interpreter's (False) tiles whatever this runtime is (default:
-    this runtime's).
-
-    Over pages of 16 keys these kernels gather each tile through the block table, and 128-key tiles stream
-    faster there than 64-key ones; on a contiguous cache it is the other way round (H200, fp16, 32:8 and 32:32,
-    results/h200/ab/ab-ragged-paged-tiles.json): stream-K over pages of 16, B=128 32:8 uniform mean 1024 191.6
-    -> 153.3 µs, B=128 32:32 constant 1024 735.4 -> 555.2; on a contiguous cache, B=128 32:8 constant 1024
-    132.6 -> 163.5."""
+                      compiled_mode: bool | None = None) -> TileConfig:
+    """Tiles of the persistent (and stream-K) kernel, on a contiguous cache and over pages: at most
+    PERSISTENT_BLOCK_N keys, fewer where tile_config_for halves them (D > 128, float32, many query rows
+    ``q_rows`` = group × q_len); the interpreter's config in the interpreter. ``compiled_mode``: a GPU's (True)
+    or the interpreter's (False) tiles whatever this runtime is (default: this runtime's)."""
     if not (not runtime.INTERPRET if compiled_mode is None else compiled_mode):
         return INTERPRETER_CONFIG
     base = tile_config_for(D, 1 << 30, compiled_mode=True, elem_bytes=elem_bytes, q_rows=q_rows)
-    return TileConfig(BLOCK_N=base.BLOCK_N if paged else min(PERSISTENT_BLOCK_N, base.BLOCK_N),
-                      num_warps=base.num_warps, num_stages=base.num_stages)
+    return TileConfig(BLOCK_N=min(PERSISTENT_BLOCK_N, base.BLOCK_N), num_warps=base.num_warps,
+                      num_stages=base.num_stages)
 
 
 def block_sizes(group: int, D: int) -> tuple[int, int]:
