@@ -111,17 +111,20 @@ def _gpu_auto(monkeypatch, gain):
     monkeypatch.setattr(splits, "best_balanced", lambda *a: (gain, 2))
 
 
-def test_paged_ragged_batches_of_a_row_per_sm_take_the_balanced_kernel(monkeypatch):
-    """Over pages, every ragged batch of at least one row (b, h_kv) per SM goes to the balanced kernel, whatever
-    the model's gain; fewer rows, or equal lengths, follow the model; a contiguous cache takes stream-K."""
-    _gpu_auto(monkeypatch, 0.99)
+def test_paged_ragged_batches_take_the_balanced_kernel_by_the_model(monkeypatch):
+    """Over pages, a ragged batch goes to the balanced kernel where the model's gain is below
+    BALANCED_GAIN_PAGED, at any batch size, and to the unified kernel above it; equal lengths follow the model;
+    a contiguous cache takes stream-K."""
     ragged = [1 + (37 * i) % 8191 for i in range(32)]
-    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged, paged=True) == ("balanced", 2)
+    _gpu_auto(monkeypatch, splits.BALANCED_GAIN_PAGED + 0.01)
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged, paged=True)[0] == "unified"
     assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged) == ("streamk", 1)
     assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=True)[0] == "unified"
-    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, [8192] * 32, paged=True)[0] == "unified"
-    _gpu_auto(monkeypatch, 0.5)                                  # a clear gain: balanced at any size
+    _gpu_auto(monkeypatch, splits.BALANCED_GAIN_PAGED - 0.01)
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged, paged=True) == ("balanced", 2)
     assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=True) == ("balanced", 2)
+    assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8])[0] == "unified"   # 0.9 contiguous
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, [8192] * 32, paged=True)[0] == "unified"
 
 
 def test_tiles_over_pages_are_64_keys():
