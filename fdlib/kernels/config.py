@@ -52,10 +52,15 @@ def tile_config(D: int = 128, L_cap: int = 1 << 30, elem_bytes: int = 2, rows: i
 
 PAGED_BLOCK_N = 64
 """Keys a tile over pages. Each tile's block-table rows are read one tile ahead
-(:func:`fdlib.kernels.tile.attend_slice`), so Triton's pipeliner keeps K/V copies in flight over pages as over a
-contiguous cache; at 64 keys (3 stages, 69 KB of shared memory at D=128) three programs share an SM, where one
-program of 128-key tiles (136 KB) streamed gathered tiles more slowly (H200, pages of 16, fp16,
-``results/h200/ab/ab-paged-prefetch.json``)."""
+(:func:`fdlib.kernels.tile.attend_slice`, :func:`fdlib.kernels.tile.paged_tile_rows`), so Triton's pipeliner
+keeps K/V copies in flight over pages as over a contiguous cache. At 64 keys (3 stages, 69 KB of shared memory at
+D=128) three programs share an SM; one program of 128-key tiles (136 KB) streamed gathered tiles more slowly. H200,
+pages of 16, fp16, graph µs, unified kernel: B=32 32:8 constant 8192 248.5 against 304.5 at 128 keys, B=128 32:8
+uniform mean 1024 155.5 against 215.7 (``results/h200/ab/ab-paged-tiles64.json``); the contiguous cache took
+238.9 µs on the first (``ab/ab-paged-prefetch-branch.json``). With the table read in the tile's own iteration (the
+kernels before, ``ab/ab-paged-prefetch-main.json``) the pipeliner kept one K/V buffer and the same shape took
+252.6 µs at 128 keys, 285.5 at 64; reading ahead at 128 keys alone was slower still (309.2)."""
+
 
 QROWS_TILE = 4096
 """Several query tokens: at most this many scores [query rows, BLOCK_N] a tile (a 32 × 128 tile, 32 float32
