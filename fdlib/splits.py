@@ -36,7 +36,8 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     """(kernel, splits) of ``method="auto"``: the unified kernel or the two-stage path, whichever the cost
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
-    splits·group·(D+1) ≥ EPILOGUE_WORK values in one program; the stream-K kernel for ragged host lengths of a
+    splits·group·(D+1) ≥ EPILOGUE_WORK values in one program (over pages: the unified kernel up to
+    PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for ragged host lengths of a
     contiguous cache where :func:`streamk_suits`; the balanced kernel for ragged host lengths where
     :func:`balance_gain` predicts it faster (BALANCED_GAIN, over pages BALANCED_GAIN_PAGED); then the persistent
     kernel where :func:`choose_kernel` takes
@@ -46,7 +47,7 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
         splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths, paged)
     else:
         unified, split = (_explain(B, H_q, H_kv, D, dtype, L_cap, lengths, m, paged) for m in ("unified", "split"))
-        kernel, splits = auto_path(unified, split, H_q // H_kv, D)
+        kernel, splits = auto_path(unified, split, H_q // H_kv, D, paged)
         if lengths is not None and len(set(lengths)) > 1 and not paged and streamk_suits(B, H_kv, lengths):
             return "streamk", 1
         if lengths is not None and len(set(lengths)) > 1:
@@ -60,11 +61,15 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     return choose_kernel(B, H_kv, L_cap, eff, paged=paged), splits
 
 
-def auto_path(unified, two_stage, group: int, D: int) -> tuple[str, int]:
+def auto_path(unified, two_stage, group: int, D: int, paged: bool = False) -> tuple[str, int]:
     """("unified" or "split", splits): of the cost model's two explanations (:func:`fdlib.costmodel.explain`
     with ``method="unified"`` and ``"split"``), the two-stage path where it is predicted more than 2% faster
     at its own best count, or where the unified epilogue would merge splits·group·(D+1) >= EPILOGUE_WORK
-    values in one program (at the unified count); else the unified kernel (:func:`choose_auto`'s first step)."""
+    values in one program (at the unified count); else the unified kernel (:func:`choose_auto`'s first step).
+    Over pages (``paged``) the unified kernel up to PAGED_EPILOGUE_WORK merged values, the two-stage path
+    beyond."""
+    if paged:
+        return ("split" if unified.chosen * group * (D + 1) > PAGED_EPILOGUE_WORK else "unified"), unified.chosen
     if min(c.time_us for c in two_stage.candidates) < min(c.time_us for c in unified.candidates) / 1.02:
         return "split", two_stage.chosen
     if unified.chosen * group * (D + 1) >= EPILOGUE_WORK:
@@ -79,6 +84,12 @@ def auto_path(unified, two_stage, group: int, D: int) -> tuple[str, int]:
 # the cost model's epilogue term, fitted at 32:8 and D=128, did not see it. With this rule auto's pick was
 # within 1.02x of the faster of the two on 141 of the 143 shapes (8 misses before).
 EPILOGUE_WORK = 10_000
+# Over pages the two-stage path took 0.986-1.836x the unified kernel's time at the same split counts, geometric
+# mean 1.059, on the 50 shapes of the paged ragged grid (H200, fp16, pages of 16, 32:8 and 32:32, D=128, up to 48
+# splits, so up to 48·4·129 = 24768 merged values; results/h200/ragged-fp16-page16-unified-split.json, 35787c5):
+# never more than 1.4% faster, up to 1.84x slower (B=128 32:32 Zipf mean 1024). So over pages auto keeps the
+# unified kernel up to the epilogues measured there, and the two-stage path beyond, where nothing was measured.
+PAGED_EPILOGUE_WORK = 24_768
 
 # The balanced kernel takes a ragged batch when the model below predicts it at most this fraction of the
 # split schedule's time: its items pay a partial write and a merge that the model leaves out.
@@ -87,8 +98,8 @@ BALANCED_GAIN = 0.9
 # 32:8, results/h200/ragged-b32-mean16k-page16-2026-11-30.json) the model predicted 0.91 and 0.93 for the
 # uniform and Zipf batches and the balanced kernel measured 0.92 of auto's unified time on both. Since paged tiles
 # read their table rows a tile ahead (64-key tiles, PAGED_BLOCK_N), the unified kernel streams pages nearly as fast
-# as a contiguous cache. On the paged ragged grid (H200, fp16, pages of 16, results/h200/ragged-fp16-page16.json
-# and ragged-fp16-page16-unified-split.json, one machine) the balanced kernel took 0.907-1.154x the unified
+# as a contiguous cache. On the paged ragged grid (H200, fp16, pages of 16, results/h200/ragged-fp16-page16-
+# 35787c5.json and ragged-fp16-page16-unified-split.json, one machine, the code of 35787c5) the balanced kernel took 0.907-1.154x the unified
 # kernel's time on the 33 ragged batches, geometric mean 1.010. It was more than 3% faster on 5: where the model
 # predicts 0.895 and 0.964 (B=128 Zipf mean 1024, 0.907 and 0.964), 0.981 (B=8 32:32 uniform mean 8192, 0.967),
 # and on two batches of 64 rows that the model gets wrong (B=8 32:8, predicted above 1.08, measured 0.922 and

@@ -139,3 +139,18 @@ def test_tiles_over_pages_are_64_keys():
     assert tile_config_for(256, 1 << 20, compiled_mode=True, paged=True).BLOCK_N == 32
     assert tile_config_for(128, 1 << 20, compiled_mode=False, paged=True) == INTERPRETER_CONFIG
     assert persistent_config(128, 2, compiled_mode=True).BLOCK_N == PERSISTENT_BLOCK_N == 64
+
+
+def test_over_pages_auto_keeps_the_unified_kernel_up_to_the_measured_epilogues(monkeypatch):
+    """Over pages the two-stage path is taken only beyond PAGED_EPILOGUE_WORK merged values, even where the
+    model predicts it faster; on a contiguous cache the model's 2% rule and EPILOGUE_WORK still decide."""
+    from types import SimpleNamespace
+    pretend_h200(monkeypatch, 48)
+    fast_split = {"unified": 10.0, "split": 5.0}                         # the model: two-stage 2x faster
+    monkeypatch.setattr(splits, "_explain", lambda *a: SimpleNamespace(
+        chosen=48, candidates=[SimpleNamespace(time_us=fast_split[a[7]])]))
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 32768)[0] == "split"               # contiguous
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 32768, paged=True) == ("unified", 48)  # 24768
+    assert 48 * 4 * 129 == splits.PAGED_EPILOGUE_WORK
+    assert splits.choose_auto(32, 32, 8, 256, torch.float16, 32768, paged=True) == ("split", 48)    # 49344
+    assert splits.choose_auto(8, 64, 8, 128, torch.float16, 32768, paged=True) == ("split", 48)     # group 8
