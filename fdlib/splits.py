@@ -94,17 +94,17 @@ PAGED_EPILOGUE_WORK = 24_768
 # The balanced kernel takes a ragged batch when the model below predicts it at most this fraction of the
 # split schedule's time: its items pay a partial write and a merge that the model leaves out.
 BALANCED_GAIN = 0.9
-# Over pages the split schedule's long rows gather through the table as well; on the H200 (pages of 16, B=32,
-# 32:8, results/h200/ragged-b32-mean16k-page16-2026-11-30.json) the model predicted 0.91 and 0.93 for the
-# uniform and Zipf batches and the balanced kernel measured 0.92 of auto's unified time on both. Since paged tiles
-# read their table rows a tile ahead (64-key tiles, PAGED_BLOCK_N), the unified kernel streams pages nearly as fast
-# as a contiguous cache. On the paged ragged grid (H200, fp16, pages of 16, the code of 35787c5 on one machine:
-# results/h200/ragged-fp16-page16-35787c5.json and ragged-fp16-page16-unified-split.json) the balanced kernel
-# took 0.907-1.154x the unified kernel's time on the 33 ragged batches, geometric mean 1.010. It was more than 3%
-# faster on 5: where the model predicts 0.895 and 0.964 (B=128 Zipf mean 1024, 0.907 and 0.964), 0.981 (B=8 32:32 uniform mean 8192, 0.967),
-# and on two batches of 64 rows that the model gets wrong (B=8 32:8, predicted above 1.08, measured 0.922 and
-# 0.960). Taking the balanced kernel where the model's gain is below 0.95 and the unified kernel elsewhere gives
-# 82.3% of the read ceiling in geometric mean over those files' 50 shapes, the same as the unified kernel alone;
+# Over pages the split schedule's long rows gather through the table as well; on the H200 (pages of 16, B=32, 32:8,
+# results/h200/ragged-b32-mean16k-page16-2026-11-30.json) the model predicted 0.91 and 0.93 for the uniform and Zipf
+# batches and the balanced kernel measured 0.92 of auto's unified time on both. Since paged tiles read their table
+# rows a tile ahead (64-key tiles, PAGED_BLOCK_N), the unified kernel streams pages nearly as fast as a contiguous
+# cache. On the paged ragged grid (H200, fp16, pages of 16, the code of 35787c5 on one machine:
+# results/h200/ragged-fp16-page16-35787c5.json and ragged-fp16-page16-unified-split.json) the balanced kernel took
+# 0.907-1.154x the unified kernel's time on the 33 ragged batches, geometric mean 1.010. It was more than 3% faster on
+# 5: where the model predicts 0.895 and 0.964 (B=128 Zipf mean 1024, 0.907 and 0.964), 0.981 (B=8 32:32 uniform mean
+# 8192, 0.967), and on two batches of 64 rows that the model gets wrong (B=8 32:8, predicted above 1.08, measured
+# 0.922 and 0.960). Taking the balanced kernel where the model's gain is below 0.95 and the unified kernel elsewhere
+# gives 82.3% of the read ceiling in geometric mean over those files' 50 shapes, the same as the unified kernel alone;
 # the earlier rule (the balanced kernel for every ragged batch of a row per SM) 81.7%.
 BALANCED_GAIN_PAGED = 0.95
 START_KEYS = 128     # a program's start-up (launch, q and lengths loads, pipeline fill), in keys of D=128 streamed
