@@ -177,7 +177,7 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
 
 def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=None, max_seqlen=None,
            method: str = "auto", num_splits: int | None = None, batch_invariant: bool = False,
-           q_len: int = 1, paged: bool = False) -> Decision:
+           q_len: int = 1, paged: int = 0) -> Decision:
     """The kernel, tiles, splits and chunk for a batch of these sizes on this runtime (see the module doc).
     ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None;
     ``batch_invariant``: :func:`invariant_decision`. ``q_len`` query tokens per sequence: a program holds
@@ -221,14 +221,14 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if B > STREAMK_MAX_BATCH:
             raise ValueError(f"method: 'streamk' keeps the batch's lengths in registers, B <= {STREAMK_MAX_BATCH}, "
                              f"got B={B}")
-        # the persistent kernel's tiles: 64 keys, where the unified kernel's 128 made the stream-K loop slower on
-        # the H200 (persistent_config)
-        return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows), L_cap, basis,
+        # the persistent kernel's tiles (persistent_config): 64 keys, where the unified kernel's 128 made the
+        # stream-K loop slower on the H200, except on pages too small to read the table ahead
+        return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
                         streamk_programs(H_kv, sm_count(), persistent_per_sm()))
     if kernel != "persistent":
         return Decision(kernel, splits, chunk, tile, L_cap, basis)
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
-    return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows), L_cap, basis,
+    return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
                     programs, rows_for(B * H_kv, programs))
 
 
@@ -684,7 +684,7 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
     check_q_len(q_len, L_max)
     d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
-               num_splits=num_splits, batch_invariant=batch_invariant, q_len=q_len, paged=bool(page_size))
+               num_splits=num_splits, batch_invariant=batch_invariant, q_len=q_len, paged=page_size or 0)
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
                       _workspace(B, H_q, H_kv, D, L_max, d, device, q_len),

@@ -20,7 +20,7 @@ def simple_rule(B: int, H_kv: int, L: int, sms: int, block_n: int) -> int:
     return max(1, min(want, cdiv(max(L, 1), block_n), MAX_SPLITS))
 
 
-def choose_splits(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None, paged: bool = False) -> int:
+def choose_splits(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None, paged: int = 0) -> int:
     """Splits (the same for the unified and two-stage methods, so that they compare like with like) for B
     sequences of ``lengths`` (host ints; None: every sequence counts as L_cap long), H_q query and H_kv KV
     heads of dim D, elements of ``dtype``: the unified kernel's best by the cost model, for the tiles of a
@@ -32,7 +32,7 @@ def choose_splits(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, length
 
 
 def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None,
-                paged: bool = False) -> tuple[str, int]:
+                paged: int = 0) -> tuple[str, int]:
     """(kernel, splits) of ``method="auto"``: the unified kernel or the two-stage path, whichever the cost
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
@@ -61,7 +61,7 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     return choose_kernel(B, H_kv, L_cap, eff, paged=paged), splits
 
 
-def auto_path(unified, two_stage, group: int, D: int, paged: bool = False) -> tuple[str, int]:
+def auto_path(unified, two_stage, group: int, D: int, paged: int = 0) -> tuple[str, int]:
     """("unified" or "split", splits): of the cost model's two explanations (:func:`fdlib.costmodel.explain`
     with ``method="unified"`` and ``"split"``), the two-stage path where it is predicted more than 2% faster
     at its own best count, or where the unified epilogue would merge splits·group·(D+1) >= EPILOGUE_WORK
@@ -147,7 +147,7 @@ def streamk_suits(B: int, H_kv: int, lengths) -> bool:
 
 
 def choose_balanced(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=None,
-                    paged: bool = False) -> int:
+                    paged: int = 0) -> int:
     """splits of ``method="balanced"`` (its budget is B·splits items per KV head): with host lengths on a GPU,
     the candidate of :func:`balanced_candidates` whose schedule :func:`balance_gain` predicts fastest, so that
     a batch with one long row is not cut into items of one or two tiles each paying a start-up; otherwise
@@ -179,7 +179,7 @@ def makespan(pieces, sms: int) -> float:
 
 
 def balance_gain(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int, bal_splits: int,
-                 paged: bool = False) -> float:
+                 paged: int = 0) -> float:
     """Predicted time(balanced) / time(split schedule) for host ``lengths``: every row cut into pieces of the
     split schedule's chunk (sized for the longest row, L_cap / splits), against the balanced schedule's
     near-equal items (:func:`fdlib.schedule.balanced` at a budget of B·bal_splits), each piece costing
@@ -189,14 +189,14 @@ def balance_gain(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int, bal
 
 
 def best_balanced(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int,
-                  paged: bool = False) -> tuple[float, int]:
+                  paged: int = 0) -> tuple[float, int]:
     """(gain, splits) of the :func:`balanced_candidates` budget whose :func:`balance_gain` is smallest; the
     split schedule's time is computed once for all candidates."""
     split_t, balanced_t = _schedule_times(lengths, H_kv, D, dtype, L_cap, splits, paged)
     return min((balanced_t(b) / split_t, b) for b in balanced_candidates(len(lengths), H_kv, splits))
 
 
-def _schedule_times(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int, paged: bool = False):
+def _schedule_times(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int, paged: int = 0):
     """(the split schedule's makespan, a function of bal_splits giving the balanced schedule's), in keys
     (:func:`balance_gain`)."""
     from .kernels.config import chunk_for
@@ -215,7 +215,7 @@ def _schedule_times(lengths, H_kv: int, D: int, dtype, L_cap: int, splits: int, 
     return split_t, balanced_t
 
 
-def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method, paged=False):
+def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method, paged=0):
     """The cost model's explanation for the live GPU (compiled kernel's resources when known), with the tiles of
     a contiguous cache or of pages (``paged``)."""
     import torch
@@ -253,7 +253,7 @@ def persistent_per_sm() -> int:
     return 1 if runtime.INTERPRET else PERSISTENT_PER_SM
 
 
-def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: bool = False) -> str:
+def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: int = 0) -> str:
     """The kernel ``method="auto"`` launches: ``"persistent"`` when every row is one split, there are at least
     PERSISTENT_MIN_WAVES·SMs rows (B·H_kv), and each of its programs has little work, at most PERSISTENT_MAX_KEYS
     keys (rows·L_cap / (SMs·programs per SM)); else ``"unified"``.

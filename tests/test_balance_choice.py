@@ -117,28 +117,35 @@ def test_paged_ragged_batches_take_the_balanced_kernel_by_the_model(monkeypatch)
     a contiguous cache takes stream-K."""
     ragged = [1 + (37 * i) % 8191 for i in range(32)]
     _gpu_auto(monkeypatch, splits.BALANCED_GAIN_PAGED + 0.01)
-    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged, paged=True)[0] == "unified"
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged, paged=16)[0] == "unified"
     assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged) == ("streamk", 1)
-    assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=True)[0] == "unified"
+    assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=16)[0] == "unified"
     _gpu_auto(monkeypatch, splits.BALANCED_GAIN_PAGED - 0.01)
-    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged, paged=True) == ("balanced", 2)
-    assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=True) == ("balanced", 2)
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged, paged=16) == ("balanced", 2)
+    assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=16) == ("balanced", 2)
     assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8])[0] == "unified"   # 0.9 contiguous
-    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, [8192] * 32, paged=True)[0] == "unified"
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, [8192] * 32, paged=16)[0] == "unified"
 
 
-def test_tiles_over_pages_are_64_keys():
-    """A GPU launch over pages takes PAGED_BLOCK_N = 64-key tiles, where a long contiguous cache takes 128; head
-    dims above 128 keep their 32 either way; the row-walking kernels take 64 both ways; the interpreter's tiles
-    do not change."""
+def test_tiles_over_pages_are_64_keys_from_pages_that_read_the_table_ahead():
+    """A GPU launch over pages of at least TABLE_AHEAD_PAGE keys takes PAGED_BLOCK_N = 64-key tiles, where a long
+    contiguous cache and smaller pages take 128; head dims above 128 keep their 32 either way; the row-walking
+    kernels take 64 except on small pages (128); the interpreter's tiles do not change."""
     from fdlib.kernels.config import (INTERPRETER_CONFIG, PAGED_BLOCK_N, PERSISTENT_BLOCK_N, persistent_config,
                                       tile_config_for)
+    from fdlib.kernels.tile import TABLE_AHEAD_PAGE
+    assert TABLE_AHEAD_PAGE.value == 8 and PAGED_BLOCK_N == 64
     for rows in (8, 4096):
         assert tile_config_for(128, 1 << 20, compiled_mode=True, rows=rows).BLOCK_N == 128
-        assert tile_config_for(128, 1 << 20, compiled_mode=True, rows=rows, paged=True).BLOCK_N == PAGED_BLOCK_N == 64
-    assert tile_config_for(256, 1 << 20, compiled_mode=True, paged=True).BLOCK_N == 32
-    assert tile_config_for(128, 1 << 20, compiled_mode=False, paged=True) == INTERPRETER_CONFIG
+        for page in (8, 16, 256):
+            assert tile_config_for(128, 1 << 20, compiled_mode=True, rows=rows, paged=page).BLOCK_N == PAGED_BLOCK_N
+        for page in (1, 4):
+            assert tile_config_for(128, 1 << 20, compiled_mode=True, rows=rows, paged=page).BLOCK_N == 128
+    assert tile_config_for(256, 1 << 20, compiled_mode=True, paged=16).BLOCK_N == 32
+    assert tile_config_for(128, 1 << 20, compiled_mode=False, paged=16) == INTERPRETER_CONFIG
     assert persistent_config(128, 2, compiled_mode=True).BLOCK_N == PERSISTENT_BLOCK_N == 64
+    assert persistent_config(128, 2, compiled_mode=True, paged=16).BLOCK_N == 64
+    assert persistent_config(128, 2, compiled_mode=True, paged=4).BLOCK_N == 128
 
 
 def test_over_pages_auto_keeps_the_unified_kernel_up_to_the_measured_epilogues(monkeypatch):
@@ -150,7 +157,7 @@ def test_over_pages_auto_keeps_the_unified_kernel_up_to_the_measured_epilogues(m
     monkeypatch.setattr(splits, "_explain", lambda *a: SimpleNamespace(
         chosen=48, candidates=[SimpleNamespace(time_us=fast_split[a[7]])]))
     assert splits.choose_auto(32, 32, 8, 128, torch.float16, 32768)[0] == "split"               # contiguous
-    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 32768, paged=True) == ("unified", 48)  # 24768
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 32768, paged=16) == ("unified", 48)  # 24768
     assert 48 * 4 * 129 == splits.PAGED_EPILOGUE_WORK
-    assert splits.choose_auto(32, 32, 8, 256, torch.float16, 32768, paged=True) == ("split", 48)    # 49344
-    assert splits.choose_auto(8, 64, 8, 128, torch.float16, 32768, paged=True) == ("split", 48)     # group 8
+    assert splits.choose_auto(32, 32, 8, 256, torch.float16, 32768, paged=16) == ("split", 48)    # 49344
+    assert splits.choose_auto(8, 64, 8, 128, torch.float16, 32768, paged=16) == ("split", 48)     # group 8

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import triton
 
 from .. import runtime
+from .tile import TABLE_AHEAD_PAGE
 
 MAX_SPLITS = 256
 
@@ -44,8 +45,8 @@ fp16 and bf16 grids of that commit met every graph target (``bench-*.json`` of 2
 
 
 def tile_config(D: int = 128, L_cap: int = 1 << 30, elem_bytes: int = 2, rows: int | None = None,
-                q_rows: int = 1, paged: bool = False) -> TileConfig:
-    """The tiles a launch uses here (interpreter or GPU)."""
+                q_rows: int = 1, paged: int = 0) -> TileConfig:
+    """The tiles a launch uses here (interpreter or GPU); ``paged``: the page size, 0 for a contiguous cache."""
     return tile_config_for(D, L_cap, compiled_mode=not runtime.INTERPRET, elem_bytes=elem_bytes, rows=rows,
                            q_rows=q_rows, paged=paged)
 
@@ -68,7 +69,7 @@ registers a thread at 4 warps): more query rows get fewer keys a tile."""
 
 
 def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2, rows: int | None = None,
-                    q_rows: int = 1, paged: bool = False) -> TileConfig:
+                    q_rows: int = 1, paged: int = 0) -> TileConfig:
     """The tiles a compiled (GPU) or interpreted launch would use for head dim D, longest length L_cap,
     element size and ``rows`` = B·H_kv: 128 keys of D <= 128 at 2 bytes, 32 keys of D > 128; float32 halves
     the keys (same tile bytes), never below 16; at most 64 keys for short caches (L_cap <= 2048) of small
@@ -81,12 +82,15 @@ def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2
     (never below 16), and 8 warps hold an accumulator of BLOCK_G · BLOCK_D >= 16384 floats (at most 64 a
     thread). Up to 32 rows nothing changes. Not yet tuned on a GPU.
 
-    ``paged``: a cache of pages gathered through a block table takes at most PAGED_BLOCK_N keys a tile."""
+    ``paged``: the page size of a cache gathered through a block table (0: contiguous). Pages of at least
+    TABLE_AHEAD_PAGE keys, whose tiles read the table a tile ahead, take at most PAGED_BLOCK_N keys a tile;
+    smaller pages the contiguous cache's tiles."""
     if not compiled_mode:
         return INTERPRETER_CONFIG
     block_n = (GPU_CONFIG.BLOCK_N if D <= 128 else 32) * 2 // elem_bytes
-    if L_cap <= 2048 and (rows is None or rows <= SMALL_BATCH_ROWS) or paged:
-        block_n = min(block_n, PAGED_BLOCK_N if paged else 64)
+    ahead = paged >= TABLE_AHEAD_PAGE.value
+    if L_cap <= 2048 and (rows is None or rows <= SMALL_BATCH_ROWS) or ahead:
+        block_n = min(block_n, PAGED_BLOCK_N if ahead else 64)
     num_warps = GPU_CONFIG.num_warps
     block_g, block_d = block_sizes(q_rows, D)
     if block_g > 32:
@@ -105,16 +109,22 @@ configuration on each)."""
 
 
 def persistent_config(D: int = 128, elem_bytes: int = 2, q_rows: int = 1,
-                      compiled_mode: bool | None = None) -> TileConfig:
-    """Tiles of the persistent (and stream-K) kernel, on a contiguous cache and over pages: at most
-    PERSISTENT_BLOCK_N keys, fewer where tile_config_for halves them (D > 128, float32, many query rows
+                      compiled_mode: bool | None = None, paged: int = 0) -> TileConfig:
+    """Tiles of the persistent (and stream-K) kernel: at most PERSISTENT_BLOCK_N keys on a contiguous cache and on
+    pages of at least TABLE_AHEAD_PAGE keys, the unified kernel's tiles on smaller pages (``paged``: the page
+    size, 0 for a contiguous cache), fewer where tile_config_for halves them (D > 128, float32, many query rows
     ``q_rows`` = group × q_len); the interpreter's config in the interpreter. ``compiled_mode``: a GPU's (True)
-    or the interpreter's (False) tiles whatever this runtime is (default: this runtime's)."""
+    or the interpreter's (False) tiles whatever this runtime is (default: this runtime's).
+
+    Small pages are looked up in each tile's own iteration, where 128-key tiles streamed faster than 64-key ones
+    (H200, pages of 16 before the table was read ahead, ``results/h200/ab/ab-ragged-paged-tiles.json``: stream-K,
+    B=128 32:8 uniform mean 1024 191.6 -> 153.3 µs)."""
     if not (not runtime.INTERPRET if compiled_mode is None else compiled_mode):
         return INTERPRETER_CONFIG
     base = tile_config_for(D, 1 << 30, compiled_mode=True, elem_bytes=elem_bytes, q_rows=q_rows)
-    return TileConfig(BLOCK_N=min(PERSISTENT_BLOCK_N, base.BLOCK_N), num_warps=base.num_warps,
-                      num_stages=base.num_stages)
+    small_pages = 0 < paged < TABLE_AHEAD_PAGE.value
+    return TileConfig(BLOCK_N=base.BLOCK_N if small_pages else min(PERSISTENT_BLOCK_N, base.BLOCK_N),
+                      num_warps=base.num_warps, num_stages=base.num_stages)
 
 
 def block_sizes(group: int, D: int) -> tuple[int, int]:

@@ -33,9 +33,9 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, q_len_of, strides4
 from .invariant import CHUNKS, MIN_TILES, chunk_of
-from .tile import (LOG2E, empty_state, fold_result, fold_where, load_lengths, paged_tile_rows, restart_where,
-                   row_tile_update, row_walk_offsets, state_to_partial, store_out, tile_update, timeline_record,
-                   timeline_start)
+from .tile import (LOG2E, TABLE_AHEAD_PAGE, empty_state, fold_result, fold_where, load_lengths, paged_tile_rows,
+                   restart_where, row_tile_update, row_walk_offsets, state_to_partial, store_out, tile_update,
+                   timeline_record, timeline_start)
 
 
 @triton.jit
@@ -78,12 +78,12 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
         stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)      # CHUNKS > 0: the row's merge of its chunks
-    if PAGE > 0:   # pages: each tile's table rows read one tile ahead (fdlib.kernels.tile.paged_tile_rows)
+    if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.paged_tile_rows)
         j_n, end_n, L_n, n0_n = tile_of(0, slots, ends, lens, tiles, BLOCK_N)
         k_rows, v_rows = paged_tile_rows(BT, (pid + j_n * P) // H_KV, n0_n, L_n, offs_n, stride_bt, n_pages, FLAG,
                                          stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
     for t in range(0, total):
-        if PAGE > 0:
+        if PAGE >= TABLE_AHEAD_PAGE:
             j, end_j, L, n0, kr, vr = j_n, end_n, L_n, n0_n, k_rows, v_rows
             j_n, end_n, L_n, n0_n = tile_of(t + 1, slots, ends, lens, tiles, BLOCK_N)
             k_rows, v_rows = paged_tile_rows(BT, (pid + j_n * P) // H_KV, n0_n, L_n, offs_n, stride_bt, n_pages,

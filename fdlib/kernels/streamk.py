@@ -37,9 +37,9 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, strides4
-from .tile import (LOG2E, batch_tiles, combine_blocks, combine_heads, empty_state, load_lengths, paged_tile_rows,
-                   restart_where, row_tile_update, row_walk_offsets, state_to_partial, store_out, store_partial, take_ticket,
-                   tile_update, timeline_record, timeline_start)
+from .tile import (LOG2E, TABLE_AHEAD_PAGE, batch_tiles, combine_blocks, combine_heads, empty_state, load_lengths,
+                   paged_tile_rows, restart_where, row_tile_update, row_walk_offsets, state_to_partial, store_out,
+                   store_partial, take_ticket, tile_update, timeline_record, timeline_start)
 
 MAX_BATCH = 4096
 """Every program keeps all B lengths in registers; larger batches use the other kernels."""
@@ -129,12 +129,12 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
             e0 = tl.sum(tl.where(offs_b < w0, tiles, 0), 0)              # the window's first tile, E_{w0-1}
             ends_w = e0 + tl.cumsum(tiles_w, 0)
             t_lo = tl.maximum(t0, e0)
-            if PAGE > 0:   # pages: each tile's table rows read one tile ahead (fdlib.kernels.tile.paged_tile_rows)
+            if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.paged_tile_rows)
                 b_n, T_n, j_n, L_n = tile_row(t_lo, offs_w, ends_w, tiles_w, lens_w)
                 k_rows, v_rows = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages, FLAG,
                                                  stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
             for t in range(t_lo, tl.minimum(t1, e0 + tl.sum(tiles_w, 0))):
-                if PAGE > 0:
+                if PAGE >= TABLE_AHEAD_PAGE:
                     b, T_b, j, L, kr, vr = b_n + w0, T_n, j_n, L_n, k_rows, v_rows
                     b_n, T_n, j_n, L_n = tile_row(t + 1, offs_w, ends_w, tiles_w, lens_w)
                     k_rows, v_rows = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages,

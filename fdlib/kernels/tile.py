@@ -37,6 +37,14 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+TABLE_AHEAD_PAGE = tl.constexpr(8)
+"""Pages of at least this many keys have each tile's block-table rows read one tile ahead (:func:`attend_slice`,
+:func:`paged_tile_rows`), so that Triton pipelines the K/V loads over pages as over a contiguous cache; smaller
+pages keep the lookup in the tile's own iteration, which streamed them faster (H200, fp16, B=32 mean 8192,
+constant rows, auto: pages of 1 252 and 974 µs at 32:8 and 32:32 read in the tile's iteration with 128-key tiles,
+``results/h200/ragged-fp16-b32-page1-2026-11-30.json``, against 306 and 1314 read ahead with 64-key tiles,
+``ragged-fp16-b32-page1.json``; pages of 4 254/976 against 301/1120; pages of 8 253/979 against 259/1021 on
+constant rows but 299/1108 against 267/1088 on uniform ones; two runs on two machines)."""
 
 
 @triton.jit
@@ -351,7 +359,7 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     masks the rest, and a row whose limit is at or below ``start`` keeps the empty state."""
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    if PAGE == 0:
+    if PAGE < TABLE_AHEAD_PAGE:   # a contiguous cache (PAGE = 0), or small pages looked up in each tile's iteration
         k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
         for n0 in range(start, end, BLOCK_N):
             m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
