@@ -41,10 +41,11 @@ TABLE_AHEAD_PAGE = tl.constexpr(8)
 """Pages of at least this many keys have each tile's block-table rows read one tile ahead (:func:`attend_slice`,
 :func:`paged_tile_rows`), so that Triton pipelines the K/V loads over pages as over a contiguous cache; smaller
 pages keep the lookup in the tile's own iteration, which streamed them faster (H200, fp16, B=32 mean 8192,
-constant rows, auto: pages of 1 252 and 974 µs at 32:8 and 32:32 read in the tile's iteration with 128-key tiles,
-``results/h200/ragged-fp16-b32-page1-2026-11-30.json``, against 306 and 1314 read ahead with 64-key tiles,
-``ragged-fp16-b32-page1.json``; pages of 4 254/976 against 301/1120; pages of 8 253/979 against 259/1021 on
-constant rows but 299/1108 against 267/1088 on uniform ones; two runs on two machines)."""
+constant rows, auto, graph µs at 32:8 and 32:32: pages of 1 252 and 974 looked up in the tile's iteration with
+128-key tiles, ``results/h200/ragged-fp16-b32-page1.json``, against 306 and 1314 read ahead with 64-key tiles,
+``ragged-fp16-b32-page1-68b9fde.json``; pages of 4 254/976 against 301/1120; pages of 8, ahead as pages of 16:
+253/979 against 259/1021 on constant rows, but 299/1108 against 267/1088 on uniform ones,
+``ragged-fp16-b32-page8-2026-11-30.json`` and ``ragged-fp16-b32-page8.json``; two runs on two machines)."""
 
 
 @triton.jit
