@@ -274,12 +274,19 @@ def attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc, qk
     k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb, n_pages,
                    FLAG, PAGE)
     k_ptrs, v_ptrs = kv_step(k_ptrs, v_ptrs, stride_kl, stride_vl, BLOCK_N, PAGE)
+    m, l, acc = TILE_UPDATE(q, k, v, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT)
+    return m, l, acc, k_ptrs, v_ptrs
+
+
+@triton.jit
+def keys_seen(valid, pos, limit, Q_LEN: tl.constexpr):
+    """The keys ``pos`` a tile's query rows see: the valid ones (below the slice's end), and with several query
+    tokens (Q_LEN > 1) only those below each row's causal ``limit`` ([rows, keys])."""
     if Q_LEN == 1:
         seen = valid
     else:
         seen = valid[None, :] & (pos[None, :] < limit[:, None])
-    m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
-    return m, l, acc, k_ptrs, v_ptrs
+    return seen
 
 
 @triton.jit
@@ -383,11 +390,7 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
             page, slot = page_rows(BT_ROW, nxt, nxt < end, n_pages, FLAG, PAGE)
             k_rows = page * stride_kb + slot * stride_kl
             v_rows = page * stride_vb + slot * stride_vl
-            if Q_LEN == 1:
-                seen = valid
-            else:
-                seen = valid[None, :] & (pos[None, :] < limit[:, None])
-            m, l, acc = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+            m, l, acc = TILE_UPDATE(q, k, v, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT)
     return m, l, acc
 
 
