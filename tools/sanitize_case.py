@@ -1,7 +1,7 @@
 """A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split, unified and persistent paths,
 ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64; lengths
 outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a smaller
-batch than planned; a paged, ragged batch (shared and unused pages) through every method; q_len = 4; the
+batch than planned; a paged, ragged batch (shared and unused pages, pages of 4 and 16) through every method; q_len = 4; the
 stream-K and batch-invariant kernels; stream-K over many short rows, each share crossing several windows of rows
 (contiguous and paged).
 
@@ -43,21 +43,24 @@ for method, splits in (("split", 3), ("unified", 3), ("persistent", None), ("str
     small = p.run(q[:2], k[:2], v[:2], bad[:2])                            # B' = 2 < B = 3
     torch.cuda.synchronize()
     worst = max(worst, ((small.double().cpu() - ref[:2]).norm() / ref[:2].norm()).item())
-# A paged, ragged batch: pages of 16 keys, shuffled, a shared prefix, -1 past each length; every method.
-page, n_pages = 16, 64
-kp = torch.randn(n_pages, page, H_kv, D, device="cuda", dtype=torch.float16)
-vp = torch.randn(n_pages, page, H_kv, D, device="cuda", dtype=torch.float16)
-bt = torch.stack([torch.randperm(n_pages, device="cuda")[:19] for _ in range(B)]).to(torch.int32)
-bt[1, :8] = bt[0, :8]
-lens = torch.tensor([300, 17, 0], device="cuda", dtype=torch.int32)
-bt[1, 2:] = -1
-bt[2, :] = -1
-idx = bt.long().clamp(0, n_pages - 1)
-ref, _ = fdlib.reference_attention(q, kp[idx].flatten(1, 2), vp[idx].flatten(1, 2), lens)
-for method in ("split", "unified", "persistent", "balanced", "streamk", "auto"):
-    out = fdlib.decode_attention(q, kp, vp, lens, block_table=bt, method=method)
-    torch.cuda.synchronize()
-    worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
+# A paged, ragged batch: pages of 16 keys (each tile's table rows read a tile ahead) and of 4 (looked up in the
+# tile's own iteration), shuffled, a shared prefix, -1 past each length; every method.
+for page in (4, 16):
+    per = -(-L // page) + 1                                   # table entries a sequence, one unused
+    n_pages = 3 * per + 7
+    kp = torch.randn(n_pages, page, H_kv, D, device="cuda", dtype=torch.float16)
+    vp = torch.randn(n_pages, page, H_kv, D, device="cuda", dtype=torch.float16)
+    bt = torch.stack([torch.randperm(n_pages, device="cuda")[:per] for _ in range(B)]).to(torch.int32)
+    bt[1, :8] = bt[0, :8]
+    lens = torch.tensor([300, 17, 0], device="cuda", dtype=torch.int32)
+    bt[1, -(-17 // page):] = -1
+    bt[2, :] = -1
+    idx = bt.long().clamp(0, n_pages - 1)
+    ref, _ = fdlib.reference_attention(q, kp[idx].flatten(1, 2), vp[idx].flatten(1, 2), lens)
+    for method in ("split", "unified", "persistent", "balanced", "streamk", "auto"):
+        out = fdlib.decode_attention(q, kp, vp, lens, block_table=bt, method=method)
+        torch.cuda.synchronize()
+        worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
 # Four query tokens per sequence (speculative decoding): every method, ragged lengths including one shorter
 # than q_len.
 q4 = torch.randn(B, 4, H_q, D, device="cuda", dtype=torch.float16)
