@@ -286,15 +286,17 @@ def ragged_section(folder: Path) -> list[str]:
     for ps in (1, 4, 8, 16):
         res = load(folder, f"ragged-fp16-b32-page{ps}.json")
         if res:
-            fb, pb = ragged_records(flat), ragged_records(res)
+            base = same_run_contiguous(folder, res, "fp16")[0] or flat
+            fb, pb = ragged_records(base), ragged_records(res)
             # like for like only: the two grids draw ragged lengths from different seeds, so only rows of the
             # same bytes (every constant-length row) compare
             same = [k for k in pb if "auto" in pb[k] and "auto" in fb.get(k, {})
                     and round(pb[k]["auto"]["kv_mb"], 3) == round(fb[k]["auto"]["kv_mb"], 3)]
             dense = [f"{k[1]}:{k[2]} {pb[k]['auto']['graph_us'] / fb[k]['auto']['graph_us']:.3f}" for k in same]
-            runs = {r["provenance"].get("date_utc", "?")[:16] for r in (res, flat)}
+            runs = {r["provenance"].get("git_commit") for r in (res, base)}
             across = (f" (two runs: the paged grid of {res['provenance'].get('date_utc', '?')[:16]}Z against the "
-                      f"contiguous grid of {flat['provenance'].get('date_utc', '?')[:16]}Z)" if len(runs) > 1 else "")
+                      f"contiguous grid of {base['provenance'].get('date_utc', '?')[:16]}Z)" if len(runs) > 1
+                      else ", the contiguous grid of the same run")
             out.append(f"- pages of {ps} (B=32, mean 8192), auto's time against the contiguous cache on the rows "
                        f"of equal bytes (constant lengths): " + (", ".join(dense) or "none")
                        + (" (target ≤ 1.03 at ≥ 16)" if ps >= 16 else "") + across)
