@@ -44,3 +44,33 @@ def test_page_orders():
     assert used == list(range(6)) and bt_shuf[:, 0].tolist() != [0, 2, 3]
     with pytest.raises(ValueError, match="page_order"):
         run_ragged(quick=True, page_size=4, page_order="random", ceiling=False, progress=False)
+
+
+def test_ab_ragged_overrides_the_tiles_of_the_method_it_names(tmp_path, monkeypatch):
+    """tools/ab_ragged.py: ``balanced@NxWxS`` plans the balanced kernel with those tiles (the plan's tile_config
+    replaced for that method only, restored after), ``streamk@NxWxS`` the row walkers' persistent_config; every
+    record matches float64."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    from fdlib.kernels.config import INTERPRETER_CONFIG, TileConfig, persistent_config, tile_config
+    path = Path(__file__).resolve().parents[1] / "tools" / "ab_ragged.py"
+    spec = importlib.util.spec_from_file_location("ab_ragged", path)
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    assert ab.tiles_of("balanced@32x1x1") == ("balanced", TileConfig(BLOCK_N=32, num_warps=1, num_stages=1))
+    assert ab.tiles_of("streamk+ROW_WINDOW=4") == ("streamk", None)
+    plan_module = sys.modules["fdlib.plan"]
+    seen = []
+    decide = plan_module.decide
+    monkeypatch.setattr(plan_module, "decide", lambda *a, **k: seen.append(decide(*a, **k)) or seen[-1])
+    out = tmp_path / "ab.json"
+    ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--methods", "balanced,balanced@32x1x1,streamk@32x1x1"])
+    recs = json.loads(out.read_text())["records"]
+    assert [r["method"] for r in recs] == ["balanced", "balanced@32x1x1", "streamk@32x1x1"]
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 for r in recs), recs
+    tiles = sorted({(d.kernel, d.tile.BLOCK_N) for d in seen})
+    assert tiles == [("balanced", INTERPRETER_CONFIG.BLOCK_N), ("balanced", 32), ("streamk", 32)], tiles
+    assert plan_module.tile_config is tile_config and plan_module.persistent_config is persistent_config
