@@ -318,14 +318,21 @@ def row_walk_offsets(stride_kl, stride_vl, GROUP: tl.constexpr, Q_LEN: tl.conste
 
 
 @triton.jit
+def page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE: tl.constexpr):
+    """The 64-bit offsets page·stride + slot·stride of keys ``pos`` (where ``valid``) in the K and V page pools,
+    through the block-table row ``BT_ROW`` (:func:`page_rows`): what a loop reads one tile ahead, so that its
+    K/V loads depend on no load of their own iteration."""
+    page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
+    return page * stride_kb + slot * stride_kl, page * stride_vb + slot * stride_vl
+
+
+@triton.jit
 def paged_tile_rows(BT, b, n0, L, offs_n, stride_bt, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
                     PAGE: tl.constexpr):
-    """The 64-bit offsets page·stride + slot·stride of keys n0 + offs_n (below L) of sequence b in the K and V
-    page pools (:func:`page_rows`): what a row-walking loop reads from the table one tile ahead, so that its
-    K/V loads depend on no load of their own iteration."""
+    """:func:`page_offsets` of keys n0 + offs_n (below L) of sequence b, for the row-walking loops."""
     pos = n0 + offs_n
-    page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, pos < L, n_pages, FLAG, PAGE)
-    return page * stride_kb + slot * stride_kl, page * stride_vb + slot * stride_vl
+    return page_offsets(BT + b.to(tl.int64) * stride_bt, pos, pos < L, n_pages, FLAG, stride_kb, stride_kl,
+                        stride_vb, stride_vl, PAGE)
 
 
 @triton.jit
@@ -344,9 +351,8 @@ def row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, s
                     mask=kv_mask, other=0.0)
     else:
         if k_rows is None:
-            page, slot = page_rows(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, PAGE)
-            k_rows = page * stride_kb + slot * stride_kl
-            v_rows = page * stride_vb + slot * stride_vl
+            k_rows, v_rows = page_offsets(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, stride_kb,
+                                          stride_kl, stride_vb, stride_vl, PAGE)
         k = tl.load(K + k_rows[:, None] + h_kv * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + v_rows[:, None] + h_kv * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
     return k, v
@@ -360,7 +366,8 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     """Stream keys [start, end) of one sequence and KV head through on-chip memory, one BLOCK_N tile at a
     time, and return the group's state (m, ℓ, Õ). ``k_ptrs``/``v_ptrs`` point at key 0, dims ``offs_d``
     (a contiguous cache, PAGE = 0), or at page 0's slot 0 of this KV head (a paged cache: PAGE keys a page,
-    rows gathered through the block table with :func:`page_rows`).
+    rows gathered through the block table with :func:`page_rows`; from pages of TABLE_AHEAD_PAGE keys, each
+    tile's table rows are read one tile ahead, :func:`page_offsets`).
     ``TILE_UPDATE`` is :func:`tile_update` (Lab 03 passes the learner's version to check it).
     Q_LEN > 1 (several query tokens): row r also sees only keys below ``limit[r]`` (its causal limit,
     :func:`causal_limit`); the slice [start, end) is the same for every row, a row whose limit ends inside it
@@ -377,9 +384,8 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
         # pages: each tile's row offsets (page·stride + slot·stride) are read from the table one tile ahead and
         # carried, so the tile's K/V loads depend on no load of their own iteration
         pos = start + offs_n
-        page, slot = page_rows(BT_ROW, pos, pos < end, n_pages, FLAG, PAGE)
-        k_rows = page * stride_kb + slot * stride_kl
-        v_rows = page * stride_vb + slot * stride_vl
+        k_rows, v_rows = page_offsets(BT_ROW, pos, pos < end, n_pages, FLAG, stride_kb, stride_kl, stride_vb,
+                                      stride_vl, PAGE)
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + offs_n
             valid = pos < end
@@ -387,9 +393,8 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
             k = tl.load(k_ptrs + k_rows[:, None], mask=kv_mask, other=0.0)
             v = tl.load(v_ptrs + v_rows[:, None], mask=kv_mask, other=0.0)
             nxt = pos + BLOCK_N
-            page, slot = page_rows(BT_ROW, nxt, nxt < end, n_pages, FLAG, PAGE)
-            k_rows = page * stride_kb + slot * stride_kl
-            v_rows = page * stride_vb + slot * stride_vl
+            k_rows, v_rows = page_offsets(BT_ROW, nxt, nxt < end, n_pages, FLAG, stride_kb, stride_kl, stride_vb,
+                                          stride_vl, PAGE)
             m, l, acc = TILE_UPDATE(q, k, v, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT)
     return m, l, acc
 
