@@ -282,7 +282,9 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: int = 0) ->
     (``results/h200/kernel-resources.json``: 74 against 136 KB of shared memory)."""
     if paged:
         # Not over pages: on the H200 (ragged run of 2026-11-30 15:45Z, pages of 16, every row 1024 keys), B=128
-        # 32:8 took 199.7 µs through the persistent kernel against 127.7 µs for a contiguous cache.
+        # 32:8 took 199.7 µs through the persistent kernel against 127.7 µs for a contiguous cache. That kernel
+        # looked the table up in each tile's iteration; read a tile ahead (pages of >= TABLE_AHEAD_PAGE keys) it
+        # has not been timed at its 64-key tiles.
         return "unified"
     rows = B * H_kv
     sms = sm_count()
