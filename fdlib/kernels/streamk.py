@@ -139,19 +139,15 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                     b_n, T_n, j_n, L_n = tile_row(t + 1, offs_w, ends_w, tiles_w, lens_w)
                     k_rows, v_rows = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages,
                                                      FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
-                    m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d,
-                                                mask_d, k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh,
-                                                stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT,
-                                                stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D,
-                                                FP32_DOT, TILE_UPDATE, PAGE, kr, vr)
                 else:
                     b, T_b, j, L = tile_row(t, offs_w, ends_w, tiles_w, lens_w)
                     b += w0
-                    m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d,
-                                                mask_d, k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh,
-                                                stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT,
-                                                stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D,
-                                                FP32_DOT, TILE_UPDATE, PAGE)
+                    kr, vr = None, None
+                m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d, mask_d,
+                                            k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh, stride_kb,
+                                            stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt,
+                                            n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE,
+                                            PAGE, kr, vr)
                 # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
                 # earlier) goes to its slot; either way the next row starts from the empty state (masked
                 # stores, nothing branches inside the loop)
