@@ -37,16 +37,17 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
     splits·group·(D+1) ≥ EPILOGUE_WORK values in one program (over pages: the unified kernel up to
-    PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for ragged host lengths of a
-    contiguous cache where :func:`streamk_suits`; the balanced kernel for ragged host lengths where
-    :func:`balance_gain` predicts it faster (BALANCED_GAIN, over pages BALANCED_GAIN_PAGED); then the persistent
-    kernel where :func:`choose_kernel` takes
-    it at one split. In the interpreter (no SMs, no timing): the unified kernel at :func:`simple_rule`'s
-    splits."""
+    PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for ragged host lengths of a contiguous cache
+    where :func:`streamk_suits`; the balanced kernel for ragged host lengths where :func:`balance_gain` predicts
+    it faster (BALANCED_GAIN, over pages BALANCED_GAIN_PAGED); then the persistent kernel where
+    :func:`choose_kernel` takes it at one split. In the interpreter (no SMs, no timing): the unified kernel at
+    :func:`simple_rule`'s splits."""
     if runtime.INTERPRET:
         splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths, paged)
     else:
-        unified, split = (_explain(B, H_q, H_kv, D, dtype, L_cap, lengths, m, paged) for m in ("unified", "split"))
+        unified = _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "unified", paged)
+        # over pages auto_path reads the unified explanation only: the two-stage one is not computed
+        split = None if paged else _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "split", paged)
         kernel, splits = auto_path(unified, split, H_q // H_kv, D, paged)
         if lengths is not None and len(set(lengths)) > 1 and not paged and streamk_suits(B, H_kv, lengths):
             return "streamk", 1
@@ -67,7 +68,7 @@ def auto_path(unified, two_stage, group: int, D: int, paged: int = 0) -> tuple[s
     at its own best count, or where the unified epilogue would merge splits·group·(D+1) >= EPILOGUE_WORK
     values in one program (at the unified count); else the unified kernel (:func:`choose_auto`'s first step).
     Over pages (``paged``) the unified kernel up to PAGED_EPILOGUE_WORK merged values, the two-stage path
-    beyond."""
+    beyond; ``two_stage`` is not read there (None)."""
     if paged:
         return ("split" if unified.chosen * group * (D + 1) > PAGED_EPILOGUE_WORK else "unified"), unified.chosen
     if min(c.time_us for c in two_stage.candidates) < min(c.time_us for c in unified.candidates) / 1.02:
