@@ -88,9 +88,10 @@ def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2
     if not compiled_mode:
         return INTERPRETER_CONFIG
     block_n = (GPU_CONFIG.BLOCK_N if D <= 128 else 32) * 2 // elem_bytes
-    ahead = paged >= TABLE_AHEAD_PAGE.value
-    if L_cap <= 2048 and (rows is None or rows <= SMALL_BATCH_ROWS) or ahead:
-        block_n = min(block_n, PAGED_BLOCK_N if ahead else 64)
+    if L_cap <= 2048 and (rows is None or rows <= SMALL_BATCH_ROWS):
+        block_n = min(block_n, 64)
+    if paged >= TABLE_AHEAD_PAGE.value:
+        block_n = min(block_n, PAGED_BLOCK_N)
     num_warps = GPU_CONFIG.num_warps
     block_g, block_d = block_sizes(q_rows, D)
     if block_g > 32:
