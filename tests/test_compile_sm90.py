@@ -37,9 +37,9 @@ def pipeline_waits(case: str) -> list[int]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kernel", ["unified", "streamk", "persistent"])
 def test_the_loop_pipelines_over_pages_as_over_a_contiguous_cache(kernel):
-    """With the page table read a tile ahead, the sm_90 builds of the unified, stream-K and persistent kernels keep as many
-    groups of K/V copies in flight over pages as on a contiguous cache (a lookup in the same iteration as the
-    loads made Triton's pipeliner keep one buffer and wait for every copy: async_wait 0 or 1)."""
+    """With the page table read a tile ahead, the sm_90 builds of the unified, stream-K and persistent kernels
+    keep as many groups of K/V copies in flight over pages as on a contiguous cache (a lookup in the same
+    iteration as the loads made Triton's pipeliner keep one buffer and wait for every copy: async_wait 0 or 1)."""
     contiguous, paged = pipeline_waits(f"{kernel} PAGE=0"), pipeline_waits(f"{kernel} PAGE=16")
     assert contiguous and max(contiguous) >= 2, contiguous
     assert paged == contiguous, (paged, contiguous)

@@ -12,6 +12,7 @@ with ticket or atomic partials, pass 2's exact recompute), contiguous and paged;
 kernel.
 """
 import os
+import re
 import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -59,7 +60,6 @@ def pipeline_waits(compiled) -> list[int]:
     """The ``num`` of every async wait inside a loop body of ``compiled``'s TTGIR (scf.for, up to its scf.yield):
     how many groups of K/V copies stay in flight while a tile is computed (num_stages - 1 where the loop is
     pipelined; 0 where it waits for all)."""
-    import re
     lines, waits = compiled.asm["ttgir"].split("\n"), []
     for i, line in enumerate(lines):
         if "scf.for" not in line:
