@@ -197,6 +197,13 @@ def same_run_contiguous(folder: Path, paged, dt: str):
     return load(folder, f"ragged-{dt}.json"), False
 
 
+def constant_ratios(paged, flat) -> list:
+    """[(shape, auto's time paged / contiguous)] over the constant-length shapes both grids timed auto on."""
+    pb, fb = ragged_records(paged), ragged_records(flat)
+    return [(k, pb[k]["auto"]["graph_us"] / fb[k]["auto"]["graph_us"]) for k in fb
+            if k[3] == "constant" and "auto" in fb[k] and "auto" in pb.get(k, {})]
+
+
 def ragged_targets(label: str, res) -> list[str]:
     """Issue 13's two targets on one --ragged grid: >= 90% of the ceiling on every shape of >= 512 MB, and the
     geometric mean over all shapes >= 85%."""
@@ -256,9 +263,7 @@ def ragged_section(folder: Path) -> list[str]:
         flat_dt, same = same_run_contiguous(folder, paged, dt)
         if not flat_dt:
             continue
-        fb, pb = ragged_records(flat_dt), ragged_records(paged)
-        dense = [(k, pb[k]["auto"]["graph_us"] / fb[k]["auto"]["graph_us"]) for k in fb
-                 if k[3] == "constant" and "auto" in fb[k] and "auto" in pb.get(k, {})]
+        dense = constant_ratios(paged, flat_dt)
         if dense:
             worst = max(dense, key=lambda kr: kr[1])
             out.append(f"- {dt}, pages of 16 (shuffled) against the contiguous cache on constant lengths (the dense "
@@ -277,26 +282,24 @@ def ragged_section(folder: Path) -> list[str]:
                    + (", same run" if same else ", two runs"))
         flat_seq, same_flat = same_run_contiguous(folder, seq, "fp16")
         if flat_seq:
-            fb = ragged_records(flat_seq)
-            dense = [a[k]["auto"]["graph_us"] / fb[k]["auto"]["graph_us"] for k in fb
-                     if k[3] == "constant" and "auto" in fb[k] and "auto" in a.get(k, {})]
+            dense = [r for _, r in constant_ratios(seq, flat_seq)]
             out.append(f"- fp16, pages of 16 in order against the contiguous cache on constant lengths: geometric mean "
                        f"{geomean(dense):.3f}, worst {max(dense):.3f}"
                        + (", same run" if same_flat else ", two runs"))
     for ps in (1, 4, 8, 16):
         res = load(folder, f"ragged-fp16-b32-page{ps}.json")
         if res:
-            base = same_run_contiguous(folder, res, "fp16")[0] or flat
+            base, same_run = same_run_contiguous(folder, res, "fp16")
+            base = base or flat
             fb, pb = ragged_records(base), ragged_records(res)
             # like for like only: the two grids draw ragged lengths from different seeds, so only rows of the
             # same bytes (every constant-length row) compare
             same = [k for k in pb if "auto" in pb[k] and "auto" in fb.get(k, {})
                     and round(pb[k]["auto"]["kv_mb"], 3) == round(fb[k]["auto"]["kv_mb"], 3)]
             dense = [f"{k[1]}:{k[2]} {pb[k]['auto']['graph_us'] / fb[k]['auto']['graph_us']:.3f}" for k in same]
-            runs = {r["provenance"].get("git_commit") for r in (res, base)}
-            across = (f" (two runs: the paged grid of {res['provenance'].get('date_utc', '?')[:16]}Z against the "
-                      f"contiguous grid of {base['provenance'].get('date_utc', '?')[:16]}Z)" if len(runs) > 1
-                      else ", the contiguous grid of the same run")
+            across = (", the contiguous grid of the same run" if same_run else
+                      f" (two runs: the paged grid of {res['provenance'].get('date_utc', '?')[:16]}Z against the "
+                      f"contiguous grid of {base['provenance'].get('date_utc', '?')[:16]}Z)")
             out.append(f"- pages of {ps} (B=32, mean 8192), auto's time against the contiguous cache on the rows "
                        f"of equal bytes (constant lengths): " + (", ".join(dense) or "none")
                        + (" (target ≤ 1.03 at ≥ 16)" if ps >= 16 else "") + across)
