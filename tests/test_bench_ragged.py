@@ -62,14 +62,19 @@ def test_ab_ragged_overrides_the_tiles_of_the_method_it_names(tmp_path, monkeypa
     spec.loader.exec_module(ab)
     assert ab.tiles_of("balanced@32x1x1") == ("balanced", TileConfig(BLOCK_N=32, num_warps=1, num_stages=1))
     assert ab.tiles_of("streamk+ROW_WINDOW=4") == ("streamk", None)
+    assert ab.tiles_of("streamk@64x4x3+PERSISTENT_PER_SM=3") == ("streamk", TileConfig(64, 4, 3))
     plan_module = sys.modules["fdlib.plan"]
     seen = []
     decide = plan_module.decide
     monkeypatch.setattr(plan_module, "decide", lambda *a, **k: seen.append(decide(*a, **k)) or seen[-1])
     out = tmp_path / "ab.json"
-    ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--methods", "balanced,balanced@32x1x1,streamk@32x1x1"])
+    from fdlib.kernels import config
+    per_sm = config.PERSISTENT_PER_SM
+    ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--methods",
+             "balanced,balanced@32x1x1,streamk@32x1x1+PERSISTENT_PER_SM=3"])
+    assert config.PERSISTENT_PER_SM == per_sm
     recs = json.loads(out.read_text())["records"]
-    assert [r["method"] for r in recs] == ["balanced", "balanced@32x1x1", "streamk@32x1x1"]
+    assert [r["method"] for r in recs] == ["balanced", "balanced@32x1x1", "streamk@32x1x1+PERSISTENT_PER_SM=3"]
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 for r in recs), recs
     tiles = sorted({(d.kernel, d.tile.BLOCK_N) for d in seen})
     assert tiles == [("balanced", INTERPRETER_CONFIG.BLOCK_N), ("balanced", 32), ("streamk", 32)], tiles

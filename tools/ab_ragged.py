@@ -6,7 +6,9 @@ A method is a plan method (``auto``, ``streamk``, ``balanced``, ``unified``, ``s
 ``streamk@NxWxS`` / ``persistent@NxWxS``: that kernel with BLOCK_N = N keys, W warps and S pipeline stages in place
 of :func:`fdlib.kernels.config.persistent_config`'s, ``balanced@NxWxS`` / ``unified@NxWxS`` / ``split@NxWxS``: the
 same in place of the plan's :func:`fdlib.kernels.config.tile_config`, or ``streamk+NAME=VALUE``: the stream-K
-kernel with the integer constant NAME of :mod:`fdlib.kernels.streamk` (ROW_WINDOW, MIN_BLOCK_B) set to VALUE.
+kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW or MIN_BLOCK_B, or
+:mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM) set to VALUE; both may be
+combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``.
 ``page`` 0 is a contiguous cache. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
 same draw of lengths from ``--seed``, CUDA graphs rotating over copies holding >= 4x the L2, the read ceiling
 measured in the same run); each shape's batch is planned from its host lengths. The JSON carries the device,
@@ -31,8 +33,9 @@ def parse_case(text: str) -> dict:
 def tiles_of(method: str):
     """(plan method, TileConfig or None) of ``name`` or ``name@NxWxS``."""
     from fdlib.kernels.config import TileConfig
+    method = method.split("+")[0]
     if "@" not in method:
-        return method.split("+")[0], None
+        return method, None
     name, spec = method.split("@")
     n, w, s = (int(x) for x in spec.split("x"))
     return name, TileConfig(BLOCK_N=n, num_warps=w, num_stages=s)
@@ -58,6 +61,8 @@ def main(argv=None):
     ceil = measure_ceiling_or_none(gpu, 4, settings)
     records = []
     default_tiles, default_grid_tiles = plan_module.persistent_config, plan_module.tile_config
+    sk, kc = sys.modules["fdlib.kernels.streamk"], sys.modules["fdlib.kernels.config"]
+    constants = {"ROW_WINDOW": sk, "MIN_BLOCK_B": sk, "PERSISTENT_PER_SM": kc}
     for i, text in enumerate(args.cases.split(",")):
         shape = parse_case(text)
         page = shape.pop("page")
@@ -71,20 +76,19 @@ def main(argv=None):
                 plan_module.persistent_config = fixed or default_tiles
             else:
                 plan_module.tile_config = fixed or default_grid_tiles
-            sk = sys.modules["fdlib.kernels.streamk"]
-            saved = {k: getattr(sk, k) for k in ("ROW_WINDOW", "MIN_BLOCK_B")}
+            saved = {k: getattr(m, k) for k, m in constants.items()}
             for item in method.split("+")[1:]:
                 key, val = item.split("=")
                 if key not in saved:
-                    raise SystemExit(f"--methods: {method!r}: expected ROW_WINDOW or MIN_BLOCK_B after '+', "
+                    raise SystemExit(f"--methods: {method!r}: expected one of {', '.join(constants)} after '+', "
                                      f"got {key!r}")
-                setattr(sk, key, int(val))
+                setattr(constants[key], key, int(val))
             try:
                 rec = ragged._measure(name, copies, ref, base, settings, ceil)
             finally:
                 plan_module.persistent_config, plan_module.tile_config = default_tiles, default_grid_tiles
                 for k, v in saved.items():
-                    setattr(sk, k, v)
+                    setattr(constants[k], k, v)
             rec["method"] = method
             records.append(rec)
             print(f"{text:32s} {method:22s} {rec.get('kernel')} {rec.get('graph_us', float('nan')):9.1f} us "
