@@ -68,13 +68,14 @@ def test_ab_ragged_overrides_the_tiles_of_the_method_it_names(tmp_path, monkeypa
     decide = plan_module.decide
     monkeypatch.setattr(plan_module, "decide", lambda *a, **k: seen.append(decide(*a, **k)) or seen[-1])
     out = tmp_path / "ab.json"
-    from fdlib.kernels import config
+    from fdlib.kernels import config, streamk
     per_sm = config.PERSISTENT_PER_SM
     ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--methods",
-             "balanced,balanced@32x1x1,streamk@32x1x1+PERSISTENT_PER_SM=3"])
-    assert config.PERSISTENT_PER_SM == per_sm
+             "balanced,balanced@32x1x1,streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128"])
+    assert config.PERSISTENT_PER_SM == per_sm and streamk.MAX_REGISTERS is None
     recs = json.loads(out.read_text())["records"]
-    assert [r["method"] for r in recs] == ["balanced", "balanced@32x1x1", "streamk@32x1x1+PERSISTENT_PER_SM=3"]
+    assert [r["method"] for r in recs] == ["balanced", "balanced@32x1x1",
+                                          "streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128"]
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 for r in recs), recs
     tiles = sorted({(d.kernel, d.tile.BLOCK_N) for d in seen})
     assert tiles == [("balanced", INTERPRETER_CONFIG.BLOCK_N), ("balanced", 32), ("streamk", 32)], tiles

@@ -6,7 +6,7 @@ A method is a plan method (``auto``, ``streamk``, ``balanced``, ``unified``, ``s
 ``streamk@NxWxS`` / ``persistent@NxWxS``: that kernel with BLOCK_N = N keys, W warps and S pipeline stages in place
 of :func:`fdlib.kernels.config.persistent_config`'s, ``balanced@NxWxS`` / ``unified@NxWxS`` / ``split@NxWxS``: the
 same in place of the plan's :func:`fdlib.kernels.config.tile_config`, or ``streamk+NAME=VALUE``: the stream-K
-kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW or MIN_BLOCK_B, or
+kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW, MIN_BLOCK_B or MAX_REGISTERS, or
 :mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM) set to VALUE; both may be
 combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``.
 ``page`` 0 is a contiguous cache. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
@@ -47,6 +47,8 @@ def main(argv=None):
     ap.add_argument("--cases", default=CASES)
     ap.add_argument("--methods", default="auto,streamk,balanced")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--resources", action="store_true",
+                    help="also list every kernel compiled (registers, spills, shared memory: tools/kernel_resources.py)")
     args = ap.parse_args(argv)
 
     import fdlib
@@ -62,7 +64,7 @@ def main(argv=None):
     records = []
     default_tiles, default_grid_tiles = plan_module.persistent_config, plan_module.tile_config
     sk, kc = sys.modules["fdlib.kernels.streamk"], sys.modules["fdlib.kernels.config"]
-    constants = {"ROW_WINDOW": sk, "MIN_BLOCK_B": sk, "PERSISTENT_PER_SM": kc}
+    constants = {"ROW_WINDOW": sk, "MIN_BLOCK_B": sk, "MAX_REGISTERS": sk, "PERSISTENT_PER_SM": kc}
     for i, text in enumerate(args.cases.split(",")):
         shape = parse_case(text)
         page = shape.pop("page")
@@ -98,8 +100,21 @@ def main(argv=None):
     out = {"schema": "fdlib.bench/1", "kind": "ab-ragged", "fdlib": fdlib.__version__,
            "provenance": provenance("python tools/ab_ragged.py " + " ".join(argv or sys.argv[1:])),
            "settings": settings, "ceiling": ceil, "records": records}
+    if args.resources:
+        out["kernels"] = kernel_rows()
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
+
+
+def kernel_rows() -> list[dict]:
+    """tools/kernel_resources.py's rows of the kernels this process compiled (GPU only), printed too."""
+    import kernel_resources
+    rows = kernel_resources.kernel_rows(kernel_resources.SHOWN + ("BLOCK_B",))
+    for r in rows:
+        print(f"{r['kernel']:<24} regs {r['registers']:>3} spills {r['spilled_bytes']:>5} B smem "
+              f"{r['shared_bytes']:>6} B warps {r['num_warps']} stages {r['num_stages']} maxnreg {r['maxnreg']} "
+              f"{r['constexprs']}", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -65,12 +65,9 @@ def compiled_kernels():
                         yield fn.__name__, k
 
 
-def main(argv):
-    out = None
-    if argv[:1] == ["--out"]:
-        out, argv = argv[1], argv[2:]
-    items = argv or ITEMS
-    plans = {it: run_item(it) for it in items}
+def kernel_rows(shown_names=SHOWN) -> list[dict]:
+    """One row per kernel this process compiled: registers a thread and spills (the driver's), the stack frame
+    (cuobjdump's), shared memory, warps, stages, and the constexprs named in ``shown_names``."""
     rows = []
     for name, k in compiled_kernels():
         k._init_handles()
@@ -79,11 +76,22 @@ def main(argv):
         for key, v in getattr(k.src, "constants", {}).items():
             idx = key[0] if isinstance(key, tuple) else key
             nm = names[idx] if isinstance(idx, int) and idx < len(names) else str(idx)
-            if nm in SHOWN:
+            if nm in shown_names:
                 shown[nm] = v if isinstance(v, (int, bool, float, str)) else str(v)
         rows.append(dict(kernel=name, registers=k.n_regs, spilled_bytes=k.n_spills,
                          stack_bytes=stack_bytes(k.asm["cubin"]), shared_bytes=k.metadata.shared,
-                         num_warps=k.metadata.num_warps, num_stages=k.metadata.num_stages, constexprs=shown))
+                         num_warps=k.metadata.num_warps, num_stages=k.metadata.num_stages,
+                         maxnreg=getattr(k.metadata, "maxnreg", None), constexprs=shown))
+    return rows
+
+
+def main(argv):
+    out = None
+    if argv[:1] == ["--out"]:
+        out, argv = argv[1], argv[2:]
+    items = argv or ITEMS
+    plans = {it: run_item(it) for it in items}
+    rows = kernel_rows()
     for r in rows:
         print(f"{r['kernel']:<24} regs {r['registers']:>3}  spills {r['spilled_bytes']:>6} B  stack "
               f"{r['stack_bytes']} B  smem {r['shared_bytes']:>6} B  {r['constexprs']}")

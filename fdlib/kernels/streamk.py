@@ -52,6 +52,10 @@ MIN_BLOCK_B = 32
 32:32 constant 8192 keys 260.0 against 242.3 µs, as fast as the persistent kernel's 242.2; B=8 32:8 uniform
 mean 32768 247.1 against 233.6)."""
 
+MAX_REGISTERS = None
+"""A cap on the registers a thread (Triton's ``maxnreg``), so that more programs fit on an SM; None: the
+compiler's choice."""
+
 
 @triton.jit
 def program_of(t, T, P):
@@ -216,11 +220,13 @@ def streamk_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, p
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     block_h, block_s = combine_blocks(group * q_len, 16, BLOCK_D)
     block_b = max(MIN_BLOCK_B, triton.next_power_of_2(B))
+    caps = {} if MAX_REGISTERS is None else dict(maxnreg=MAX_REGISTERS)
     return Launcher(streamk_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                          BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=block_b,
                                          BLOCK_W=min(ROW_WINDOW, block_b),
                                          FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, PAGE=page, Q_LEN=q_len,
-                                         TIMELINE=timeline, num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+                                         TIMELINE=timeline, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                         **caps),
                     dtype_slots)
 
 
