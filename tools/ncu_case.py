@@ -3,8 +3,10 @@
 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section MemoryWorkloadAnalysis python3 tools/ncu_case.py [CASE ...]
 
-CASE: ``short`` (B=64, H 32:32, L=512: the plain unified grid at one split, then the persistent kernel) or
-``small`` (B=1, H 32:8, L=512 at fdlib's splits: stage 1, stage 2, unified). Default: both.
+CASE: ``short`` (B=64, H 32:32, L=512: the plain unified grid at one split, then the persistent kernel),
+``small`` (B=1, H 32:8, L=512 at fdlib's splits: stage 1, stage 2, unified) or ``paged`` (B=32, H 32:8, rows of
+8192 keys, the ragged bench's inputs: stream-K and the unified kernel over shuffled pages of 16, then stream-K on
+the contiguous cache). Default: short and small.
 """
 from __future__ import annotations
 
@@ -22,7 +24,23 @@ from fdlib.kernels.stage2 import run_stage2
 from fdlib.kernels.unified import run_unified
 
 
+def paged_calls():
+    """One plan.run each: stream-K and unified over pages of 16 (shuffled), stream-K on the contiguous cache."""
+    from fdlib.bench.ragged import _inputs
+    shape = dict(dtype="float16", B=32, H_q=32, H_kv=8, D=128, dist="constant", mean=8192)
+    lens = [8192] * 32
+    fns = []
+    for method, page in (("streamk", 16), ("unified", 16), ("streamk", 0)):
+        q, k, v, lens_t, bt = _inputs(shape, lens, page, 0, "shuffled")
+        p = fdlib.plan(32, 32, 8, 128, k.shape[1] if bt is None else bt.shape[1] * page, dtype=q.dtype,
+                       device=q.device, lengths=lens, method=method, page_size=page or None)
+        fns.append(lambda p=p, a=(q, k, v, lens_t, bt): p.run(*a[:4], block_table=a[4]))
+    return fns
+
+
 def calls(case):
+    if case == "paged":
+        return paged_calls()
     D = 128
     if case == "short":
         B, Hq, Hkv, L, splits = 64, 32, 32, 512, 1
