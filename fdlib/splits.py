@@ -284,8 +284,10 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: int = 0) ->
     if paged:
         # Not over pages: on the H200 (ragged run of 2026-11-30 15:45Z, pages of 16, every row 1024 keys), B=128
         # 32:8 took 199.7 µs through the persistent kernel against 127.7 µs for a contiguous cache. That kernel
-        # looked the table up in each tile's iteration; read a tile ahead (pages of >= TABLE_AHEAD_PAGE keys) it
-        # has not been timed at its 64-key tiles.
+        # looked the table up in each tile's iteration. Read a tile ahead, at its 64-key tiles, it is still slower
+        # than the unified kernel over pages of 16, at 2 and at 3 programs an SM (results/h200/ab/ab-paged-per-sm.json,
+        # constant rows: B=32 32:32 rows of 1024 keys 153.2 and 142.0 µs against 129.9; rows of 8192 keys 1169.7 and
+        # 1075.1 against 1001.8; B=128 32:8 rows of 1024 keys 152.8 and 141.8 against 131.9).
         return "unified"
     rows = B * H_kv
     sms = sm_count()
