@@ -48,7 +48,8 @@ def main(argv=None):
     ap.add_argument("--methods", default="auto,streamk,balanced")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resources", action="store_true",
-                    help="also list every kernel compiled (registers, spills, shared memory: tools/kernel_resources.py)")
+                    help="also list every kernel compiled (registers, spills, shared memory: "
+                         "tools/kernel_resources.py)")
     args = ap.parse_args(argv)
 
     import fdlib
@@ -111,9 +112,7 @@ def kernel_rows() -> list[dict]:
     import kernel_resources
     rows = kernel_resources.kernel_rows(kernel_resources.SHOWN + ("BLOCK_B",))
     for r in rows:
-        print(f"{r['kernel']:<24} regs {r['registers']:>3} spills {r['spilled_bytes']:>5} B smem "
-              f"{r['shared_bytes']:>6} B warps {r['num_warps']} stages {r['num_stages']} maxnreg {r['maxnreg']} "
-              f"{r['constexprs']}", flush=True)
+        print(kernel_resources.row_text(r), flush=True)
     return rows
 
 

@@ -85,6 +85,13 @@ def kernel_rows(shown_names=SHOWN) -> list[dict]:
     return rows
 
 
+def row_text(r: dict) -> str:
+    """One line of :func:`kernel_rows`' row ``r``."""
+    return (f"{r['kernel']:<24} regs {r['registers']:>3}  spills {r['spilled_bytes']:>6} B  stack "
+            f"{r['stack_bytes']} B  smem {r['shared_bytes']:>6} B  warps {r['num_warps']}  stages {r['num_stages']}  "
+            f"maxnreg {r['maxnreg']}  {r['constexprs']}")
+
+
 def main(argv):
     out = None
     if argv[:1] == ["--out"]:
@@ -93,8 +100,7 @@ def main(argv):
     plans = {it: run_item(it) for it in items}
     rows = kernel_rows()
     for r in rows:
-        print(f"{r['kernel']:<24} regs {r['registers']:>3}  spills {r['spilled_bytes']:>6} B  stack "
-              f"{r['stack_bytes']} B  smem {r['shared_bytes']:>6} B  {r['constexprs']}")
+        print(row_text(r))
     if out:
         with open(out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
