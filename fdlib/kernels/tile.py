@@ -212,9 +212,19 @@ def page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE: tl.constexpr):
     r"""Paged cache: the page and the slot in it of key positions ``pos`` of one sequence,
     :math:`\text{page} = \text{table}[\lfloor pos/\text{PAGE}\rfloor]`, slot = pos mod PAGE (``BT_ROW`` points at
     the sequence's row of the block table). A page index outside 0..n_pages-1 is clamped (no load ever leaves
-    the pool) and sets ``FLAG[0]`` to 1, like a clamped length."""
+    the pool) and sets ``FLAG[0]`` to 1, like a clamped length. Both come back as unsigned 64-bit integers of
+    32-bit values: positions are never negative, so ⌊pos/PAGE⌋ and pos mod PAGE are a shift and a mask, and a
+    product with a stride (:func:`wide`) is one 32 × 32 → 64-bit multiply (:func:`page_offsets`)."""
+    pos = pos.to(tl.uint32)
     page = clamp_and_flag(tl.load(BT_ROW + pos // PAGE, mask=valid, other=0), n_pages - 1, valid, FLAG)
-    return page.to(tl.int64), pos % PAGE
+    return wide(page), pos % PAGE
+
+
+@triton.jit
+def wide(x):
+    """A non-negative 32-bit integer (a stride, a clamped page index) as an unsigned 64-bit one: zero-extended,
+    so that its product with another such value compiles to one 32 × 32 → 64-bit multiply-add."""
+    return x.to(tl.uint32).to(tl.uint64)
 
 
 @triton.jit
@@ -249,9 +259,10 @@ def load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, st
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
     else:
-        page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
-        k = tl.load(k_ptrs + (page * stride_kb + slot * stride_kl)[:, None], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs + (page * stride_vb + slot * stride_vl)[:, None], mask=kv_mask, other=0.0)
+        k_rows, v_rows = page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
+                                      PAGE)
+        k = tl.load(k_ptrs + k_rows[:, None], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs + v_rows[:, None], mask=kv_mask, other=0.0)
     return k, v
 
 
@@ -323,7 +334,8 @@ def page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride
     through the block-table row ``BT_ROW`` (:func:`page_rows`): what a loop reads one tile ahead, so that its
     K/V loads depend on no load of their own iteration."""
     page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
-    return page * stride_kb + slot * stride_kl, page * stride_vb + slot * stride_vl
+    return (page * wide(stride_kb) + wide(slot * stride_kl.to(tl.uint32)),
+            page * wide(stride_vb) + wide(slot * stride_vl.to(tl.uint32)))
 
 
 @triton.jit

@@ -1,0 +1,93 @@
+"""Count the SASS instructions of each kernel's K/V loop, built for an H100/H200 (sm_90) on a machine without a
+GPU: Triton compiles to a cubin on the CPU (ptxas ships with it), ``nvdisasm`` lists its instructions, and the
+loop is the largest backward-branch region holding tensor-core instructions (HMMA). Nothing is launched.
+
+    python tools/loop_sass.py            # one line per kernel: instructions a tile, the commonest opcodes
+
+The memory-bound loops run at about two warps a scheduler, so a tile's instruction count bounds how fast they
+can issue their copies (Nsight Compute over pages, ``results/h200/ncu-paged-74aec37.txt``). Cases: the unified,
+stream-K and persistent kernels, fp16, GQA group 4, D = 128, 64-key tiles, contiguous (PAGE = 0) and over pages
+of 16, each compiled as a GPU launch specialises it (``compile_check.compile_kernel(..., aligned=True)``).
+"""
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compile_check as cc  # noqa: E402  (sets up the sm_90 build on the CPU before fdlib is imported)
+
+from fdlib.kernels import persistent, streamk, tile, unified  # noqa: E402
+from fdlib.kernels.config import block_sizes  # noqa: E402
+
+NVDISASM = os.path.join(os.path.dirname(cc.triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+
+
+def sass_lines(compiled) -> list[tuple[int, str]]:
+    """(address, instruction) of every instruction of ``compiled``'s cubin, and the labels' addresses."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        text = subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    code, labels, pending = [], {}, None
+    for line in text.split("\n"):
+        label = re.match(r"\s*\.L_x_(\d+):", line)
+        if label:
+            pending = label.group(1)
+            continue
+        ins = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if ins:
+            addr = int(ins.group(1), 16)
+            code.append((addr, ins.group(2).strip()))
+            if pending is not None:
+                labels[pending], pending = addr, None
+    return code, labels
+
+
+def kv_loop(compiled) -> list[str]:
+    """The instructions of the largest loop (a backward branch's region) that holds tensor-core instructions."""
+    code, labels = sass_lines(compiled)
+    best = []
+    for addr, ins in code:
+        target = re.search(r"BRA\s.*\.L_x_(\d+)", ins)
+        if target and labels.get(target.group(1), addr) < addr:
+            body = [i for a, i in code if labels[target.group(1)] <= a <= addr]
+            if any("HMMA" in i for i in body) and len(body) > len(best):
+                best = body
+    return best
+
+
+def opcode(ins: str) -> str:
+    return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0].split(".")[0]
+
+
+def cases():
+    g, D = 4, 128
+    BG, BD = block_sizes(g, D)
+    h16 = ["*fp16"] * 3 + ["*i32"]
+    common = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
+                  TIMELINE=False, BLOCK_N=64)
+    bh, bs = tile.combine_blocks(g, 16, BD)
+    for page in (0, 16):
+        yield (f"unified PAGE={page}", unified.unified_kernel, h16 + cc.UNIFIED + ["*i32"],
+               dict(common, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=page))
+        yield (f"streamk PAGE={page}", streamk.streamk_kernel, h16 + cc.UNIFIED + ["*i32"],
+               dict(common, BLOCK_H=bh, BLOCK_S=bs, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW, PAGE=page))
+        yield (f"persistent PAGE={page}", persistent.persistent_kernel, h16 + cc.PERSISTENT + ["*i32"],
+               dict(common, ROWS=2, PAGE=page, CHUNKS=0, MIN_TILES=1))
+
+
+def main() -> int:
+    for name, kernel, ptrs, meta in cases():
+        body = kv_loop(cc.compile_kernel(kernel, ptrs, meta, aligned=True))
+        ops = collections.Counter(opcode(i) for i in body)
+        print(f"{name:<18} {len(body):>5} instructions a tile;  "
+              + ", ".join(f"{o} {n}" for o, n in ops.most_common(10)))
+    print(f"sm_90, triton {cc.triton.__version__}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
