@@ -46,17 +46,23 @@ def sass_lines(compiled) -> list[tuple[int, str]]:
     return code, labels
 
 
-def kv_loop(compiled) -> list[str]:
-    """The instructions of the largest loop (a backward branch's region) that holds tensor-core instructions."""
+def kv_loop(compiled) -> tuple[list[str], int]:
+    """The instructions of the innermost loop (a backward branch's region) that holds tensor-core instructions,
+    and how many of them a tile skips when no conditional branch inside the loop is taken (a row's end)."""
     code, labels = sass_lines(compiled)
-    best = []
+    best = None
     for addr, ins in code:
         target = re.search(r"BRA\s.*\.L_x_(\d+)", ins)
         if target and labels.get(target.group(1), addr) < addr:
-            body = [i for a, i in code if labels[target.group(1)] <= a <= addr]
-            if any("HMMA" in i for i in body) and len(body) > len(best):
+            body = [(a, i) for a, i in code if labels[target.group(1)] <= a <= addr]
+            if any("HMMA" in i for _, i in body) and (best is None or len(body) < len(best)):
                 best = body
-    return best
+    skipped, end = 0, best[-1][0]
+    for a, ins in best:   # forward conditional branches over the rare work (stores at a row's end)
+        target = re.search(r"^@!?P\w+\s+BRA\s.*\.L_x_(\d+)", ins)
+        if target and a < labels[target.group(1)] <= end:
+            skipped = max(skipped, sum(1 for b, _ in best if a < b < labels[target.group(1)]))
+    return [i for _, i in best], skipped
 
 
 def opcode(ins: str) -> str:
@@ -81,10 +87,10 @@ def cases():
 
 def main() -> int:
     for name, kernel, ptrs, meta in cases():
-        body = kv_loop(cc.compile_kernel(kernel, ptrs, meta, aligned=True))
+        body, skipped = kv_loop(cc.compile_kernel(kernel, ptrs, meta, aligned=True))
         ops = collections.Counter(opcode(i) for i in body)
-        print(f"{name:<18} {len(body):>5} instructions a tile;  "
-              + ", ".join(f"{o} {n}" for o, n in ops.most_common(10)))
+        print(f"{name:<18} {len(body):>5} instructions in the loop, {len(body) - skipped:>5} a tile that ends no "
+              f"row;  " + ", ".join(f"{o} {n}" for o, n in ops.most_common(8)))
     print(f"sm_90, triton {cc.triton.__version__}")
     return 0
 

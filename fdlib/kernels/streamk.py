@@ -37,7 +37,8 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, strides4
-from .tile import (LOG2E, TABLE_AHEAD_PAGE, batch_tiles, combine_blocks, combine_heads, empty_state, load_lengths,
+from .tile import (LOG2E, TABLE_AHEAD_PAGE, batch_tiles, combine_blocks, combine_heads, empty_state, group_queries,
+                   load_lengths,
                    paged_tile_rows, restart_where, row_tile_update, row_walk_offsets, state_to_partial, store_out,
                    store_partial, take_ticket, tile_update, timeline_record, timeline_start)
 
@@ -120,6 +121,7 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         offs_g, offs_n, offs_d, mask_d, mask_g, mask_gd, k_offs, v_offs = row_walk_offsets(
             stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+        q_b = group_queries(Q, b_f, h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
         # the share's rows b_f .. b_last, walked in windows of BLOCK_W sequences: finding tile t's row in a
         # window is a reduction within one warp, where one over all B (BLOCK_B = 128) crossed the warps with a
         # barrier on every tile and streamed 13% slower on the H200 (B=128 32:32 uniform mean 1024: 552.4
@@ -151,18 +153,21 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                                             k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh, stride_kb,
                                             stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt,
                                             n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE,
-                                            PAGE, kr, vr)
+                                            PAGE, kr, vr, q_b)
                 # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
-                # earlier) goes to its slot; either way the next row starts from the empty state (masked
-                # stores, nothing branches inside the loop)
-                last = j == T_b - 1
-                whole = last & (t - j >= t0)
-                o, lse = state_to_partial(m, l, acc)
-                store_out(o, lse, offs_g, mask_gd, h * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
-                          LSE + b * stride_sb, stride_st, stride_sh, whole, GROUP, Q_LEN, BLOCK_D)
-                store_partial(o, lse, offs_g, mask_gd, 0, slot_f, O_PART, GROUP * D, D, stride_pp, LSE_PART,
-                              GROUP * n_slots, n_slots, last & (t - j < t0), GROUP, Q_LEN, BLOCK_D)
-                m, l, acc = restart_where(last, m, l, acc)
+                # earlier) goes to its slot; either way the next row starts from the empty state with its own
+                # queries (a branch taken once a row: the queries and the masked stores every tile cost the H200
+                # build 232 of its 674 instructions a tile, tools/loop_sass.py)
+                if j == T_b - 1:
+                    o, lse = state_to_partial(m, l, acc)
+                    whole = t - j >= t0
+                    store_out(o, lse, offs_g, mask_gd, h * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
+                              LSE + b * stride_sb, stride_st, stride_sh, whole, GROUP, Q_LEN, BLOCK_D)
+                    store_partial(o, lse, offs_g, mask_gd, 0, slot_f, O_PART, GROUP * D, D, stride_pp, LSE_PART,
+                                  GROUP * n_slots, n_slots, t - j < t0, GROUP, Q_LEN, BLOCK_D)
+                    m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+                    q_b = group_queries(Q, tl.minimum(b + 1, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP,
+                                        Q_LEN, D, BLOCK_G, BLOCK_D)[0]
         # the last row, continued by later shares: its piece from the state the loop ended in
         b_l, T_l, j_l, L_l = tile_row(t1 - 1, offs_b, ends, tiles, lens)
         q_al = program_of(t1 - 1 - j_l, T, P)

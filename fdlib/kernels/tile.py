@@ -487,12 +487,13 @@ def row_tile_update(Q, K, V, b, h_kv, n0, L, m, l, acc, offs_g, offs_n, offs_d, 
                     stride_qb, stride_qt, stride_qh, stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
                     BT, stride_bt, n_pages, FLAG, GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr,
                     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                    PAGE: tl.constexpr, k_rows=None, v_rows=None):
-    """One step of a loop that jumps between rows (persistent, stream-K): row (b, h_kv)'s queries
-    (:func:`group_queries`), its tile of keys n0 + offs_n below L (:func:`row_tile_kv`; over pages through
-    ``k_rows``/``v_rows`` when the loop read them ahead), each query row also stopping at its causal limit when
-    Q_LEN > 1, folded into (m, ℓ, Õ) by TILE_UPDATE."""
-    q = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
+                    PAGE: tl.constexpr, k_rows=None, v_rows=None, q=None):
+    """One step of a loop that jumps between rows (persistent, stream-K): row (b, h_kv)'s queries ``q``
+    (loaded here with :func:`group_queries` when None), its tile of keys n0 + offs_n below L
+    (:func:`row_tile_kv`; over pages through ``k_rows``/``v_rows`` when the loop read them ahead), each query row
+    also stopping at its causal limit when Q_LEN > 1, folded into (m, ℓ, Õ) by TILE_UPDATE."""
+    if q is None:
+        q = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
     pos = n0 + offs_n
     valid = pos < L
     k, v = row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl,
