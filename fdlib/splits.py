@@ -37,9 +37,10 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
     splits·group·(D+1) ≥ EPILOGUE_WORK values in one program (over pages: the unified kernel up to
-    PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for ragged host lengths of a contiguous cache
-    where :func:`streamk_suits`; the balanced kernel for ragged host lengths where :func:`balance_gain` predicts
-    it faster (BALANCED_GAIN, over pages BALANCED_GAIN_PAGED); then the persistent kernel where
+    PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for ragged host lengths where
+    :func:`streamk_suits` (over pages also where a program streams STREAMK_PAGED_MIN_TILES tiles or more,
+    :func:`streamk_tiles_per_program`); the balanced kernel for ragged host lengths where :func:`balance_gain`
+    predicts it faster (BALANCED_GAIN, over pages BALANCED_GAIN_PAGED); then the persistent kernel where
     :func:`choose_kernel` takes it at one split. In the interpreter (no SMs, no timing): the unified kernel at
     :func:`simple_rule`'s splits."""
     if runtime.INTERPRET:
@@ -49,9 +50,11 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
         # over pages auto_path reads the unified explanation only: the two-stage one is not computed
         split = None if paged else _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "split", paged)
         kernel, splits = auto_path(unified, split, H_q // H_kv, D, paged)
-        if lengths is not None and len(set(lengths)) > 1 and not paged and streamk_suits(B, H_kv, lengths):
+        ragged = lengths is not None and len(set(lengths)) > 1
+        if ragged and streamk_suits(B, H_kv, lengths) and (
+                not paged or streamk_tiles_per_program(H_kv, D, dtype, lengths, paged) >= STREAMK_PAGED_MIN_TILES):
             return "streamk", 1
-        if lengths is not None and len(set(lengths)) > 1:
+        if ragged:
             gain, bal = best_balanced(lengths, H_kv, D, dtype, L_cap, splits, paged)
             if gain < (BALANCED_GAIN_PAGED if paged else BALANCED_GAIN):
                 return "balanced", bal
@@ -129,6 +132,25 @@ STREAMK_MAX_MEAN = 2048
 STREAMK_MIN_ROWS_PER_SM = 1
 STREAMK_MIN_BATCH = 32
 STREAMK_MIN_LONG_BATCH = 8
+
+
+# Over pages (where fdlib.kernels.streamk branches once a row), H200, fp16, pages of 16 shuffled, graph timings, the
+# paged ragged grid of ae0e1e9 (results/h200/ragged-fp16-page16-ae0e1e9.json): on the 23 ragged batches that suit
+# stream-K where a program streams at least 40 tiles, it took 0.961-1.004x the time of the fastest of auto's
+# choice then (unified or balanced), the unified and the balanced kernels (geometric mean 0.982; B=8 32:32 uniform
+# mean 8192: 0.961, B=32 32:32 uniform mean 1024: 0.969); on the 8 below, 0.955-1.180x (B=8 32:32 uniform mean
+# 1024, 20 tiles a program: 0.955; B=8 32:8 uniform mean 8192, 25 tiles: 1.067; Zipf, 13 tiles: 1.180).
+STREAMK_PAGED_MIN_TILES = 40
+
+
+def streamk_tiles_per_program(H_kv: int, D: int, dtype, lengths, paged: int) -> float:
+    """The K/V tiles a stream-K program streams on ``lengths``: H_kv·Σ_b max(1, ⌈L_b/N⌉) over its programs
+    (:func:`fdlib.kernels.streamk.streamk_programs`), N its tile's keys."""
+    from .kernels.config import persistent_config
+    from .kernels.streamk import streamk_programs
+    n = persistent_config(D, dtype.itemsize, paged=paged).BLOCK_N
+    tiles = H_kv * sum(max(1, -(-int(L) // n)) for L in lengths)
+    return tiles / streamk_programs(H_kv, sm_count(), persistent_per_sm())
 
 
 def streamk_suits(B: int, H_kv: int, lengths) -> bool:

@@ -2,6 +2,7 @@
 model it rests on, and its verdicts on batches whose answer is clear."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fdlib import splits
@@ -112,11 +113,13 @@ def _gpu_auto(monkeypatch, gain):
 
 
 def test_paged_ragged_batches_take_the_balanced_kernel_by_the_model(monkeypatch):
-    """Over pages, a ragged batch goes to the balanced kernel where the model's gain is below
-    BALANCED_GAIN_PAGED, at any batch size, and to the unified kernel above it; equal lengths follow the model;
-    a contiguous cache takes stream-K."""
-    ragged = [1 + (37 * i) % 8191 for i in range(32)]
+    """Over pages, a ragged batch too short for stream-K (fewer than STREAMK_PAGED_MIN_TILES tiles a program)
+    goes to the balanced kernel where the model's gain is below BALANCED_GAIN_PAGED, at any batch size, and to the
+    unified kernel above it; equal lengths follow the model; a contiguous cache takes stream-K."""
+    ragged = [1 + (1499 * i) % 2047 for i in range(32)]
+    assert splits.streamk_suits(32, 8, ragged)
     _gpu_auto(monkeypatch, splits.BALANCED_GAIN_PAGED + 0.01)
+    assert splits.streamk_tiles_per_program(8, 128, torch.float16, ragged, 16) < splits.STREAMK_PAGED_MIN_TILES
     assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged, paged=16)[0] == "unified"
     assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, ragged) == ("streamk", 1)
     assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=16)[0] == "unified"
@@ -125,6 +128,25 @@ def test_paged_ragged_batches_take_the_balanced_kernel_by_the_model(monkeypatch)
     assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8], paged=16) == ("balanced", 2)
     assert splits.choose_auto(8, 32, 8, 128, torch.float16, 8192, ragged[:8])[0] == "unified"   # 0.9 contiguous
     assert splits.choose_auto(32, 32, 8, 128, torch.float16, 8192, [8192] * 32, paged=16)[0] == "unified"
+
+
+def test_paged_ragged_batches_of_many_tiles_a_program_take_stream_k(monkeypatch):
+    """Over pages, stream-K takes a ragged batch that suits it (:func:`streamk_suits`) once its programs stream
+    at least STREAMK_PAGED_MIN_TILES tiles of 64 keys each (264 programs on 132 SMs), whatever the balanced
+    model says; constant lengths never; below that count the other rules decide."""
+    _gpu_auto(monkeypatch, splits.BALANCED_GAIN_PAGED - 0.01)
+    long_rows = [1 + (5113 * i) % 16383 for i in range(32)]             # 8·Σ⌈L/64⌉ / 264 ≈ 122 tiles
+    tiles = splits.streamk_tiles_per_program(8, 128, torch.float16, long_rows, 16)
+    want = 8 * sum(max(1, -(-L // 64)) for L in long_rows) / 264
+    assert tiles == pytest.approx(want) and tiles >= splits.STREAMK_PAGED_MIN_TILES
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 16384, long_rows, paged=16) == ("streamk", 1)
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 16384, long_rows) == ("streamk", 1)
+    # the same rows at 32:32 stream four times the tiles a program; eight of them at 32:8, about 30: balanced
+    assert splits.choose_auto(32, 32, 32, 128, torch.float16, 16384, long_rows, paged=16) == ("streamk", 1)
+    assert splits.streamk_tiles_per_program(8, 128, torch.float16, long_rows[:8], 16) < splits.STREAMK_PAGED_MIN_TILES
+    assert splits.choose_auto(8, 32, 8, 128, torch.float16, 16384, long_rows[:8], paged=16) == ("balanced", 2)
+    # equal lengths keep the unified kernel over pages (stream-K took 0.95-1.26x its time there)
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 16384, [16384] * 32, paged=16)[0] == "unified"
 
 
 def test_tiles_over_pages_are_64_keys_from_pages_that_read_the_table_ahead():

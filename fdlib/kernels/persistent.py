@@ -103,21 +103,17 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
         # is int32 in Triton's interpreter, which Triton 3.9's tl.store refuses). A [BLOCK_G] block compare
         # instead made the persistent kernel ~5% slower on the H200.
         last = t + 1 == end_j
+        o, lse = state_to_partial(m, l, acc)
         if CHUNKS > 0:   # a chunk (or the row) ends here: its partial folded into the row's merge, in order
-            o, lse = state_to_partial(m, l, acc)
             emit = ((n0 + BLOCK_N) % chunk_of(L, BLOCK_N, CHUNKS, MIN_TILES)[0] == 0) | last
             f_m, f_den, f_acc = fold_where(emit, f_m, f_den, f_acc, o, lse)
             o, lse = fold_result(f_m, f_den, f_acc)
             f_m, f_den, f_acc = restart_where(last, f_m, f_den, f_acc)
-            store_out(o, lse, offs_g, mask_gd, h_kv * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
-                      LSE + b * stride_sb, stride_st, stride_sh, last, GROUP, Q_LEN, BLOCK_D)
-            m, l, acc = restart_where(emit, m, l, acc)
-        elif last:   # a branch taken once a row: the row's normalisation and masked stores every tile cost the
-            # H200 build a third of its loop's instructions (tools/loop_sass.py)
-            o, lse = state_to_partial(m, l, acc)
-            store_out(o, lse, offs_g, mask_gd, h_kv * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
-                      LSE + b * stride_sb, stride_st, stride_sh, True, GROUP, Q_LEN, BLOCK_D)
-            m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+        else:
+            emit = last
+        store_out(o, lse, offs_g, mask_gd, h_kv * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
+                  LSE + b * stride_sb, stride_st, stride_sh, last, GROUP, Q_LEN, BLOCK_D)
+        m, l, acc = restart_where(emit, m, l, acc)
     if TIMELINE:   # one row per program, over all its rows
         timeline_record(TIMES, t_start)
 

@@ -89,6 +89,22 @@ def hand_off(b, h, s0, n, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slo
 
 
 @triton.jit
+def end_row(m, l, acc, last, whole, piece, offs_g, mask_gd, h, b, slot_f, O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots,
+            stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP: tl.constexpr,
+            Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The end of row (b, h) at a tile: its (O, lse) from (m, ℓ, Õ), stored as the output where the scalar
+    ``whole`` holds (the row ends here and began in this share), as the share's first piece at slot ``slot_f``
+    where ``piece`` does (it began in an earlier share); the state is emptied where ``last`` holds (the tile
+    ends its row), else kept (masked stores and selects, no branch)."""
+    o, lse = state_to_partial(m, l, acc)
+    store_out(o, lse, offs_g, mask_gd, h * GROUP, OUT + b * stride_ob, stride_ot, stride_oh, LSE + b * stride_sb,
+              stride_st, stride_sh, whole, GROUP, Q_LEN, BLOCK_D)
+    store_partial(o, lse, offs_g, mask_gd, 0, slot_f, O_PART, GROUP * D, D, stride_pp, LSE_PART, GROUP * n_slots,
+                  n_slots, piece, GROUP, Q_LEN, BLOCK_D)
+    return restart_where(last, m, l, acc)
+
+
+@triton.jit
 def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
                    stride_qb, stride_qt, stride_qh,
                    stride_kb, stride_kl, stride_kh,
@@ -121,7 +137,10 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         offs_g, offs_n, offs_d, mask_d, mask_g, mask_gd, k_offs, v_offs = row_walk_offsets(
             stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
-        q_b = group_queries(Q, b_f, h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
+        if PAGE == 0:   # the queries of each tile's row, loaded with the tile (row_tile_update)
+            q_b = None
+        else:           # the queries of the row being streamed, loaded when it starts
+            q_b = group_queries(Q, b_f, h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
         # the share's rows b_f .. b_last, walked in windows of BLOCK_W sequences: finding tile t's row in a
         # window is a reduction within one warp, where one over all B (BLOCK_B = 128) crossed the warps with a
         # barrier on every tile and streamed 13% slower on the H200 (B=128 32:32 uniform mean 1024: 552.4
@@ -155,17 +174,21 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                                             n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE,
                                             PAGE, kr, vr, q_b)
                 # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
-                # earlier) goes to its slot; either way the next row starts from the empty state with its own
-                # queries (a branch taken once a row: the queries and the masked stores every tile cost the H200
-                # build 232 of its 674 instructions a tile, tools/loop_sass.py)
-                if j == T_b - 1:
-                    o, lse = state_to_partial(m, l, acc)
-                    whole = t - j >= t0
-                    store_out(o, lse, offs_g, mask_gd, h * GROUP, OUT + b * stride_ob, stride_ot, stride_oh,
-                              LSE + b * stride_sb, stride_st, stride_sh, whole, GROUP, Q_LEN, BLOCK_D)
-                    store_partial(o, lse, offs_g, mask_gd, 0, slot_f, O_PART, GROUP * D, D, stride_pp, LSE_PART,
-                                  GROUP * n_slots, n_slots, t - j < t0, GROUP, Q_LEN, BLOCK_D)
-                    m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+                # earlier) goes to its slot; either way the next row starts from the empty state. Over pages
+                # that is a branch taken once a row, and the next row's queries are loaded there: normalising,
+                # storing masked and loading the queries every tile cost the sm_90 build 253 of its 734
+                # instructions a tile that ends no row (tools/loop_sass.py), and the branch streamed 8-13%
+                # faster over pages of 16 (results/h200/ab/ab-rowend-*.json). On a contiguous cache it streamed
+                # rows of 1024 keys 1.5-2.3% slower in the same run, so there every tile does it, masked.
+                last = j == T_b - 1
+                if PAGE == 0:
+                    m, l, acc = end_row(m, l, acc, last, last & (t - j >= t0), last & (t - j < t0), offs_g, mask_gd, h, b, slot_f, O_PART, LSE_PART,
+                                        OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot, stride_oh, stride_sb,
+                                        stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D)
+                elif last:
+                    m, l, acc = end_row(m, l, acc, True, t - j >= t0, t - j < t0, offs_g, mask_gd, h, b, slot_f, O_PART, LSE_PART,
+                                        OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot, stride_oh, stride_sb,
+                                        stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D)
                     q_b = group_queries(Q, tl.minimum(b + 1, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP,
                                         Q_LEN, D, BLOCK_G, BLOCK_D)[0]
         # the last row, continued by later shares: its piece from the state the loop ended in
