@@ -38,9 +38,8 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, paging, strides4
 from .tile import (LOG2E, TABLE_AHEAD_PAGE, batch_tiles, combine_blocks, combine_heads, empty_state, group_queries,
-                   load_lengths,
-                   paged_tile_rows, restart_where, row_tile_update, row_walk_offsets, state_to_partial, store_out,
-                   store_partial, take_ticket, tile_update, timeline_record, timeline_start)
+                   load_lengths, paged_tile_rows, restart_where, row_tile_update, row_walk_offsets, state_to_partial,
+                   store_out, store_partial, take_ticket, tile_update, timeline_record, timeline_start)
 
 MAX_BATCH = 4096
 """Every program keeps all B lengths in registers; larger batches use the other kernels."""
@@ -89,8 +88,8 @@ def hand_off(b, h, s0, n, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slo
 
 
 @triton.jit
-def end_row(m, l, acc, last, whole, piece, offs_g, mask_gd, h, b, slot_f, O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots,
-            stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP: tl.constexpr,
+def end_row(m, l, acc, last, whole, piece, offs_g, mask_gd, h, b, slot_f, O_PART, LSE_PART, OUT, LSE, stride_pp,
+            n_slots, stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP: tl.constexpr,
             Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
     """The end of row (b, h) at a tile: its (O, lse) from (m, ℓ, Õ), stored as the output where the scalar
     ``whole`` holds (the row ends here and began in this share), as the share's first piece at slot ``slot_f``
@@ -177,18 +176,19 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                 # earlier) goes to its slot; either way the next row starts from the empty state. Over pages
                 # that is a branch taken once a row, and the next row's queries are loaded there: normalising,
                 # storing masked and loading the queries every tile cost the sm_90 build 253 of its 734
-                # instructions a tile that ends no row (tools/loop_sass.py), and the branch streamed 8-13%
-                # faster over pages of 16 (results/h200/ab/ab-rowend-*.json). On a contiguous cache it streamed
-                # rows of 1024 keys 1.5-2.3% slower in the same run, so there every tile does it, masked.
+                # instructions a tile that ends no row (tools/loop_sass.py), and with the branch 10 paged batches
+                # took 0.866-0.978x the time (geometric mean 0.904; results/h200/ab/ab-rowend-*.json). On a
+                # contiguous cache, in the same call, 6 batches took 0.997-1.023x (rows of 1024 keys 1.007-1.023x),
+                # so there every tile does it, masked.
                 last = j == T_b - 1
                 if PAGE == 0:
-                    m, l, acc = end_row(m, l, acc, last, last & (t - j >= t0), last & (t - j < t0), offs_g, mask_gd, h, b, slot_f, O_PART, LSE_PART,
-                                        OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot, stride_oh, stride_sb,
-                                        stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D)
+                    m, l, acc = end_row(m, l, acc, last, last & (t - j >= t0), last & (t - j < t0), offs_g, mask_gd,
+                                        h, b, slot_f, O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob,
+                                        stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D)
                 elif last:
-                    m, l, acc = end_row(m, l, acc, True, t - j >= t0, t - j < t0, offs_g, mask_gd, h, b, slot_f, O_PART, LSE_PART,
-                                        OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot, stride_oh, stride_sb,
-                                        stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D)
+                    m, l, acc = end_row(m, l, acc, True, t - j >= t0, t - j < t0, offs_g, mask_gd, h, b, slot_f,
+                                        O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot, stride_oh,
+                                        stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D)
                     q_b = group_queries(Q, tl.minimum(b + 1, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP,
                                         Q_LEN, D, BLOCK_G, BLOCK_D)[0]
         # the last row, continued by later shares: its piece from the state the loop ended in
