@@ -104,6 +104,20 @@ def check_block_table(block_table, B: int, device) -> None:
         raise ValueError(f"block_table: rows must be contiguous (stride 1), got strides {tuple(block_table.stride())}")
 
 
+PAGED_OFFSET_LIMIT = 1 << 32
+"""Over pages the kernels compute a row's offset page·stride_page + slot·stride_slot from unsigned 32-bit values
+(:func:`fdlib.kernels.tile.page_offsets`): a pool's page stride and its slot stride × page_size must stay below
+this many elements (a row of a page holds H_kv·D elements, far below it)."""
+
+
+def check_page_strides(name: str, t, page_size: int) -> None:
+    """A paged pool ``t`` [n_pages, page_size, H_kv, D] whose strides the kernels' 32-bit offsets reach."""
+    if t.stride(0) >= PAGED_OFFSET_LIMIT or t.stride(1) * page_size >= PAGED_OFFSET_LIMIT:
+        raise ValueError(f"{name}: a paged pool's page stride and slot stride x page_size must be below 2**32 "
+                         f"elements, got strides {tuple(t.stride())} with page_size={page_size}; lay the pool out "
+                         f"as [n_pages, page_size, H_kv, D] (.contiguous())")
+
+
 def check_page_size(page_size) -> None:
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1 \
             or page_size > MAX_PAGE_SIZE or page_size & (page_size - 1):
@@ -146,6 +160,8 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
         check_block_table(block_table, B, q.device)
         page_size = L_max
         check_page_size(page_size)
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            check_page_strides(name, t, page_size)
         L_max = block_table.shape[1] * page_size
     elif Bk != B:
         raise ValueError(f"k_cache: batch size {Bk} does not match q's batch size {B}")

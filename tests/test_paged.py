@@ -110,3 +110,23 @@ def test_a_paged_plan_needs_its_table_and_a_contiguous_plan_refuses_one():
         flat.run(q, k, v, lens, block_table=bt)
     with pytest.raises(ValueError, match="page_size: L_max=10 must be a positive multiple of page_size=4"):
         fdlib.plan(2, 4, 2, 16, 10, dtype=torch.float32, device=DEVICE, page_size=4)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_pools_whose_strides_pass_32_bit_offsets_are_refused(dim):
+    """The kernels compute a row's offset page·stride + slot·stride from unsigned 32-bit values, so a pool whose
+    page stride, or slot stride × page_size, reaches 2**32 elements is refused with a clear error by
+    decode_attention and by a plan's run (a view of a small storage: the huge stride's dimension has size 1)."""
+    from fdlib.validate import PAGED_OFFSET_LIMIT
+    gen = torch.Generator().manual_seed(5)
+    q, kp, vp, bt, k, v, lens = paged_problem(gen, 1, 2, 1, 8, 1, 1, 1, [1], share=False)
+    strides = [8, 8, 8, 1]
+    strides[dim] = PAGED_OFFSET_LIMIT
+    wide_k = kp.as_strided(kp.shape, strides)
+    with pytest.raises(ValueError) as info:
+        fdlib.decode_attention(q, wide_k, vp, lens, block_table=bt)
+    assert "k_cache" in str(info.value) and "2**32" in str(info.value)
+    plan = fdlib.plan(1, 2, 1, 8, 1, dtype=torch.float32, device=DEVICE, page_size=1)
+    assert torch.isfinite(plan.run(q, kp, vp, lens, block_table=bt)).all()
+    with pytest.raises(ValueError, match="v_cache: a paged pool's page stride"):
+        plan.run(q, kp, vp.as_strided(vp.shape, strides), lens, block_table=bt)

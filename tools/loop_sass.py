@@ -1,8 +1,9 @@
 """Count the SASS instructions of each kernel's K/V loop, built for an H100/H200 (sm_90) on a machine without a
 GPU: Triton compiles to a cubin on the CPU (ptxas ships with it), ``nvdisasm`` lists its instructions, and the
-loop is the largest backward-branch region holding tensor-core instructions (HMMA). Nothing is launched.
+loop is the innermost backward-branch region holding tensor-core instructions (HMMA); a tile that ends no row
+skips the largest conditional forward branch inside it (a row walker's end of a row). Nothing is launched.
 
-    python tools/loop_sass.py            # one line per kernel: instructions a tile, the commonest opcodes
+    python tools/loop_sass.py            # per kernel: the loop's instructions, a tile's, the commonest opcodes
 
 The memory-bound loops run at about two warps a scheduler, so a tile's instruction count bounds how fast they
 can issue their copies (Nsight Compute over pages, ``results/h200/ncu-paged-74aec37.txt``). Cases: the unified,
@@ -25,8 +26,8 @@ from fdlib.kernels.config import block_sizes  # noqa: E402
 NVDISASM = os.path.join(os.path.dirname(cc.triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
 
 
-def sass_lines(compiled) -> list[tuple[int, str]]:
-    """(address, instruction) of every instruction of ``compiled``'s cubin, and the labels' addresses."""
+def sass_lines(compiled) -> tuple[list[tuple[int, str]], dict[str, int]]:
+    """(address, instruction) of every instruction of ``compiled``'s cubin, and each label's address."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
