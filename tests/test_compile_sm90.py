@@ -67,3 +67,25 @@ def test_stream_k_over_pages_ends_its_rows_in_a_branch():
     assert tile0 == loop0, counts                     # contiguous: every tile does the row's end, masked
     assert tile16 < 0.8 * loop16 and tile16 < tile0, counts
     assert counts["unified PAGE=16"][1] < 1.5 * counts["unified PAGE=0"][1], counts
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_paged_kernels_compile_with_strides_of_one():
+    """A GPU launch passes an integer argument equal to 1 as a constant (Triton's specialisation): a pool of
+    H_kv = D = 1 in pages of one key has K/V strides of 1. Every paged kernel of tools/compile_check.py, at pages
+    of 1 and of 16, compiles with its K/V row and page strides specialised so (a method call on such a stride,
+    ``stride.to(...)``, fails to compile)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FDLIB_INTERPRET")}
+    code = ("import compile_check as cc\n"
+            "ones = dict(stride_kb=1, stride_kl=1, stride_vb=1, stride_vl=1)\n"
+            "for name, kernel, ptrs, meta, *warps in cc.cases():\n"
+            "    if 'PAGE=16' not in name or 'q_len' in name:\n"
+            "        continue\n"
+            "    for page in (1, 16):\n"
+            "        cc.compile_kernel(kernel, ptrs, dict(meta, PAGE=page, **ones), *warps)\n"
+            "        print('ok', name, page)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tools", env=env, capture_output=True, text=True,
+                          timeout=880)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("ok ") >= 10, proc.stdout

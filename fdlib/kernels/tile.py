@@ -223,8 +223,9 @@ def page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE: tl.constexpr):
 @triton.jit
 def wide(x):
     """A non-negative 32-bit integer (a stride, a clamped page index) as an unsigned 64-bit one: zero-extended,
-    so that its product with another such value compiles to one 32 × 32 → 64-bit multiply-add."""
-    return x.to(tl.uint32).to(tl.uint64)
+    so that its product with another such value compiles to one 32 × 32 → 64-bit multiply-add. ``tl.cast``, not
+    ``x.to``: a stride equal to 1 reaches a compiled kernel as a plain int (Triton's specialisation)."""
+    return tl.cast(tl.cast(x, tl.uint32), tl.uint64)
 
 
 @triton.jit
@@ -334,8 +335,8 @@ def page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride
     through the block-table row ``BT_ROW`` (:func:`page_rows`): what a loop reads one tile ahead, so that its
     K/V loads depend on no load of their own iteration."""
     page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
-    return (page * wide(stride_kb) + wide(slot * stride_kl.to(tl.uint32)),
-            page * wide(stride_vb) + wide(slot * stride_vl.to(tl.uint32)))
+    return (page * wide(stride_kb) + wide(slot * tl.cast(stride_kl, tl.uint32)),
+            page * wide(stride_vb) + wide(slot * tl.cast(stride_vl, tl.uint32)))
 
 
 @triton.jit
