@@ -61,7 +61,7 @@ from .kernels.unified import remember_resources, unified_args, unified_launcher
 from .reference import naive_attention
 from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
                      persistent_per_sm, sm_count)
-from .validate import (DTYPES, MAX_HEAD_DIM, PAGED_OFFSET_LIMIT, check_block_table, check_method, check_num_splits,
+from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits,
                        check_page_size, check_page_strides, check_q_len, check_scale, shape_str)
 
 KERNELS = ("unified", "split", "persistent", "balanced", "streamk", "invariant", "naive")
@@ -374,9 +374,9 @@ class DecodePlan:
             kv_shape = (self.page_size, self.H_kv, self.D)
             for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
                 if (t.dim() != 4 or t.shape[1:] != kv_shape or t.shape[0] < 1 or t.dtype != self.dtype
-                        or t.device != self.device or t.stride(-1) != 1 and self.D > 1
-                        or t.stride(0) >= PAGED_OFFSET_LIMIT or t.stride(1) * self.page_size >= PAGED_OFFSET_LIMIT):
+                        or t.device != self.device or t.stride(-1) != 1 and self.D > 1):
                     self._mismatch(name, t, B)
+                check_page_strides(name, t, self.page_size)
         else:
             if block_table is not None:
                 raise ValueError("block_table: this plan is for a contiguous cache [B, L_max, H_kv, D]; make a "
@@ -554,8 +554,6 @@ class DecodePlan:
                      else f"[B, {self.q_len}, {self.H_q}, {self.D}] with B <= {self.B}")
         elif self.page_size:
             shape = f"[n_pages, {self.page_size}, {self.H_kv}, {self.D}]"
-            if t.dim() == 4:
-                check_page_strides(name, t, self.page_size)
         else:
             shape = f"[{B}, {self.L_max}, {self.H_kv}, {self.D}]"
         if t.dtype != self.dtype:

@@ -21,16 +21,22 @@ def test_every_kernel_compiles_for_sm90():
     assert "0 failed" in proc.stdout
 
 
+def run_in_tools(code: str, timeout: int = 580) -> str:
+    """The standard output of ``code`` run by Python in tools/ (where compile_check builds for sm_90 on the CPU),
+    outside the interpreter; fails the test with its output where it fails."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FDLIB_INTERPRET")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tools", env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
 def pipeline_waits(case: str) -> list[int]:
     """tools/compile_check.py's async waits inside the loops of case ``case``, built as a GPU launch would."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FDLIB_INTERPRET")}
-    code = (f"import compile_check as cc\n"
-            f"case = next(c for c in cc.cases() if c[0] == {case!r})\n"
-            f"print(cc.pipeline_waits(cc.compile_kernel(*case[1:4], aligned=True)))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tools", env=env, capture_output=True, text=True,
-                          timeout=580)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return eval(proc.stdout.strip().splitlines()[-1])
+    out = run_in_tools(f"import compile_check as cc\n"
+                       f"case = next(c for c in cc.cases() if c[0] == {case!r})\n"
+                       f"print(cc.pipeline_waits(cc.compile_kernel(*case[1:4], aligned=True)))")
+    return eval(out.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
@@ -52,16 +58,12 @@ def test_stream_k_over_pages_ends_its_rows_in_a_branch():
     restart, the next row's queries) in a branch a tile that ends no row skips, so such a tile issues fewer
     instructions than the contiguous loop, which does it masked on every tile; the paged offsets of the unified
     loop stay within 1.5x its contiguous tile (they were 1.53x with signed 64-bit products)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FDLIB_INTERPRET")}
-    code = ("import loop_sass as ls, compile_check as cc\n"
-            "for name, kernel, ptrs, meta in ls.cases():\n"
-            "    if name.startswith(('streamk', 'unified')):\n"
-            "        body, skipped = ls.kv_loop(cc.compile_kernel(kernel, ptrs, meta, aligned=True))\n"
-            "        print(name, len(body), len(body) - skipped)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tools", env=env, capture_output=True, text=True,
-                          timeout=580)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    counts = {" ".join(line.split()[:2]): tuple(map(int, line.split()[2:])) for line in proc.stdout.splitlines()}
+    out = run_in_tools("import loop_sass as ls, compile_check as cc\n"
+                       "for name, kernel, ptrs, meta in ls.cases():\n"
+                       "    if name.startswith(('streamk', 'unified')):\n"
+                       "        body, skipped = ls.kv_loop(cc.compile_kernel(kernel, ptrs, meta, aligned=True))\n"
+                       "        print(name, len(body), len(body) - skipped)\n")
+    counts = {" ".join(line.split()[:2]): tuple(map(int, line.split()[2:])) for line in out.splitlines()}
     loop0, tile0 = counts["streamk PAGE=0"]
     loop16, tile16 = counts["streamk PAGE=16"]
     assert tile0 == loop0, counts                     # contiguous: every tile does the row's end, masked
@@ -76,16 +78,12 @@ def test_paged_kernels_compile_with_strides_of_one():
     H_kv = D = 1 in pages of one key has K/V strides of 1. Every paged kernel of tools/compile_check.py, at pages
     of 1 and of 16, compiles with its K/V row and page strides specialised so (a method call on such a stride,
     ``stride.to(...)``, fails to compile)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FDLIB_INTERPRET")}
-    code = ("import compile_check as cc\n"
-            "ones = dict(stride_kb=1, stride_kl=1, stride_vb=1, stride_vl=1)\n"
-            "for name, kernel, ptrs, meta, *warps in cc.cases():\n"
-            "    if 'PAGE=16' not in name or 'q_len' in name:\n"
-            "        continue\n"
-            "    for page in (1, 16):\n"
-            "        cc.compile_kernel(kernel, ptrs, dict(meta, PAGE=page, **ones), *warps)\n"
-            "        print('ok', name, page)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tools", env=env, capture_output=True, text=True,
-                          timeout=880)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("ok ") >= 10, proc.stdout
+    out = run_in_tools("import compile_check as cc\n"
+                       "ones = dict(stride_kb=1, stride_kl=1, stride_vb=1, stride_vl=1)\n"
+                       "for name, kernel, ptrs, meta, *warps in cc.cases():\n"
+                       "    if 'PAGE=16' not in name or 'q_len' in name:\n"
+                       "        continue\n"
+                       "    for page in (1, 16):\n"
+                       "        cc.compile_kernel(kernel, ptrs, dict(meta, PAGE=page, **ones), *warps)\n"
+                       "        print('ok', name, page)\n", timeout=880)
+    assert out.count("ok ") >= 10, out
