@@ -82,3 +82,20 @@ def test_smoke_check_names_the_triton_that_runs_with_numpy_2_4(monkeypatch, trit
         runtime.smoke_check()
     assert ("upgrade triton" in str(e.value)) == (hint and runtime.MODE == "interpreter")
     assert "constraints.txt" in str(e.value)
+
+
+def test_gpu_test_modules_import_without_nbformat():
+    """The GPU machine has torch, triton, pytest and hypothesis but no Jupyter packages: the test files that
+    tools/gpu_validate.sh runs there import without nbformat (it once failed their collection through
+    tests/helpers.py)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = open(os.path.join(root, "tools", "gpu_validate.sh")).read()
+    files = re.search(r"\$\{GPU_TESTS:-([^}]*)\}", script).group(1).split()
+    modules = [os.path.basename(f)[:-3] for f in files]
+    assert "test_gpu" in modules and "test_streamk" in modules, files
+    code = ("import sys; sys.modules['nbformat'] = None\n"    # a None entry makes `import nbformat` fail
+            f"import {', '.join(modules)}\n"
+            "assert 'fdlib.grading.notebook_tools' not in sys.modules")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(root, "tests"), root]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=root)
+    assert r.returncode == 0, r.stderr[-2000:]

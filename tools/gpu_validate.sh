@@ -4,7 +4,8 @@
 # STEPS: comma-separated, default tests,notebooks,sanitizer,calibrate,bench,sweep
 #        ("quick" = tests,sanitizer,calibrate)
 #   tests      GPU test suite (tests/test_gpu.py, test_persistent, test_plan, test_paged, test_balanced,
-#              test_invariance on compiled kernels, or the files in GPU_TESTS; and the bench's GPU tests)
+#              test_invariance, test_streamk, test_balance_choice on compiled kernels, or the files in GPU_TESTS;
+#              and the bench's GPU tests)
 #   notebooks  every notebook under nbval, as shipped and with the reference solutions (tests/test_notebooks.py);
 #              nbval, ipykernel and their dependencies come from wheels in .whl/ when that folder exists
 #              (installed into /tmp/site, no network)
@@ -46,7 +47,7 @@ fi
   echo "== git: $(git rev-parse --short HEAD 2>/dev/null || echo 'no git metadata'); steps: $STEPS"
   if has tests; then
     echo "== GPU tests"
-    timeout 480 python3 -m pytest ${GPU_TESTS:-tests/test_gpu.py tests/test_persistent.py tests/test_plan.py tests/test_paged.py tests/test_balanced.py tests/test_invariance.py tests/test_streamk.py} -q -p no:cacheprovider \
+    timeout 480 python3 -m pytest ${GPU_TESTS:-tests/test_gpu.py tests/test_persistent.py tests/test_plan.py tests/test_paged.py tests/test_balanced.py tests/test_invariance.py tests/test_streamk.py tests/test_balance_choice.py} -q -p no:cacheprovider \
       -rfE 2>&1 | tee "$OUT/run/gpu-tests.log" | tail -15
     timeout 200 python3 -m pytest tests/test_bench.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
   fi
