@@ -39,7 +39,8 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     splits·group·(D+1) ≥ EPILOGUE_WORK values in one program (over pages: the unified kernel up to
     PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for ragged host lengths where
     :func:`streamk_suits` (over pages also where a program streams STREAMK_PAGED_MIN_TILES tiles or more,
-    :func:`streamk_tiles_per_program`); the balanced kernel for ragged host lengths where :func:`balance_gain`
+    :func:`streamk_tiles_per_program`), and over pages for equal host lengths where a program streams
+    STREAMK_PAGED_DENSE_TILES tiles or more; the balanced kernel for ragged host lengths where :func:`balance_gain`
     predicts it faster (BALANCED_GAIN, over pages BALANCED_GAIN_PAGED); then the persistent kernel where
     :func:`choose_kernel` takes it at one split. In the interpreter (no SMs, no timing): the unified kernel at
     :func:`simple_rule`'s splits."""
@@ -53,6 +54,9 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
         ragged = lengths is not None and len(set(lengths)) > 1
         if ragged and streamk_suits(B, H_kv, lengths) and (
                 not paged or streamk_tiles_per_program(H_kv, D, dtype, lengths, paged) >= STREAMK_PAGED_MIN_TILES):
+            return "streamk", 1
+        if (paged and lengths is not None and not ragged and streamk_suits(B, H_kv, lengths)
+                and streamk_tiles_per_program(H_kv, D, dtype, lengths, paged) >= STREAMK_PAGED_DENSE_TILES):
             return "streamk", 1
         if ragged:
             gain, bal = best_balanced(lengths, H_kv, D, dtype, L_cap, splits, paged)
@@ -141,6 +145,16 @@ STREAMK_MIN_LONG_BATCH = 8
 # mean 8192: 0.961, B=32 32:32 uniform mean 1024: 0.969); on the 8 below, 0.955-1.180x (B=8 32:32 uniform mean
 # 1024, 20 tiles a program: 0.955; B=8 32:8 uniform mean 8192, 25 tiles: 1.067; Zipf, 13 tiles: 1.180).
 STREAMK_PAGED_MIN_TILES = 40
+
+# Equal lengths over pages, the same kernel and pages: stream-K's equal shares against the unified grid, whose rows
+# of one length fill the SMs in waves. H200, fp16, D=128, graph timings, two calls (the paged grid of 0c7189a,
+# results/h200/ragged-fp16-page16-0c7189a.json, and results/h200/ab/ab-paged-constant.json at 0c0368e, the same
+# kernels), stream-K's time / the unified kernel's: where a program streams 496-2048 tiles of 64 keys, 0.953-0.997
+# (B=32 32:32 rows of 8192 keys 0.953 and 0.957, B=128 32:8 8192 0.968 in both, B=8 32:32 32768 0.979 and 0.982);
+# at 256 tiles 1.009 and 1.006 (B=128 32:32 rows of 1024 keys); at 4-128 tiles 0.994-1.263 (B=32 32:8 rows of 1024
+# keys 1.263, B=128 32:8 1024 1.060 and 1.055, B=32 32:8 8192 1.043 and 1.042). Hence stream-K from halfway
+# between 256 and 496 tiles a program.
+STREAMK_PAGED_DENSE_TILES = 384
 
 
 def streamk_tiles_per_program(H_kv: int, D: int, dtype, lengths, paged: int) -> float:

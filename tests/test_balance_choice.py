@@ -133,7 +133,8 @@ def test_paged_ragged_batches_take_the_balanced_kernel_by_the_model(monkeypatch)
 def test_paged_ragged_batches_of_many_tiles_a_program_take_stream_k(monkeypatch):
     """Over pages, stream-K takes a ragged batch that suits it (:func:`streamk_suits`) once its programs stream
     at least STREAMK_PAGED_MIN_TILES tiles of 64 keys each (264 programs on 132 SMs), whatever the balanced
-    model says; constant lengths never; below that count the other rules decide."""
+    model says; equal lengths from STREAMK_PAGED_DENSE_TILES tiles a program; below those counts the other rules
+    decide."""
     _gpu_auto(monkeypatch, splits.BALANCED_GAIN_PAGED - 0.01)
     long_rows = [1 + (5113 * i) % 16383 for i in range(32)]             # 8·Σ⌈L/64⌉ / 264 ≈ 122 tiles
     tiles = splits.streamk_tiles_per_program(8, 128, torch.float16, long_rows, 16)
@@ -145,8 +146,15 @@ def test_paged_ragged_batches_of_many_tiles_a_program_take_stream_k(monkeypatch)
     assert splits.choose_auto(32, 32, 32, 128, torch.float16, 16384, long_rows, paged=16) == ("streamk", 1)
     assert splits.streamk_tiles_per_program(8, 128, torch.float16, long_rows[:8], 16) < splits.STREAMK_PAGED_MIN_TILES
     assert splits.choose_auto(8, 32, 8, 128, torch.float16, 16384, long_rows[:8], paged=16) == ("balanced", 2)
-    # equal lengths keep the unified kernel over pages (stream-K took 0.95-1.26x its time there)
+    # equal lengths keep the unified kernel over pages up to 384 tiles a program (8·32·256/264 ≈ 248 here) ...
+    assert splits.STREAMK_PAGED_DENSE_TILES == 384
     assert splits.choose_auto(32, 32, 8, 128, torch.float16, 16384, [16384] * 32, paged=16)[0] == "unified"
+    # ... and take stream-K from there (8·32·512/264 ≈ 496 tiles), over pages only
+    dense = [32768] * 32
+    assert splits.streamk_tiles_per_program(8, 128, torch.float16, dense, 16) == pytest.approx(8 * 32 * 512 / 264)
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 32768, dense, paged=16) == ("streamk", 1)
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 32768, dense)[0] != "streamk"
+    assert splits.choose_auto(32, 32, 8, 128, torch.float16, 32768, None, paged=16)[0] != "streamk"   # no host lengths
 
 
 def test_tiles_over_pages_are_64_keys_from_pages_that_read_the_table_ahead():
