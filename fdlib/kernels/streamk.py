@@ -137,9 +137,11 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
             stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
         if PAGE == 0:   # the queries of each tile's row, loaded with the tile (row_tile_update)
-            q_b = None
-        else:           # the queries of the row being streamed, loaded when it starts
+            q_b, q_n = None, None
+        else:           # the queries of the row being streamed (q_b) and of the next row (q_n), a row ahead
             q_b = group_queries(Q, b_f, h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
+            q_n = group_queries(Q, tl.minimum(b_f + 1, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN,
+                                D, BLOCK_G, BLOCK_D)[0]
         # the share's rows b_f .. b_last, walked in windows of BLOCK_W sequences: finding tile t's row in a
         # window is a reduction within one warp, where one over all B (BLOCK_B = 128) crossed the warps with a
         # barrier on every tile and streamed 13% slower on the H200 (B=128 32:32 uniform mean 1024: 552.4
@@ -189,7 +191,8 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                     m, l, acc = end_row(m, l, acc, True, t - j >= t0, t - j < t0, offs_g, mask_gd, h, b, slot_f,
                                         O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot, stride_oh,
                                         stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D)
-                    q_b = group_queries(Q, tl.minimum(b + 1, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP,
+                    q_b = q_n
+                    q_n = group_queries(Q, tl.minimum(b + 2, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP,
                                         Q_LEN, D, BLOCK_G, BLOCK_D)[0]
         # the last row, continued by later shares: its piece from the state the loop ended in
         b_l, T_l, j_l, L_l = tile_row(t1 - 1, offs_b, ends, tiles, lens)
