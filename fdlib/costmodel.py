@@ -128,13 +128,27 @@ class Explanation:
 
 
 def kernel_programs_per_sm(gpu: GPU, D: int, dtype_bytes: int, block_n: int, num_warps: int, num_stages: int,
-                           compiled: dict | None = None) -> int:
+                           compiled: dict | None = None, paged: int = 0) -> int:
     """Programs of the decode kernel resident per SM: from the compiled kernel when known, else estimated
-    from its pipelined K/V tiles (num_stages × 2 tiles of block_n × D)."""
+    from its pipelined K/V tiles (num_stages × 2 tiles of block_n × D, plus 4 KB; the count the contiguous
+    cache's model was fitted and graded with).
+
+    Over pages (``paged`` > 0) the estimate is Triton's allocation instead, num_stages − 1 buffers of the K and
+    the V tile plus 8 KB (the compiled unified kernel at D = 128: 139264 bytes at 128-key tiles, 71680 at 64,
+    results/h200/kernel-resources.json), so that a plan made before the kernel's first launch takes what a
+    later one does. With the contiguous estimate, 2 programs an SM against the compiled 3 at the 64-key tiles
+    of pages, auto over pages of 16 planned in a fresh process took 16 splits instead of 32 at B=1 32:8
+    L=131072 (174.1 against 129.3 µs), 1 instead of 3 at B=16 32:8 L=32768 (613.7 against 506.8) and 1 instead
+    of 2 at B=64 32:8 L=2048 (152.6 against 137.6; results/h200/peers-b*-page16-shuffled.json, H200). On a
+    contiguous cache the compiled count (3 at 64-key tiles) and this estimate (2) still differ; there the
+    recorded sweep favours the estimate's choice (B=16 32:8 L=2048: 1 split 34.6 µs, 2 splits 39.7)."""
     if compiled:
         return programs_per_sm(gpu, compiled["num_warps"], compiled["n_regs"], compiled["shared"])
     d = max(16, 1 << (D - 1).bit_length())
-    smem = num_stages * 2 * block_n * d * dtype_bytes + 4096
+    if paged:
+        smem = max(1, num_stages - 1) * 2 * block_n * d * dtype_bytes + 8192
+    else:
+        smem = num_stages * 2 * block_n * d * dtype_bytes + 4096
     return programs_per_sm(gpu, num_warps, 128, smem)
 
 
@@ -191,31 +205,33 @@ def predict(lengths, H_kv: int, D: int, dtype_bytes: int, splits: int, gpu: GPU,
 
 def explain(B: int, H_q: int, H_kv: int, L, D: int = 128, dtype_bytes: int = 2, gpu: GPU | str | None = None,
             method: str = "unified", cal: Calibration | None = None, compiled: dict | None = None,
-            epilogue: bool = True) -> Explanation:
+            epilogue: bool = True, paged: int = 0) -> Explanation:
     """Every candidate split count with its programs, waves, wave efficiency and predicted µs; ``chosen`` is
     the fastest (the smallest count within 1% of it, since fewer splits mean less merging).
     ``L`` is one length for all B sequences or a list of B lengths. ``epilogue=False``: the merge as at the
     calibration points, whatever the group and D (Lab 05's formula, :func:`predict`). ``gpu``: anything
     :func:`fdlib.gpus.resolve` takes (None: the live GPU, else the H200 preset); ``cal`` None: the GPU's
     calibration (:func:`fdlib.calibration.calibration_for`: measured once and cached for the live GPU, the
-    defaults for a preset)."""
+    defaults for a preset); ``paged``: the page size of a paged cache (0: contiguous), whose tiles
+    (:func:`fdlib.kernels.config.tile_config_for`) the candidates and r are counted in."""
     gpu = resolve(gpu)
     lengths = (int(L),) * B if isinstance(L, (int, float)) else tuple(int(x) for x in L)
     if cal is None:
         from .calibration import calibration_for   # measuring needs the kernels; the formulas do not
         cal = calibration_for(gpu)
     key = tuple(sorted(compiled.items())) if compiled else None
-    return _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, key, epilogue)
+    return _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, key, epilogue, paged)
 
 
 @functools.lru_cache(maxsize=4096)
-def _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, compiled_key, epilogue) -> Explanation:
+def _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, compiled_key, epilogue, paged) -> Explanation:
     """explain(), cached: a decode loop asks again and again for the same shapes."""
     from .kernels.config import tile_config_for
     compiled = dict(compiled_key) if compiled_key else None
-    cfg = tile_config_for(D, max(lengths + (1,)), compiled_mode=True, elem_bytes=dtype_bytes, rows=len(lengths) * H_kv)
+    cfg = tile_config_for(D, max(lengths + (1,)), compiled_mode=True, elem_bytes=dtype_bytes, rows=len(lengths) * H_kv,
+                          paged=paged)
     lengths = np.asarray(lengths, dtype=np.int64)
-    r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, compiled)
+    r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, compiled, paged)
     chunks, effs = _candidates(lengths, cfg.BLOCK_N)
     terms = _predict_many(lengths, H_kv, D, dtype_bytes, chunks, effs, gpu, cal, r, method,
                           H_q // H_kv if epilogue else None)

@@ -267,7 +267,7 @@ def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method, paged=0):
     if torch.cuda.is_current_stream_capturing():   # never calibrate (launch timing kernels) inside a capture
         cal = calibration.calibration_cached(gpu) or costmodel.default_calibration(gpu)
     return costmodel.explain(B, H_q, H_kv, lengths, D, dtype.itemsize, gpu, method, cal=cal,
-                             compiled=compiled_resources(dtype, D, H_q // H_kv, block_n))
+                             compiled=compiled_resources(dtype, D, H_q // H_kv, block_n), paged=paged)
 
 
 PERSISTENT_MIN_WAVES = 2

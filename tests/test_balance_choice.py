@@ -191,3 +191,25 @@ def test_over_pages_auto_keeps_the_unified_kernel_up_to_the_measured_epilogues(m
     assert 48 * 4 * 129 == splits.PAGED_EPILOGUE_WORK
     assert splits.choose_auto(32, 32, 8, 256, torch.float16, 32768, paged=16) == ("split", 48)    # 49344
     assert splits.choose_auto(8, 64, 8, 128, torch.float16, 32768, paged=16) == ("split", 48)     # group 8
+
+
+def test_paged_plans_before_the_first_launch_match_later_ones():
+    """Over pages, the cost model's programs an SM before the unified kernel has compiled (an estimate) equal the
+    compiled kernel's (3 at 64-key tiles, D = 128: 138 registers, 71680 bytes of shared memory on the H200), so a
+    plan made in a fresh process picks the splits a later one does; the contiguous estimate (2 an SM) took 16
+    splits instead of 32 at B=1 32:8 L=131072 over pages."""
+    from fdlib import costmodel
+    from fdlib.gpus import resolve
+    gpu = resolve("H200")
+    cal = costmodel.default_calibration(gpu)
+    compiled = {"num_warps": 4, "n_regs": 138, "shared": 71680}
+    assert costmodel.kernel_programs_per_sm(gpu, 128, 2, 64, 4, 3, compiled) == 3
+    assert costmodel.kernel_programs_per_sm(gpu, 128, 2, 64, 4, 3, paged=16) == 3
+    assert costmodel.kernel_programs_per_sm(gpu, 128, 2, 64, 4, 3) == 2          # contiguous: unchanged
+    differ = [(B, H_kv, L) for B in (1, 2, 4, 8, 16, 32, 64, 128) for H_kv in (1, 2, 8, 32)
+              for L in (512, 2048, 8192, 32768, 131072)
+              if costmodel.explain(B, 32, H_kv, L, 128, 2, gpu, cal=cal, paged=16).chosen
+              != costmodel.explain(B, 32, H_kv, L, 128, 2, gpu, cal=cal, compiled=compiled, paged=16).chosen]
+    assert differ == []
+    assert costmodel.explain(1, 32, 8, 131072, 128, 2, gpu, cal=cal, paged=16).chosen == 32
+    assert costmodel.explain(1, 32, 8, 131072, 128, 2, gpu, cal=cal).chosen == 16   # contiguous tiles: 128 keys
