@@ -425,3 +425,36 @@ def test_default_mode_is_bitwise_deterministic_run_to_run(method):
     for _ in range(50):
         o, lse = fdlib.decode_attention(q, k, v, lens, method=method, return_lse=True)
         assert torch.equal(o, first[0]) and torch.equal(lse, first[1]), method
+
+
+def test_paged_plans_made_before_the_first_launch_match_later_ones():
+    """In a fresh process, auto's plans over pages of 16 made before the unified kernel's first launch (the cost
+    model's estimate of programs an SM) have the splits of the same plans made after a launch (the compiled
+    kernel's count). They once differed: 16 against 32 splits at B=1 32:8 L=131072 (174.1 against 129.3 µs)."""
+    import os
+    import subprocess
+    import sys
+    code = """
+import torch, fdlib
+from fdlib.calibration import calibration_for
+from fdlib.gpus import live_gpu
+calibration_for(live_gpu())
+shapes = [(1, 131072), (16, 32768), (64, 2048), (4, 32768), (8, 8192)]
+plan = lambda B, L: fdlib.plan(B, 32, 8, 128, L, dtype=torch.float16, device="cuda", lengths=[L] * B,
+                               method="unified", page_size=16)
+before = [plan(B, L).splits for B, L in shapes]
+B, L = 2, 4096
+p = plan(B, L)
+pages = torch.randn(B * L // 16, 16, 8, 128, device="cuda", dtype=torch.float16)
+table = torch.arange(B * L // 16, device="cuda", dtype=torch.int32).reshape(B, -1)
+q = torch.randn(B, 32, 128, device="cuda", dtype=torch.float16)
+p.run(q, pages, pages, torch.full((B,), L, device="cuda", dtype=torch.int32), block_table=table)
+torch.cuda.synchronize()
+after = [plan(B, L).splits for B, L in shapes]
+print(before, after)
+assert before == after, (before, after)
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-1000:] + r.stderr[-3000:]
