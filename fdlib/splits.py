@@ -153,7 +153,8 @@ STREAMK_PAGED_MIN_TILES = 40
 # (B=32 32:32 rows of 8192 keys 0.953 and 0.957, B=128 32:8 8192 0.968 in both, B=8 32:32 32768 0.979 and 0.982);
 # at 256 tiles 1.009 and 1.006 (B=128 32:32 rows of 1024 keys); at 4-128 tiles 0.994-1.263 (B=32 32:8 rows of 1024
 # keys 1.263, B=128 32:8 1024 1.060 and 1.055, B=32 32:8 8192 1.043 and 1.042). Hence stream-K from halfway
-# between 256 and 496 tiles a program.
+# between 256 and 496 tiles a program. The grid of 9a7bfdb, which has the rule, again: 0.955-0.994 at 496-2048
+# tiles, 1.004 at 256 (results/h200/ragged-fp16-page16.json).
 STREAMK_PAGED_DENSE_TILES = 384
 
 
