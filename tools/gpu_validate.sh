@@ -26,7 +26,8 @@
 #              against the unified kernel
 #   cp         (2 GPUs) torchrun --nproc-per-node 2 tools/cp_decode_case.py: context-parallel decode at L=2M and 8M,
 #              B=64, both merges, eager and captured; then the NCCL test of tests/test_distributed.py
-# Writes OUT_DIR/gpu-validate.tar.gz (every file, for machines that return few files) and a log.
+# Writes OUT_DIR/gpu-validate.tar.gz (every file, for machines that return few files; rewritten after each step) and a
+# log.
 set -uo pipefail
 OUT="${1:?usage: tools/gpu_validate.sh OUT_DIR [STEPS]}"
 STEPS="${2:-tests,notebooks,sanitizer,calibrate,bench,sweep}"
@@ -36,6 +37,8 @@ cd "$(dirname "$0")/.."
 mkdir -p "$OUT/run"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 FDLIB_CACHE="$OUT/run"
 LOG="$OUT/run/gpu-validate.log"
+# the tarball is rewritten after every step, so that a call cut by its time limit still returns what ran
+pack() { tar -czf "$OUT/gpu-validate.tar.gz" -C "$OUT/run" . 2>/dev/null; }
 # nbval, ipykernel, nbformat (the test helpers import it) and their dependencies: from wheels in .whl/ when that
 # folder exists (installed into /tmp/site, no network)
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -50,40 +53,40 @@ fi
     timeout 480 python3 -m pytest ${GPU_TESTS:-tests/test_gpu.py tests/test_persistent.py tests/test_plan.py tests/test_paged.py tests/test_balanced.py tests/test_invariance.py tests/test_streamk.py tests/test_balance_choice.py} -q -p no:cacheprovider \
       -rfE 2>&1 | tee "$OUT/run/gpu-tests.log" | tail -15
     timeout 200 python3 -m pytest tests/test_bench.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3
-  fi
+  fi; pack
   if has notebooks; then
     echo "== notebooks (nbval, shipped and solved)"
     timeout 1500 python3 -m pytest tests/test_notebooks.py -k "as_shipped or solved" \
       -q -p no:cacheprovider -o addopts= 2>&1 | tail -15
-  fi
+  fi; pack
   if has sanitizer && command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
       echo "== compute-sanitizer $tool"
       timeout 150 compute-sanitizer --tool "$tool" python3 tools/sanitize_case.py 2>&1 | tail -3
     done
-  fi
+  fi; pack
   if has calibrate; then
     echo "== calibration"
     timeout 60 python3 -c "from fdlib.calibration import calibrate; print(calibrate(progress=False))"
     cp "$OUT"/run/calibration-*.json "$OUT/run/calibration.json" 2>/dev/null
-  fi
+  fi; pack
   if has bench; then
     for dt in ${BENCH_DTYPES:-float16 bfloat16}; do
       echo "== bench $dt"
       timeout 300 python3 -m fdlib.bench --dtype "$dt" --out "$OUT/run" --name "bench-$dt" --no-progress \
         --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
     done
-  fi
+  fi; pack
   if has host; then
     echo "== host overhead"
     timeout 120 python3 -m fdlib.bench --host-overhead --out "$OUT/run" --name host-overhead --no-progress 2>&1 | head -20
-  fi
+  fi; pack
   if has heads; then
     echo "== heads sweep"
     timeout 200 python3 -m fdlib.bench --heads-sweep --methods split,unified,auto,cudnn --L 8192,65536 --out "$OUT/run" \
       --name heads-sweep --no-progress \
       --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
-  fi
+  fi; pack
   if has ragged; then
     echo "== ragged batches"
     timeout 300 python3 -m fdlib.bench --ragged --dtype float16 --methods ${RAGGED_METHODS:-auto,balanced,streamk} --out "$OUT/run" \
@@ -97,7 +100,7 @@ fi
         --methods auto,split,balanced,streamk $([ $ps = 0 ] || echo --page-size $ps) --out "$OUT/run" \
         --name ragged-b32-mean16k-page$ps --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -2
     done
-  fi
+  fi; pack
   if has pages; then
     echo "== page sizes 1, 4, 8, 16 (B=32, mean 8192)"
     for ps in 1 4 8 16; do
@@ -105,37 +108,37 @@ fi
         --out "$OUT/run" --name ragged-fp16-b32-page$ps --no-progress --warmup 10 --rep 30 --graph-rep 10 \
         2>&1 | tail -2
     done
-  fi
+  fi; pack
   if has qlen; then
     echo "== several query tokens (q_len 1, 2, 4, 8) against SDPA with the bottom-right causal mask"
     timeout 200 python3 -m fdlib.bench --qlen --out "$OUT/run" --name qlen-fp16 --no-progress \
       --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -4
-  fi
+  fi; pack
   if has timeline; then
     echo "== per-program timelines (Lab 06)"
     timeout 120 python3 tools/record_timeline.py --out "$OUT/run" --seed 0 2>&1 | tail -4
-  fi
+  fi; pack
   if has invariant; then
     echo "== batch-invariant cost"
     timeout 150 python3 -m fdlib.bench --methods auto,invariant --dtype float16 --out "$OUT/run" \
       --name invariant-fp16 --no-progress --warmup 10 --rep 30 --graph-rep 10 2>&1 | tail -3
-  fi
+  fi; pack
   if has unifiedmax; then
     echo "== unified-max (FlashDecoding++) against the unified kernel"
     timeout 120 python3 -m fdlib.bench.unified_max --dtype float16 --B 1,16 --L 2048,32768,131072 --out "$OUT/run" \
       --name unified-max 2>&1 | tail -4
-  fi
+  fi; pack
   if has cp; then
     echo "== context-parallel decode on 2 GPUs"
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # multicast stays off
     timeout 420 torchrun --nproc-per-node 2 tools/cp_decode_case.py --out "$OUT/run" --iters 100 2>&1 | tail -25
     timeout 320 python3 -m pytest tests/test_distributed.py -k nccl -q -p no:cacheprovider 2>&1 | tail -3   # its own limit: 300 s
-  fi
+  fi; pack
   if has sweep; then
     echo "== sweep"
     timeout 240 python3 -m fdlib.bench --sweep-splits --dtype float16 --out "$OUT/run" --name sweep-fp16 \
       --no-progress --graph-rep 10 2>&1 | tail -5
-  fi
+  fi; pack
 } 2>&1 | tee "$LOG"
 tar -czf "$OUT/gpu-validate.tar.gz" -C "$OUT/run" .
 echo "wrote $OUT/gpu-validate.tar.gz"
