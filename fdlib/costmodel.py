@@ -137,10 +137,11 @@ def kernel_programs_per_sm(gpu: GPU, D: int, dtype_bytes: int, block_n: int, num
     the V tile plus 8 KB (the compiled contiguous unified kernel at D = 128: 139264 bytes at 128-key tiles,
     71680 at 64, results/h200/kernel-resources.json; the paged build's resources were not recorded, but its
     plans after a launch took the splits of 3 programs an SM on the three shapes below), so that a plan made
-    before the kernel's first launch takes what a later one does. With the contiguous estimate, 2 programs an SM against the compiled 3 at the 64-key tiles
-    of pages, auto over pages of 16 planned in a fresh process took 16 splits instead of 32 at B=1 32:8
-    L=131072 (174.1 against 129.3 µs), 1 instead of 3 at B=16 32:8 L=32768 (613.7 against 506.8) and 1 instead
-    of 2 at B=64 32:8 L=2048 (152.6 against 137.6; results/h200/peers-b*-page16-shuffled.json, H200). On a
+    before the kernel's first launch takes what a later one does. With the contiguous estimate, 2 programs an SM
+    against the compiled 3 at the 64-key tiles of pages, auto over pages of 16 planned in a fresh process took 16
+    splits instead of 32 at B=1 32:8 L=131072 (174.1 against 129.3 µs), 1 instead of 3 at B=16 32:8 L=32768
+    (613.7 against 506.8) and 1 instead of 2 at B=64 32:8 L=2048 (152.6 against 137.6;
+    results/h200/peers-b*-page16-shuffled.json, H200). On a
     contiguous cache the compiled count (3 at 64-key tiles) and this estimate (2) still differ; there the
     recorded sweep favours the estimate's choice (B=16 32:8 L=2048: 1 split 34.6 µs, 2 splits 39.7)."""
     if compiled:

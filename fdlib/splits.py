@@ -52,12 +52,12 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
         split = None if paged else _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "split", paged)
         kernel, splits = auto_path(unified, split, H_q // H_kv, D, paged)
         ragged = lengths is not None and len(set(lengths)) > 1
-        if ragged and streamk_suits(B, H_kv, lengths) and (
-                not paged or streamk_tiles_per_program(H_kv, D, dtype, lengths, paged) >= STREAMK_PAGED_MIN_TILES):
-            return "streamk", 1
-        if (paged and lengths is not None and not ragged and streamk_suits(B, H_kv, lengths)
-                and streamk_tiles_per_program(H_kv, D, dtype, lengths, paged) >= STREAMK_PAGED_DENSE_TILES):
-            return "streamk", 1
+        if lengths is not None and streamk_suits(B, H_kv, lengths):
+            if ragged and not paged:
+                return "streamk", 1
+            if paged and streamk_tiles_per_program(H_kv, D, dtype, lengths, paged) >= (
+                    STREAMK_PAGED_MIN_TILES if ragged else STREAMK_PAGED_DENSE_TILES):
+                return "streamk", 1
         if ragged:
             gain, bal = best_balanced(lengths, H_kv, D, dtype, L_cap, splits, paged)
             if gain < (BALANCED_GAIN_PAGED if paged else BALANCED_GAIN):

@@ -140,5 +140,5 @@ fi
       --no-progress --graph-rep 10 2>&1 | tail -5
   fi; pack
 } 2>&1 | tee "$LOG"
-tar -czf "$OUT/gpu-validate.tar.gz" -C "$OUT/run" .
+pack   # once more, with the whole log
 echo "wrote $OUT/gpu-validate.tar.gz"
