@@ -63,6 +63,8 @@ def test_ab_ragged_overrides_the_tiles_of_the_method_it_names(tmp_path, monkeypa
     assert ab.tiles_of("balanced@32x1x1") == ("balanced", TileConfig(BLOCK_N=32, num_warps=1, num_stages=1))
     assert ab.tiles_of("streamk+ROW_WINDOW=4") == ("streamk", None)
     assert ab.tiles_of("streamk@64x4x3+PERSISTENT_PER_SM=3") == ("streamk", TileConfig(64, 4, 3))
+    assert ab.tiles_of("unified#4@32x1x1") == ("unified", TileConfig(32, 1, 1)) and ab.splits_of("unified#4") == 4
+    assert ab.splits_of("unified@32x1x1") is None
     plan_module = sys.modules["fdlib.plan"]
     seen = []
     decide = plan_module.decide
@@ -71,12 +73,14 @@ def test_ab_ragged_overrides_the_tiles_of_the_method_it_names(tmp_path, monkeypa
     from fdlib.kernels import config, streamk
     per_sm = config.PERSISTENT_PER_SM
     ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--methods",
-             "balanced,balanced@32x1x1,streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128"])
+             "balanced,balanced@32x1x1,streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128,unified#2"])
     assert config.PERSISTENT_PER_SM == per_sm and streamk.MAX_REGISTERS is None
     recs = json.loads(out.read_text())["records"]
     assert [r["method"] for r in recs] == ["balanced", "balanced@32x1x1",
-                                          "streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128"]
+                                          "streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128", "unified#2"]
+    assert recs[-1]["kernel"] == "unified" and recs[-1]["splits"] == 2
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 for r in recs), recs
     tiles = sorted({(d.kernel, d.tile.BLOCK_N) for d in seen})
-    assert tiles == [("balanced", INTERPRETER_CONFIG.BLOCK_N), ("balanced", 32), ("streamk", 32)], tiles
+    assert tiles == [("balanced", INTERPRETER_CONFIG.BLOCK_N), ("balanced", 32), ("streamk", 32),
+                     ("unified", INTERPRETER_CONFIG.BLOCK_N)], tiles
     assert plan_module.tile_config is tile_config and plan_module.persistent_config is persistent_config

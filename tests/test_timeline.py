@@ -118,6 +118,17 @@ def test_recorded_buffer_makespan_and_idle():
         T.from_buffer(np.zeros((3, 3)), "GPU X", "x")
 
 
+def test_span_parts_add_up_to_the_makespan():
+    # SM0: programs 1-5 and 6-9 µs (a 1 µs gap), SM1: 0-4 µs and 2-3 µs at once; makespan 9 µs from t = 0
+    buf = np.array([[0, 1000, 5000], [0, 6000, 9000], [1, 0, 4000], [1, 2000, 3000]])
+    p = T.from_buffer(buf, "GPU X", "x", sms=2).span_parts()
+    assert p["makespan"] == pytest.approx(9.0) and p["sms_used"] == 2 and p["programs_per_sm"] == 2
+    assert p["ramp"] == pytest.approx((1 + 0) / 2) and p["tail"] == pytest.approx(9 - (9 + 4) / 2)
+    assert p["busy"] == pytest.approx((7 + 4) / 2) and p["gaps"] == pytest.approx((1 + 0) / 2)
+    assert p["ramp"] + p["gaps"] + p["busy"] + p["tail"] == pytest.approx(p["makespan"])
+    assert p["program"] == pytest.approx(np.median([4, 3, 4, 1]))
+
+
 def test_lanes_separate_programs_sharing_an_sm():
     tl = T.from_buffer([[0, 0, 10], [0, 5, 20], [0, 12, 30]], "GPU X", "x", sms=1)
     assert T.lanes(tl).tolist() == [0, 1, 0]
@@ -166,3 +177,6 @@ def test_record_tool_needs_a_gpu(tmp_path, capsys):
     spec.loader.exec_module(mod)
     assert mod.main(["--out", str(tmp_path / "out")]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert mod.case_name("128:32:8:uniform:1024:16") == "B128-32x8-uniform-1024-page16"
+    with pytest.raises(SystemExit, match="B:H_q:H_kv:dist:mean:page"):
+        mod.record_case("128:32:8:uniform", 0, 1, ["auto"])

@@ -8,7 +8,8 @@ of :func:`fdlib.kernels.config.persistent_config`'s, ``balanced@NxWxS`` / ``unif
 same in place of the plan's :func:`fdlib.kernels.config.tile_config`, or ``streamk+NAME=VALUE``: the stream-K
 kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW, MIN_BLOCK_B or MAX_REGISTERS, or
 :mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM) set to VALUE; both may be
-combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``.
+combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``, before any ``@`` or ``+``): the
+plan of NAME with ``num_splits=S``.
 ``page`` 0 is a contiguous cache. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
 same draw of lengths from ``--seed``, CUDA graphs rotating over copies holding >= 4x the L2, the read ceiling
 measured in the same run); each shape's batch is planned from its host lengths. The JSON carries the device,
@@ -30,10 +31,19 @@ def parse_case(text: str) -> dict:
                 page=int(page))
 
 
+def splits_of(method: str):
+    """The forced split count S of ``name#S...``, else None."""
+    head = method.split("+")[0].split("@")[0]
+    return int(head.split("#")[1]) if "#" in head else None
+
+
 def tiles_of(method: str):
-    """(plan method, TileConfig or None) of ``name`` or ``name@NxWxS``."""
+    """(plan method, TileConfig or None) of ``name``, ``name#S`` or ``name@NxWxS``."""
     from fdlib.kernels.config import TileConfig
     method = method.split("+")[0]
+    if "#" in method:
+        name, rest = method.split("#", 1)
+        method = name + ("@" + rest.split("@", 1)[1] if "@" in rest else "")
     if "@" not in method:
         return method, None
     name, spec = method.split("@")
@@ -87,7 +97,7 @@ def main(argv=None):
                                      f"got {key!r}")
                 setattr(constants[key], key, int(val))
             try:
-                rec = ragged._measure(name, copies, ref, base, settings, ceil)
+                rec = ragged._measure(name, copies, ref, base, settings, ceil, splits_of(method))
             finally:
                 plan_module.persistent_config, plan_module.tile_config = default_tiles, default_grid_tiles
                 for k, v in saved.items():

@@ -1,13 +1,18 @@
 """Record per-program timelines of the split, balanced and stream-K plans on a GPU, for Lab 06's Gantt charts.
 
     python tools/record_timeline.py --out OUT_DIR [--seed 0] [--repeats 5]
+    python tools/record_timeline.py --out OUT_DIR --cases B:H_q:H_kv:dist:mean:page,... [--methods auto,streamk]
 
 For each of Lab 06's ragged batches (``fdlib.timeline.BATCH``: B=32, H 32:8, D=128, fp16; lengths
 ``fdlib.timeline.batch_lengths``: "uniform" in 1..32768, the batch of issue 13, and "zipf", Zipf-like of mean 8192,
-both from ``--seed``), it plans each method (``split``, ``balanced``, ``streamk``, and ``auto`` for reference)
+both from ``--seed``), or for each of ``--cases`` (the ragged bench's batches, :mod:`fdlib.bench.ragged`: lengths
+drawn from ``dist`` with mean ``mean`` and seed ``--seed`` + the case's place, D=128, fp16, ``page`` 0 a contiguous
+cache, else pages of that many keys in shuffled order; written as ``timeline-B<B>-<H_q>x<H_kv>-<dist>-<mean>-
+page<page>.json``), it plans each method (``split``, ``balanced``, ``streamk``, and ``auto`` for reference)
 with the host lengths, runs it once to compile, then ``--repeats`` times with the timeline flag
 (``plan.run(q, k, v, lens, timeline=plan.timeline_buffer())``: one row (SM id, start ns, end ns) per program, from
-the GPU's global timer) and keeps the run of median makespan. It writes ``OUT_DIR/timeline-<batch>.json``
+the GPU's global timer), keeps the run of median makespan and prints where it goes
+(``fdlib.timeline.Timeline.span_parts``: ramp, gaps, busy, tail). It writes ``OUT_DIR/timeline-<batch>.json``
 (``fdlib.timeline.save_recorded``, read back by ``fdlib.timeline.load_recorded``) with the provenance of
 ``fdlib.bench.harness.provenance`` (device, versions, date, this command). Needs a CUDA GPU.
 """
@@ -28,7 +33,8 @@ METHODS = ("split", "balanced", "streamk", "auto")
 
 
 def record_batch(name: str, seed: int, repeats: int, methods=METHODS) -> tuple[dict, list]:
-    """(batch description, runs) of one batch: every method's plan, run ``repeats`` times with the timeline on."""
+    """(batch description, runs) of one of Lab 06's batches: every method's plan, run ``repeats`` times with the
+    timeline on."""
     b = timeline.BATCH
     B, H_q, H_kv, D = b["B"], b["H_q"], b["H_kv"], b["D"]
     dtype = getattr(torch, b["dtype"])
@@ -42,18 +48,58 @@ def record_batch(name: str, seed: int, repeats: int, methods=METHODS) -> tuple[d
     ref = reference_rows(q, k, v, lengths)                              # float32, one sequence at a time
     batch = dict(b, name=name, seed=seed, lengths=lengths, L_max=L_max,
                  kv_mb=2 * sum(lengths) * H_kv * D * dtype.itemsize / 1e6)
+    return batch, record_runs(batch, (q, k, v, lens, None), ref, repeats, methods)
+
+
+def case_name(text: str) -> str:
+    """``timeline-<this>.json`` of a ``--cases`` entry B:H_q:H_kv:dist:mean:page."""
+    B, H_q, H_kv, dist, mean, page = text.split(":")
+    return f"B{B}-{H_q}x{H_kv}-{dist}-{mean}-page{page}"
+
+
+def record_case(text: str, seed: int, repeats: int, methods) -> tuple[dict, list]:
+    """(batch description, runs) of a ragged-bench batch B:H_q:H_kv:dist:mean:page (D=128, fp16; page 0 a
+    contiguous cache, else that many keys a page, shuffled)."""
+    from fdlib.bench import ragged
+    try:
+        B, H_q, H_kv, dist, mean, page = text.split(":")
+        shape = dict(dtype="float16", B=int(B), H_q=int(H_q), H_kv=int(H_kv), D=128, dist=dist, mean=int(mean))
+        page = int(page)
+    except ValueError:
+        raise SystemExit(f"--cases: expected B:H_q:H_kv:dist:mean:page (e.g. 128:32:8:uniform:1024:16), "
+                         f"got {text!r}") from None
+    lengths = ragged.draw_lengths(dist, shape["B"], shape["mean"], seed)
+    inputs = ragged._inputs(shape, lengths, page, seed)
+    q, k, v, lens, bt = inputs
+    ref = reference_rows(q, k, v, lengths, bt)
+    batch = dict(shape, name=case_name(text), seed=seed, lengths=lengths, L_max=max(lengths), page_size=page,
+                 kv_mb=2 * sum(lengths) * shape["H_kv"] * shape["D"] * 2 / 1e6)
+    return batch, record_runs(batch, inputs, ref, repeats, methods)
+
+
+def record_runs(batch: dict, inputs, ref, repeats: int, methods) -> list:
+    """Every method's plan for ``batch`` (planned from its host lengths), run once to compile and check against
+    ``ref``, then ``repeats`` times with the timeline on; the run of median makespan is kept."""
+    q, k, v, lens, bt = inputs
+    B, H_q, D = q.shape
+    H_kv = k.shape[2]
+    lengths = batch["lengths"]
     runs = []
     for method in methods:
-        plan = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=dtype, device="cuda", lengths=lengths, method=method)
-        out = plan.run(q, k, v, lens)                                   # compile, and check the numbers
+        name, _, forced = method.partition("#")         # "unified#4": the plan of unified with num_splits=4
+        plan = fdlib.plan(B, H_q, H_kv, D, max(lengths), dtype=q.dtype, device="cuda", lengths=lengths,
+                          method=name, num_splits=int(forced) if forced else None,
+                          page_size=k.shape[1] if bt is not None else None)
+        out = plan.run(q, k, v, lens, block_table=bt)                   # compile, and check the numbers
         torch.cuda.synchronize()
         err = rel_error(out, ref)
         if not err < 1e-2:
-            raise RuntimeError(f"{name} batch, method {method}: relative error {err:.3g} against the reference")
+            raise RuntimeError(f"{batch['name']} batch, method {method}: relative error {err:.3g} against the "
+                               f"reference")
         recorded = []
         for _ in range(repeats):
             buf = plan.timeline_buffer()
-            plan.run(q, k, v, lens, timeline=buf)
+            plan.run(q, k, v, lens, block_table=bt, timeline=buf)
             torch.cuda.synchronize()
             rows = buf.cpu()
             ran = rows[:, 2] > 0
@@ -65,12 +111,15 @@ def record_batch(name: str, seed: int, repeats: int, methods=METHODS) -> tuple[d
         mode = (f"{method}: {d.kernel} kernel, {d.splits} splits of {d.chunk} keys"
                 + (f", budget {d.budget}" if d.kernel == "balanced" else "")
                 + (f", {d.programs} programs" if d.kernel == "streamk" else ""))
+        parts = timeline.from_buffer(rows, "GPU", mode).span_parts()
         runs.append(dict(method=method, mode=mode, kernel=d.kernel, splits=d.splits, chunk=d.chunk,
                          budget=d.budget, block_n=d.tile.BLOCK_N if d.tile else None, rel_err=err,
-                         makespans_us=[r[0] / 1e3 for r in recorded], programs=rows))
-        print(f"{name:8s} {mode}: makespan {span / 1e3:.1f} µs (median of {repeats}), relative error {err:.2e}",
-              flush=True)
-    return batch, runs
+                         makespans_us=[r[0] / 1e3 for r in recorded], span_parts_us=parts, programs=rows))
+        print(f"{batch['name']:8s} {mode}: makespan {span / 1e3:.1f} µs (median of {repeats}), relative error "
+              f"{err:.2e}; ramp {parts['ramp']:.1f}, gaps {parts['gaps']:.1f}, busy {parts['busy']:.1f}, tail "
+              f"{parts['tail']:.1f} µs (SM means), program {parts['program']:.1f} µs, "
+              f"{parts['programs_per_sm']} at once an SM", flush=True)
+    return runs
 
 
 def main(argv=None) -> int:
@@ -79,6 +128,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the lengths and the inputs (default 0)")
     ap.add_argument("--repeats", type=int, default=5, help="recorded runs per method; the median makespan is kept")
     ap.add_argument("--batches", default="uniform,zipf", help="comma-separated: uniform, zipf")
+    ap.add_argument("--cases", default="", help="comma-separated ragged-bench batches B:H_q:H_kv:dist:mean:page "
+                                                "(in place of --batches)")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help=f"comma-separated (default {','.join(METHODS)}); NAME#S plans NAME with num_splits=S")
     args = ap.parse_args(argv)
     if runtime.MODE != "gpu":
         print("record_timeline: needs a CUDA GPU (the timestamps come from the GPU's global timer)", file=sys.stderr)
@@ -87,9 +140,16 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python", "tools/record_timeline.py", *map(shlex.quote, sys.argv[1:] if argv is None
                                                                    else argv)])
-    for name in args.batches.split(","):
-        batch, runs = record_batch(name.strip(), args.seed, args.repeats)
-        path = timeline.save_recorded(out / f"timeline-{name.strip()}.json", batch, runs, provenance(command))
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.cases:
+        todo = [(case_name(c), lambda c=c, i=i: record_case(c, args.seed + i, args.repeats, methods))
+                for i, c in enumerate(args.cases.split(","))]
+    else:
+        todo = [(n.strip(), lambda n=n: record_batch(n.strip(), args.seed, args.repeats, methods))
+                for n in args.batches.split(",")]
+    for name, record in todo:
+        batch, runs = record()
+        path = timeline.save_recorded(out / f"timeline-{name}.json", batch, runs, provenance(command))
         print(f"wrote {path}")
     return 0
 

@@ -141,7 +141,8 @@ def case_inputs(shape, lens, page_size, seed, page_order, stored, graphs):
     return [inp] + [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp) for _ in range(n - 1)], ref
 
 
-def _measure(name, copies, ref, base, settings, ceil):
+def _measure(name, copies, ref, base, settings, ceil, num_splits=None):
+    """One method's record on one batch (``num_splits``: the plan's forced split count, None for its own)."""
     import fdlib
     from ..validate import check_inputs
     rec = dict(base, method=name, status="ok")
@@ -151,7 +152,8 @@ def _measure(name, copies, ref, base, settings, ceil):
         q, k, v, lens, bt = c
         shape = check_inputs(q, k, v, lens, None, name, None, False, bt)   # the checked sizes of these tensors
         p = fdlib.plan(shape.B, shape.H_q, shape.H_kv, shape.D, shape.L_max, dtype=q.dtype, device=q.device,
-                       lengths=lens.tolist(), method=name, page_size=shape.page_size or None)
+                       lengths=lens.tolist(), method=name, page_size=shape.page_size or None,
+                       num_splits=num_splits)
         return p, (lambda: p.run(q, k, v, lens, block_table=bt))
     plans, calls = zip(*(make(c) for c in copies))
     try:
