@@ -10,7 +10,9 @@ kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW
 :mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM) set to VALUE; both may be
 combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``, before any ``@`` or ``+``): the
 plan of NAME with ``num_splits=S``.
-``page`` 0 is a contiguous cache. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
+``page`` 0 is a contiguous cache. ``dist/desc`` (e.g. ``uniform/desc``): the same lengths, sorted longest first
+over b, so that the grid kernels (b the fastest grid axis) launch each head's longest rows first and end on its
+shortest. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
 same draw of lengths from ``--seed``, CUDA graphs rotating over copies holding >= 4x the L2, the read ceiling
 measured in the same run); each shape's batch is planned from its host lengths. The JSON carries the device,
 versions, date, command and commit.
@@ -79,7 +81,12 @@ def main(argv=None):
     for i, text in enumerate(args.cases.split(",")):
         shape = parse_case(text)
         page = shape.pop("page")
-        lens = ragged.draw_lengths(shape["dist"], shape["B"], shape["mean"], args.seed + i)
+        dist, _, order = shape["dist"].partition("/")
+        lens = ragged.draw_lengths(dist, shape["B"], shape["mean"], args.seed + i)
+        if order not in ("", "desc"):
+            raise SystemExit(f"--cases: {text!r}: expected dist or dist/desc, got {shape['dist']!r}")
+        if order:
+            lens = sorted(lens, reverse=True)
         base, stored = ragged.case_record(shape, lens, page)
         copies, ref = ragged.case_inputs(shape, lens, page, args.seed + i, "shuffled", stored, gpu)
         for method in args.methods.split(","):

@@ -6,12 +6,12 @@
 For each of Lab 06's ragged batches (``fdlib.timeline.BATCH``: B=32, H 32:8, D=128, fp16; lengths
 ``fdlib.timeline.batch_lengths``: "uniform" in 1..32768, the batch of issue 13, and "zipf", Zipf-like of mean 8192,
 both from ``--seed``), or for each of ``--cases`` (the ragged bench's batches, :mod:`fdlib.bench.ragged`: lengths
-drawn from ``dist`` with mean ``mean`` and seed ``--seed`` + the case's place, D=128, fp16, ``page`` 0 a contiguous
-cache, else pages of that many keys in shuffled order; written as ``timeline-B<B>-<H_q>x<H_kv>-<dist>-<mean>-
-page<page>.json``), it plans each method (``split``, ``balanced``, ``streamk``, and ``auto`` for reference)
-with the host lengths, runs it once to compile, then ``--repeats`` times with the timeline flag
-(``plan.run(q, k, v, lens, timeline=plan.timeline_buffer())``: one row (SM id, start ns, end ns) per program, from
-the GPU's global timer), keeps the run of median makespan and prints where it goes
+drawn from ``dist`` with mean ``mean`` and seed ``--seed`` + the case's place, D=128, fp16, ``page`` 0 a
+contiguous cache, else pages of that many keys in shuffled order; ``dist/desc``: sorted longest first; written as
+``timeline-B<B>-<H_q>x<H_kv>-<dist>-<mean>-page<page>.json``), it plans each method (``split``, ``balanced``,
+``streamk``, and ``auto`` for reference) with the host lengths, runs it once to compile, then ``--repeats`` times
+with the timeline flag (``plan.run(q, k, v, lens, timeline=plan.timeline_buffer())``: one row (SM id, start ns,
+end ns) per program, from the GPU's global timer), keeps the run of median makespan and prints where it goes
 (``fdlib.timeline.Timeline.span_parts``: ramp, gaps, busy, tail). It writes ``OUT_DIR/timeline-<batch>.json``
 (``fdlib.timeline.save_recorded``, read back by ``fdlib.timeline.load_recorded``) with the provenance of
 ``fdlib.bench.harness.provenance`` (device, versions, date, this command). Needs a CUDA GPU.
@@ -54,7 +54,7 @@ def record_batch(name: str, seed: int, repeats: int, methods=METHODS) -> tuple[d
 def case_name(text: str) -> str:
     """``timeline-<this>.json`` of a ``--cases`` entry B:H_q:H_kv:dist:mean:page."""
     B, H_q, H_kv, dist, mean, page = text.split(":")
-    return f"B{B}-{H_q}x{H_kv}-{dist}-{mean}-page{page}"
+    return f"B{B}-{H_q}x{H_kv}-{dist.replace('/', '-')}-{mean}-page{page}"
 
 
 def record_case(text: str, seed: int, repeats: int, methods) -> tuple[dict, list]:
@@ -68,7 +68,10 @@ def record_case(text: str, seed: int, repeats: int, methods) -> tuple[dict, list
     except ValueError:
         raise SystemExit(f"--cases: expected B:H_q:H_kv:dist:mean:page (e.g. 128:32:8:uniform:1024:16), "
                          f"got {text!r}") from None
+    dist, _, order = dist.partition("/")
     lengths = ragged.draw_lengths(dist, shape["B"], shape["mean"], seed)
+    if order == "desc":                         # as tools/ab_ragged.py: longest rows first over b
+        lengths = sorted(lengths, reverse=True)
     inputs = ragged._inputs(shape, lengths, page, seed)
     q, k, v, lens, bt = inputs
     ref = reference_rows(q, k, v, lengths, bt)
@@ -87,11 +90,13 @@ def record_runs(batch: dict, inputs, ref, repeats: int, methods) -> list:
     runs = []
     for method in methods:
         name, _, forced = method.partition("#")         # "unified#4": the plan of unified with num_splits=4
-        plan = fdlib.plan(B, H_q, H_kv, D, max(lengths), dtype=q.dtype, device="cuda", lengths=lengths,
+        L_max = max(lengths) if bt is None else bt.shape[1] * k.shape[1]   # a paged plan covers its whole table
+        plan = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=q.dtype, device=q.device, lengths=lengths,
                           method=name, num_splits=int(forced) if forced else None,
                           page_size=k.shape[1] if bt is not None else None)
         out = plan.run(q, k, v, lens, block_table=bt)                   # compile, and check the numbers
-        torch.cuda.synchronize()
+        if q.is_cuda:
+            torch.cuda.synchronize()
         err = rel_error(out, ref)
         if not err < 1e-2:
             raise RuntimeError(f"{batch['name']} batch, method {method}: relative error {err:.3g} against the "
