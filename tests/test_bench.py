@@ -133,6 +133,22 @@ def test_method_names_and_forced_splits():
             methods.parse_method(bad)
     m = methods.build("auto@3")
     assert m.kind == "fdlib" and m.info == {"fdlib_method": "auto", "num_splits": 3}
+    assert methods.parse_method("unified@8:bhld") == ("unified", 8) and methods.build("auto").layout == "fdlib"
+    for bad in ("auto:nhd", "cudnn:bhld", "auto:"):
+        with pytest.raises(ValueError, match="layout suffix"):
+            methods.parse_method(bad)
+
+
+def test_fdlib_on_the_peers_layout_reads_the_same_numbers():
+    """``auto:bhld`` runs fdlib on the peers' [B, H_kv, L, D] memory (as strided [B, L, H_kv, D] views) and gets
+    the reference's answer."""
+    shape = {"dtype": "float16", "B": 2, "H_q": 6, "H_kv": 2, "L": 37, "D": 16}
+    inp = harness.make_inputs(shape, seed=3)
+    ref = harness.reference(inp)
+    m = methods.build("unified@2:bhld")
+    assert m.layout == "bhld" and m.kind == "fdlib" and "kv_layout" in m.info
+    peer = methods.to_layout(inp, "bhld")
+    assert harness.rel_error(m.make(peer)(), ref) < 1e-2
 
 
 def test_grid_skips_large_shapes():

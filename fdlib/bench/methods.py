@@ -20,6 +20,8 @@ fdlib methods (KV cache token-major ``[B, L, H_kv, D]``):
                the default list)
 ``auto``       ``method="auto"``
 ``split@S``    forced ``num_splits=S`` (also ``unified@S``, ``auto@S``)
+``auto:bhld``  any fdlib method above reading the peers' cache (K/V memory ``[B, H_kv, L, D]``, contiguous),
+               passed as the ``[B, L, H_kv, D]`` view of it: the same kernel on the peers' memory layout
 =============  ===============================================================================
 
 The timed call passes a prebuilt int32 ``cache_seqlens`` (all = L) on the device, the way a model calls it
@@ -87,11 +89,15 @@ class Method:
     info: dict = field(default_factory=dict)
 
 
-def _fdlib_method(name: str, fd_method: str, num_splits: int | None) -> Method:
-    invariant = name == "invariant"
+def _fdlib_method(name: str, fd_method: str, num_splits: int | None, layout: str = "fdlib") -> Method:
+    """An fdlib method reading the ``layout`` its inputs come in: "fdlib" (K/V ``[B, L, H_kv, D]``), or "bhld"
+    (the peers' inputs: q ``[B, H_q, 1, D]`` and K/V ``[B, H_kv, L, D]``, passed as views)."""
+    invariant = name.split(":")[0] == "invariant"
 
     def make(inp: Inputs):
         q, k, v, lens = inp.q, inp.k, inp.v, inp.lens
+        if layout == "bhld":
+            q, k, v = q[:, :, 0], k.transpose(1, 2), v.transpose(1, 2)
 
         def call():
             return decode_attention(q, k, v, lens, method=fd_method, num_splits=num_splits, batch_invariant=invariant)
@@ -99,7 +105,9 @@ def _fdlib_method(name: str, fd_method: str, num_splits: int | None) -> Method:
     info = {"fdlib_method": fd_method, "num_splits": num_splits}
     if invariant:
         info["batch_invariant"] = True
-    return Method(name, "fdlib", "fdlib", make, info=info)
+    if layout == "bhld":
+        info["kv_layout"] = "[B, H_kv, L, D] memory, read as a [B, L, H_kv, D] view"
+    return Method(name, "fdlib", layout, make, info=info)
 
 
 def _peer_method(name: str, backend_name: str) -> Method:
@@ -124,8 +132,12 @@ def _peer_method(name: str, backend_name: str) -> Method:
 
 
 def parse_method(spec: str) -> tuple[str, int | None]:
-    """``"unified@8"`` -> ("unified", 8); ``"split1"`` -> ("split1", None). Raises ValueError if unknown."""
-    base, _, forced = spec.partition("@")
+    """``"unified@8"`` -> ("unified", 8); ``"split1"`` -> ("split1", None); a ``:bhld`` suffix is left out
+    (:func:`build`). Raises ValueError if unknown."""
+    head, sep, layout = spec.partition(":")
+    if sep and (layout != "bhld" or head.partition("@")[0] in PEERS):
+        raise ValueError(f"method {spec!r}: the only layout suffix is ':bhld', on an fdlib method")
+    base, _, forced = head.partition("@")
     if base not in FDLIB_METHODS and base not in PEERS:
         raise ValueError(f"unknown method {spec!r}: expected one of {', '.join(list(FDLIB_METHODS) + list(PEERS))}"
                          f" (fdlib methods {', '.join(FORCEABLE)} also take '@SPLITS', e.g. unified@8)")
@@ -159,7 +171,8 @@ def build(spec: str) -> Method:
     if base in PEERS:
         return _peer_method(spec, PEERS[base])
     fd_method, num_splits = FDLIB_METHODS[base]
-    return _fdlib_method(spec, fd_method, forced if forced is not None else num_splits)
+    return _fdlib_method(spec, fd_method, forced if forced is not None else num_splits,
+                         "bhld" if spec.endswith(":bhld") else "fdlib")
 
 
 def to_layout(inp: Inputs, layout: str) -> Inputs:
