@@ -36,7 +36,8 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     """(kernel, splits) of ``method="auto"``: the unified kernel or the two-stage path, whichever the cost
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
-    splits·group·(D+1) ≥ EPILOGUE_WORK values in one program (over pages: the unified kernel up to
+    splits·group·(D+1) ≥ EPILOGUE_WORK values, or TWO_STAGE_SPLITS splits or more, in one program (over pages: the
+    unified kernel up to
     PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for ragged host lengths where
     :func:`streamk_suits` (over pages also where a program streams STREAMK_PAGED_MIN_TILES tiles or more,
     :func:`streamk_tiles_per_program`), and over pages for equal host lengths where a program streams
@@ -73,14 +74,15 @@ def auto_path(unified, two_stage, group: int, D: int, paged: int = 0) -> tuple[s
     """("unified" or "split", splits): of the cost model's two explanations (:func:`fdlib.costmodel.explain`
     with ``method="unified"`` and ``"split"``), the two-stage path where it is predicted more than 2% faster
     at its own best count, or where the unified epilogue would merge splits·group·(D+1) >= EPILOGUE_WORK
-    values in one program (at the unified count); else the unified kernel (:func:`choose_auto`'s first step).
+    values, or TWO_STAGE_SPLITS splits or more, in one program (at the unified count); else the unified kernel
+    (:func:`choose_auto`'s first step).
     Over pages (``paged``) the unified kernel up to PAGED_EPILOGUE_WORK merged values, the two-stage path
     beyond; ``two_stage`` is not read there (None)."""
     if paged:
         return ("split" if unified.chosen * group * (D + 1) > PAGED_EPILOGUE_WORK else "unified"), unified.chosen
     if min(c.time_us for c in two_stage.candidates) < min(c.time_us for c in unified.candidates) / 1.02:
         return "split", two_stage.chosen
-    if unified.chosen * group * (D + 1) >= EPILOGUE_WORK:
+    if unified.chosen * group * (D + 1) >= EPILOGUE_WORK or unified.chosen >= TWO_STAGE_SPLITS:
         return "split", unified.chosen
     return "unified", unified.chosen
 
@@ -92,6 +94,14 @@ def auto_path(unified, two_stage, group: int, D: int, paged: int = 0) -> tuple[s
 # the cost model's epilogue term, fitted at 32:8 and D=128, did not see it. With this rule auto's pick was
 # within 1.02x of the faster of the two on 141 of the 143 shapes (8 misses before).
 EPILOGUE_WORK = 10_000
+# The merge's partials are read one split after another, so its time grows with the splits whatever the group and
+# D. At 32 splits or more the two-stage path was faster on every shape of the H200 heads sweeps, in each of the
+# three runs (results/h200/heads-sweep.json, heads-sweep-0db0230.json, heads-sweep-sat-ca67155.json; 13-21
+# shapes a run, 0.59-0.99x the unified kernel's time at the same count), among them one below EPILOGUE_WORK:
+# B=1 16:4 D=64 L=65536, 32 splits, 8320 merged values, 0.952-0.957x. At 24 splits (B=1 16:16 D=256 L=65536,
+# 6168 values) the two were even (0.999x, 1.006x); below 24 the bench grids and sweeps have nothing faster
+# through this rule than through EPILOGUE_WORK.
+TWO_STAGE_SPLITS = 32
 # Over pages the two-stage path took 0.986-1.836x the unified kernel's time at the same split counts, geometric
 # mean 1.059, on the 50 shapes of the paged ragged grid (H200, fp16, pages of 16, 32:8 and 32:32, D=128, up to 48
 # splits, so up to 48·4·129 = 24768 merged values; results/h200/ragged-fp16-page16-unified-split.json, 35787c5):

@@ -67,8 +67,11 @@ def pretend_h200(monkeypatch, chosen: int):
 
 def test_large_epilogues_go_to_the_two_stage_path(monkeypatch):
     """On a GPU, auto leaves the unified kernel when its one-program merge would hold splits·group·(D+1) ≥
-    EPILOGUE_WORK values, even where the cost model calls the two equal; below that the model decides."""
-    for s, group, D, want in ((26, 8, 256, "split"), (16, 4, 128, "unified"), (40, 4, 64, "split")):
+    EPILOGUE_WORK values or TWO_STAGE_SPLITS splits, even where the cost model calls the two equal; below both
+    the model decides."""
+    assert max(32 * 4 * 65, 24 * 1 * 257) < splits.EPILOGUE_WORK and splits.TWO_STAGE_SPLITS == 32
+    for s, group, D, want in ((26, 8, 256, "split"), (16, 4, 128, "unified"), (40, 4, 64, "split"),
+                              (32, 4, 64, "split"), (31, 4, 64, "unified"), (24, 1, 256, "unified")):
         pretend_h200(monkeypatch, s)
         kernel, got = splits.choose_auto(1, 8 * group, 8, D, torch.float16, 65536)
         assert (kernel, got) == (want, s), (s, group, D)
