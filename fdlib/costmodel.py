@@ -129,29 +129,22 @@ class Explanation:
 
 def kernel_programs_per_sm(gpu: GPU, D: int, dtype_bytes: int, block_n: int, num_warps: int, num_stages: int,
                            compiled: dict | None = None, paged: int = 0) -> int:
-    """Programs of the decode kernel an SM, as the model counts them (r). On a contiguous cache: the estimate from
-    its pipelined K/V tiles (num_stages × 2 tiles of block_n × D, plus 4 KB), the count the contiguous model was
-    fitted and graded with, before and after the kernel has compiled (``compiled`` is not read there). Over pages
-    (``paged`` > 0): the compiled kernel's resident programs when known, else Triton's allocation, num_stages − 1
-    buffers of the K and the V tile plus 8 KB (the compiled contiguous unified kernel at D = 128: 139264 bytes at
-    128-key tiles, 71680 at 64, results/h200/kernel-resources.json; the paged build's resources were not recorded,
-    but its plans after a launch took the splits of 3 programs an SM on the three shapes below). Either way a
-    plan made before the kernel's first launch takes what a later one does.
+    """Programs of the decode kernel resident per SM: from the compiled kernel when known, else estimated
+    from its pipelined K/V tiles (num_stages × 2 tiles of block_n × D, plus 4 KB; the count the contiguous
+    cache's model was fitted and graded with).
 
-    Why not the compiled count on a contiguous cache: where its tiles are half the bytes of D = 128's 128-key ones
-    (D = 64 and 256, 64-key tiles at D = 128) it is 3 resident programs, the estimate 2, and plans at 3 took more
-    splits and ran slower. H200, fp16, graph µs, the heads sweep at L = 262144 of 2026-12-01 23:35Z
-    (results/h200/heads-sweep-256k-b*.json, commit 1cd9273; each shape in a fresh configuration, so the split
-    and unified methods planned before the unified kernel had compiled, auto after): on all 9 shapes where the
-    two counts differ, at the same kernel, auto's larger count was 0.2-3.8% slower (B=1 16:16 D=64: 24 splits 254.2
-    against 16 at 244.9; B=8 16:1 D=64: 48 against 32, 129.8 against 127.1); Lab 05's recorded sweep has the same
-    (B=16 32:8 L=2048: 1 split 34.6, 2 splits 39.7), and with 3 there its check fails on 2 of 36 shapes.
-
-    Over pages the estimate the contiguous cache uses, 2 programs an SM against the compiled 3 at 64-key tiles,
-    made auto in a fresh process take 16 splits instead of 32 at B=1 32:8 L=131072 (174.1 against 129.3 µs), 1
-    instead of 3 at B=16 32:8 L=32768 (613.7 against 506.8) and 1 instead of 2 at B=64 32:8 L=2048 (152.6
-    against 137.6; results/h200/peers-b*-page16-shuffled.json, H200)."""
-    if compiled and paged:
+    Over pages (``paged`` > 0) the estimate is Triton's allocation instead, num_stages − 1 buffers of the K and
+    the V tile plus 8 KB (the compiled contiguous unified kernel at D = 128: 139264 bytes at 128-key tiles,
+    71680 at 64, results/h200/kernel-resources.json; the paged build's resources were not recorded, but its
+    plans after a launch took the splits of 3 programs an SM on the three shapes below), so that a plan made
+    before the kernel's first launch takes what a later one does. With the contiguous estimate, 2 programs an SM
+    against the compiled 3 at the 64-key tiles of pages, auto over pages of 16 planned in a fresh process took 16
+    splits instead of 32 at B=1 32:8 L=131072 (174.1 against 129.3 µs), 1 instead of 3 at B=16 32:8 L=32768
+    (613.7 against 506.8) and 1 instead of 2 at B=64 32:8 L=2048 (152.6 against 137.6;
+    results/h200/peers-b*-page16-shuffled.json, H200). On a
+    contiguous cache the compiled count (3 at 64-key tiles) and this estimate (2) still differ; there the
+    recorded sweep favours the estimate's choice (B=16 32:8 L=2048: 1 split 34.6 µs, 2 splits 39.7)."""
+    if compiled:
         return programs_per_sm(gpu, compiled["num_warps"], compiled["n_regs"], compiled["shared"])
     d = max(16, 1 << (D - 1).bit_length())
     if paged:

@@ -206,11 +206,9 @@ def test_paged_plans_before_the_first_launch_match_later_ones():
     gpu = resolve("H200")
     cal = costmodel.default_calibration(gpu)
     compiled = {"num_warps": 4, "n_regs": 138, "shared": 71680}
-    assert costmodel.kernel_programs_per_sm(gpu, 128, 2, 64, 4, 3, compiled, paged=16) == 3
+    assert costmodel.kernel_programs_per_sm(gpu, 128, 2, 64, 4, 3, compiled) == 3
     assert costmodel.kernel_programs_per_sm(gpu, 128, 2, 64, 4, 3, paged=16) == 3
-    # a contiguous cache: the estimate, compiled or not
-    assert costmodel.kernel_programs_per_sm(gpu, 128, 2, 64, 4, 3) == 2
-    assert costmodel.kernel_programs_per_sm(gpu, 128, 2, 64, 4, 3, compiled) == 2
+    assert costmodel.kernel_programs_per_sm(gpu, 128, 2, 64, 4, 3) == 2          # contiguous: unchanged
     differ = [(B, H_kv, L) for B in (1, 2, 4, 8, 16, 32, 64, 128) for H_kv in (1, 2, 8, 32)
               for L in (512, 2048, 8192, 32768, 131072)
               if costmodel.explain(B, 32, H_kv, L, 128, 2, gpu, cal=cal, paged=16).chosen
@@ -218,22 +216,3 @@ def test_paged_plans_before_the_first_launch_match_later_ones():
     assert differ == []
     assert costmodel.explain(1, 32, 8, 131072, 128, 2, gpu, cal=cal, paged=16).chosen == 32
     assert costmodel.explain(1, 32, 8, 131072, 128, 2, gpu, cal=cal).chosen == 16   # contiguous tiles: 128 keys
-
-
-def test_contiguous_plans_before_the_first_launch_match_later_ones():
-    """On a contiguous cache the model counts the estimated programs an SM before and after the unified kernel
-    has compiled (the compiled D = 64 kernel of 128-key tiles holds 70 KB, 3 an SM; the estimate is 2), so plans
-    of the heads sweep's shapes made in a fresh process equal later ones; at 3 an SM auto took 24 splits instead
-    of 16 at B=1 16:16 D=64 L=262144 and ran 3.8% slower on the H200."""
-    from fdlib import costmodel
-    from fdlib.gpus import resolve
-    gpu = resolve("H200")
-    cal = costmodel.default_calibration(gpu)
-    compiled = {"num_warps": 4, "n_regs": 128, "shared": 71680}
-    assert costmodel.kernel_programs_per_sm(gpu, 64, 2, 128, 4, 3) == 2
-    differ = [(B, H_kv, D, L) for B in (1, 8) for H_kv in (1, 2, 4, 16) for D in (64, 128, 256)
-              for L in (8192, 65536, 262144)
-              if costmodel.explain(B, 16, H_kv, L, D, 2, gpu, cal=cal).chosen
-              != costmodel.explain(B, 16, H_kv, L, D, 2, gpu, cal=cal, compiled=compiled).chosen]
-    assert differ == []
-    assert costmodel.explain(1, 16, 16, 262144, 64, 2, gpu, cal=cal, compiled=compiled).chosen == 16
