@@ -298,3 +298,12 @@ def test_figure_without_cudnn_compares_against_the_first_method(quick):
     dots = {line.get_label(): line.get_color() for line in ax2.get_lines() if not line.get_label().startswith("_")}
     others = [m for m in dots if m != first and not m.startswith("measured")]
     assert others and all(drawn[m] == dots[m] for m in others)
+
+
+def test_plot_labels_name_the_head_dim_where_it_varies():
+    """The heads sweep has shapes that differ only in D: their tick labels must differ (D=128, the grid's, is
+    left out)."""
+    from fdlib.bench import report
+    shapes = [dict(dtype="float16", B=1, H_q=16, H_kv=4, L=8192, D=d) for d in (64, 128, 256)]
+    labels = [report._shape_label(r, short=True) for r in shapes]
+    assert len(set(labels)) == 3 and labels[1] == "fp16 B1 16:4 L8192" and labels[0].endswith("D64")

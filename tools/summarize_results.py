@@ -137,30 +137,7 @@ def main(folder: Path) -> None:
                        f"({'met' if by['plan.run']['ratio_sdpa_cudnn'] <= 0.8 else 'missed'}); default "
                        f"decode_attention ≤ 1.00×: {by['decode_attention']['ratio_sdpa_cudnn']:.2f}× "
                        f"({'met' if by['decode_attention']['ratio_sdpa_cudnn'] <= 1.0 else 'missed'})")
-    heads = load(folder, "heads-sweep.json")
-    if heads:
-        hp = heads["provenance"]
-        by = defaultdict(dict)
-        for r in heads["records"]:
-            if r["status"] == "ok":
-                by[(r["B"], r["H_q"], r["H_kv"], r["D"], r["L"])][r["method"]] = r
-        vs_min, vs_cudnn = [], []
-        for key, m in sorted(by.items()):
-            if "auto" not in m:
-                continue
-            best = min(m[k]["graph_us"] for k in ("split", "unified", "persistent") if k in m)
-            vs_min.append((key, m["auto"]["graph_us"] / best, m["auto"].get("kernel")))
-            if "cudnn" in m:
-                vs_cudnn.append((key, m["auto"]["graph_us"] / m["cudnn"]["graph_us"]))
-        fmt = lambda k: f"B={k[0]} {k[1]}:{k[2]} D={k[3]} L={k[4]}"   # noqa: E731
-        out += ["", "## Head layouts: groups 1-16, D 64-256 (`--heads-sweep`, fp16, CUDA graphs)", "",
-                f"`{hp['command']}`, {hp['device']}, {hp['date_utc']}", "",
-                f"- time(auto) ≤ 1.02 × min(split, unified, persistent): {sum(r <= 1.02 for _, r, _ in vs_min)} of "
-                f"{len(vs_min)} shapes; geometric mean {geomean([r for _, r, _ in vs_min]):.3f}; misses: "
-                + ", ".join(f"{fmt(k)} {r:.3f} ({kern})" for k, r, kern in vs_min if r > 1.02),
-                f"- time(auto)/time(cuDNN) ≤ 1.05: {sum(r <= 1.05 for _, r in vs_cudnn)} of {len(vs_cudnn)} shapes; "
-                f"geometric mean {geomean([r for _, r in vs_cudnn]):.3f}; misses: "
-                + ", ".join(f"{fmt(k)} {r:.3f}" for k, r in vs_cudnn if r > 1.05)]
+    out += heads_section(folder)
     out += ragged_section(folder) + invariant_section(folder) + qlen_section(folder) + unified_max_section(folder)
     out += cp_section(folder)
     sweep = load(folder, "sweep-fp16.json")
@@ -223,6 +200,56 @@ def ragged_targets(label: str, res) -> list[str]:
     if bal:
         out.append(f"  balanced/best-other time: geometric mean {geomean(bal):.3f}, best {min(bal):.2f}, worst "
                    f"{max(bal):.2f} over {len(bal)} shapes")
+    return out
+
+
+def heads_section(folder) -> list[str]:
+    """The heads sweep (``--heads-sweep``): ``heads-sweep.json`` (L 8k and 64k) with ``heads-sweep-256k-*.json``
+    (L = 262144) when present, issue 11's two targets over all of them; ``heads-sweep-d64-bhld.json``: auto on the
+    peers' [B, H_kv, L, D] layout against cuDNN at D = 64."""
+    files = [f for f in [load(folder, "heads-sweep.json")] + [load(folder, n) for n in
+             ("heads-sweep-256k-b1.json", "heads-sweep-256k-b8.json")] if f]
+    if not files:
+        return []
+    fmt = lambda k: f"B={k[0]} {k[1]}:{k[2]} D={k[3]} L={k[4]}"   # noqa: E731
+    vs_min, vs_cudnn = [], []
+    out = ["", "## Head layouts: groups 1-16, D 64-256 (`--heads-sweep`, fp16, CUDA graphs)", ""]
+    for f in files:
+        hp = f["provenance"]
+        out.append(f"- `{hp['command']}`, {hp['device']}, {hp['date_utc']}, commit {hp.get('git_commit', '?')[:7]}")
+        by = defaultdict(dict)
+        for r in f["records"]:
+            if r["status"] == "ok":
+                by[(r["B"], r["H_q"], r["H_kv"], r["D"], r["L"])][r["method"]] = r
+        for key, m in sorted(by.items()):
+            if "auto" not in m:
+                continue
+            best = min(m[k]["graph_us"] for k in ("split", "unified", "persistent") if k in m)
+            vs_min.append((key, m["auto"]["graph_us"] / best, m["auto"].get("kernel")))
+            if "cudnn" in m:
+                vs_cudnn.append((key, m["auto"]["graph_us"] / m["cudnn"]["graph_us"]))
+        out += [f"  skipped: {fmt((s['B'], s['H_q'], s['H_kv'], s['D'], s['L']))} ({s.get('reason', '')})"
+                for s in f.get("skipped", [])]
+    out += ["",
+            f"- time(auto) ≤ 1.02 × min(split, unified, persistent): {sum(r <= 1.02 for _, r, _ in vs_min)} of "
+            f"{len(vs_min)} shapes; geometric mean {geomean([r for _, r, _ in vs_min]):.3f}; misses: "
+            + (", ".join(f"{fmt(k)} {r:.3f} ({kern})" for k, r, kern in vs_min if r > 1.02) or "none"),
+            f"- time(auto)/time(cuDNN) ≤ 1.05: {sum(r <= 1.05 for _, r in vs_cudnn)} of {len(vs_cudnn)} shapes; "
+            f"geometric mean {geomean([r for _, r in vs_cudnn]):.3f}; misses: "
+            + (", ".join(f"{fmt(k)} {r:.3f}" for k, r in vs_cudnn if r > 1.05) or "none")]
+    lay = load(folder, "heads-sweep-d64-bhld.json")
+    if lay:
+        by = defaultdict(dict)
+        for r in lay["records"]:
+            if r["status"] == "ok":
+                by[(r["B"], r["H_q"], r["H_kv"], r["D"], r["L"])][r["method"]] = r
+        pairs = [(k, m["auto"]["graph_us"] / m["cudnn"]["graph_us"], m["auto:bhld"]["graph_us"] / m["cudnn"]["graph_us"])
+                 for k, m in sorted(by.items()) if {"auto", "auto:bhld", "cudnn"} <= m.keys()]
+        out += ["", f"The same kernels on cuDNN's cache layout ([B, H_kv, L, D] memory, `auto:bhld`), D = 64, "
+                f"`{lay['provenance']['command']}`, {lay['provenance']['date_utc']}:", "",
+                f"- auto/cuDNN ≤ 1.05: {sum(a <= 1.05 for _, a, _ in pairs)} of {len(pairs)} on fdlib's layout, "
+                f"{sum(b <= 1.05 for _, _, b in pairs)} of {len(pairs)} on cuDNN's; "
+                + "; ".join(f"{fmt(k)} {a:.3f} -> {b:.3f}" for k, a, b in pairs if max(a, b) > 1.05)]
     return out
 
 

@@ -42,8 +42,8 @@ def _shape_key(r):
 
 def _shape_label(r, short=False):
     dt = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(r["dtype"], r["dtype"])
-    if short:
-        return f"{dt} B{r['B']} {r['H_q']}:{r['H_kv']} L{r['L']}"
+    if short:   # a plot's tick label: D named where it is not the grid's 128 (the heads sweep has 64 and 256 too)
+        return f"{dt} B{r['B']} {r['H_q']}:{r['H_kv']} L{r['L']}" + ("" if r["D"] == 128 else f" D{r['D']}")
     return f"{dt} B={r['B']} H={r['H_q']}:{r['H_kv']} L={r['L']} D={r['D']}"
 
 
@@ -339,7 +339,7 @@ def _plot_bench(results, where):
     ax1.set_xticks(range(len(shapes)))
     ax1.set_xticklabels([labels[k] for k in shapes], rotation=90, fontsize=6)
     ax1.set_xlim(-0.5, max(len(shapes) - 0.5, 0.5))
-    ax1.set_xlabel("shape (dtype, batch B, heads H_q:H_kv, KV length L)")
+    ax1.set_xlabel("shape (dtype, batch B, heads H_q:H_kv, KV length L, head dim D where not 128)")
     ax1.set_ylabel(f"time / {short} time (×, lower is faster)")
     ax1.set_title(f"(a) decode-attention time relative to {base_label} — {where}")
     ax1.grid(True, which="both", alpha=0.3)
@@ -396,7 +396,7 @@ def _plot_sweep(results, where):
     ax2.axhline(1.0, color="k", lw=1, ls="--")
     ax2.set_xticks(list(xs))
     ax2.set_xticklabels([_shape_label(r, short=True) for r in rows], rotation=90, fontsize=6)
-    ax2.set_xlabel("shape (dtype, batch B, heads H_q:H_kv, KV length L); no bar = no choice recorded")
+    ax2.set_xlabel("shape (dtype, batch B, heads H_q:H_kv, KV length L, head dim D where not 128); no bar = no choice recorded")
     ax2.set_ylabel("time at chosen splits / best time (×)")
     ax2.set_title(f"(b) chosen vs best split count — {where}")
     ax2.grid(True, axis="y", alpha=0.3)
