@@ -95,12 +95,13 @@ def auto_path(unified, two_stage, group: int, D: int, paged: int = 0) -> tuple[s
 # within 1.02x of the faster of the two on 141 of the 143 shapes (8 misses before).
 EPILOGUE_WORK = 10_000
 # The merge's partials are read one split after another, so its time grows with the splits whatever the group and
-# D. At 32 splits or more the two-stage path was faster on every shape of the H200 heads sweeps, in each of the
-# three runs (results/h200/heads-sweep.json, heads-sweep-0db0230.json, heads-sweep-sat-ca67155.json; 13-21
-# shapes a run, 0.59-0.99x the unified kernel's time at the same count), among them one below EPILOGUE_WORK:
-# B=1 16:4 D=64 L=65536, 32 splits, 8320 merged values, 0.952-0.957x. At 24 splits (B=1 16:16 D=256 L=65536,
-# 6168 values) the two were even (0.999x, 1.006x); below 24 the bench grids and sweeps have nothing faster
-# through this rule than through EPILOGUE_WORK.
+# D. At 32 splits or more the two-stage path was faster on every shape of three H200 heads sweeps (d1ea4d5's,
+# in the git history of results/h200/heads-sweep.json, heads-sweep-0db0230.json and heads-sweep-sat-ca67155.json;
+# 13-21 shapes a run, 0.59-0.99x the unified kernel's time at the same count), among them one below
+# EPILOGUE_WORK: B=1 16:4 D=64 L=65536, 32 splits, 8320 merged values, 0.952-0.957x. At 24 splits (B=1 16:16
+# D=256 L=65536, 6168 values) the two were even (0.999x, 1.006x); below 24 the bench grids and sweeps have
+# nothing faster through this rule than through EPILOGUE_WORK. With the rule (heads-sweep.json of 1cd9273) auto
+# takes stage 2 there: 22.5 µs, the unified kernel 23.7.
 TWO_STAGE_SPLITS = 32
 # Over pages the two-stage path took 0.986-1.836x the unified kernel's time at the same split counts, geometric
 # mean 1.059, on the 50 shapes of the paged ragged grid (H200, fp16, pages of 16, 32:8 and 32:32, D=128, up to 48
