@@ -243,7 +243,8 @@ def heads_section(folder) -> list[str]:
         for r in lay["records"]:
             if r["status"] == "ok":
                 by[(r["B"], r["H_q"], r["H_kv"], r["D"], r["L"])][r["method"]] = r
-        pairs = [(k, m["auto"]["graph_us"] / m["cudnn"]["graph_us"], m["auto:bhld"]["graph_us"] / m["cudnn"]["graph_us"])
+        us = lambda m, n: m[n]["graph_us"]   # noqa: E731
+        pairs = [(k, us(m, "auto") / us(m, "cudnn"), us(m, "auto:bhld") / us(m, "cudnn"))
                  for k, m in sorted(by.items()) if {"auto", "auto:bhld", "cudnn"} <= m.keys()]
         out += ["", f"The same kernels on cuDNN's cache layout ([B, H_kv, L, D] memory, `auto:bhld`), D = 64, "
                 f"`{lay['provenance']['command']}`, {lay['provenance']['date_utc']}:", "",
