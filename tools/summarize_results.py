@@ -203,6 +203,15 @@ def ragged_targets(label: str, res) -> list[str]:
     return out
 
 
+def heads_records(res):
+    """{(B, H_q, H_kv, D, L): {method: record}} of a --heads-sweep run (as :func:`ragged_records`)."""
+    by = defaultdict(dict)
+    for r in res["records"]:
+        if r["status"] == "ok":
+            by[(r["B"], r["H_q"], r["H_kv"], r["D"], r["L"])][r["method"]] = r
+    return by
+
+
 def heads_section(folder) -> list[str]:
     """The heads sweep (``--heads-sweep``): ``heads-sweep.json`` (L 8k and 64k) with ``heads-sweep-256k-*.json``
     (L = 262144) when present, issue 11's two targets over all of them; ``heads-sweep-d64-bhld.json``: auto on the
@@ -217,11 +226,7 @@ def heads_section(folder) -> list[str]:
     for f in files:
         hp = f["provenance"]
         out.append(f"- `{hp['command']}`, {hp['device']}, {hp['date_utc']}, commit {hp.get('git_commit', '?')[:7]}")
-        by = defaultdict(dict)
-        for r in f["records"]:
-            if r["status"] == "ok":
-                by[(r["B"], r["H_q"], r["H_kv"], r["D"], r["L"])][r["method"]] = r
-        for key, m in sorted(by.items()):
+        for key, m in sorted(heads_records(f).items()):
             if "auto" not in m:
                 continue
             best = min(m[k]["graph_us"] for k in ("split", "unified", "persistent") if k in m)
@@ -239,13 +244,9 @@ def heads_section(folder) -> list[str]:
             + (", ".join(f"{fmt(k)} {r:.3f}" for k, r in vs_cudnn if r > 1.05) or "none")]
     lay = load(folder, "heads-sweep-d64-bhld.json")
     if lay:
-        by = defaultdict(dict)
-        for r in lay["records"]:
-            if r["status"] == "ok":
-                by[(r["B"], r["H_q"], r["H_kv"], r["D"], r["L"])][r["method"]] = r
         us = lambda m, n: m[n]["graph_us"]   # noqa: E731
         pairs = [(k, us(m, "auto") / us(m, "cudnn"), us(m, "auto:bhld") / us(m, "cudnn"))
-                 for k, m in sorted(by.items()) if {"auto", "auto:bhld", "cudnn"} <= m.keys()]
+                 for k, m in sorted(heads_records(lay).items()) if {"auto", "auto:bhld", "cudnn"} <= m.keys()]
         out += ["", f"The same kernels on cuDNN's cache layout ([B, H_kv, L, D] memory, `auto:bhld`), D = 64, "
                 f"`{lay['provenance']['command']}`, {lay['provenance']['date_utc']}:", "",
                 f"- auto/cuDNN ≤ 1.05: {sum(a <= 1.05 for _, a, _ in pairs)} of {len(pairs)} on fdlib's layout, "

@@ -40,6 +40,10 @@ def _shape_key(r):
     return (r["dtype"], r["B"], r["H_q"], r["H_kv"], r["L"], r["D"])
 
 
+SHAPE_AXIS = "shape (dtype, batch B, heads H_q:H_kv, KV length L, head dim D where not 128)"
+"""The x-axis title of the per-shape plots, what :func:`_shape_label`'s short form names."""
+
+
 def _shape_label(r, short=False):
     dt = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(r["dtype"], r["dtype"])
     if short:   # a plot's tick label: D named where it is not the grid's 128 (the heads sweep has 64 and 256 too)
@@ -339,7 +343,7 @@ def _plot_bench(results, where):
     ax1.set_xticks(range(len(shapes)))
     ax1.set_xticklabels([labels[k] for k in shapes], rotation=90, fontsize=6)
     ax1.set_xlim(-0.5, max(len(shapes) - 0.5, 0.5))
-    ax1.set_xlabel("shape (dtype, batch B, heads H_q:H_kv, KV length L, head dim D where not 128)")
+    ax1.set_xlabel(SHAPE_AXIS)
     ax1.set_ylabel(f"time / {short} time (×, lower is faster)")
     ax1.set_title(f"(a) decode-attention time relative to {base_label} — {where}")
     ax1.grid(True, which="both", alpha=0.3)
@@ -396,7 +400,7 @@ def _plot_sweep(results, where):
     ax2.axhline(1.0, color="k", lw=1, ls="--")
     ax2.set_xticks(list(xs))
     ax2.set_xticklabels([_shape_label(r, short=True) for r in rows], rotation=90, fontsize=6)
-    ax2.set_xlabel("shape (dtype, batch B, heads H_q:H_kv, KV length L, head dim D where not 128); no bar = no choice recorded")
+    ax2.set_xlabel(SHAPE_AXIS + "; no bar = no choice recorded")
     ax2.set_ylabel("time at chosen splits / best time (×)")
     ax2.set_title(f"(b) chosen vs best split count — {where}")
     ax2.grid(True, axis="y", alpha=0.3)
