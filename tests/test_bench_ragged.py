@@ -84,3 +84,17 @@ def test_ab_ragged_overrides_the_tiles_of_the_method_it_names(tmp_path, monkeypa
     assert tiles == [("balanced", INTERPRETER_CONFIG.BLOCK_N), ("balanced", 32), ("streamk", 32),
                      ("unified", INTERPRETER_CONFIG.BLOCK_N)], tiles
     assert plan_module.tile_config is tile_config and plan_module.persistent_config is persistent_config
+
+
+def test_case_names_and_sorted_lengths():
+    """The tools' batch names B:H_q:H_kv:dist:mean:page, and dist/desc: the same draw, longest first."""
+    from fdlib.bench.ragged import case_lengths, draw_lengths, parse_case
+    shape, page = parse_case("128:32:8:uniform/desc:1024:16")
+    assert page == 16 and (shape["B"], shape["H_q"], shape["H_kv"], shape["D"]) == (128, 32, 8, 128)
+    drawn = draw_lengths("uniform", 128, 1024, 3)
+    assert case_lengths(shape["dist"], 128, 1024, 3) == sorted(drawn, reverse=True) != drawn
+    assert case_lengths("uniform", 128, 1024, 3) == drawn
+    with pytest.raises(ValueError, match="B:H_q:H_kv:dist:mean:page"):
+        parse_case("128:32:8:uniform")
+    with pytest.raises(ValueError, match="/desc"):
+        case_lengths("uniform/asc", 4, 10, 0)

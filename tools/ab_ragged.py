@@ -27,12 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASES = "128:32:8:uniform:1024:16,32:32:8:uniform:8192:16,128:32:32:constant:1024:16,128:32:8:constant:1024:0"
 
 
-def parse_case(text: str) -> dict:
-    B, H_q, H_kv, dist, mean, page = text.split(":")
-    return dict(dtype="float16", B=int(B), H_q=int(H_q), H_kv=int(H_kv), D=128, dist=dist, mean=int(mean),
-                page=int(page))
-
-
 def splits_of(method: str):
     """The forced split count S of ``name#S...``, else None."""
     head = method.split("+")[0].split("@")[0]
@@ -79,14 +73,11 @@ def main(argv=None):
     sk, kc = sys.modules["fdlib.kernels.streamk"], sys.modules["fdlib.kernels.config"]
     constants = {"ROW_WINDOW": sk, "MIN_BLOCK_B": sk, "MAX_REGISTERS": sk, "PERSISTENT_PER_SM": kc}
     for i, text in enumerate(args.cases.split(",")):
-        shape = parse_case(text)
-        page = shape.pop("page")
-        dist, _, order = shape["dist"].partition("/")
-        lens = ragged.draw_lengths(dist, shape["B"], shape["mean"], args.seed + i)
-        if order not in ("", "desc"):
-            raise SystemExit(f"--cases: {text!r}: expected dist or dist/desc, got {shape['dist']!r}")
-        if order:
-            lens = sorted(lens, reverse=True)
+        try:
+            shape, page = ragged.parse_case(text)
+            lens = ragged.case_lengths(shape["dist"], shape["B"], shape["mean"], args.seed + i)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
         base, stored = ragged.case_record(shape, lens, page)
         copies, ref = ragged.case_inputs(shape, lens, page, args.seed + i, "shuffled", stored, gpu)
         for method in args.methods.split(","):

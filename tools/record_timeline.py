@@ -58,25 +58,20 @@ def case_name(text: str) -> str:
 
 
 def record_case(text: str, seed: int, repeats: int, methods) -> tuple[dict, list]:
-    """(batch description, runs) of a ragged-bench batch B:H_q:H_kv:dist:mean:page (D=128, fp16; page 0 a
-    contiguous cache, else that many keys a page, shuffled)."""
+    """(batch description, runs) of a ragged-bench batch B:H_q:H_kv:dist:mean:page
+    (:func:`fdlib.bench.ragged.parse_case`; the lengths of :func:`fdlib.bench.ragged.case_lengths`; pages
+    shuffled)."""
     from fdlib.bench import ragged
     try:
-        B, H_q, H_kv, dist, mean, page = text.split(":")
-        shape = dict(dtype="float16", B=int(B), H_q=int(H_q), H_kv=int(H_kv), D=128, dist=dist, mean=int(mean))
-        page = int(page)
-    except ValueError:
-        raise SystemExit(f"--cases: expected B:H_q:H_kv:dist:mean:page (e.g. 128:32:8:uniform:1024:16), "
-                         f"got {text!r}") from None
-    dist, _, order = dist.partition("/")
-    lengths = ragged.draw_lengths(dist, shape["B"], shape["mean"], seed)
-    if order == "desc":                         # as tools/ab_ragged.py: longest rows first over b
-        lengths = sorted(lengths, reverse=True)
+        shape, page = ragged.parse_case(text)
+        lengths = ragged.case_lengths(shape["dist"], shape["B"], shape["mean"], seed)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     inputs = ragged._inputs(shape, lengths, page, seed)
     q, k, v, lens, bt = inputs
     ref = reference_rows(q, k, v, lengths, bt)
-    batch = dict(shape, name=case_name(text), seed=seed, lengths=lengths, L_max=max(lengths), page_size=page,
-                 kv_mb=2 * sum(lengths) * shape["H_kv"] * shape["D"] * 2 / 1e6)
+    base, _ = ragged.case_record(shape, lengths, page)
+    batch = dict(base, name=case_name(text), seed=seed, lengths=lengths)
     return batch, record_runs(batch, inputs, ref, repeats, methods)
 
 

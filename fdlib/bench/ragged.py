@@ -51,6 +51,29 @@ def draw_lengths(dist: str, B: int, mean: int, seed: int = 0) -> list[int]:
     raise ValueError(f"dist: expected one of {', '.join(DISTS)}, got {dist!r}")
 
 
+def parse_case(text: str) -> tuple[dict, int]:
+    """(shape, page size) of one batch named ``B:H_q:H_kv:dist:mean:page`` (D=128, fp16; page 0: a contiguous
+    cache), the form ``tools/ab_ragged.py`` and ``tools/record_timeline.py`` take; ``dist`` may end in ``/desc``
+    (:func:`case_lengths`)."""
+    try:
+        B, H_q, H_kv, dist, mean, page = text.split(":")
+        return dict(dtype="float16", B=int(B), H_q=int(H_q), H_kv=int(H_kv), D=128, dist=dist,
+                    mean=int(mean)), int(page)
+    except ValueError:
+        raise ValueError(f"--cases: expected B:H_q:H_kv:dist:mean:page (e.g. 128:32:8:uniform:1024:16), "
+                         f"got {text!r}") from None
+
+
+def case_lengths(dist: str, B: int, mean: int, seed: int) -> list[int]:
+    """:func:`draw_lengths`, where ``dist/desc`` (e.g. ``uniform/desc``) gives the same lengths sorted longest
+    first over b, so that the grid kernels (b the fastest grid axis) launch each head's longest rows first."""
+    base, _, order = dist.partition("/")
+    if order not in ("", "desc"):
+        raise ValueError(f"dist: expected one of {', '.join(DISTS)}, optionally with '/desc', got {dist!r}")
+    lens = draw_lengths(base, B, mean, seed)
+    return sorted(lens, reverse=True) if order else lens
+
+
 PAGE_ORDERS = ("shuffled", "sequential")
 
 
