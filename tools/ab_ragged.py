@@ -27,22 +27,25 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASES = "128:32:8:uniform:1024:16,32:32:8:uniform:8192:16,128:32:32:constant:1024:16,128:32:8:constant:1024:0"
 
 
+def _parts(method: str) -> tuple[str, str, str]:
+    """(plan method, forced split count or "", tile spec or "") of ``name[#S][@NxWxS][+NAME=VALUE...]``."""
+    head, _, tiles = method.split("+")[0].partition("@")
+    name, _, splits = head.partition("#")
+    return name, splits, tiles
+
+
 def splits_of(method: str):
     """The forced split count S of ``name#S...``, else None."""
-    head = method.split("+")[0].split("@")[0]
-    return int(head.split("#")[1]) if "#" in head else None
+    splits = _parts(method)[1]
+    return int(splits) if splits else None
 
 
 def tiles_of(method: str):
     """(plan method, TileConfig or None) of ``name``, ``name#S`` or ``name@NxWxS``."""
     from fdlib.kernels.config import TileConfig
-    method = method.split("+")[0]
-    if "#" in method:
-        name, rest = method.split("#", 1)
-        method = name + ("@" + rest.split("@", 1)[1] if "@" in rest else "")
-    if "@" not in method:
-        return method, None
-    name, spec = method.split("@")
+    name, _, spec = _parts(method)
+    if not spec:
+        return name, None
     n, w, s = (int(x) for x in spec.split("x"))
     return name, TileConfig(BLOCK_N=n, num_warps=w, num_stages=s)
 
