@@ -129,33 +129,31 @@ class Timeline:
         span = self.makespan
         return 0.0 if span <= 0 else float(1.0 - self.busy_us().sum() / (self.sms * span))
 
+    def sm_last_end_us(self) -> np.ndarray:
+        """[sms] µs at which each SM's last program ends (NaN for an SM that ran none)."""
+        ends = np.full(self.sms, np.nan)
+        np.fmax.at(ends, self.sm.astype(np.int64), self.end_us)
+        return ends
+
     def span_parts(self) -> dict:
         r"""Where the makespan M goes, per SM k that ran programs (means over those SMs, µs):
 
         * ``ramp``: :math:`\overline{s_k}`, its first program's start after the launch's first start;
-        * ``tail``: :math:`M - \overline{e_k}`, the time after its last program ends;
+        * ``tail``: :math:`M - \overline{e_k}`, the time after its last program ends (:meth:`sm_last_end_us`);
         * ``gaps``: :math:`\overline{e_k - s_k - \text{busy}_k}`, time between its first start and last end with
           none of its programs running (programs waiting to be scheduled, or fewer programs than slots);
         * ``busy``: :math:`\overline{\text{busy}_k}` (:meth:`busy_us`); ramp + gaps + busy + tail = M;
         * ``program``: the median program's duration; ``programs_per_sm``: the most programs running at once
-          on one SM."""
+          on one SM (the lanes :func:`lanes` draws)."""
         busy = self.busy_us()
         ks = np.unique(self.sm).astype(np.int64)
-        first = np.array([self.start_us[self.sm == k].min() for k in ks])
-        last = np.array([self.end_us[self.sm == k].max() for k in ks])
+        first = np.full(self.sms, np.inf)
+        np.fmin.at(first, self.sm.astype(np.int64), self.start_us)
+        first, last = first[ks], self.sm_last_end_us()[ks]
         span = self.makespan
-        at_once = 0
-        for k in ks:
-            sel = self.sm == k
-            ev = sorted([(t, 1) for t in self.start_us[sel]] + [(t, -1) for t in self.end_us[sel]],
-                        key=lambda e: (e[0], e[1]))
-            now = 0
-            for _, d in ev:
-                now += d
-                at_once = max(at_once, now)
         return dict(makespan=span, ramp=float(first.mean()), tail=float(span - last.mean()),
                     gaps=float((last - first - busy[ks]).mean()), busy=float(busy[ks].mean()),
-                    program=float(np.median(self.end_us - self.start_us)), programs_per_sm=int(at_once),
+                    program=float(np.median(self.end_us - self.start_us)), programs_per_sm=int(lanes(self).max()) + 1,
                     sms_used=int(len(ks)))
 
     def lines(self) -> list[str]:

@@ -127,6 +127,8 @@ def test_span_parts_add_up_to_the_makespan():
     assert p["busy"] == pytest.approx((7 + 4) / 2) and p["gaps"] == pytest.approx((1 + 0) / 2)
     assert p["ramp"] + p["gaps"] + p["busy"] + p["tail"] == pytest.approx(p["makespan"])
     assert p["program"] == pytest.approx(np.median([4, 3, 4, 1]))
+    ends = T.from_buffer(buf, "GPU X", "x", sms=3).sm_last_end_us()     # SM 2 ran nothing
+    assert ends[:2].tolist() == pytest.approx([9.0, 4.0]) and np.isnan(ends[2])
 
 
 def test_lanes_separate_programs_sharing_an_sm():
