@@ -147,10 +147,7 @@ def kernel_programs_per_sm(gpu: GPU, D: int, dtype_bytes: int, block_n: int, num
     if compiled:
         return programs_per_sm(gpu, compiled["num_warps"], compiled["n_regs"], compiled["shared"])
     d = max(16, 1 << (D - 1).bit_length())
-    if paged:
-        smem = max(1, num_stages - 1) * 2 * block_n * d * dtype_bytes + 8192
-    else:
-        smem = num_stages * 2 * block_n * d * dtype_bytes + 4096
+    smem = max(1, num_stages - 1) * 2 * block_n * d * dtype_bytes + 8192   # Triton's allocation, both caches
     return programs_per_sm(gpu, num_warps, 128, smem)
 
 
@@ -162,7 +159,8 @@ def _predict_many(lengths: np.ndarray, H_kv: int, D: int, dtype_bytes: int, chun
     docstring for that group and D."""
     programs = H_kv * np.maximum(1, -(-lengths[:, None] // chunks[None, :])).sum(axis=0)
     w = waves(programs, r, gpu.sms)
-    per_sm = 1 + (np.minimum(-(-programs // gpu.sms), r) - 1) * SECOND_PROGRAM   # n: the busiest SM's load
+    k = np.minimum(-(-programs // gpu.sms), r)                  # programs on the busiest SM
+    per_sm = np.where(k >= 2, k * (1 + SECOND_PROGRAM) / 2, 1.0)   # n: its load, saturating at two programs
     kv_mb = 2 * float(lengths.sum()) * H_kv * D * dtype_bytes / 1e6
     prog_mb = 2 * chunks * D * dtype_bytes / 1e6
     t_bw = kv_mb / cal.bw_tbs
