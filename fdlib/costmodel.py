@@ -15,15 +15,19 @@ For a launch that cuts each sequence into chunks of ``chunk`` keys (``splits`` p
                      + [\text{splits}>1]\,(t_{\text{merge}} + \text{splits}\cdot t_{\text{split}})
 
 with :math:`\operatorname{smax}(a, b) = (a^4 + b^4)^{1/4}`, a maximum with a soft corner (near the corner
-both limits slow the stream, as measured), and :math:`n = 1 + (\min(\lceil P/\text{SMs}\rceil, r) - 1)\,\varphi`
-the load of the busiest SM in a wave: its first program streams a whole program's bytes per c/ρ, and each
-further program it holds adds a fraction φ = ``SECOND_PROGRAM`` = 0.5 of that (a second program overlaps
-part of its stream with the first's). Measured on an H200: the two-stage path at 148-152 programs was
-10-25% slower than at 128 on four head layouts (``results/h200/ab/ab-heads-split-counts.md``), and the unified
-kernel at D = 64 and 256, B = 8, 2-13% faster at 256 programs than at 128; φ = 1 (every program on an SM
-costs a whole one) missed the second, φ = 0 (programs beyond the first are free) the first. With φ = 0.5,
-``auto`` was within 1.02 of the faster of split and unified on 46 of the 48 head layouts of
-``results/h200/heads-sweep.json`` (43 with φ = 1; 47 in a second run, ``heads-sweep-0db0230.json``). Two
+both limits slow the stream, as measured), and n the load of the busiest SM in a wave, which holds
+:math:`k = \min(\lceil P/\text{SMs}\rceil, r)` programs: :math:`n = 1` for k = 1, and
+:math:`n = k\,(1 + \varphi)/2` for k ≥ 2. One program streams its bytes per c/ρ; a second adds a fraction
+φ = ``SECOND_PROGRAM`` = 0.5 of that (it overlaps part of its stream with the first's), and beyond two the
+SM's stream is saturated: each program costs the (1 + φ)/2 of a program that it costs with two. Measured on an
+H200: the two-stage path at 148-152 programs was 10-25% slower than at 128 on four head layouts
+(``results/h200/ab/ab-heads-split-counts.md``), and the unified kernel at D = 64 and 256, B = 8, 2-13% faster
+at 256 programs than at 128; φ = 1 (every program on an SM costs a whole one) missed the second, φ = 0
+(programs beyond the first are free) the first. A first version with φ = 0.5 let every further program add φ
+(n = 1 + (k − 1)φ), so three programs an SM looked cheaper than they ran: at L = 262144 it took 24 splits where
+16 were faster (B=1 16:16 D=64: 254.2 against 247.7 µs). With the saturation ``auto`` was within 1.02 of the
+faster of split and unified on all 71 head layouts of ``results/h200/heads-sweep.json`` and
+``heads-sweep-256k-b{1,8}.json`` (68 of 71 before: ``heads-sweep-1cd9273.json`` and its 256k files). Two
 limits race in the max: the whole GPU cannot read faster than BW, and one SM cannot stream faster than about ρ
 (bytes its programs keep in flight / memory latency), so too few programs leave bandwidth unused ("too few
 splits"), and a last wave with few programs still takes a whole program's time (the wave quantisation W).
@@ -147,8 +151,17 @@ def kernel_programs_per_sm(gpu: GPU, D: int, dtype_bytes: int, block_n: int, num
     if compiled:
         return programs_per_sm(gpu, compiled["num_warps"], compiled["n_regs"], compiled["shared"])
     d = max(16, 1 << (D - 1).bit_length())
-    smem = max(1, num_stages - 1) * 2 * block_n * d * dtype_bytes + 8192   # Triton's allocation, both caches
+    if paged:
+        smem = max(1, num_stages - 1) * 2 * block_n * d * dtype_bytes + 8192
+    else:
+        smem = num_stages * 2 * block_n * d * dtype_bytes + 4096
     return programs_per_sm(gpu, num_warps, 128, smem)
+
+
+def sm_load(k):
+    """n, the streaming load of an SM holding k programs, in programs' worth: 1 for k = 1, k(1 + φ)/2 for k ≥ 2
+    (the module doc; k an int or an array)."""
+    return np.where(np.asarray(k) >= 2, np.asarray(k) * (1 + SECOND_PROGRAM) / 2, 1.0)
 
 
 def _predict_many(lengths: np.ndarray, H_kv: int, D: int, dtype_bytes: int, chunks: np.ndarray, effs: np.ndarray,
@@ -159,8 +172,7 @@ def _predict_many(lengths: np.ndarray, H_kv: int, D: int, dtype_bytes: int, chun
     docstring for that group and D."""
     programs = H_kv * np.maximum(1, -(-lengths[:, None] // chunks[None, :])).sum(axis=0)
     w = waves(programs, r, gpu.sms)
-    k = np.minimum(-(-programs // gpu.sms), r)                  # programs on the busiest SM
-    per_sm = np.where(k >= 2, k * (1 + SECOND_PROGRAM) / 2, 1.0)   # n: its load, saturating at two programs
+    per_sm = sm_load(np.minimum(-(-programs // gpu.sms), r))   # n: the busiest SM's load
     kv_mb = 2 * float(lengths.sum()) * H_kv * D * dtype_bytes / 1e6
     prog_mb = 2 * chunks * D * dtype_bytes / 1e6
     t_bw = kv_mb / cal.bw_tbs

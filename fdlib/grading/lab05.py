@@ -11,7 +11,8 @@ r"""Checks for Lab 05: the adaptive unified kernel.
 
   with chunk and s (the splits actually used) from :func:`fdlib.kernels.config.chunk_for`,
   P = Σ_b H_kv·max(1, ⌈L_b/chunk⌉) programs, W = ⌈P/(r·SMs)⌉ waves, n = 1 + (min(⌈P/SMs⌉, r) − 1)·φ the busiest
-  SM's load (φ = :data:`fdlib.costmodel.SECOND_PROGRAM`), c = 2·chunk·D·elem bytes per program,
+  SM's load (φ = :data:`fdlib.costmodel.SECOND_PROGRAM`; the library's :func:`fdlib.costmodel.sm_load`, equal
+  for the r ≤ 2 of the lab's cases), c = 2·chunk·D·elem bytes per program,
   K = 2·Σ_b L_b·H_kv·D·elem bytes (MB and TB/s = MB/µs give µs).
 * ``lab05.choose_splits(lengths, H_kv, D, dtype_bytes, gpu, cal, block_n, r, predict) -> int``: call
   ``predict`` (same signature as predict_time) for every count in :data:`fdlib.costmodel.CANDIDATES`; return the
@@ -110,7 +111,7 @@ def _terms(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r) -> str:
     chunk, s = chunk_for(max(max(lengths), 1), splits, block_n)
     P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
     W = schedule(P, r, gpu.sms).waves
-    n = 1 + (min(-(-P // gpu.sms), r) - 1) * costmodel.SECOND_PROGRAM
+    n = float(costmodel.sm_load(min(-(-P // gpu.sms), r)))
     t_bw = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6 / cal.bw_tbs
     t_prog = W * n * 2 * chunk * D * dtype_bytes / 1e6 / cal.rho_tbs
     merge = cal.t_merge_us + s * cal.t_split_us if s > 1 else 0.0
