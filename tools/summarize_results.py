@@ -137,7 +137,7 @@ def main(folder: Path) -> None:
                        f"({'met' if by['plan.run']['ratio_sdpa_cudnn'] <= 0.8 else 'missed'}); default "
                        f"decode_attention ≤ 1.00×: {by['decode_attention']['ratio_sdpa_cudnn']:.2f}× "
                        f"({'met' if by['decode_attention']['ratio_sdpa_cudnn'] <= 1.0 else 'missed'})")
-    out += heads_section(folder)
+    out += heads_section(folder) + planner_section(folder)
     out += ragged_section(folder) + invariant_section(folder) + qlen_section(folder) + unified_max_section(folder)
     out += cp_section(folder)
     sweep = load(folder, "sweep-fp16.json")
@@ -212,16 +212,77 @@ def heads_records(res):
     return by
 
 
+def vs_fastest(m) -> float:
+    """time(auto) / min(split, unified, persistent) of one shape's {method: record} (those it measured)."""
+    return m["auto"]["graph_us"] / min(m[k]["graph_us"] for k in ("split", "unified", "persistent") if k in m)
+
+
+PLANNER_RUNS = {("float16", "fp16"): ("bench-float16-e4b1146.json", "ragged-fp16-page16-auto-e4b1146.json")}
+"""The grids run again under today's planner (the saturating per-SM load, e4b1146), beside the runs of the
+sections above, which notebooks cite: (dense grid, paged ragged grid of auto alone) a dtype (its two names)."""
+
+
+def planner_section(folder: Path) -> list[str]:
+    """Issue 11's target on the dense grid (auto within 1.02x of the fastest path) and issue 13's on the paged
+    ragged grid, in the runs of :data:`PLANNER_RUNS`, with the shapes whose plan (kernel, splits) moved since the
+    runs above (``bench-{dtype}.json``, ``ragged-{fp16,bf16}-page16.json``)."""
+    out = []
+    for (dt, short), (grid_name, paged_name) in PLANNER_RUNS.items():
+        grid, paged = load(folder, grid_name), load(folder, paged_name)
+        if not grid or not paged:
+            continue
+        if not out:
+            out = ["", f"## Today's planner on the grids (commit {grid['provenance'].get('git_commit', '?')[:7]})",
+                   ""]
+        by, old = grid_records(grid), grid_records(load(folder, f"bench-{dt}.json") or {"records": []})
+        ratios = [(k, vs_fastest(m), m["auto"]["graph_us"] / m["cudnn"]["graph_us"]) for k, m in sorted(by.items())
+                  if {"auto", "cudnn"} <= m.keys()]
+        worst = max(ratios, key=lambda t: t[2])
+        out.append(f"- {dt} grid, `{grid['provenance']['command']}`, {grid['provenance']['date_utc'][:16]}Z: "
+                   f"time(auto) ≤ 1.02 × min(split, unified, persistent) on {sum(r <= 1.02 for _, r, _ in ratios)} "
+                   f"of {len(ratios)} shapes; auto/cuDNN geometric mean {geomean([c for _, _, c in ratios]):.4f}, "
+                   f"worst {worst[2]:.3f} (B={worst[0][1]} {worst[0][2]}:{worst[0][3]} L={worst[0][4]}); "
+                   + moved(by, old, lambda k: f"B={k[1]} {k[2]}:{k[3]} L={k[4]}"))
+        old_paged = load(folder, f"ragged-{short}-page16.json")
+        out += ragged_targets(f"{short}, pages of 16, shuffled, auto alone", paged)
+        if old_paged:
+            out[-1] += "; " + moved(ragged_records(paged), ragged_records(old_paged),
+                                    lambda k: f"B={k[0]} {k[1]}:{k[2]} {k[3]} mean {k[4]}")
+    return out
+
+
+def grid_records(res):
+    """{(dtype, B, H_q, H_kv, L): {method: record}} of a dense-grid run (successful records with a graph time)."""
+    by = defaultdict(dict)
+    for r in res["records"]:
+        if r["status"] == "ok" and r.get("graph_us"):
+            by[(r["dtype"], r["B"], r["H_q"], r["H_kv"], r["L"])][r["method"]] = r
+    return by
+
+
+def moved(new, old, fmt) -> str:
+    """Where auto's plan (kernel, splits) in ``new`` differs from ``old``'s ({shape: {method: record}} each): the
+    count, each shape with both plans and times, and the geometric mean of time(new)/time(old) over all shapes."""
+    both = [k for k in new if "auto" in new[k] and "auto" in old.get(k, {})]
+    plan = lambda r: f"{r.get('kernel')}@{r.get('splits')}"   # noqa: E731
+    diff = [k for k in both if plan(new[k]["auto"]) != plan(old[k]["auto"])]
+    return (f"auto's plan differs from the earlier run's on {len(diff)} of {len(both)} shapes"
+            + "".join(f"{'; ' if i else ': '}{fmt(k)} {plan(old[k]['auto'])} {old[k]['auto']['graph_us']:.1f} -> "
+                      f"{plan(new[k]['auto'])} {new[k]['auto']['graph_us']:.1f} µs" for i, k in enumerate(diff))
+            + f"; time against the earlier run, geometric mean "
+              f"{geomean([new[k]['auto']['graph_us'] / old[k]['auto']['graph_us'] for k in both]):.3f}")
+
+
 def heads_section(folder) -> list[str]:
     """The heads sweep (``--heads-sweep``): ``heads-sweep.json`` (L 8k and 64k) with ``heads-sweep-256k-*.json``
-    (L = 262144) when present, issue 11's two targets over all of them; ``heads-sweep-d64-bhld.json``: auto on the
-    peers' [B, H_kv, L, D] layout against cuDNN at D = 64."""
+    (L = 262144) when present, issue 11's two targets over all of them; ``heads-sweep-d64-bhld.json`` and
+    ``heads-sweep-256k-d64-bhld.json``: auto on the peers' [B, H_kv, L, D] layout against cuDNN at D = 64."""
     files = [f for f in [load(folder, "heads-sweep.json")] + [load(folder, n) for n in
              ("heads-sweep-256k-b1.json", "heads-sweep-256k-b8.json")] if f]
     if not files:
         return []
     fmt = lambda k: f"B={k[0]} {k[1]}:{k[2]} D={k[3]} L={k[4]}"   # noqa: E731
-    vs_min, vs_cudnn = [], []
+    vs_min, vs_cudnn, ran = [], [], set()
     out = ["", "## Head layouts: groups 1-16, D 64-256 (`--heads-sweep`, fp16, CUDA graphs)", ""]
     for f in files:
         hp = f["provenance"]
@@ -229,26 +290,30 @@ def heads_section(folder) -> list[str]:
         for key, m in sorted(heads_records(f).items()):
             if "auto" not in m:
                 continue
-            best = min(m[k]["graph_us"] for k in ("split", "unified", "persistent") if k in m)
-            vs_min.append((key, m["auto"]["graph_us"] / best, m["auto"].get("kernel")))
+            vs_min.append((key, vs_fastest(m), m["auto"].get("kernel")))
+            ran |= {"split", "unified", "persistent"} & m.keys()
             if "cudnn" in m:
                 vs_cudnn.append((key, m["auto"]["graph_us"] / m["cudnn"]["graph_us"]))
         out += [f"  skipped: {fmt((s['B'], s['H_q'], s['H_kv'], s['D'], s['L']))} ({s.get('reason', '')})"
                 for s in f.get("skipped", [])]
     out += ["",
-            f"- time(auto) ≤ 1.02 × min(split, unified, persistent): {sum(r <= 1.02 for _, r, _ in vs_min)} of "
+            f"- time(auto) ≤ 1.02 × min({', '.join(sorted(ran))}; the paths the sweep ran): "
+            f"{sum(r <= 1.02 for _, r, _ in vs_min)} of "
             f"{len(vs_min)} shapes; geometric mean {geomean([r for _, r, _ in vs_min]):.3f}; misses: "
             + (", ".join(f"{fmt(k)} {r:.3f} ({kern})" for k, r, kern in vs_min if r > 1.02) or "none"),
             f"- time(auto)/time(cuDNN) ≤ 1.05: {sum(r <= 1.05 for _, r in vs_cudnn)} of {len(vs_cudnn)} shapes; "
             f"geometric mean {geomean([r for _, r in vs_cudnn]):.3f}; misses: "
             + (", ".join(f"{fmt(k)} {r:.3f}" for k, r in vs_cudnn if r > 1.05) or "none")]
-    lay = load(folder, "heads-sweep-d64-bhld.json")
-    if lay:
+    for name in ("heads-sweep-d64-bhld.json", "heads-sweep-256k-d64-bhld.json"):
+        lay = load(folder, name)
+        if not lay:
+            continue
         us = lambda m, n: m[n]["graph_us"]   # noqa: E731
         pairs = [(k, us(m, "auto") / us(m, "cudnn"), us(m, "auto:bhld") / us(m, "cudnn"))
                  for k, m in sorted(heads_records(lay).items()) if {"auto", "auto:bhld", "cudnn"} <= m.keys()]
         out += ["", f"The same kernels on cuDNN's cache layout ([B, H_kv, L, D] memory, `auto:bhld`), D = 64, "
-                f"`{lay['provenance']['command']}`, {lay['provenance']['date_utc']}:", "",
+                f"`{lay['provenance']['command']}`, {lay['provenance']['date_utc']}, commit "
+                f"{lay['provenance'].get('git_commit', '?')[:7]}:", "",
                 f"- auto/cuDNN ≤ 1.05: {sum(a <= 1.05 for _, a, _ in pairs)} of {len(pairs)} on fdlib's layout, "
                 f"{sum(b <= 1.05 for _, _, b in pairs)} of {len(pairs)} on cuDNN's; "
                 + "; ".join(f"{fmt(k)} {a:.3f} -> {b:.3f}" for k, a, b in pairs if max(a, b) > 1.05)]
