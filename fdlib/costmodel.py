@@ -24,10 +24,11 @@ H200: the two-stage path at 148-152 programs was 10-25% slower than at 128 on fo
 (``results/h200/ab/ab-heads-split-counts.md``), and the unified kernel at D = 64 and 256, B = 8, 2-13% faster
 at 256 programs than at 128; φ = 1 (every program on an SM costs a whole one) missed the second, φ = 0
 (programs beyond the first are free) the first. A first version with φ = 0.5 let every further program add φ
-(n = 1 + (k − 1)φ), so three programs an SM looked cheaper than they ran: at L = 262144 it took 24 splits where
-16 were faster (B=1 16:16 D=64: 254.2 against 247.7 µs). With the saturation ``auto`` was within 1.02 of the
-faster of split and unified on all 71 head layouts of ``results/h200/heads-sweep.json`` and
-``heads-sweep-256k-b{1,8}.json`` (68 of 71 before: ``heads-sweep-1cd9273.json`` and its 256k files). Two
+(n = 1 + (k − 1)φ), so three programs an SM looked cheaper than they ran: it took 24 splits at B=1 16:16
+D=64 L=262144 (254.2 µs, ``results/h200/heads-sweep-256k-b1-1cd9273.json``) where the saturated load takes 16
+(238.9 µs, ``heads-sweep-256k-b1.json``), and 3 instead of 2 at B=8 16:16. With the saturation ``auto`` was
+within 1.02 of the faster of split and unified on all 71 head layouts of ``results/h200/heads-sweep.json`` and
+``heads-sweep-256k-b{1,8}.json`` (68 of 71 before, in the ``-1cd9273`` files of the same sweeps). Two
 limits race in the max: the whole GPU cannot read faster than BW, and one SM cannot stream faster than about ρ
 (bytes its programs keep in flight / memory latency), so too few programs leave bandwidth unused ("too few
 splits"), and a last wave with few programs still takes a whole program's time (the wave quantisation W).

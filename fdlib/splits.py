@@ -100,7 +100,7 @@ EPILOGUE_WORK = 10_000
 # 13-21 shapes a run, 0.59-0.99x the unified kernel's time at the same count), among them one below
 # EPILOGUE_WORK: B=1 16:4 D=64 L=65536, 32 splits, 8320 merged values, 0.952-0.957x. At 24 splits (B=1 16:16
 # D=256 L=65536, 6168 values) the two were even (0.999x, 1.006x); below 24 the bench grids and sweeps have
-# nothing faster through this rule than through EPILOGUE_WORK. With the rule (heads-sweep.json of 1cd9273) auto
+# nothing faster through this rule than through EPILOGUE_WORK. With the rule (heads-sweep-1cd9273.json) auto
 # takes stage 2 there: 22.5 µs, the unified kernel 23.7.
 TWO_STAGE_SPLITS = 32
 # Over pages the two-stage path took 0.986-1.836x the unified kernel's time at the same split counts, geometric
