@@ -19,7 +19,7 @@ both limits slow the stream, as measured), and n the load of the busiest SM in a
 :math:`k = \min(\lceil P/\text{SMs}\rceil, r)` programs: :math:`n = 1` for k = 1, and
 :math:`n = k\,(1 + \varphi)/2` for k ≥ 2. One program streams its bytes per c/ρ; a second adds a fraction
 φ = ``SECOND_PROGRAM`` = 0.5 of that (it overlaps part of its stream with the first's), and beyond two the
-SM's stream is saturated: each program costs the (1 + φ)/2 of a program that it costs with two. Measured on an
+SM's stream is saturated: each program costs (1 + φ)/2 of a whole one, what it costs with two. Measured on an
 H200: the two-stage path at 148-152 programs was 10-25% slower than at 128 on four head layouts
 (``results/h200/ab/ab-heads-split-counts.md``), and the unified kernel at D = 64 and 256, B = 8, 2-13% faster
 at 256 programs than at 128; φ = 1 (every program on an SM costs a whole one) missed the second, φ = 0
@@ -162,7 +162,8 @@ def kernel_programs_per_sm(gpu: GPU, D: int, dtype_bytes: int, block_n: int, num
 def sm_load(k):
     """n, the streaming load of an SM holding k programs, in programs' worth: 1 for k = 1, k(1 + φ)/2 for k ≥ 2
     (the module doc; k an int or an array)."""
-    return np.where(np.asarray(k) >= 2, np.asarray(k) * (1 + SECOND_PROGRAM) / 2, 1.0)
+    k = np.asarray(k)
+    return np.where(k >= 2, k * (1 + SECOND_PROGRAM) / 2, 1.0)
 
 
 def _predict_many(lengths: np.ndarray, H_kv: int, D: int, dtype_bytes: int, chunks: np.ndarray, effs: np.ndarray,

@@ -36,10 +36,10 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     """(kernel, splits) of ``method="auto"``: the unified kernel or the two-stage path, whichever the cost
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
-    splits·group·(D+1) ≥ EPILOGUE_WORK values, or TWO_STAGE_SPLITS splits or more, in one program (over pages: the
-    unified kernel up to
-    PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for ragged host lengths where
-    :func:`streamk_suits` (over pages also where a program streams STREAMK_PAGED_MIN_TILES tiles or more,
+    splits·group·(D+1) ≥ EPILOGUE_WORK values in one program, or would merge TWO_STAGE_SPLITS splits or more
+    (over pages: the unified kernel up to PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for
+    ragged host lengths where :func:`streamk_suits` (over pages also where a program streams
+    STREAMK_PAGED_MIN_TILES tiles or more,
     :func:`streamk_tiles_per_program`), and over pages for equal host lengths where a program streams
     STREAMK_PAGED_DENSE_TILES tiles or more; the balanced kernel for ragged host lengths where :func:`balance_gain`
     predicts it faster (BALANCED_GAIN, over pages BALANCED_GAIN_PAGED); then the persistent kernel where
@@ -74,7 +74,7 @@ def auto_path(unified, two_stage, group: int, D: int, paged: int = 0) -> tuple[s
     """("unified" or "split", splits): of the cost model's two explanations (:func:`fdlib.costmodel.explain`
     with ``method="unified"`` and ``"split"``), the two-stage path where it is predicted more than 2% faster
     at its own best count, or where the unified epilogue would merge splits·group·(D+1) >= EPILOGUE_WORK
-    values, or TWO_STAGE_SPLITS splits or more, in one program (at the unified count); else the unified kernel
+    values in one program or TWO_STAGE_SPLITS splits or more (at the unified count); else the unified kernel
     (:func:`choose_auto`'s first step).
     Over pages (``paged``) the unified kernel up to PAGED_EPILOGUE_WORK merged values, the two-stage path
     beyond; ``two_stage`` is not read there (None)."""

@@ -37,10 +37,7 @@ def main(folder: Path) -> None:
     same_plan = {}   # shapes where auto ran what `unified` ran (same kernel and splits, bit-identical output)
     for b in benches:
         ceil = b["ceiling"]["tbs"]
-        by = defaultdict(dict)
-        for r in b["records"]:
-            by[(r["dtype"], r["B"], r["H_q"], r["H_kv"], r["L"])][r["method"]] = r
-        for key, m in sorted(by.items()):
+        for key, m in sorted(grid_records(b, timed=False).items()):
             g = {k: v.get("graph_us") for k, v in m.items()}
             if not g.get("auto") or not g.get("cudnn"):
                 continue
@@ -85,10 +82,7 @@ def main(folder: Path) -> None:
                                 for x in rows for k in [x[0]] if x[5] > 1.05 and k[0] == dt) or "none above 1.05"))
     eager = []
     for b in benches:
-        by = defaultdict(dict)
-        for r in b["records"]:
-            by[(r["dtype"], r["B"], r["H_q"], r["H_kv"], r["L"])][r["method"]] = r
-        for key, m in sorted(by.items()):
+        for key, m in sorted(grid_records(b, timed=False).items()):
             e = {k: v.get("eager_us") for k, v in m.items()}
             if e.get("auto") and e.get("cudnn"):
                 eager.append((key, e["auto"] / e["cudnn"]))
@@ -152,13 +146,30 @@ def main(folder: Path) -> None:
     print("\n".join(out))
 
 
-def ragged_records(res):
-    """{(B, H_q, H_kv, dist, mean): {method: record}} of a --ragged run."""
+def records_by(res, fields: tuple, timed: bool = False):
+    """{shape: {method: record}} of a run's successful records (with a graph time when ``timed``), the shape the
+    record's values of ``fields``."""
     by = defaultdict(dict)
     for r in res["records"]:
-        if r.get("status") == "ok":
-            by[(r["B"], r["H_q"], r["H_kv"], r["dist"], r["mean"])][r["method"]] = r
+        if r.get("status") == "ok" and (r.get("graph_us") or not timed):
+            by[tuple(r[f] for f in fields)][r["method"]] = r
     return by
+
+
+def ragged_records(res):
+    """{(B, H_q, H_kv, dist, mean): {method: record}} of a --ragged run."""
+    return records_by(res, ("B", "H_q", "H_kv", "dist", "mean"))
+
+
+def heads_records(res):
+    """{(B, H_q, H_kv, D, L): {method: record}} of a --heads-sweep run."""
+    return records_by(res, ("B", "H_q", "H_kv", "D", "L"))
+
+
+def grid_records(res, timed: bool = True):
+    """{(dtype, B, H_q, H_kv, L): {method: record}} of a dense-grid run (``timed``: only records with a graph
+    time)."""
+    return records_by(res, ("dtype", "B", "H_q", "H_kv", "L"), timed)
 
 
 def same_run_contiguous(folder: Path, paged, dt: str):
@@ -203,15 +214,6 @@ def ragged_targets(label: str, res) -> list[str]:
     return out
 
 
-def heads_records(res):
-    """{(B, H_q, H_kv, D, L): {method: record}} of a --heads-sweep run (as :func:`ragged_records`)."""
-    by = defaultdict(dict)
-    for r in res["records"]:
-        if r["status"] == "ok":
-            by[(r["B"], r["H_q"], r["H_kv"], r["D"], r["L"])][r["method"]] = r
-    return by
-
-
 def vs_fastest(m) -> float:
     """time(auto) / min(split, unified, persistent) of one shape's {method: record} (those it measured)."""
     return m["auto"]["graph_us"] / min(m[k]["graph_us"] for k in ("split", "unified", "persistent") if k in m)
@@ -249,15 +251,6 @@ def planner_section(folder: Path) -> list[str]:
             out[-1] += "; " + moved(ragged_records(paged), ragged_records(old_paged),
                                     lambda k: f"B={k[0]} {k[1]}:{k[2]} {k[3]} mean {k[4]}")
     return out
-
-
-def grid_records(res):
-    """{(dtype, B, H_q, H_kv, L): {method: record}} of a dense-grid run (successful records with a graph time)."""
-    by = defaultdict(dict)
-    for r in res["records"]:
-        if r["status"] == "ok" and r.get("graph_us"):
-            by[(r["dtype"], r["B"], r["H_q"], r["H_kv"], r["L"])][r["method"]] = r
-    return by
 
 
 def moved(new, old, fmt) -> str:
@@ -404,11 +397,9 @@ def invariant_section(folder: Path) -> list[str]:
     res = load(folder, "invariant-fp16.json")
     if not res:
         return []
-    by = defaultdict(dict)
-    for r in res["records"]:
-        if r.get("status") == "ok" and r.get("graph_us"):
-            by[(r["B"], r["H_q"], r["H_kv"], r["L"])][r["method"]] = r["graph_us"]
-    rs = [(k, m["invariant"] / m["auto"]) for k, m in sorted(by.items()) if "invariant" in m and "auto" in m]
+    by = records_by(res, ("B", "H_q", "H_kv", "L"), timed=True)
+    rs = [(k, m["invariant"]["graph_us"] / m["auto"]["graph_us"]) for k, m in sorted(by.items())
+          if "invariant" in m and "auto" in m]
     if not rs:
         return []
     p = res["provenance"]
