@@ -25,8 +25,9 @@ H200: the two-stage path at 148-152 programs was 10-25% slower than at 128 on fo
 at 256 programs than at 128; φ = 1 (every program on an SM costs a whole one) missed the second, φ = 0
 (programs beyond the first are free) the first. A first version with φ = 0.5 let every further program add φ
 (n = 1 + (k − 1)φ), so three programs an SM looked cheaper than they ran: it took 24 splits at B=1 16:16
-D=64 L=262144 (254.2 µs, ``results/h200/heads-sweep-256k-b1-1cd9273.json``) where the saturated load takes 16
-(238.9 µs, ``heads-sweep-256k-b1.json``), and 3 instead of 2 at B=8 16:16. With the saturation ``auto`` was
+D=64 L=262144 (254.2 µs, 1.055x cuDNN in ``results/h200/heads-sweep-256k-b1-1cd9273.json``) where the
+saturated load takes 16 (238.9 µs, 1.010x cuDNN in ``heads-sweep-256k-b1.json``, another run), and 3 instead
+of 2 at B=8 16:16. With the saturation ``auto`` was
 within 1.02 of the faster of split and unified on all 71 head layouts of ``results/h200/heads-sweep.json`` and
 ``heads-sweep-256k-b{1,8}.json`` (68 of 71 before, in the ``-1cd9273`` files of the same sweeps). Two
 limits race in the max: the whole GPU cannot read faster than BW, and one SM cannot stream faster than about ρ
