@@ -9,6 +9,7 @@ from collections import OrderedDict
 
 import torch
 
+from .kernels.launch import heads_adjacent
 from .plan import DecodePlan, host_lengths, plan
 from .validate import check_inputs
 
@@ -122,9 +123,10 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
              num_splits=None, return_lse=False, max_seqlen=None, batch_invariant=False) -> DecodePlan:
     """The cached plan :func:`decode_attention` runs for these arguments (made and checked on first use)."""
     try:
+        adjacent = heads_adjacent(k_cache, k_cache.shape[-1]) and heads_adjacent(v_cache, v_cache.shape[-1])
         key = (q.shape, k_cache.shape, q.dtype, q.device, scale, method, num_splits, max_seqlen,
                None if block_table is None else block_table.shape, batch_invariant,
-               q.shape[1] if q.dim() == 4 else 1)
+               q.shape[1] if q.dim() == 4 else 1, adjacent)
         p = _PLANS.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: the checks say which
         key, p = None, None
@@ -136,7 +138,8 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
     pr = check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table)
     p = plan(pr.B, pr.H_q, pr.H_kv, pr.D, pr.L_max, dtype=q.dtype, device=q.device, max_seqlen=max_seqlen,
              scale=scale, method=method, num_splits=num_splits, page_size=pr.page_size or None,
-             batch_invariant=batch_invariant, q_len=pr.q_len)
+             batch_invariant=batch_invariant, q_len=pr.q_len,
+             pack_heads=None if key is None or key[-1] else False)   # packed heads need them side by side
     _PLANS[key] = p
     while len(_PLANS) > PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)

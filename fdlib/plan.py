@@ -42,13 +42,13 @@ One plan's workspace serves one call at a time: calls that may overlap (several 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from . import runtime
 from .kernels import launch as _launch_mod
-from .kernels.launch import record, replay, rows4
+from .kernels.launch import heads_adjacent, pack_for, record, replay, rows4
 from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config, tile_config, tile_config_for
 from .kernels.invariant import invariant_launcher, max_chunks, row_chunks
 from .kernels.balanced import MAX_BATCH, balanced_args, balanced_launcher, items_max
@@ -82,6 +82,7 @@ class Decision:
     invariant: bool = False     # batch-invariant: chunks by each row's own length (invariant_decision)
     per_program: int = 0        # invariant: chunks one program computes (splits: the most chunks a row can
                                 # have, its partial slots; so ⌈splits / per_program⌉ programs a row)
+    pack: int = 1               # unified/split: adjacent KV heads a program reads as one (pack_decision)
 
 
 def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: int, compiled: bool) -> int:
@@ -175,14 +176,44 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
                     invariant=True, per_program=per_program)
 
 
+def pack_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, pack_heads: bool | None = None,
+                  **kw) -> Decision | None:
+    r"""The plan of a batch whose small heads are read P at a time, or None where they are not.
+
+    In the token-major cache ``[.., L, H_kv, D]`` one KV head's row is D·bytes of every H_kv·D·bytes: at D = 64
+    in fp16, 128 bytes of every 256 when H_kv = 2, and the program reading the other half runs at another
+    time. Packing reads P adjacent KV heads as one head of P·D dims (:func:`~fdlib.kernels.launch.pack_for`:
+    P·D <= 128, P | H_kv), so each tile row is one run of P·D·bytes, and the P·group query heads of the pack
+    share a program: query head h holds its q in its own KV head's D dims of the row and zeros elsewhere
+    (:func:`~fdlib.kernels.tile.own_dims`), so :math:`q'\cdot k' = q\cdot k_{h_{kv}}` and its softmax and
+    output are exactly its own head's. The dot products are P times as long, which a tile of at most 16 query
+    rows gets for free (tl.dot's smallest M is 16 rows anyway at group·P <= 16); the bytes read are the same.
+    The cost model then chooses splits and kernel for the packed shape (H_kv/P heads of P·D dims, group·P);
+    a pack is kept only where that is the unified kernel or the two-stage path.
+    ``pack_heads``: None packs on a GPU (compiled kernels) where the heads allow it, True also in the
+    interpreter, False never. Only one query token, not batch-invariant (the caller checks); the cache must
+    hold each token's heads side by side (:func:`~fdlib.kernels.launch.heads_adjacent`, checked at run)."""
+    P = pack_for(H_kv, D)
+    if pack_heads is False or P == 1 or (pack_heads is None and runtime.INTERPRET):
+        return None
+    d = decide(B, H_q, H_kv // P, D * P, L_max, dtype, pack_heads=False, **kw)
+    return replace(d, pack=P) if d.kernel in ("unified", "split") else None
+
+
 def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=None, max_seqlen=None,
            method: str = "auto", num_splits: int | None = None, batch_invariant: bool = False,
-           q_len: int = 1, paged: int = 0) -> Decision:
+           q_len: int = 1, paged: int = 0, pack_heads: bool | None = None) -> Decision:
     """The kernel, tiles, splits and chunk for a batch of these sizes on this runtime (see the module doc).
     ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None;
     ``batch_invariant``: :func:`invariant_decision`. ``q_len`` query tokens per sequence: a program holds
     group × q_len query rows, which the tiles count (:func:`~fdlib.kernels.config.tile_config_for`) and the
-    cost model sees as H_q·q_len query heads (the same K/V bytes, q_len times the queries and outputs)."""
+    cost model sees as H_q·q_len query heads (the same K/V bytes, q_len times the queries and outputs).
+    ``pack_heads``: read small adjacent KV heads several at a time (:func:`pack_decision`)."""
+    if not batch_invariant and q_len == 1 and method in ("auto", "unified", "split") and pack_heads is not False:
+        d = pack_decision(B, H_q, H_kv, D, L_max, dtype, pack_heads, lengths=lengths, max_seqlen=max_seqlen,
+                          method=method, num_splits=num_splits, paged=paged)
+        if d is not None:
+            return d
     q_rows = H_q // H_kv * q_len if q_len > 1 else 1
     if batch_invariant:
         if method not in ("auto", "unified") or num_splits is not None:
@@ -321,6 +352,7 @@ class DecodePlan:
                     f"H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, {str(self.dtype)[6:]} on "
                     f"{self.device}; schedule chosen for L_cap={d.L_cap}; workspace {self.workspace.nbytes()} "
                     f"bytes")
+        extra += f", {d.pack} KV heads read as one" if d.pack > 1 else ""
         return (f"DecodePlan: {d.kernel} kernel, {d.splits} split(s) of {d.chunk} keys{tile}{extra}; B={self.B}, "
                 f"H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, {str(self.dtype)[6:]} on "
                 f"{self.device}; splits chosen for L_cap={d.L_cap} ({d.basis}); workspace "
@@ -377,6 +409,7 @@ class DecodePlan:
                         or t.device != self.device or t.stride(-1) != 1 and self.D > 1):
                     self._mismatch(name, t, B)
                 check_page_strides(name, t, self.page_size)
+                self._check_pack(name, t)
         else:
             if block_table is not None:
                 raise ValueError("block_table: this plan is for a contiguous cache [B, L_max, H_kv, D]; make a "
@@ -386,6 +419,7 @@ class DecodePlan:
                 if (t.shape != kv_shape or t.dtype != self.dtype or t.device != self.device
                         or t.stride(-1) != 1 and self.D > 1):
                     self._mismatch(name, t, B)
+                self._check_pack(name, t)
         lens = self._lengths(cache_seqlens, B)
         if out is not None and (out.shape != q.shape or out.dtype != self.dtype or out.device != self.device
                                 or out.stride(-1) != 1 and self.D > 1):
@@ -410,6 +444,14 @@ class DecodePlan:
                 self._replays[key] = steps
         return (out, lse) if want_lse else out
 
+    def _check_pack(self, name, t):
+        """A plan that reads several KV heads as one needs each token's heads side by side in ``t``."""
+        if self.decision.pack > 1 and not heads_adjacent(t, self.D):
+            raise ValueError(f"{name}: this plan reads {self.decision.pack} adjacent KV heads as one, which needs each "
+                             f"token's heads side by side (stride(-2) == D = {self.D}, stride(-1) == 1); got strides "
+                             f"{tuple(t.stride())}. Make the plan with fdlib.plan(..., pack_heads=False) for this "
+                             f"layout (decode_attention does so itself).")
+
     def _outputs(self, q, out, lse, want_lse: bool):
         """(out, lse) a call writes: the caller's where given, else a new out like q, and a new float32 lse
         ``q.shape[:-1]`` when the caller wants one back (else the plan's own buffer)."""
@@ -432,16 +474,17 @@ class DecodePlan:
             go = tuple(_Noted(g, calls) for g in go)
         if d.kernel == "unified":
             compiled = go[0](*unified_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, out, lse,
-                                           ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times))
+                                           ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times, d.pack))
             if compiled is not None:
-                remember_resources(compiled, self.dtype, self.D, self.H_q // self.H_kv * self.q_len, d.tile)
+                remember_resources(compiled, self.dtype, self.D * d.pack, self.H_q // self.H_kv * self.q_len * d.pack,
+                                   d.tile)
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, self.scale, d.per_program, d.splits, out,
                                                lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times)
             go[0]((grid[0], grid[1], -(-d.splits // d.per_program)), ptrs, scalars)   # programs per row
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
-                               ws.flag, bt, times))
+                               ws.flag, bt, times, d.pack))
             out, lse = rows4(out), rows4(lse, 3)   # stage 2 merges (t, h) rows: views with the token axis
             if flat_rows(out) is None or flat_rows(lse) is None:   # stage 2 merges (t, h) rows of flat strides
                 o_tmp, l_tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device), lse.contiguous()
@@ -480,7 +523,7 @@ class DecodePlan:
         B = self.B if B is None else B
         d = self.decision
         if d.kernel in ("unified", "split"):
-            return B * self.H_kv * d.splits
+            return B * self.H_kv // d.pack * d.splits
         if d.kernel == "invariant":
             return B * self.H_kv * -(-d.splits // d.per_program)
         if d.kernel == "balanced":
@@ -633,7 +676,7 @@ def host_lengths(cache_seqlens, B: int, L_max: int, device) -> torch.Tensor:
 def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16, device=None, lengths=None,
          max_seqlen: int | None = None, scale: float | None = None, method: str = "auto",
          num_splits: int | None = None, page_size: int | None = None, batch_invariant: bool = False,
-         q_len: int = 1) -> DecodePlan:
+         q_len: int = 1, pack_heads: bool | None = None) -> DecodePlan:
     """Decide everything for decode attention over a batch of these sizes, and allocate its workspace.
 
     Args:
@@ -652,6 +695,9 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
             (``flash_attn_with_kvcache``'s convention); a query that sees no key (L_b < q_len − t) gives
             out = 0, lse = −inf. Each K/V tile is still read once per KV head: a program holds the
             group × q_len query rows in one ``tl.dot`` tile.
+        pack_heads: read small adjacent KV heads several at a time, as one wider head (:func:`pack_decision`):
+            None (default) on a GPU where the heads allow it, True also in the interpreter, False never. A
+            packing plan needs caches whose KV heads lie side by side (stride(-2) == D), as contiguous ones do.
     """
     for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("D", D), ("L_max", L_max)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -684,11 +730,14 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
     check_q_len(q_len, L_max)
+    if pack_heads is not None and not isinstance(pack_heads, bool):
+        raise TypeError(f"pack_heads: expected None, True or False, got {type(pack_heads).__name__}")
     d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
-               num_splits=num_splits, batch_invariant=batch_invariant, q_len=q_len, paged=page_size or 0)
+               num_splits=num_splits, batch_invariant=batch_invariant, q_len=q_len, paged=page_size or 0,
+               pack_heads=pack_heads)
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
-                      _workspace(B, H_q, H_kv, D, L_max, d, device, q_len),
+                      _workspace(B, H_q, H_kv, D * d.pack, L_max, d, device, q_len),
                       torch.empty(B, dtype=torch.int32, device=device),
                       _launchers(d, dtype, H_q // H_kv, D, page, B, q_len), q_len)
 
@@ -697,16 +746,19 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
                timeline: bool = False) -> tuple:
     """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`);
     only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan."""
+    if d.pack > 1:   # the pack's group and width (pack_decision)
+        group, D = group * d.pack, D * d.pack
     if d.kernel == "unified":
         return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
-                                 timeline=timeline),)
+                                 timeline=timeline, pack=d.pack),)
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                    timeline=timeline, one_chunk=d.per_program == 1,
                                    alone=d.per_program >= d.splits, max_row_chunks=d.splits),)
     if d.kernel == "split":
-        return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len, timeline=timeline),
-                stage2_launcher(D, d.splits, dtype_slots=()))
+        return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len, timeline=timeline,
+                                pack=d.pack),
+                stage2_launcher(D, d.splits, dtype_slots=(), pack=d.pack, group=group // d.pack))
     if d.kernel == "balanced":
         return (balanced_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                   timeline=timeline),)
@@ -759,5 +811,5 @@ def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:
     return slots * q_len * H_q * (D + 1) * 4
 
 
-__all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "launched_splits", "host_lengths",
-           "KERNELS"]
+__all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "pack_decision", "launched_splits",
+           "host_lengths", "KERNELS"]

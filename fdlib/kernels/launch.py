@@ -183,6 +183,39 @@ def paging(k_cache, block_table, flag):
     return block_table, block_table.stride(0), k_cache.shape[0], block_table.shape[1] * k_cache.shape[1]
 
 
+def pack_for(H_kv: int, D: int, max_width: int = 128) -> int:
+    """KV heads a program may read as one (:func:`fdlib.kernels.tile.own_dims`): the most, P, with P·D <= max_width
+    and P dividing H_kv, for a power-of-two D below max_width (so the pack's D·P is the tile's BLOCK_D); else 1."""
+    if D >= max_width or D & (D - 1):
+        return 1
+    p = max_width // D
+    while p > 1 and H_kv % p:
+        p //= 2
+    return p
+
+
+def check_pack(pack: int, D: int, q_len: int) -> None:
+    """A launch packing ``pack`` KV heads has one query token and a power-of-two width D (the pack's)."""
+    if pack > 1 and (q_len != 1 or D & (D - 1) or D % pack):
+        raise ValueError(f"pack: {pack} KV heads read as one need one query token and a power-of-two width that "
+                         f"pack divides; got q_len={q_len}, D={D}")
+
+
+def heads_adjacent(t, D: int) -> bool:
+    """Whether a cache [..., H_kv, D] holds each token's KV heads side by side (stride(-2) == D, stride(-1) == 1),
+    so that several heads read as one are one run of memory (:func:`packed_kv`)."""
+    return t.stride(-1) == 1 and (t.shape[-2] == 1 or t.stride(-2) == D)
+
+
+def packed_kv(k_cache, v_cache, pack: int = 1) -> tuple:
+    """(H_kv, K strides, V strides) a launch sees: the cache's own, or with ``pack`` adjacent KV heads read as one
+    KV head ``pack`` times as wide (:func:`heads_adjacent` must hold): H_kv / pack heads, head stride × pack."""
+    ks, vs = k_cache.stride(), v_cache.stride()
+    if pack == 1:
+        return k_cache.shape[2], ks, vs
+    return k_cache.shape[2] // pack, (ks[0], ks[1], ks[2] * pack, ks[3]), (vs[0], vs[1], vs[2] * pack, vs[3])
+
+
 def rows4(t, rank: int = 4):
     """``t`` with the query-token axis: a tensor of one rank less (the one-token form, e.g. q ``[B, H_q, D]``,
     partials ``[B, H_q, splits, D]``) gets a size-1 axis 1 (a view), so every kernel indexes

@@ -24,21 +24,28 @@ from .tile import combine_blocks, combine_heads
 def stage2_kernel(O_PART, LSE_PART, OUT, LSE, n_splits,
                   stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                   stride_ob, stride_oh, stride_sb, stride_sh,
-                  D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                  D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PACK: tl.constexpr = 1,
+                  HEAD_GROUP: tl.constexpr = 1):
     b = tl.program_id(0)
     h = tl.program_id(1)
     combine_heads(O_PART + b * stride_pb + h * stride_ph, LSE_PART + b * stride_lb + h * stride_lh,
                   n_splits, 0, stride_ph, stride_ps, 0, stride_lh,
                   OUT + b * stride_ob + h * stride_oh, 0, stride_oh, LSE + b * stride_sb + h * stride_sh, 0, stride_sh,
-                  1, 1, 1, BLOCK_S, BLOCK_D, D, False)
+                  1, 1, 1, BLOCK_S, BLOCK_D, D, False, True, PACK, h, HEAD_GROUP)
 
 
-def stage2_launcher(D: int, splits: int, kernel=None, dtype_slots=None) -> Launcher:
-    """Stage 2 (or a learner's kernel of the same signature) with its constexprs fixed for D and the splits."""
+def stage2_launcher(D: int, splits: int, kernel=None, dtype_slots=None, pack: int = 1, group: int = 1) -> Launcher:
+    """Stage 2 (or a learner's kernel of the same signature) with its constexprs fixed for D and the splits.
+    ``pack`` > 1: stage 1 read ``pack`` KV heads as one (:func:`~fdlib.kernels.tile.own_dims`): the partials are
+    D = pack × head dim wide and each query head (``group`` of them a KV head) keeps the dims it owns."""
     BLOCK_D = block_sizes(1, D)[1]
     _, BLOCK_S = combine_blocks(1, splits, BLOCK_D)
-    return Launcher(kernel or stage2_kernel, dict(D=D, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D,
-                                                  num_warps=4 if BLOCK_D >= 128 else 2), dtype_slots)
+    meta = dict(D=D, BLOCK_S=BLOCK_S, BLOCK_D=BLOCK_D, num_warps=4 if BLOCK_D >= 128 else 2)
+    if kernel is None:   # every constexpr in meta, so that the launcher may launch it directly
+        meta.update(PACK=pack, HEAD_GROUP=group)
+    elif pack > 1:
+        raise ValueError(f"kernel: a stage-2 kernel of the lab's signature merges unpacked heads; pack={pack}")
+    return Launcher(kernel or stage2_kernel, meta, dtype_slots)
 
 
 def flat_rows(t):

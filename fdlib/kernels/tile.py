@@ -97,11 +97,25 @@ def row_offset(r, h0, stride_t, stride_h, GROUP: tl.constexpr, Q_LEN: tl.constex
 
 
 @triton.jit
+def own_dims(head, offs_d, HEAD_GROUP: tl.constexpr, PACK: tl.constexpr, D: tl.constexpr):
+    r"""Packed KV heads (PACK > 1): a program reads PACK adjacent KV heads of D/PACK dims as one KV head of D dims
+    (a token's heads lie side by side in the cache, so a tile's rows are whole runs of memory). Query head
+    ``head`` (its index in q, one per row) owns dims :math:`[c, c + D/\text{PACK})` of the packed row,
+    :math:`c = (\lfloor \text{head}/\text{HEAD\_GROUP}\rfloor \bmod \text{PACK})\cdot D/\text{PACK}`: its query
+    is placed there with zeros elsewhere, so :math:`q'\cdot k' = q\cdot k_{own}` and the softmax is its own
+    head's; its output is those dims of :math:`\sum_j p_j v'_j`. Returns c and the [rows, BLOCK_D] mask of the
+    owned dims."""
+    c = (head // HEAD_GROUP) % PACK * (D // PACK)
+    return c, (offs_d[None, :] >= c[:, None]) & (offs_d[None, :] < c[:, None] + D // PACK)
+
+
+@triton.jit
 def combine_heads(o_ptr, lse_ptr, n_splits, stride_ot, stride_oh, stride_os, stride_lt, stride_lh,
                   out_ptr, stride_out_t, stride_out_h, lse_out_ptr, stride_lse_t, stride_lse_h,
                   GROUP: tl.constexpr, Q_LEN: tl.constexpr,
                   BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, D: tl.constexpr,
-                  CACHE_CG: tl.constexpr, ANY_O: tl.constexpr = True):
+                  CACHE_CG: tl.constexpr, ANY_O: tl.constexpr = True, PACK: tl.constexpr = 1, head0=0,
+                  HEAD_GROUP: tl.constexpr = 1):
     """Merge the partials of the GROUP·Q_LEN rows r = t·GROUP + g (:func:`row_offset`) at once: O_i of row r at
     ``o_ptr + row_offset(r, stride_ot, stride_oh) + i·stride_os`` (D floats), lse_i at
     ``lse_ptr + row_offset(r, stride_lt, stride_lh) + i``; store O (output dtype) and lse of each row.
@@ -109,7 +123,9 @@ def combine_heads(o_ptr, lse_ptr, n_splits, stride_ot, stride_oh, stride_os, str
     ANY_O: the partials may come from anywhere (stage 2's callers), so an empty split's O (lse = −∞) is
     replaced by 0 before it is weighted, for 0·NaN would be NaN; False where the same launch wrote every
     partial it merges, whose empty splits hold O = 0 (:func:`state_to_partial`): that select per merged value
-    lies on the critical path of the one program that merges."""
+    lies on the critical path of the one program that merges.
+    PACK > 1: the partials are rows of PACK packed KV heads (:func:`own_dims`); row r, query head head0 + r
+    (HEAD_GROUP query heads a KV head), stores only the D/PACK dims it owns."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -145,9 +161,13 @@ def combine_heads(o_ptr, lse_ptr, n_splits, stride_ot, stride_oh, stride_os, str
     empty = den == 0.0
     o = acc / tl.where(empty, 1.0, den)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den)))
-    out_rows = row_offset(offs_h, 0, stride_out_t, stride_out_h, GROUP, Q_LEN)
-    tl.store(out_ptr + out_rows[:, None] + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
-             mask=mask_h[:, None] & mask_d[None, :])
+    out_ptrs = out_ptr + row_offset(offs_h, 0, stride_out_t, stride_out_h, GROUP, Q_LEN)[:, None] + offs_d[None, :]
+    mask_out = mask_h[:, None] & mask_d[None, :]
+    if PACK > 1:
+        c, own = own_dims(head0 + offs_h, offs_d, HEAD_GROUP, PACK, D)
+        out_ptrs -= c[:, None]
+        mask_out &= own
+    tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=mask_out)
     tl.store(lse_out_ptr + row_offset(offs_h, 0, stride_lse_t, stride_lse_h, GROUP, Q_LEN), lse, mask=mask_h)
 
 
@@ -466,12 +486,18 @@ def store_partial(o, lse, rows, mask_gd, h0, split, O_ROW, stride_pt, stride_ph,
 
 @triton.jit
 def store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh, keep,
-              GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_D: tl.constexpr):
+              GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_D: tl.constexpr, PACK: tl.constexpr = 1):
     """O (in the output's dtype) and lse of a KV head's query rows ``rows`` (head h0 + g of token t), as
-    :func:`row_offset` places them; nothing where ``keep`` (a scalar, selected into the masks) is False."""
+    :func:`row_offset` places them; nothing where ``keep`` (a scalar, selected into the masks) is False.
+    PACK > 1: rows of PACK packed KV heads, BLOCK_D dims wide; each row stores the dims it owns (:func:`own_dims`)."""
     offs_d = tl.arange(0, BLOCK_D)
-    tl.store(OUT_ROW + row_offset(rows, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None] + offs_d[None, :],
-             o.to(OUT_ROW.dtype.element_ty), mask=tl.where(keep, mask_gd, False))
+    out_ptrs = OUT_ROW + row_offset(rows, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None] + offs_d[None, :]
+    mask = tl.where(keep, mask_gd, False)
+    if PACK > 1:
+        c, own = own_dims(h0 + rows, offs_d, GROUP // PACK, PACK, BLOCK_D)
+        out_ptrs -= c[:, None]
+        mask &= own
+    tl.store(out_ptrs, o.to(OUT_ROW.dtype.element_ty), mask=mask)
     tl.store(LSE_OUT_ROW + row_offset(rows, h0, stride_st, stride_sh, GROUP, Q_LEN), lse,
              mask=tl.where(keep, rows < GROUP * Q_LEN, False))
 
@@ -510,15 +536,16 @@ def row_tile_update(Q, K, V, b, h_kv, n0, L, m, l, acc, offs_g, offs_n, offs_d, 
 def finish_row(o, lse, rows, mask_gd, h0, split, n_splits, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW, stride_lt,
                stride_lh, COUNTER, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh,
                GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr,
-               BLOCK_D: tl.constexpr, D: tl.constexpr, TAKE_TICKET: tl.constexpr):
+               BLOCK_D: tl.constexpr, D: tl.constexpr, TAKE_TICKET: tl.constexpr, PACK: tl.constexpr = 1):
     """After a program's split: a row of one split writes O and lse of its KV head's query rows ``rows``
     (r = t·GROUP + g: query token t, head h0 + g; :func:`row_offset`) directly; otherwise the partial goes to
     slot ``split`` of the rows' partials (:func:`store_partial`), and the program that draws the last ticket
     of ``COUNTER`` merges the row's ``n_splits`` partials (:func:`combine_heads`). Shared by the unified and
-    balanced kernels."""
+    balanced kernels. PACK > 1: packed KV heads (:func:`own_dims`): partials are whole packed rows, outputs only
+    each row's own dims."""
     if n_splits == 1:
         store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW, stride_st, stride_sh, True,
-                  GROUP, Q_LEN, BLOCK_D)
+                  GROUP, Q_LEN, BLOCK_D, PACK)
     else:
         store_partial(o, lse, rows, mask_gd, h0, split, O_ROW, stride_pt, stride_ph, stride_ps, LSE_ROW, stride_lt,
                       stride_lh, True, GROUP, Q_LEN, BLOCK_D)
@@ -526,7 +553,7 @@ def finish_row(o, lse, rows, mask_gd, h0, split, n_splits, O_ROW, stride_pt, str
             combine_heads(O_ROW + h0 * stride_ph, LSE_ROW + h0 * stride_lh, n_splits, stride_pt, stride_ph, stride_ps,
                           stride_lt, stride_lh, OUT_ROW + h0 * stride_oh, stride_ot, stride_oh,
                           LSE_OUT_ROW + h0 * stride_sh, stride_st, stride_sh,
-                          GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, True, False)
+                          GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, True, False, PACK, h0, GROUP // PACK)
 
 
 @triton.jit
@@ -544,15 +571,22 @@ def kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, P
 
 @triton.jit
 def group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP: tl.constexpr, Q_LEN: tl.constexpr,
-                  D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+                  D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, PACK: tl.constexpr = 1):
     """The GROUP·Q_LEN query rows of KV head h_kv of sequence b (row r = t·GROUP + g: :func:`row_offset`), loaded
-    once as a [BLOCK_G, BLOCK_D] tile, with the row and dim indices and masks (offs_g, offs_d, mask_d, mask_gd)."""
+    once as a [BLOCK_G, BLOCK_D] tile, with the row and dim indices and masks (offs_g, offs_d, mask_d, mask_gd).
+    PACK > 1 (one query token): h_kv is a pack of PACK KV heads, D dims wide, and each row holds its query in the
+    dims it owns, zeros elsewhere (:func:`own_dims`)."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     mask_gd = (offs_g < GROUP * Q_LEN)[:, None] & mask_d[None, :]
-    q = tl.load(Q + b * stride_qb + row_offset(offs_g, h_kv * GROUP, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
-                + offs_d[None, :], mask=mask_gd, other=0.0)
+    q_ptrs = (Q + b * stride_qb + row_offset(offs_g, h_kv * GROUP, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
+              + offs_d[None, :])
+    if PACK > 1:
+        c, own = own_dims(h_kv * GROUP + offs_g, offs_d, GROUP // PACK, PACK, D)
+        q = tl.load(q_ptrs - c[:, None], mask=mask_gd & own, other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=mask_gd, other=0.0)
     return q, offs_g, offs_d, mask_d, mask_gd
 
 
@@ -561,15 +595,16 @@ def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_q
                  stride_vb, stride_vl, stride_vh, qk_scale, BT, stride_bt, n_pages, FLAG,
                  GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                 PAGE: tl.constexpr):
+                 PAGE: tl.constexpr, PACK: tl.constexpr = 1):
     """The partial (O, lse) of KV head h_kv's GROUP·Q_LEN query rows r = t·GROUP + g (query token t, head
     h_kv·GROUP + g; :func:`row_offset`) of sequence b (L keys) over its keys [start, end): load the rows'
     queries once, stream the K/V slice (:func:`attend_slice`, each row stopping at its :func:`causal_limit`
     when Q_LEN > 1), normalise. Also returns the rows r and the [BLOCK_G, BLOCK_D] mask of real rows and dims,
     for the caller's stores. PAGE = 0: K/V are ``[B, L_max, H_kv, D]``; else pages ``[n_pages, PAGE, H_kv, D]``
-    behind the block table BT."""
+    behind the block table BT. PACK > 1: h_kv is a pack of PACK adjacent KV heads read as one (:func:`own_dims`;
+    the caller passes the pack's strides and D = PACK × the head dim)."""
     q, offs_g, offs_d, mask_d, mask_gd = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D,
-                                                      BLOCK_G, BLOCK_D)
+                                                      BLOCK_G, BLOCK_D, PACK)
     k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
     if Q_LEN == 1:
         limit = end

@@ -16,6 +16,10 @@ Several query tokens (q ``[B, q_len, H_q, D]``): each program holds the group ×
 (:func:`~fdlib.kernels.tile.attend_group`), the splits and their count are those of the row's keys, and the last
 program merges all of the head's rows.
 
+Packed KV heads (``PACK`` > 1, one query token, :func:`~fdlib.kernels.tile.own_dims`): a program reads PACK
+adjacent KV heads of a small head dim as one head PACK times as wide, so each tile row is one run of memory; the
+launch's group, D, KV-head stride and H_kv are the pack's (:func:`unified_args`' ``pack``).
+
 In the interpreter the programs run one after another; the ticket still decides who merges.
 """
 from __future__ import annotations
@@ -25,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, paging, q_len_of, strides4
+from .launch import Launcher, check_pack, packed_kv, paging, q_len_of, strides4
 from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
                    tile_update, timeline_record, timeline_start)
 
@@ -43,7 +47,7 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
                    TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
-                   Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False):
+                   Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, PACK: tl.constexpr = 1):
     if TIMELINE:
         t_start = timeline_start()
     b = tl.program_id(0)
@@ -59,12 +63,12 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         o, lse, rows, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_qh,
                                              stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
                                              qk_scale, BT, stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G,
-                                             BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE)
+                                             BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, PACK)
         finish_row(o, lse, rows, mask_gd, h_kv * GROUP, split, n_splits, O_PART + b * stride_pb, stride_pt,
                    stride_ph, stride_ps, LSE_PART + b * stride_lb, stride_lt, stride_lh,
                    COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot, stride_oh,
                    LSE + b * stride_sb, stride_st, stride_sh,
-                   GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, TAKE_TICKET)
+                   GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D, TAKE_TICKET, PACK)
     if TIMELINE:
         timeline_record(TIMES, t_start)
 
@@ -118,42 +122,45 @@ def scratch_flag(device) -> torch.Tensor:
 
 def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
                      dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1,
-                     timeline: bool = False) -> Launcher:
+                     timeline: bool = False, pack: int = 1) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles,
     the page size (0: a contiguous cache) and the query tokens per sequence (group × q_len rows a program).
     ``merge_splits``: size the merge's blocks for this many splits instead of the launched ones
     (batch-invariant plans fix it, so the merge order never depends on the launch). ``timeline``: the variant
-    that records each program's (SM, start, end) (:meth:`fdlib.plan.DecodePlan.timeline_buffer`)."""
+    that records each program's (SM, start, end) (:meth:`fdlib.plan.DecodePlan.timeline_buffer`). ``pack``: KV heads
+    read as one (:func:`~fdlib.kernels.tile.own_dims`); ``group`` and ``D`` are then the pack's."""
+    check_pack(pack, D, q_len)
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     block_h, block_s = combine_blocks(group * q_len, merge_splits or splits, BLOCK_D)
     return Launcher(unified_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                          BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
-                                         PAGE=page, Q_LEN=q_len, TIMELINE=timeline, num_warps=cfg.num_warps,
-                                         num_stages=cfg.num_stages), dtype_slots)
+                                         PAGE=page, Q_LEN=q_len, TIMELINE=timeline, PACK=pack,
+                                         num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
 def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag,
-                 block_table=None, times=None):
+                 block_table=None, times=None, pack: int = 1):
     """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`); with a
     ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]. q, out ``[B, H_q, D]``,
     lse ``[B, H_q]``, partials ``[B, H_q, splits, D]``/``[B, H_q, splits]``; or with the query-token axis:
     ``[B, q_len, H_q, D]``, ``[B, q_len, H_q]``, ``[B, q_len, H_q, splits, D]``/``[B, q_len, H_q, splits]``.
-    ``times``: the timeline buffer of a TIMELINE launch (else the flag stands in for the unused pointer)."""
+    ``times``: the timeline buffer of a TIMELINE launch (else the flag stands in for the unused pointer).
+    ``pack``: KV heads a program reads as one (:func:`~fdlib.kernels.launch.packed_kv`; partials ``pack·D`` wide)."""
     qs, os_, ss = strides4(q), strides4(out), strides4(lse, 3)
     if splits == 1:   # one split per row: the program writes out/lse itself and never touches the workspace
         o_part, lse_part = out, lse
         ps, ls = (*os_[:3], 0), ss
     else:
         ps, ls = strides4(o_part, 5), strides4(lse_part)
-    ks, vs = k_cache.stride(), v_cache.stride()
+    H_kv, ks, vs = packed_kv(k_cache, v_cache, pack)
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
-    return ((q.shape[0], k_cache.shape[2], splits),
+    return ((q.shape[0], H_kv, splits),
             (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt,
              flag if times is None else times),
             (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2], ps[3],
              ls[0], ls[1], ls[2], os_[0], os_[1], os_[2], ss[0], ss[1], ss[2], scale * LOG2E, chunk,
-             k_cache.shape[2], L_max, bt_stride, n_pages))
+             H_kv, L_max, bt_stride, n_pages))
 
 
 def remember_resources(compiled, dtype, D: int, group: int, cfg) -> None:
