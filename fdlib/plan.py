@@ -190,14 +190,37 @@ def pack_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, pack_h
     rows gets for free (tl.dot's smallest M is 16 rows anyway at group·P <= 16); the bytes read are the same.
     The cost model then chooses splits and kernel for the packed shape (H_kv/P heads of P·D dims, group·P);
     a pack is kept only where that is the unified kernel or the two-stage path.
-    ``pack_heads``: None packs on a GPU (compiled kernels) where the heads allow it, True also in the
-    interpreter, False never. Only one query token, not batch-invariant (the caller checks); the cache must
-    hold each token's heads side by side (:func:`~fdlib.kernels.launch.heads_adjacent`, checked at run)."""
+    ``pack_heads``: True packs wherever the heads allow it, False never, None (the default) where it was
+    measured faster (:func:`packs_by_default`). Only one query token, not batch-invariant (the caller checks);
+    the cache must hold each token's heads side by side (:func:`~fdlib.kernels.launch.heads_adjacent`, checked
+    at run)."""
     P = pack_for(H_kv, D)
-    if pack_heads is False or P == 1 or (pack_heads is None and runtime.INTERPRET):
+    if pack_heads is False or P == 1:
+        return None
+    if pack_heads is None and not packs_by_default(B, H_kv, D, P, dtype, kw.get("lengths"), kw.get("max_seqlen"),
+                                                   L_max):
         return None
     d = decide(B, H_q, H_kv // P, D * P, L_max, dtype, pack_heads=False, **kw)
     return replace(d, pack=P) if d.kernel in ("unified", "split") else None
+
+
+PACK_MIN_ROWS, PACK_MIN_BYTES = 8, 1 << 27
+"""Packing by default (:func:`packs_by_default`) needs this many packed rows B·H_kv/P and this many KV bytes."""
+
+
+def packs_by_default(B: int, H_kv: int, D: int, P: int, dtype, lengths, max_seqlen, L_max: int) -> bool:
+    """Whether a plan packs P KV heads unasked: on a GPU (compiled kernels), D = 64 (P = 2, the measured case),
+    at least PACK_MIN_ROWS packed rows and PACK_MIN_BYTES of K and V at the plan's lengths. H200, fp16, D = 64,
+    graph µs, the heads sweep's 24 shapes packed against the same commit's parent in one call
+    (``results/h200/heads-sweep-d64-pack*.json`` and ``heads-sweep-d64-old.json``): packed/unpacked auto
+    0.941-0.956 at B=8 16:4 and 16:16 from L = 65536 and B=8 16:2 L=262144 (there 258.8 -> 245.6 µs, cuDNN
+    241.5), 0.977-0.981 on the other shapes of >= 128 MB; but with one or two packed rows (B=1 16:2, 16:4) up to
+    1.13 (14.7 -> 16.6 µs at B=1 16:2 L=65536: half the rows, each needing twice the splits), and 1.010-1.011
+    on the short B=8 16:2 and 16:4 L=8192 (34 and 67 MB)."""
+    if runtime.INTERPRET or D != 64 or P != 2 or B * H_kv // P < PACK_MIN_ROWS:
+        return False
+    keys = sum(lengths) if lengths is not None else B * (L_max if max_seqlen is None else max_seqlen)
+    return keys * H_kv * D * dtype.itemsize * 2 >= PACK_MIN_BYTES
 
 
 def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=None, max_seqlen=None,
@@ -696,8 +719,9 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
             out = 0, lse = −inf. Each K/V tile is still read once per KV head: a program holds the
             group × q_len query rows in one ``tl.dot`` tile.
         pack_heads: read small adjacent KV heads several at a time, as one wider head (:func:`pack_decision`):
-            None (default) on a GPU where the heads allow it, True also in the interpreter, False never. A
-            packing plan needs caches whose KV heads lie side by side (stride(-2) == D), as contiguous ones do.
+            True wherever the heads allow it, False never, None (default) where measured faster
+            (:func:`packs_by_default`). A packing plan needs caches whose KV heads lie side by side
+            (stride(-2) == D), as contiguous and paged ones do.
     """
     for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("D", D), ("L_max", L_max)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -811,5 +835,5 @@ def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:
     return slots * q_len * H_q * (D + 1) * 4
 
 
-__all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "pack_decision", "launched_splits",
-           "host_lengths", "KERNELS"]
+__all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "pack_decision", "packs_by_default",
+           "launched_splits", "host_lengths", "KERNELS"]

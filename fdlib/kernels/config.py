@@ -34,14 +34,22 @@ INTERPRETER_CONFIG = TileConfig(BLOCK_N=16, num_warps=1, num_stages=1)
 
 
 SMALL_BATCH_ROWS = 128
-"""B·H_kv at or below which short caches (L <= 2048) use 64-key tiles, so they can still be split finely. 128,
-not 64: on an H200 (fp16, graphs) 64-key tiles took B=16 32:8 L=512 from 12.33 to 11.71 µs and B=4 32:32 L=512
+"""B·H_kv at or below which short caches use 64-key tiles, so they can still be split finely: caches of up to
+2048 keys up to SMALL_BATCH_L_ROWS rows, caches of up to SMALL_BATCH_L keys up to 128 rows. At 128 rows, on an
+H200 (fp16, graphs) 64-key tiles took B=16 32:8 L=512 from 12.33 to 11.71 µs and B=4 32:32 L=512
 from 11.91 to 11.66 (and the unified kernel at two splits of B=16 32:8 L=512 from 17.36 to 12.75), for
-34.5 -> 35.9 µs at B=16 32:8 L=2048 (``results/h200/ab/ab-rows128.md``). Why, as read from the H200's build
+34.5 -> 35.9 µs at B=16 32:8 L=2048 (``results/h200/ab/ab-rows128.md``); in one call of 2026-12-02
+(``ab/ab-rows128-tiles.json``) auto's 64-key tiles at 2 splits took 36.5 and 36.2 µs at B=16 32:8 and B=4 32:32
+L=2048, 128-key tiles at one split 35.0 and 34.7, and at L=1024 21.4 and 21.2 against 20.1 and 19.9, while at
+L=512 auto's 64-key tiles were the fastest (12.3 and 12.0, 128 keys 12.6 and 12.3). Why, as read from the H200's build
 (``results/h200/kernel-resources.json``, D=128 fp16): a program of 128-key tiles holds 136 KB of shared memory
 (its pipelined K and V tiles), so one fits on an SM; at 64 keys it holds 70 KB, and three fit. (Read these from
 the GPU: ``tools/compile_check.py``'s build without one, given no alignment facts, reports 40 and 22 KB.) The
 fp16 and bf16 grids of that commit met every graph target (``bench-*.json`` of 22:47Z)."""
+
+
+SMALL_BATCH_L, SMALL_BATCH_L_ROWS = 512, 64
+"""See SMALL_BATCH_ROWS: 65-128 rows take 64-key tiles only at L <= SMALL_BATCH_L."""
 
 
 def tile_config(D: int = 128, L_cap: int = 1 << 30, elem_bytes: int = 2, rows: int | None = None,
@@ -72,9 +80,10 @@ def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2
                     q_rows: int = 1, paged: int = 0) -> TileConfig:
     """The tiles a compiled (GPU) or interpreted launch would use for head dim D, longest length L_cap,
     element size and ``rows`` = B·H_kv: 128 keys of D <= 128 at 2 bytes, 32 keys of D > 128; float32 halves
-    the keys (same tile bytes), never below 16; at most 64 keys for short caches (L_cap <= 2048) of small
-    batches (rows <= SMALL_BATCH_ROWS; rows unknown counts as small), which need fine splits, while large
-    batches of short caches keep 128 (measured faster on an H200). Warps and stages are GPU_CONFIG's.
+    the keys (same tile bytes), never below 16; at most 64 keys for short caches of small batches, which need
+    fine splits (L_cap <= 2048 at rows <= SMALL_BATCH_L_ROWS, L_cap <= SMALL_BATCH_L at rows <= SMALL_BATCH_ROWS;
+    rows unknown counts as small), while larger batches of short caches keep 128 (measured faster on an H200).
+    Warps and stages are GPU_CONFIG's.
 
     ``q_rows``: for several query tokens, the query rows one program holds, group × q_len (:func:`block_sizes`
     pads them to BLOCK_G); 1 (the default) for one token, whatever the group (the tiles measured on the H200).
@@ -88,7 +97,8 @@ def tile_config_for(D: int, L_cap: int, compiled_mode: bool, elem_bytes: int = 2
     if not compiled_mode:
         return INTERPRETER_CONFIG
     block_n = (GPU_CONFIG.BLOCK_N if D <= 128 else 32) * 2 // elem_bytes
-    if L_cap <= 2048 and (rows is None or rows <= SMALL_BATCH_ROWS):
+    if (rows is None or rows <= SMALL_BATCH_L_ROWS) and L_cap <= 2048 or (
+            rows is not None and rows <= SMALL_BATCH_ROWS and L_cap <= SMALL_BATCH_L):
         block_n = min(block_n, 64)
     if paged >= TABLE_AHEAD_PAGE.value:
         block_n = min(block_n, PAGED_BLOCK_N)
