@@ -3,7 +3,7 @@ ragged lengths including 0 and 1, back-to-back unified calls (ticket counters re
 outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a smaller
 batch than planned; a paged, ragged batch (shared and unused pages, pages of 4 and 16) through every method; q_len = 4; the
 stream-K and batch-invariant kernels; stream-K over many short rows, each share crossing several windows of rows
-(contiguous and paged).
+(contiguous and paged); packed KV heads (contiguous and paged).
 
 compute-sanitizer --tool memcheck python tools/sanitize_case.py
 """
@@ -98,5 +98,21 @@ try:
         worst = max(worst, ((out.double().cpu() - ref).norm() / ref.norm()).item())
 finally:
     sk.ROW_WINDOW = window
+# Packed KV heads (two heads of 64 dims read as one of 128): the unified kernel and the two-stage path, one and
+# three splits, on the contiguous cache and on the pages of 16 (shared, unused and -1 entries) of the last loop
+# above; a query head loads and stores only its own dims.
+lens = torch.tensor([300, 0, 1], device="cuda", dtype=torch.int32)
+ref, _ = fdlib.reference_attention(q, k, v, lens)
+idx = bt.long().clamp(0, kp.shape[0] - 1)
+lens_p = torch.tensor([300, 17, 0], device="cuda", dtype=torch.int32)
+ref_p, _ = fdlib.reference_attention(q, kp[idx].flatten(1, 2), vp[idx].flatten(1, 2), lens_p)
+for method, splits in (("unified", 1), ("unified", 3), ("split", 3)):
+    for kk, vv, bt_p, ll, rr in ((k, v, None, lens, ref), (kp, vp, bt, lens_p, ref_p)):
+        p = fdlib.plan(B, H_q, H_kv, D, L if bt_p is None else bt.shape[1] * 16, dtype=torch.float16, device="cuda",
+                       method=method, num_splits=splits, page_size=None if bt_p is None else 16, pack_heads=True)
+        assert p.decision.pack == 2, p
+        out = p.run(q, kk, vv, ll, block_table=bt_p)
+        torch.cuda.synchronize()
+        worst = max(worst, ((out.double().cpu() - rr).norm() / rr.norm()).item())
 print(f"sanitize case done, worst relative error {worst:.2e}")
 assert worst < 2e-3
