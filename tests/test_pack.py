@@ -3,6 +3,8 @@ keeping its own head's dims (fdlib.kernels.tile.own_dims). Against float64, thro
 two-stage path, on contiguous and paged caches, ragged lengths, splits and one split."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -78,9 +80,20 @@ def test_a_packing_plan_refuses_a_cache_whose_heads_are_not_side_by_side():
                    pack_heads=True)
     with pytest.raises(ValueError, match=r"k_cache: .*2 adjacent KV heads as one.*pack_heads=False"):
         p.run(q, k, v)
-    # decode_attention sees the layout and does not pack: still right
-    out = fdlib.decode_attention(q, k, v, method="unified", num_splits=2)
-    assert_attention_close(out, None, q, k, v, torch.full((B,), L, dtype=torch.int32), what="bhld view")
+
+def test_decode_attention_packs_only_caches_whose_heads_lie_side_by_side(monkeypatch):
+    from fdlib import api
+    monkeypatch.setattr(sys.modules["fdlib.plan"], "packs_by_default", lambda *a: True)   # as on a GPU
+    monkeypatch.setattr(api, "_PLANS", type(api._PLANS)())
+    B, L, H_q, H_kv, D = 2, 40, 4, 2, 64
+    q, k, v, lens = make_problem(B, L, H_q, H_kv, D, torch.float32, seed=3, lens=[40, 9])
+    # the same values in [B, H_kv, L, D] memory, seen as [B, L, H_kv, D]
+    k_view, v_view = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    for kk, vv, pack in ((k, v, 2), (k_view, v_view, 1)):
+        p = api.plan_for(q, kk, vv, lens, method="unified", num_splits=2)
+        assert p.decision.pack == pack, p
+        out = fdlib.decode_attention(q, kk, vv, lens, method="unified", num_splits=2)
+        assert_attention_close(out, None, q, k, v, lens, what=f"pack={pack}")
 
 
 def test_pack_heads_false_and_what_never_packs():
@@ -93,3 +106,29 @@ def test_pack_heads_false_and_what_never_packs():
     assert decide(2, 16, 2, 128, 4096, pack_heads=True, method="unified", **kw).pack == 1
     with pytest.raises(TypeError, match="pack_heads"):
         fdlib.plan(2, 16, 2, 64, 64, pack_heads="yes")
+
+
+def test_short_caches_take_64_key_tiles_up_to_2048_keys_at_64_rows_and_512_keys_at_128():
+    """fdlib.kernels.config.SMALL_BATCH_L: at 65-128 rows one split of 128-key tiles beat two of 64 keys at
+    L = 1024 and 2048 on the H200 (results/h200/ab/ab-rows128-tiles.json), 64-key tiles stayed ahead at 512."""
+    from fdlib.kernels.config import tile_config_for
+    block_n = lambda L, rows: tile_config_for(128, L, compiled_mode=True, rows=rows).BLOCK_N  # noqa: E731
+    assert block_n(2048, 64) == block_n(512, 128) == block_n(512, None) == 64
+    assert block_n(1024, 128) == block_n(2048, 128) == block_n(513, 65) == 128
+    assert block_n(2048, None) == 64          # rows unknown count as small
+    assert block_n(4096, 8) == block_n(512, 129) == 128
+
+
+def test_packing_by_default_needs_a_gpu_d64_enough_rows_and_bytes(monkeypatch):
+    """fdlib.plan.packs_by_default: D = 64 pairs, >= 8 packed rows, >= 128 MB of K and V (the measured rule)."""
+    pm = sys.modules["fdlib.plan"]   # the module (fdlib.plan is the function)
+    f16 = torch.float16
+    monkeypatch.setattr(pm.runtime, "INTERPRET", False)
+    assert pm.packs_by_default(8, 4, 64, 2, f16, None, None, 65536)           # 537 MB, 16 packed rows
+    assert not pm.packs_by_default(1, 4, 64, 2, f16, None, None, 262144)      # 2 packed rows
+    assert not pm.packs_by_default(8, 4, 64, 2, f16, None, None, 8192)        # 67 MB
+    assert not pm.packs_by_default(8, 4, 64, 2, f16, None, 8192, 65536)       # max_seqlen bounds the bytes
+    assert pm.packs_by_default(8, 4, 64, 2, f16, [65536] * 8, None, 65536)
+    assert not pm.packs_by_default(8, 8, 32, 4, f16, None, None, 65536)       # D = 32: not measured
+    monkeypatch.setattr(pm.runtime, "INTERPRET", True)
+    assert not pm.packs_by_default(8, 4, 64, 2, f16, None, None, 65536)
