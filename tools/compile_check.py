@@ -92,7 +92,7 @@ def cases():
         for page in (0, 16):
             yield (f"unified PAGE={page}{q}", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
-                        PAGE=page))
+                        PAGE=page, PACK=1))
             # ONE_CHUNK: the loop without the per-tile chunk-end work; ALONE: no partial stored, no ticket
             for one, alone in ((False, False), (True, False), (False, True), (True, True)):
                 name = f"invariant PAGE={page}{q}{' ONE_CHUNK' if one else ''}{' ALONE' if alone else ''}"
@@ -104,7 +104,14 @@ def cases():
                     yield (f"{name} num_stages={FEW_STAGES}", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"],
                            meta, cfg.num_warps, FEW_STAGES)
             yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"],
-                   dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page))
+                   dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page, PACK=1))
+            if q_len == 1:   # packed KV heads: two of 64 dims read as one of 128, the pair's 2·g query heads
+                packed = dict(common, GROUP=2 * g, BLOCK_G=block_sizes(2 * g, D)[0], BLOCK_N=cfg.BLOCK_N, PAGE=page,
+                              PACK=2)
+                ph, ps = tile.combine_blocks(2 * g, 16, BD)
+                yield (f"unified PACK=2 PAGE={page}", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
+                       dict(packed, BLOCK_H=ph, BLOCK_S=ps, TAKE_TICKET=tile.take_ticket))
+                yield f"stage1 PACK=2 PAGE={page}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"], packed
             yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
                    dict(common, BLOCK_N=min(64, cfg.BLOCK_N), ROWS=2, PAGE=page, CHUNKS=0, MIN_TILES=1))
             # the batch-invariant plan's persistent walk of short rows: its 128-key tiles at FEW_STAGES stages
@@ -121,11 +128,11 @@ def cases():
     timed = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
                  TIMELINE=True, PAGE=16)
     yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"],
-           dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket))
+           dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket, PACK=1))
     yield ("invariant TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"],
            dict(timed, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1, ONE_CHUNK=False, ALONE=False,
                 FOLD_G=g, FOLD_C=16))
-    yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"], dict(timed, BLOCK_N=128))
+    yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"], dict(timed, BLOCK_N=128, PACK=1))
     yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"],
            dict(timed, BLOCK_N=64, ROWS=2, CHUNKS=0, MIN_TILES=1))
     yield ("streamk TIMELINE", streamk.streamk_kernel, h16 + UNIFIED + ["*i64"],
@@ -138,15 +145,18 @@ def cases():
     bh, bs = tile.combine_blocks(256, 16, BD)
     yield ("unified group 16 q_len=16", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
            dict(GROUP=16, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=16,
-                BLOCK_N=cfg.BLOCK_N, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=0, TIMELINE=False),
+                BLOCK_N=cfg.BLOCK_N, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=0, TIMELINE=False,
+                PACK=1),
            cfg.num_warps)
     f32 = ["*fp32"] * 3 + ["*i64", "*fp32", "*fp32", "*i32", "*i32", "*i32"]
     for group, q_len in ((3, 1), (3, 5)):
         BG3, BD80 = block_sizes(group * q_len, 80)
         yield (f"stage1 fp32 D=80 group {group}" + (f" q_len={q_len}" if q_len > 1 else ""), stage1.stage1_kernel,
                f32, dict(GROUP=group, D=80, BLOCK_G=BG3, BLOCK_D=BD80, FP32_DOT=True, TILE_UPDATE=tile.tile_update,
-                         BLOCK_N=64, PAGE=0, Q_LEN=q_len, TIMELINE=False))
-    yield ("stage2", stage2.stage2_kernel, ["*fp32", "*fp32", "*fp16", "*fp32"], dict(D=128, BLOCK_S=16, BLOCK_D=128))
+                         BLOCK_N=64, PAGE=0, Q_LEN=q_len, TIMELINE=False, PACK=1))
+    for pack, head_group in ((1, 1), (2, 4)):
+        yield (f"stage2 PACK={pack}", stage2.stage2_kernel, ["*fp32", "*fp32", "*fp16", "*fp32"],
+               dict(D=128, BLOCK_S=16, BLOCK_D=128, PACK=pack, HEAD_GROUP=head_group))
     # FlashDecoding++'s unified max: pass 1 (ticket or atomic partials) and pass 2 (exact recompute of marked rows)
     BG, BD = block_sizes(g, D)
     um = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_N=64, BLOCK_D=BD, BLOCK_H=4, BLOCK_S=16, FP32_DOT=False)
