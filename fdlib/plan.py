@@ -504,7 +504,7 @@ class DecodePlan:
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, self.scale, d.per_program, d.splits, out,
                                                lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times)
-            go[0]((grid[1], grid[0], -(-d.splits // d.per_program)), ptrs, scalars)   # programs per row
+            go[0]((grid[0], grid[1], -(-d.splits // d.per_program)), ptrs, scalars)   # programs per row
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
                                ws.flag, bt, times, d.pack))

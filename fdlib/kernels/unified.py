@@ -50,8 +50,8 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, PACK: tl.constexpr = 1):
     if TIMELINE:
         t_start = timeline_start()
-    h_kv = tl.program_id(0)   # experiment: the KV heads of a sequence next to each other in launch order
-    b = tl.program_id(1)
+    b = tl.program_id(0)
+    h_kv = tl.program_id(1)
     split = tl.program_id(2)
     L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
     # at most the launched splits, so that the ticket count always reaches n_splits - 1 and the counter
@@ -155,7 +155,7 @@ def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_pa
         ps, ls = strides4(o_part, 5), strides4(lse_part)
     H_kv, ks, vs = packed_kv(k_cache, v_cache, pack)
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
-    return ((H_kv, q.shape[0], splits),
+    return ((q.shape[0], H_kv, splits),
             (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt,
              flag if times is None else times),
             (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2], ps[3],
