@@ -97,16 +97,20 @@ def row_offset(r, h0, stride_t, stride_h, GROUP: tl.constexpr, Q_LEN: tl.constex
 
 
 @triton.jit
-def own_dims(head, offs_d, HEAD_GROUP: tl.constexpr, PACK: tl.constexpr, D: tl.constexpr):
+def own_dims(ptrs, mask, head, offs_d, HEAD_GROUP: tl.constexpr, PACK: tl.constexpr, D: tl.constexpr):
     r"""Packed KV heads (PACK > 1): a program reads PACK adjacent KV heads of D/PACK dims as one KV head of D dims
     (a token's heads lie side by side in the cache, so a tile's rows are whole runs of memory). Query head
     ``head`` (its index in q, one per row) owns dims :math:`[c, c + D/\text{PACK})` of the packed row,
     :math:`c = (\lfloor \text{head}/\text{HEAD\_GROUP}\rfloor \bmod \text{PACK})\cdot D/\text{PACK}`: its query
     is placed there with zeros elsewhere, so :math:`q'\cdot k' = q\cdot k_{own}` and the softmax is its own
-    head's; its output is those dims of :math:`\sum_j p_j v'_j`. Returns c and the [rows, BLOCK_D] mask of the
-    owned dims."""
-    c = (head // HEAD_GROUP) % PACK * (D // PACK)
-    return c, (offs_d[None, :] >= c[:, None]) & (offs_d[None, :] < c[:, None] + D // PACK)
+    head's; its output is those dims of :math:`\sum_j p_j v'_j`. Given [rows, BLOCK_D] pointers into q or out
+    (dim d of a row at ``ptrs[:, d]``) and their mask, returns the pointers that place dim d of the packed row at
+    the head's dim d - c, and the mask kept to the owned dims; PACK = 1: both unchanged."""
+    if PACK > 1:
+        c = (head // HEAD_GROUP) % PACK * (D // PACK)
+        ptrs -= c[:, None]
+        mask &= (offs_d[None, :] >= c[:, None]) & (offs_d[None, :] < c[:, None] + D // PACK)
+    return ptrs, mask
 
 
 @triton.jit
@@ -161,12 +165,9 @@ def combine_heads(o_ptr, lse_ptr, n_splits, stride_ot, stride_oh, stride_os, str
     empty = den == 0.0
     o = acc / tl.where(empty, 1.0, den)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, den)))
-    out_ptrs = out_ptr + row_offset(offs_h, 0, stride_out_t, stride_out_h, GROUP, Q_LEN)[:, None] + offs_d[None, :]
-    mask_out = mask_h[:, None] & mask_d[None, :]
-    if PACK > 1:
-        c, own = own_dims(head0 + offs_h, offs_d, HEAD_GROUP, PACK, D)
-        out_ptrs -= c[:, None]
-        mask_out &= own
+    out_ptrs, mask_out = own_dims(out_ptr + row_offset(offs_h, 0, stride_out_t, stride_out_h, GROUP, Q_LEN)[:, None]
+                                  + offs_d[None, :], mask_h[:, None] & mask_d[None, :], head0 + offs_h, offs_d,
+                                  HEAD_GROUP, PACK, D)
     tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=mask_out)
     tl.store(lse_out_ptr + row_offset(offs_h, 0, stride_lse_t, stride_lse_h, GROUP, Q_LEN), lse, mask=mask_h)
 
@@ -491,12 +492,9 @@ def store_out(o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_
     :func:`row_offset` places them; nothing where ``keep`` (a scalar, selected into the masks) is False.
     PACK > 1: rows of PACK packed KV heads, BLOCK_D dims wide; each row stores the dims it owns (:func:`own_dims`)."""
     offs_d = tl.arange(0, BLOCK_D)
-    out_ptrs = OUT_ROW + row_offset(rows, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None] + offs_d[None, :]
-    mask = tl.where(keep, mask_gd, False)
-    if PACK > 1:
-        c, own = own_dims(h0 + rows, offs_d, GROUP // PACK, PACK, BLOCK_D)
-        out_ptrs -= c[:, None]
-        mask &= own
+    out_ptrs, mask = own_dims(OUT_ROW + row_offset(rows, h0, stride_ot, stride_oh, GROUP, Q_LEN)[:, None]
+                              + offs_d[None, :], tl.where(keep, mask_gd, False), h0 + rows, offs_d, GROUP // PACK,
+                              PACK, BLOCK_D)
     tl.store(out_ptrs, o.to(OUT_ROW.dtype.element_ty), mask=mask)
     tl.store(LSE_OUT_ROW + row_offset(rows, h0, stride_st, stride_sh, GROUP, Q_LEN), lse,
              mask=tl.where(keep, rows < GROUP * Q_LEN, False))
@@ -580,13 +578,10 @@ def group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP: tl.constex
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     mask_gd = (offs_g < GROUP * Q_LEN)[:, None] & mask_d[None, :]
-    q_ptrs = (Q + b * stride_qb + row_offset(offs_g, h_kv * GROUP, stride_qt, stride_qh, GROUP, Q_LEN)[:, None]
-              + offs_d[None, :])
-    if PACK > 1:
-        c, own = own_dims(h_kv * GROUP + offs_g, offs_d, GROUP // PACK, PACK, D)
-        q = tl.load(q_ptrs - c[:, None], mask=mask_gd & own, other=0.0)
-    else:
-        q = tl.load(q_ptrs, mask=mask_gd, other=0.0)
+    q_ptrs, q_mask = own_dims(Q + b * stride_qb + row_offset(offs_g, h_kv * GROUP, stride_qt, stride_qh, GROUP,
+                                                             Q_LEN)[:, None] + offs_d[None, :],
+                              mask_gd, h_kv * GROUP + offs_g, offs_d, GROUP // PACK, PACK, D)
+    q = tl.load(q_ptrs, mask=q_mask, other=0.0)
     return q, offs_g, offs_d, mask_d, mask_gd
 
 
