@@ -214,9 +214,9 @@ def packs_by_default(B: int, H_kv: int, D: int, P: int, dtype, lengths, max_seql
     graph µs, the heads sweep's 24 shapes packed against the same commit's parent in one call
     (``results/h200/heads-sweep-d64-pack*.json`` and ``heads-sweep-d64-old.json``): packed/unpacked auto
     0.941-0.956 at B=8 16:4 and 16:16 from L = 65536 and B=8 16:2 L=262144 (there 258.8 -> 245.6 µs, cuDNN
-    241.5), 0.977-0.981 on the other shapes of >= 128 MB; but with one or two packed rows (B=1 16:2, 16:4) up to
-    1.13 (14.7 -> 16.6 µs at B=1 16:2 L=65536: half the rows, each needing twice the splits), and 1.010-1.011
-    on the short B=8 16:2 and 16:4 L=8192 (34 and 67 MB)."""
+    241.5), 0.977-1.002 on the other shapes of >= 128 MB and >= 8 packed rows (1.002 at B=1 16:16 L=65536);
+    but with one or two packed rows (B=1 16:2, 16:4) up to 1.13 (14.7 -> 16.6 µs at B=1 16:2 L=65536: half the
+    rows, each needing twice the splits), and 1.010-1.011 on the short B=8 16:2 and 16:4 L=8192 (34 and 67 MB)."""
     if runtime.INTERPRET or D != 64 or P != 2 or B * H_kv // P < PACK_MIN_ROWS:
         return False
     keys = sum(lengths) if lengths is not None else B * (L_max if max_seqlen is None else max_seqlen)
