@@ -314,8 +314,9 @@ class DecodePlan:
     the GPU's global clock (``tl.extra.cuda.globaltimer``, ns) when it starts and again when it ends, and its SM
     (``tl.extra.cuda.smid``), and stores the three in its row. The normal kernels are compiled with
     ``TIMELINE=False`` and contain none of it: the flag costs nothing when off. Rows are programs in grid order,
-    :math:`i = (p_0 n_1 + p_1) n_2 + p_2`: for the unified kernel and stage 1 (the two-stage path times stage 1
-    only) program (b, h_kv, split) is row :math:`(b H_{kv} + h_{kv})\,\text{splits} + \text{split}`; for the
+    :math:`i = (p_0 n_1 + p_1) n_2 + p_2`: for stage 1 (the two-stage path times stage 1 only) program
+    (b, h_kv, split) is row :math:`(b H_{kv} + h_{kv})\,\text{splits} + \text{split}`, for the unified kernel
+    (h_kv, b, split) is row :math:`(h_{kv} B + b)\,\text{splits} + \text{split}`; for the
     balanced kernel (item, h_kv) is :math:`\text{item}\cdot H_{kv} + h_{kv}`; a persistent program writes one
     row for all its rows. Programs with nothing to do (a split past its row's end, an item past the work
     list) still write theirs, with start ≈ end. A call with fewer sequences than planned leaves the rows of the
@@ -504,7 +505,7 @@ class DecodePlan:
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, self.scale, d.per_program, d.splits, out,
                                                lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times)
-            go[0]((grid[0], grid[1], -(-d.splits // d.per_program)), ptrs, scalars)   # programs per row
+            go[0]((grid[1], grid[0], -(-d.splits // d.per_program)), ptrs, scalars)   # programs per row
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
                                ws.flag, bt, times, d.pack))

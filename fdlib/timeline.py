@@ -17,7 +17,8 @@ K/V slice, and, if it is the last of its row to finish, merges the row's partial
 Three schedules (``schedule=``):
 
 * ``"split"`` / ``"unified"``: every row cut into splits of ``chunk`` keys sized for the **longest** row, as
-  :func:`fdlib.plan.decide` does on a GPU (splits from :func:`fdlib.costmodel.explain`); grid ``(B, H_kv, splits)``;
+  :func:`fdlib.plan.decide` does on a GPU (splits from :func:`fdlib.costmodel.explain`); grid ``(B, H_kv, splits)``
+  for stage 1, ``(H_kv, B, splits)`` for the unified kernel (the first axis the fastest in launch order);
 * ``"balanced"``: FlashInfer-style chunking (:func:`fdlib.schedule.balanced`, budget P = B·splits as the plan
   sets it); grid ``(P + B, H_kv)``;
 * ``"stream-k"``: the schedule of ``method="streamk"`` (:mod:`fdlib.kernels.streamk`) as it launches: P =
@@ -294,14 +295,17 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
     progs, merge, bands, info = [], {}, [], {"splits": used, "chunk": chunk, "block_n": N, "programs_per_sm": r}
     if schedule in ("split", "unified"):
         n_b = [max(1, -(-L // chunk)) for L in lengths]
-        for j in range(used):                               # grid (B, H_kv, splits): b fastest
-            for h in range(H_kv):
-                for b, L in enumerate(lengths):
-                    if j >= n_b[b]:
-                        progs.append(_Program((), 0.0, b))  # exits at once
-                        continue
-                    keys = (L if j == n_b[b] - 1 else min((j + 1) * chunk, L)) - j * chunk
-                    progs.append(_Program((((b, h), keys * mb_per_key),), cal.t_wave_us, b))
+        # launch order: stage 1's grid (B, H_kv, splits) has b the fastest, the unified kernel's (H_kv, B, splits) h
+        order = [(b, h) for h in range(H_kv) for b in range(B)] if schedule == "split" else \
+            [(b, h) for b in range(B) for h in range(H_kv)]
+        for j in range(used):
+            for b, h in order:
+                L = lengths[b]
+                if j >= n_b[b]:
+                    progs.append(_Program((), 0.0, b))  # exits at once
+                    continue
+                keys = (L if j == n_b[b] - 1 else min((j + 1) * chunk, L)) - j * chunk
+                progs.append(_Program((((b, h), keys * mb_per_key),), cal.t_wave_us, b))
         if schedule == "unified":
             merge = {(b, h): _merge_cost(cal, n_b[b], group, D) for b in range(B) for h in range(H_kv)}
         mode = f"{'two-stage split' if schedule == 'split' else 'unified'} schedule, {used} splits of {chunk} keys"

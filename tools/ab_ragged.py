@@ -11,8 +11,8 @@ kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW
 combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``, before any ``@`` or ``+``): the
 plan of NAME with ``num_splits=S``.
 ``page`` 0 is a contiguous cache. ``dist/desc`` (e.g. ``uniform/desc``): the same lengths, sorted longest first
-over b, so that the grid kernels (b the fastest grid axis) launch each head's longest rows first and end on its
-shortest. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
+over b, so that the grid kernels (b stage 1's fastest grid axis, the unified kernel's second after the KV head)
+launch the longest rows first and end on the shortest. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
 same draw of lengths from ``--seed``, CUDA graphs rotating over copies holding >= 4x the L2, the read ceiling
 measured in the same run); each shape's batch is planned from its host lengths. The JSON carries the device,
 versions, date, command and commit.

@@ -66,7 +66,8 @@ def parse_case(text: str) -> tuple[dict, int]:
 
 def case_lengths(dist: str, B: int, mean: int, seed: int) -> list[int]:
     """:func:`draw_lengths`, where ``dist/desc`` (e.g. ``uniform/desc``) gives the same lengths sorted longest
-    first over b, so that the grid kernels (b the fastest grid axis) launch each head's longest rows first."""
+    first over b, so that the grid kernels launch their longest rows first (b is stage 1's fastest grid axis and
+    the unified kernel's second, after the KV head)."""
     base, _, order = dist.partition("/")
     if order not in ("", "desc"):
         raise ValueError(f"dist: expected one of {', '.join(DISTS)}, optionally with '/desc', got {dist!r}")
