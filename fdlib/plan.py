@@ -57,7 +57,7 @@ from .kernels.stage1 import stage1_args, stage1_launcher
 from .kernels.streamk import (MAX_BATCH as STREAMK_MAX_BATCH, slots_for, streamk_args, streamk_launcher,
                               streamk_programs)
 from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
-from .kernels.unified import remember_resources, unified_args, unified_launcher
+from .kernels.unified import LONGEST_FIRST_MAX_BATCH, remember_resources, unified_args, unified_launcher
 from .reference import naive_attention
 from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
                      persistent_per_sm, sm_count)
@@ -83,6 +83,7 @@ class Decision:
     per_program: int = 0        # invariant: chunks one program computes (splits: the most chunks a row can
                                 # have, its partial slots; so ⌈splits / per_program⌉ programs a row)
     pack: int = 1               # unified/split: adjacent KV heads a program reads as one (pack_decision)
+    order: int = 0              # unified: ORDER_B, sequences launched longest first (longest_first_order); 0: b order
 
 
 def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: int, compiled: bool) -> int:
@@ -280,10 +281,21 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
                         streamk_programs(H_kv, sm_count(), persistent_per_sm()))
     if kernel != "persistent":
-        return Decision(kernel, splits, chunk, tile, L_cap, basis)
+        order = longest_first_order(B, lengths, paged) if kernel == "unified" else 0
+        return Decision(kernel, splits, chunk, tile, L_cap, basis, order=order)
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
     return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
                     programs, rows_for(B * H_kv, programs))
+
+
+def longest_first_order(B: int, lengths, paged: int) -> int:
+    """ORDER_B of the unified kernel (:func:`fdlib.kernels.tile.longest_first`, the smallest power of two >= B,
+    at least 16) for a ragged batch over pages (``lengths`` host ints, not all equal; ``paged`` > 0) of at most
+    LONGEST_FIRST_MAX_BATCH sequences; else 0, the sequences in b order. The order itself is computed on the
+    device from the lengths of each call, so a plan made for ragged lengths stays ordered when they change."""
+    if not paged or lengths is None or len(set(lengths)) < 2 or B > LONGEST_FIRST_MAX_BATCH:
+        return 0
+    return max(16, 1 << (B - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -377,6 +389,7 @@ class DecodePlan:
                     f"{self.device}; schedule chosen for L_cap={d.L_cap}; workspace {self.workspace.nbytes()} "
                     f"bytes")
         extra += f", {d.pack} KV heads read as one" if d.pack > 1 else ""
+        extra += ", sequences launched longest first" if d.order else ""
         return (f"DecodePlan: {d.kernel} kernel, {d.splits} split(s) of {d.chunk} keys{tile}{extra}; B={self.B}, "
                 f"H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, {str(self.dtype)[6:]} on "
                 f"{self.device}; splits chosen for L_cap={d.L_cap} ({d.basis}); workspace "
@@ -775,7 +788,7 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
         group, D = group * d.pack, D * d.pack
     if d.kernel == "unified":
         return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
-                                 timeline=timeline, pack=d.pack),)
+                                 timeline=timeline, pack=d.pack, order=d.order),)
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                    timeline=timeline, one_chunk=d.per_program == 1,

@@ -38,6 +38,8 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
     splits·group·(D+1) ≥ EPILOGUE_WORK values in one program, or would merge TWO_STAGE_SPLITS splits or more
     (over pages: the unified kernel up to PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for
+    ragged host lengths over pages where :func:`longest_first_suits`, the unified kernel at one split with the
+    sequences launched longest first (:func:`fdlib.plan.longest_first_order`); the stream-K kernel for
     ragged host lengths where :func:`streamk_suits` (over pages also where a program streams
     STREAMK_PAGED_MIN_TILES tiles or more,
     :func:`streamk_tiles_per_program`), and over pages for equal host lengths where a program streams
@@ -53,6 +55,8 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
         split = None if paged else _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "split", paged)
         kernel, splits = auto_path(unified, split, H_q // H_kv, D, paged)
         ragged = lengths is not None and len(set(lengths)) > 1
+        if ragged and paged and longest_first_suits(B, H_kv, D, dtype, lengths, paged):
+            return "unified", 1
         if lengths is not None and streamk_suits(B, H_kv, lengths):
             if ragged and not paged:
                 return "streamk", 1
@@ -167,6 +171,46 @@ STREAMK_PAGED_MIN_TILES = 40
 # between 256 and 496 tiles a program. The grid of 9a7bfdb, which has the rule, again: 0.955-0.994 at 496-2048
 # tiles, 1.004 at 256 (results/h200/ragged-fp16-page16.json).
 STREAMK_PAGED_DENSE_TILES = 384
+
+
+# Ragged batches over pages, whole rows launched longest first (the unified kernel at one split, ORDER_B:
+# fdlib.kernels.tile.longest_first) against stream-K, H200, fp16, pages of 16, graph timings, the same lengths in
+# one call (results/h200/ab/ab-lpt-{drawn,desc}.json, 8850a6e): with the rows sorted longest first, B=128 32:8
+# uniform mean 1024 123.8 µs against stream-K's 134.4-140.0, B=32 32:32 uniform mean 1024 120.8 against
+# 131.0-132.4; in the order drawn the unified kernel at one split took 139.9 and 143.0. Greedy longest-first list
+# scheduling of whole rows finishes within a short row of perfect balance when there are many rows of bounded
+# length, and saves stream-K's cut rows, merges and per-tile row search; one long row (Zipf mean 1024 at B=128: 8192
+# keys) is the makespan itself (192.7 µs against stream-K's 90.4-106.2). Hence whole rows longest first where the
+# greedy schedule of :func:`longest_first_imbalance` is within LONGEST_FIRST_IMBALANCE of perfect balance and a
+# stream-K program would stream fewer than STREAMK_PAGED_DENSE_TILES tiles (above that, stream-K reads 95-98% of the
+# ceiling on the paged grid).
+LONGEST_FIRST_IMBALANCE = 1.05
+LONGEST_FIRST_START_TILES = 1   # a row's start-up in the greedy model, in tiles
+
+
+def longest_first_imbalance(H_kv: int, lengths, block_n: int, sms: int) -> float:
+    """The busiest SM's load over the mean when the B·H_kv rows, max(1, ⌈L/N⌉) + LONGEST_FIRST_START_TILES tiles
+    each, are handed longest first to whichever of ``sms`` SMs has streamed least so far (greedy list scheduling:
+    the hardware gives the next program of a grid ordered longest first to an SM whose program ended, and an
+    SM's programs share its bandwidth, so its load is the sum of its rows' tiles)."""
+    import heapq
+    rows = sorted((max(1, -(-int(L) // block_n)) + LONGEST_FIRST_START_TILES for L in lengths), reverse=True)
+    loads = [0] * max(1, sms)
+    for t in rows:
+        for _ in range(H_kv):
+            heapq.heapreplace(loads, loads[0] + t)
+    return max(loads) * len(loads) / (H_kv * sum(rows))
+
+
+def longest_first_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int) -> bool:
+    """Whether auto runs a ragged batch over pages as whole rows launched longest first (see above)."""
+    from .kernels.unified import LONGEST_FIRST_MAX_BATCH
+    if not paged or B > LONGEST_FIRST_MAX_BATCH or len(set(lengths)) < 2:
+        return False
+    if streamk_tiles_per_program(H_kv, D, dtype, lengths, paged) >= STREAMK_PAGED_DENSE_TILES:
+        return False
+    block_n = tile_config(D, max(lengths), dtype.itemsize, rows=B * H_kv, paged=paged).BLOCK_N
+    return longest_first_imbalance(H_kv, lengths, block_n, sm_count()) <= LONGEST_FIRST_IMBALANCE
 
 
 def streamk_tiles_per_program(H_kv: int, D: int, dtype, lengths, paged: int) -> float:

@@ -450,6 +450,23 @@ def load_lengths(LENS, idx, mask, L_MAX, FLAG):
 
 
 @triton.jit
+def longest_first(LENS, i, n, L_MAX, BLOCK_B: tl.constexpr):
+    r"""The sequence at place i of the batch ordered longest first (ties: the lower b first), from the lengths on
+    the device: sort the keys :math:`k_b = \min(\max(L_b, 0), L_{max})\cdot\text{BLOCK\_B} + (\text{BLOCK\_B}
+    - 1 - b)`, all distinct, in descending order and read b off the i-th. A grid whose place i runs the i-th longest
+    row hands the SMs the longest rows first, so the last programs to start are the shortest (greedy longest-first
+    list scheduling). Any order is a permutation of 0..n-1, so the lengths only move work around, never change it.
+    n <= BLOCK_B; padding keys are -1, after every real one."""
+    offs = tl.arange(0, BLOCK_B)
+    L = tl.load(LENS + offs, mask=offs < n, other=0).to(tl.int64)
+    L = tl.minimum(tl.maximum(L, 0), L_MAX)
+    key = tl.where(offs < n, L * BLOCK_B + (BLOCK_B - 1 - offs), -1)
+    key = tl.sort(key, descending=True)
+    k_i = tl.sum(tl.where(offs == i, key, 0), 0)
+    return (BLOCK_B - 1 - k_i % BLOCK_B).to(tl.int32)
+
+
+@triton.jit
 def split_range(split, n_splits, chunk, L):
     """Keys [start, end) of split ``split`` of a row of L keys cut into ``n_splits`` chunks: the last split runs
     to L, so a row longer than the plan's chunk·splits (lengths grown since planning) is still covered."""

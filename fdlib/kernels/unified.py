@@ -25,6 +25,12 @@ Packed KV heads (``PACK`` > 1, one query token, :func:`~fdlib.kernels.tile.own_d
 adjacent KV heads of a small head dim as one head PACK times as wide, so each tile row is one run of memory; the
 launch's group, D, KV-head stride and H_kv are the pack's (:func:`unified_args`' ``pack``).
 
+Longest rows first (``ORDER_B`` > 0, a power of two >= B): place i of the grid's sequence axis runs the i-th
+longest sequence, ordered on the device from ``cache_seqlens`` in every program
+(:func:`~fdlib.kernels.tile.longest_first`), so the SMs take the longest rows first and the last programs to start
+are the shortest, whatever order the batch comes in and however its lengths change between graph replays.
+The plan asks for it for ragged batches over pages (:func:`fdlib.plan.decide`).
+
 In the interpreter the programs run one after another; the ticket still decides who merges.
 """
 from __future__ import annotations
@@ -35,8 +41,8 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, check_pack, packed_kv, paging, q_len_of, strides4
-from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, split_range, take_ticket,
-                   tile_update, timeline_record, timeline_start)
+from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, longest_first, split_range,
+                   take_ticket, tile_update, timeline_record, timeline_start)
 
 
 @triton.jit
@@ -52,11 +58,15 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
                    TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
-                   Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, PACK: tl.constexpr = 1):
+                   Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, PACK: tl.constexpr = 1,
+                   ORDER_B: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
     h_kv = tl.program_id(0)   # the KV heads of a sequence are launched together (see the module doc)
-    b = tl.program_id(1)
+    if ORDER_B > 0:           # place i of the grid runs the i-th longest sequence (see the module doc)
+        b = longest_first(LENS, tl.program_id(1), tl.num_programs(1), L_MAX, ORDER_B)
+    else:
+        b = tl.program_id(1)
     split = tl.program_id(2)
     L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
     # at most the launched splits, so that the ticket count always reaches n_splits - 1 and the counter
@@ -77,6 +87,9 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
     if TIMELINE:
         timeline_record(TIMES, t_start)
 
+
+LONGEST_FIRST_MAX_BATCH = 1024
+"""Sequences the longest-first order sorts in every program's registers (ORDER_B); larger batches run in b order."""
 
 _COUNTERS: dict = {}
 _RETIRED: list = []
@@ -127,20 +140,21 @@ def scratch_flag(device) -> torch.Tensor:
 
 def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
                      dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1,
-                     timeline: bool = False, pack: int = 1) -> Launcher:
+                     timeline: bool = False, pack: int = 1, order: int = 0) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles,
     the page size (0: a contiguous cache) and the query tokens per sequence (group × q_len rows a program).
     ``merge_splits``: size the merge's blocks for this many splits instead of the launched ones
     (batch-invariant plans fix it, so the merge order never depends on the launch). ``timeline``: the variant
     that records each program's (SM, start, end) (:meth:`fdlib.plan.DecodePlan.timeline_buffer`). ``pack``: KV heads
-    read as one (:func:`~fdlib.kernels.tile.own_dims`); ``group`` and ``D`` are then the pack's."""
+    read as one (:func:`~fdlib.kernels.tile.own_dims`); ``group`` and ``D`` are then the pack's. ``order``: 0, or
+    ORDER_B, a power of two >= the batch: its sequences launched longest first."""
     check_pack(pack, D, q_len)
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     block_h, block_s = combine_blocks(group * q_len, merge_splits or splits, BLOCK_D)
     return Launcher(unified_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                          BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
-                                         PAGE=page, Q_LEN=q_len, TIMELINE=timeline, PACK=pack,
+                                         PAGE=page, Q_LEN=q_len, TIMELINE=timeline, PACK=pack, ORDER_B=order,
                                          num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
