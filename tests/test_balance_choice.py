@@ -113,6 +113,8 @@ def _gpu_auto(monkeypatch, gain):
     predicted at ``gain`` of the split schedule's time."""
     pretend_h200(monkeypatch, 4)
     monkeypatch.setattr(splits, "best_balanced", lambda *a: (gain, 2))
+    # whole rows longest first (tests/test_longest_first.py) would take some of these batches before this choice
+    monkeypatch.setattr(splits, "LONGEST_FIRST_IMBALANCE", 0.0)
 
 
 def test_paged_ragged_batches_take_the_balanced_kernel_by_the_model(monkeypatch):

@@ -1,0 +1,102 @@
+"""Ragged batches over pages launched longest first: the in-kernel order (tile.longest_first), the plan's choice of
+it, the greedy model behind auto's rule, and the results against float64 when the lengths change under a plan."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import fdlib   # before triton: the interpreter runs triton's own library functions (tl.sort) only then
+import triton
+import triton.language as tl
+from fdlib import runtime, splits
+from fdlib.kernels.tile import longest_first
+from fdlib.kernels.unified import LONGEST_FIRST_MAX_BATCH
+from fdlib.plan import decide, longest_first_order
+from helpers import DEVICE, assert_attention_close, counters_zero
+from test_paged import paged_problem
+
+
+@triton.jit
+def _order_kernel(LENS, OUT, L_MAX, BLOCK_B: tl.constexpr):
+    i = tl.program_id(0)
+    tl.store(OUT + i, longest_first(LENS, i, tl.num_programs(0), L_MAX, BLOCK_B))
+
+
+@settings(max_examples=15, deadline=None)
+@given(B=st.integers(1, 40), L_max=st.integers(1, 300), data=st.data())
+def test_longest_first_is_the_stable_descending_order_of_the_clamped_lengths(B, L_max, data):
+    # ties (drawn from few values), lengths outside 0..L_max (clamped, as the kernels read them), int32 and int64
+    lens = data.draw(st.lists(st.sampled_from([-5, 0, 1, 7, L_max, L_max + 9, data.draw(st.integers(0, L_max))]),
+                              min_size=B, max_size=B))
+    dtype = data.draw(st.sampled_from([torch.int32, torch.int64]))
+    t = torch.tensor(lens, dtype=dtype, device=DEVICE)
+    out = torch.full((B,), -1, dtype=torch.int32, device=DEVICE)
+    _order_kernel[(B,)](t, out, L_max, BLOCK_B=longest_first_order(B, [0, 1], 16))
+    clamped = [min(max(x, 0), L_max) for x in lens]
+    assert out.tolist() == sorted(range(B), key=lambda b: (-clamped[b], b)), lens
+
+
+def test_longest_first_order_only_for_ragged_batches_over_pages():
+    ragged = [5, 900, 33]
+    assert longest_first_order(3, ragged, 16) == 16
+    assert longest_first_order(17, ragged * 5 + [1, 2], 16) == 32
+    assert longest_first_order(3, ragged, 0) == 0                       # contiguous cache
+    assert longest_first_order(3, [64, 64, 64], 16) == 0               # equal lengths: b order is the order
+    assert longest_first_order(3, None, 16) == 0                       # no host lengths
+    B = LONGEST_FIRST_MAX_BATCH + 1
+    assert longest_first_order(B, list(range(B)), 16) == 0
+
+
+def test_unified_decision_carries_the_order_and_the_plan_says_so():
+    lens = [40, 3, 77, 0, 12]
+    d = decide(5, 8, 2, 32, 96, torch.float32, lengths=lens, method="unified", paged=16)
+    assert d.kernel == "unified" and d.order == 16
+    assert decide(5, 8, 2, 32, 96, torch.float32, lengths=lens, method="unified").order == 0
+    assert decide(5, 8, 2, 32, 96, torch.float32, lengths=lens, method="split", paged=16).order == 0
+    p = fdlib.plan(5, 8, 2, 32, 96, dtype=torch.float32, device=DEVICE, lengths=lens, method="unified", page_size=16)
+    assert "longest first" in str(p)
+    assert "longest first" not in str(fdlib.plan(5, 8, 2, 32, 96, dtype=torch.float32, device=DEVICE,
+                                                 lengths=lens, method="unified"))
+
+
+@pytest.mark.parametrize("page", [1, 4, 16])
+@pytest.mark.parametrize("splits_", [1, 3])
+def test_longest_first_plan_matches_float64_when_the_lengths_change(page, splits_):
+    """A plan made for one ragged mix, run on it and then on other lengths and tables (the order follows the
+    device lengths of each call): every row against float64, ticket counters back at zero."""
+    gen = torch.Generator().manual_seed(7 + page + splits_)
+    B, H_q, H_kv, D, max_pages = 6, 6, 2, 80, max(2, 64 // page)
+    L_max = max_pages * page
+    first = [L_max, 1, 0, page + 1, L_max - 1, 17]
+    p = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=torch.float32, device=DEVICE, lengths=first, method="unified",
+                   num_splits=splits_, page_size=page)
+    assert p.decision.order == 16
+    for lens in (first, [3, L_max, 17, 17, 0, page]):
+        q, kp, vp, bt, k, v, lens_t = paged_problem(gen, B, H_q, H_kv, D, page, max_pages, B * max_pages + 2, lens)
+        out = p.run(q, kp, vp, lens_t, block_table=bt)
+        assert_attention_close(out, None, q, k, v, lens_t, what=f"page={page} splits={splits_} lens={lens}")
+    assert counters_zero()
+
+
+def test_greedy_model_of_rows_handed_longest_first():
+    # 4 rows of 10 tiles (+1 start) on 2 SMs: 22 each, balanced
+    assert splits.longest_first_imbalance(1, [640] * 4, 64, 2) == pytest.approx(1.0)
+    # one row of 100 tiles and three of 1 on 2 SMs: loads 101 and 6, mean 53.5
+    assert splits.longest_first_imbalance(1, [6400, 64, 64, 64], 64, 2) == pytest.approx(101 / 53.5)
+    # H_kv rows a sequence: 2 heads of one 3-tile sequence on 2 SMs
+    assert splits.longest_first_imbalance(2, [192], 64, 2) == pytest.approx(1.0)
+
+
+def test_auto_takes_longest_first_only_where_the_rule_says(monkeypatch):
+    """On a GPU's numbers (132 SMs, 64-key paged tiles): many short ragged rows, yes; one very long row among short
+    ones, or a contiguous cache, no."""
+    monkeypatch.setattr(runtime, "INTERPRET", False)
+    monkeypatch.setattr(splits, "sm_count", lambda: 132)
+    g = torch.Generator().manual_seed(0)
+    uniform = torch.randint(1, 2049, (128,), generator=g).tolist()
+    assert splits.longest_first_suits(128, 8, 128, torch.float16, uniform, 16)
+    assert not splits.longest_first_suits(128, 8, 128, torch.float16, uniform, 0)
+    one_long = [64] * 127 + [65536]
+    assert not splits.longest_first_suits(128, 8, 128, torch.float16, one_long, 16)
+    assert not splits.longest_first_suits(128, 8, 128, torch.float16, [1024] * 128, 16)   # not ragged
