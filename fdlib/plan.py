@@ -328,7 +328,8 @@ class DecodePlan:
     ``TIMELINE=False`` and contain none of it: the flag costs nothing when off. Rows are programs in grid order,
     :math:`i = (p_0 n_1 + p_1) n_2 + p_2`: for stage 1 (the two-stage path times stage 1 only) program
     (b, h_kv, split) is row :math:`(b H_{kv} + h_{kv})\,\text{splits} + \text{split}`, for the unified kernel
-    (h_kv, b, split) is row :math:`(h_{kv} B + b)\,\text{splits} + \text{split}`; for the
+    (h_kv, b, split) is row :math:`(h_{kv} B + b)\,\text{splits} + \text{split}` (b: the place in the
+    longest-first order where the plan launches its sequences longest first); for the
     balanced kernel (item, h_kv) is :math:`\text{item}\cdot H_{kv} + h_{kv}`; a persistent program writes one
     row for all its rows. Programs with nothing to do (a split past its row's end, an item past the work
     list) still write theirs, with start ≈ end. A call with fewer sequences than planned leaves the rows of the

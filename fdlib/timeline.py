@@ -14,11 +14,14 @@ K/V slice, and, if it is the last of its row to finish, merges the row's partial
   :math:`t_{\text{stage2}}` and the stage-2 merge after the last stage-1 program;
 * programs that have no keys of their row (split :math:`j \ge n_b`, items past the work list) exit at once.
 
-Three schedules (``schedule=``):
+Four schedules (``schedule=``):
 
 * ``"split"`` / ``"unified"``: every row cut into splits of ``chunk`` keys sized for the **longest** row, as
   :func:`fdlib.plan.decide` does on a GPU (splits from :func:`fdlib.costmodel.explain`); grid ``(B, H_kv, splits)``
   for stage 1, ``(H_kv, B, splits)`` for the unified kernel (the first axis the fastest in launch order);
+* ``"longest-first"``: the unified kernel with its sequences launched longest first (``ORDER_B``,
+  :func:`fdlib.kernels.tile.longest_first`), whole rows by default (``splits`` = 1, as ``auto`` runs it over
+  pages), so the SMs take the longest rows first and the last programs to start are the shortest;
 * ``"balanced"``: FlashInfer-style chunking (:func:`fdlib.schedule.balanced`, budget P = B·splits as the plan
   sets it); grid ``(P + B, H_kv)``;
 * ``"stream-k"``: the schedule of ``method="streamk"`` (:mod:`fdlib.kernels.streamk`) as it launches: P =
@@ -51,7 +54,7 @@ from . import costmodel, gpus
 from .kernels.config import chunk_for, tile_config_for
 from .schedule import balanced
 
-SCHEDULES = ("split", "unified", "balanced", "stream-k")
+SCHEDULES = ("split", "unified", "longest-first", "balanced", "stream-k")
 SCHEMA = "fdlib.timeline/1"
 BATCH = dict(B=32, H_q=32, H_kv=8, D=128, dtype="float16")
 """The ragged batch of issue 13 (measured at 68% of the read ceiling with ``auto``): B=32, H 32:8, D=128, fp16."""
@@ -274,7 +277,8 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
                    gpu="H200", splits: int | None = None, budget: int | None = None, cal=None) -> Timeline:
     r"""The model timeline (module docstring) of one decode step over a batch of ``lengths`` with ``schedule``.
 
-    ``splits``: the split count (default: the cost model's choice for this batch, :func:`model_splits`);
+    ``splits``: the split count (default: the cost model's choice for this batch, :func:`model_splits`; 1 for
+    ``"longest-first"``);
     ``budget``: the balanced schedule's P (default B·splits, as :func:`fdlib.plan.decide` sets it) or the
     stream-K program count, rounded down to a multiple of H_kv (default: as the kernel launches it,
     :func:`fdlib.kernels.streamk.streamk_programs` of PERSISTENT_PER_SM·SMs, on the persistent kernel's tiles)."""
@@ -288,16 +292,18 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
     g, cal, tile, r = model_inputs(lengths, H_q, H_kv, D, dtype_bytes, gpu, cal)
     N, group, B = tile.BLOCK_N, H_q // H_kv, len(lengths)
     if splits is None:
-        splits = model_splits(lengths, H_q, H_kv, D, dtype_bytes, g, cal)
+        splits = 1 if schedule == "longest-first" else model_splits(lengths, H_q, H_kv, D, dtype_bytes, g, cal)
     L_cap = max(max(lengths), 1)
     chunk, used = chunk_for(L_cap, splits, N)
     mb_per_key = 2 * D * dtype_bytes / 1e6
     progs, merge, bands, info = [], {}, [], {"splits": used, "chunk": chunk, "block_n": N, "programs_per_sm": r}
-    if schedule in ("split", "unified"):
+    if schedule in ("split", "unified", "longest-first"):
         n_b = [max(1, -(-L // chunk)) for L in lengths]
-        # launch order: stage 1's grid (B, H_kv, splits) has b the fastest, the unified kernel's (H_kv, B, splits) h
+        # launch order: stage 1's grid (B, H_kv, splits) has b the fastest, the unified kernel's (H_kv, B, splits) h;
+        # longest first, the unified kernel's place i runs the i-th longest sequence (ties: lower b first)
+        seqs = sorted(range(B), key=lambda b: (-lengths[b], b)) if schedule == "longest-first" else range(B)
         order = [(b, h) for h in range(H_kv) for b in range(B)] if schedule == "split" else \
-            [(b, h) for b in range(B) for h in range(H_kv)]
+            [(b, h) for b in seqs for h in range(H_kv)]
         for j in range(used):
             for b, h in order:
                 L = lengths[b]
@@ -306,9 +312,10 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
                     continue
                 keys = (L if j == n_b[b] - 1 else min((j + 1) * chunk, L)) - j * chunk
                 progs.append(_Program((((b, h), keys * mb_per_key),), cal.t_wave_us, b))
-        if schedule == "unified":
+        if schedule != "split":
             merge = {(b, h): _merge_cost(cal, n_b[b], group, D) for b in range(B) for h in range(H_kv)}
-        mode = f"{'two-stage split' if schedule == 'split' else 'unified'} schedule, {used} splits of {chunk} keys"
+        kind = {"split": "two-stage split", "unified": "unified", "longest-first": "unified, longest rows first,"}
+        mode = f"{kind[schedule]} schedule, {used} splits of {chunk} keys"
     elif schedule == "balanced":
         P = budget if budget is not None else B * used
         s = balanced(lengths, P, N)
