@@ -88,7 +88,7 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         timeline_record(TIMES, t_start)
 
 
-LONGEST_FIRST_MAX_BATCH = 1024
+LONGEST_FIRST_MAX_BATCH = 512
 """Sequences the longest-first order sorts in every program's registers (ORDER_B); larger batches run in b order."""
 
 _COUNTERS: dict = {}
