@@ -55,7 +55,8 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
         split = None if paged else _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, "split", paged)
         kernel, splits = auto_path(unified, split, H_q // H_kv, D, paged)
         ragged = lengths is not None and len(set(lengths)) > 1
-        if ragged and paged and longest_first_suits(B, H_kv, D, dtype, lengths, paged):
+        if ragged and paged and longest_first_suits(B, H_kv, D, dtype, lengths, paged, unified.calibration,
+                                                           unified.programs_per_sm):
             return "unified", 1
         if lengths is not None and streamk_suits(B, H_kv, lengths):
             if ragged and not paged:
@@ -183,34 +184,53 @@ STREAMK_PAGED_DENSE_TILES = 384
 # keys) is the makespan itself (192.7 µs against stream-K's 90.4-106.2). Hence whole rows longest first where the
 # greedy schedule of :func:`longest_first_imbalance` is within LONGEST_FIRST_IMBALANCE of perfect balance and a
 # stream-K program would stream fewer than STREAMK_PAGED_DENSE_TILES tiles (above that, stream-K reads 95-98% of the
-# ceiling on the paged grid).
+# ceiling on the paged grid). A second call (results/h200/ab/ab-lpt-rule.json, 68c1242, other draws of lengths) found
+# two more limits. One program streams a row at its own rate ρ, so a row that alone takes longer than the whole batch
+# at the bandwidth is the makespan whatever the order: B=32 32:32 Zipf mean 1024 114.2 µs against stream-K's 80.3,
+# Zipf mean 8192 814.8 against 561.8 (the greedy model, which counts tiles only, called both balanced). And the
+# order's sort of B keys in every program: at B=512 32:8 uniform mean 1024 527.3 µs against stream-K's 504.1, where
+# at B=128 it won on the same kind of batch (143.4 against 148.0; B=128 32:32 uniform 479.7 against 488.1, Zipf
+# 468.8 against 482.9; B=32 32:32 uniform 103.4 against 111.8), so the rule stops at B=128
+# (fdlib.kernels.unified.LONGEST_FIRST_MAX_BATCH).
 LONGEST_FIRST_IMBALANCE = 1.05
 LONGEST_FIRST_START_TILES = 1   # a row's start-up in the greedy model, in tiles
 
 
-def longest_first_imbalance(H_kv: int, lengths, block_n: int, sms: int) -> float:
+def longest_first_imbalance(H_kv: int, lengths, block_n: int, sms: int, per_sm: int = 1) -> float:
     """The busiest SM's load over the mean when the B·H_kv rows, max(1, ⌈L/N⌉) + LONGEST_FIRST_START_TILES tiles
-    each, are handed longest first to whichever of ``sms`` SMs has streamed least so far (greedy list scheduling:
-    the hardware gives the next program of a grid ordered longest first to an SM whose program ended, and an
-    SM's programs share its bandwidth, so its load is the sum of its rows' tiles)."""
+    each, are launched longest first on ``sms`` SMs of ``per_sm`` program slots: the first sms·per_sm rows fill
+    every slot at once, SM by SM in turn (row i on SM i mod sms), then each next row goes to the SM that has
+    streamed least so far (greedy list scheduling: the hardware gives the next program to an SM whose program
+    ended; an SM's programs share its bandwidth, so its load is the sum of its rows' tiles)."""
     import heapq
-    rows = sorted((max(1, -(-int(L) // block_n)) + LONGEST_FIRST_START_TILES for L in lengths), reverse=True)
-    loads = [0] * max(1, sms)
-    for t in rows:
-        for _ in range(H_kv):
-            heapq.heapreplace(loads, loads[0] + t)
-    return max(loads) * len(loads) / (H_kv * sum(rows))
+    tiles = sorted((max(1, -(-int(L) // block_n)) + LONGEST_FIRST_START_TILES for L in lengths), reverse=True)
+    rows = [t for t in tiles for _ in range(H_kv)]
+    sms = max(1, sms)
+    loads = [0] * sms
+    first = min(len(rows), sms * max(1, per_sm))
+    for i, t in enumerate(rows[:first]):
+        loads[i % sms] += t
+    heapq.heapify(loads)
+    for t in rows[first:]:
+        heapq.heapreplace(loads, loads[0] + t)
+    return max(loads) * sms / sum(rows)
 
 
-def longest_first_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int) -> bool:
-    """Whether auto runs a ragged batch over pages as whole rows launched longest first (see above)."""
+def longest_first_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int, cal, per_sm: int) -> bool:
+    """Whether auto runs a ragged batch over pages as whole rows launched longest first (see above): at most
+    LONGEST_FIRST_MAX_BATCH sequences, fewer than STREAMK_PAGED_DENSE_TILES tiles a stream-K program, the longest
+    row read by one program at its rate ρ no slower than the whole batch at the bandwidth BW (``cal``, the cost
+    model's calibration), and the greedy model with ``per_sm`` programs an SM within LONGEST_FIRST_IMBALANCE of
+    balance."""
     from .kernels.unified import LONGEST_FIRST_MAX_BATCH
     if not paged or B > LONGEST_FIRST_MAX_BATCH or len(set(lengths)) < 2:
         return False
     if streamk_tiles_per_program(H_kv, D, dtype, lengths, paged) >= STREAMK_PAGED_DENSE_TILES:
         return False
+    if max(lengths) / cal.rho_tbs > H_kv * sum(lengths) / cal.bw_tbs:   # bytes per key cancel
+        return False
     block_n = tile_config(D, max(lengths), dtype.itemsize, rows=B * H_kv, paged=paged).BLOCK_N
-    return longest_first_imbalance(H_kv, lengths, block_n, sm_count()) <= LONGEST_FIRST_IMBALANCE
+    return longest_first_imbalance(H_kv, lengths, block_n, sm_count(), per_sm) <= LONGEST_FIRST_IMBALANCE
 
 
 def streamk_tiles_per_program(H_kv: int, D: int, dtype, lengths, paged: int) -> float:

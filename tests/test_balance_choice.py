@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fdlib import splits
+from fdlib import costmodel, splits
 
 
 def test_makespan_is_list_scheduling():
@@ -62,7 +62,8 @@ def pretend_h200(monkeypatch, chosen: int):
     monkeypatch.setattr(splits.runtime, "INTERPRET", False)
     monkeypatch.setattr(splits, "sm_count", lambda: 132)
     monkeypatch.setattr(splits, "_explain",
-                        lambda *a: SimpleNamespace(chosen=chosen, candidates=[SimpleNamespace(time_us=10.0)]))
+                        lambda *a: SimpleNamespace(chosen=chosen, candidates=[SimpleNamespace(time_us=10.0)],
+                                                   calibration=costmodel.H200_DEFAULT, programs_per_sm=3))
 
 
 def test_large_epilogues_go_to_the_two_stage_path(monkeypatch):

@@ -86,17 +86,30 @@ def test_greedy_model_of_rows_handed_longest_first():
     assert splits.longest_first_imbalance(1, [6400, 64, 64, 64], 64, 2) == pytest.approx(101 / 53.5)
     # H_kv rows a sequence: 2 heads of one 3-tile sequence on 2 SMs
     assert splits.longest_first_imbalance(2, [192], 64, 2) == pytest.approx(1.0)
+    # 2 slots an SM: the four rows (101, 91, 2, 2 tiles with the start) fill the slots at once, SM by SM in turn,
+    # so the two long ones share no SM only by the turn: loads 103 and 93, not the greedy 101 and 95
+    assert splits.longest_first_imbalance(1, [6400, 5760, 64, 64], 64, 2, per_sm=2) == pytest.approx(103 / 98)
 
 
 def test_auto_takes_longest_first_only_where_the_rule_says(monkeypatch):
-    """On a GPU's numbers (132 SMs, 64-key paged tiles): many short ragged rows, yes; one very long row among short
-    ones, or a contiguous cache, no."""
+    """On an H200's numbers (132 SMs, 3 programs an SM, 64-key paged tiles, the default calibration): many short
+    ragged rows, yes; not on a contiguous cache, not for equal rows, not for a larger batch than the order sorts,
+    not where one row at one program's rate outlasts the batch at the bandwidth, not where the long rows of the
+    first wave pile up on some SMs (two batches measured slower than stream-K, ab-lpt-rule.json)."""
+    from fdlib.bench.ragged import case_lengths
+    from fdlib.costmodel import H200_DEFAULT
     monkeypatch.setattr(runtime, "INTERPRET", False)
     monkeypatch.setattr(splits, "sm_count", lambda: 132)
+    suits = lambda B, H_kv, lens, page=16: splits.longest_first_suits(   # noqa: E731
+        B, H_kv, 128, torch.float16, lens, page, H200_DEFAULT, 3)
     g = torch.Generator().manual_seed(0)
     uniform = torch.randint(1, 2049, (128,), generator=g).tolist()
-    assert splits.longest_first_suits(128, 8, 128, torch.float16, uniform, 16)
-    assert not splits.longest_first_suits(128, 8, 128, torch.float16, uniform, 0)
-    one_long = [64] * 127 + [65536]
-    assert not splits.longest_first_suits(128, 8, 128, torch.float16, one_long, 16)
-    assert not splits.longest_first_suits(128, 8, 128, torch.float16, [1024] * 128, 16)   # not ragged
+    assert suits(128, 8, uniform)
+    assert not suits(128, 8, uniform, page=0)
+    assert not suits(128, 8, [1024] * 128)                                       # not ragged
+    assert not suits(256, 8, uniform * 2)                                        # > LONGEST_FIRST_MAX_BATCH
+    assert not suits(128, 8, [64] * 127 + [65536])                               # one row outlasts the batch
+    for case, pos in (("zipf", 3), ("zipf", 4)):                                 # the A/B's draws
+        lens = case_lengths(case, 32, 1024 if pos == 3 else 8192, pos)
+        assert max(lens) / H200_DEFAULT.rho_tbs <= 32 * sum(lens) / H200_DEFAULT.bw_tbs   # not the rate ...
+        assert not suits(32, 32, lens)                                           # ... the first wave

@@ -3,7 +3,7 @@ ragged lengths including 0 and 1, back-to-back unified calls (ticket counters re
 outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a smaller
 batch than planned; a paged, ragged batch (shared and unused pages, pages of 4 and 16) through every method; q_len = 4; the
 stream-K and batch-invariant kernels; stream-K over many short rows, each share crossing several windows of rows
-(contiguous and paged); packed KV heads (contiguous and paged).
+(contiguous and paged); packed KV heads (contiguous and paged); a paged plan launching its sequences longest first.
 
 compute-sanitizer --tool memcheck python tools/sanitize_case.py
 """
@@ -114,5 +114,14 @@ for method, splits in (("unified", 1), ("unified", 3), ("split", 3)):
         out = p.run(q, kk, vv, ll, block_table=bt_p)
         torch.cuda.synchronize()
         worst = max(worst, ((out.double().cpu() - rr).norm() / rr.norm()).item())
+# Sequences launched longest first (the unified kernel's ORDER_B, planned from ragged host lengths over pages of 16),
+# run on the lengths it was planned for and on others (the order follows each call's device lengths).
+for splits in (1, 3):
+    p = fdlib.plan(B, H_q, H_kv, D, bt.shape[1] * 16, dtype=torch.float16, device="cuda", method="unified",
+                   num_splits=splits, page_size=16, lengths=[17, 300, 0], pack_heads=False)
+    assert p.decision.order == 16, p
+    out = p.run(q, kp, vp, lens_p, block_table=bt)
+    torch.cuda.synchronize()
+    worst = max(worst, ((out.double().cpu() - ref_p).norm() / ref_p.norm()).item())
 print(f"sanitize case done, worst relative error {worst:.2e}")
 assert worst < 2e-3
