@@ -226,14 +226,27 @@ def packs_by_default(B: int, H_kv: int, D: int, P: int, dtype, lengths, max_seql
 
 def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=None, max_seqlen=None,
            method: str = "auto", num_splits: int | None = None, batch_invariant: bool = False,
-           q_len: int = 1, paged: int = 0, pack_heads: bool | None = None) -> Decision:
+           q_len: int = 1, paged: int = 0, pack_heads: bool | None = None,
+           longest_first: bool | None = None) -> Decision:
     """The kernel, tiles, splits and chunk for a batch of these sizes on this runtime (see the module doc).
     ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None;
     ``batch_invariant``: :func:`invariant_decision`. ``q_len`` query tokens per sequence: a program holds
     group × q_len query rows, which the tiles count (:func:`~fdlib.kernels.config.tile_config_for`) and the
     cost model sees as H_q·q_len query heads (the same K/V bytes, q_len times the queries and outputs).
-    ``pack_heads``: read small adjacent KV heads several at a time (:func:`pack_decision`)."""
-    if not batch_invariant and q_len == 1 and method in ("auto", "unified", "split") and pack_heads is not False:
+    ``pack_heads``: read small adjacent KV heads several at a time (:func:`pack_decision`). ``longest_first``:
+    the unified kernel launches the sequences longest first (:func:`longest_first_order`): None where ``auto``'s
+    rule takes it (:func:`fdlib.splits.longest_first_suits`), True always (``method="unified"`` only), False never."""
+    if longest_first and method != "unified":
+        raise ValueError(f"longest_first: True orders the unified kernel's sequences; pass method='unified', got "
+                         f"method={method!r}")
+    if longest_first and B > LONGEST_FIRST_MAX_BATCH:
+        raise ValueError(f"longest_first: the order sorts the batch's lengths in registers, B <= "
+                         f"{LONGEST_FIRST_MAX_BATCH}, got B={B}")
+    if longest_first and (batch_invariant or pack_heads):
+        raise ValueError("longest_first: True runs the plain unified kernel; pass batch_invariant=False and "
+                         "pack_heads=None or False")
+    if (not batch_invariant and q_len == 1 and method in ("auto", "unified", "split") and pack_heads is not False
+            and not longest_first):
         d = pack_decision(B, H_q, H_kv, D, L_max, dtype, pack_heads, lengths=lengths, max_seqlen=max_seqlen,
                           method=method, num_splits=num_splits, paged=paged)
         if d is not None:
@@ -261,6 +274,8 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         num_splits = 1
     elif method == "auto" and num_splits is None:
         kernel, num_splits = choose_auto(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged=paged)
+        if kernel == "longest_first" and longest_first is False:
+            kernel, num_splits = "unified", choose_splits(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged)
     elif method == "balanced" and num_splits is None:
         num_splits = choose_balanced(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged)
     elif num_splits is None:
@@ -280,21 +295,23 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         # stream-K loop slower on the H200, except on pages too small to read the table ahead
         return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
                         streamk_programs(H_kv, sm_count(), persistent_per_sm()))
+    if kernel == "longest_first" or longest_first:   # auto's rule, or asked for
+        return Decision("unified", splits, chunk, tile, L_cap, basis, order=longest_first_order(B))
     if kernel != "persistent":
-        order = longest_first_order(B, lengths, paged) if kernel == "unified" else 0
-        return Decision(kernel, splits, chunk, tile, L_cap, basis, order=order)
+        return Decision(kernel, splits, chunk, tile, L_cap, basis)
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
     return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
                     programs, rows_for(B * H_kv, programs))
 
 
-def longest_first_order(B: int, lengths, paged: int) -> int:
-    """ORDER_B of the unified kernel (:func:`fdlib.kernels.tile.longest_first`, the smallest power of two >= B,
-    at least 16) for a ragged batch over pages (``lengths`` host ints, not all equal; ``paged`` > 0) of at most
-    LONGEST_FIRST_MAX_BATCH sequences; else 0, the sequences in b order. The order itself is computed on the
-    device from the lengths of each call, so a plan made for ragged lengths stays ordered when they change."""
-    if not paged or lengths is None or len(set(lengths)) < 2 or B > LONGEST_FIRST_MAX_BATCH:
-        return 0
+def longest_first_order(B: int) -> int:
+    """ORDER_B of a unified plan that launches its sequences longest first (:func:`fdlib.kernels.tile.longest_first`):
+    the smallest power of two >= B, at least 16 (B <= LONGEST_FIRST_MAX_BATCH). The order itself is computed on
+    the device from the lengths of each call, so a plan made for ragged lengths stays ordered when they change.
+    ``auto`` takes it for ragged batches over pages where :func:`fdlib.splits.longest_first_suits` holds (whole
+    rows, one split); elsewhere the sort in every program measured slower (results/h200/README.md)."""
+    if B > LONGEST_FIRST_MAX_BATCH:
+        raise ValueError(f"B: the longest-first order sorts at most {LONGEST_FIRST_MAX_BATCH} lengths, got B={B}")
     return max(16, 1 << (B - 1).bit_length())
 
 
@@ -714,7 +731,7 @@ def host_lengths(cache_seqlens, B: int, L_max: int, device) -> torch.Tensor:
 def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16, device=None, lengths=None,
          max_seqlen: int | None = None, scale: float | None = None, method: str = "auto",
          num_splits: int | None = None, page_size: int | None = None, batch_invariant: bool = False,
-         q_len: int = 1, pack_heads: bool | None = None) -> DecodePlan:
+         q_len: int = 1, pack_heads: bool | None = None, longest_first: bool | None = None) -> DecodePlan:
     """Decide everything for decode attention over a batch of these sizes, and allocate its workspace.
 
     Args:
@@ -737,6 +754,10 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
             True wherever the heads allow it, False never, None (default) where measured faster
             (:func:`packs_by_default`). A packing plan needs caches whose KV heads lie side by side
             (stride(-2) == D), as contiguous and paged ones do.
+        longest_first: launch the sequences longest first, ordered on the device from each call's lengths
+            (the unified kernel's ``ORDER_B``, :func:`longest_first_order`): None (default) where ``auto``
+            takes it (ragged host lengths over pages, :func:`fdlib.splits.longest_first_suits`), True always
+            (with ``method="unified"``, B <= LONGEST_FIRST_MAX_BATCH), False never.
     """
     for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("D", D), ("L_max", L_max)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -769,11 +790,12 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
     check_q_len(q_len, L_max)
-    if pack_heads is not None and not isinstance(pack_heads, bool):
-        raise TypeError(f"pack_heads: expected None, True or False, got {type(pack_heads).__name__}")
+    for name, flag in (("pack_heads", pack_heads), ("longest_first", longest_first)):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected None, True or False, got {type(flag).__name__}")
     d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
                num_splits=num_splits, batch_invariant=batch_invariant, q_len=q_len, paged=page_size or 0,
-               pack_heads=pack_heads)
+               pack_heads=pack_heads, longest_first=longest_first)
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
                       _workspace(B, H_q, H_kv, D * d.pack, L_max, d, device, q_len),
@@ -851,4 +873,4 @@ def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:
 
 
 __all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "pack_decision", "packs_by_default",
-           "launched_splits", "host_lengths", "KERNELS"]
+           "launched_splits", "host_lengths", "longest_first_order", "KERNELS"]

@@ -38,8 +38,9 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
     splits·group·(D+1) ≥ EPILOGUE_WORK values in one program, or would merge TWO_STAGE_SPLITS splits or more
     (over pages: the unified kernel up to PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for
-    ragged host lengths over pages where :func:`longest_first_suits`, the unified kernel at one split with the
-    sequences launched longest first (:func:`fdlib.plan.longest_first_order`); the stream-K kernel for
+    ragged host lengths over pages where :func:`longest_first_suits`, ``"longest_first"``: the unified kernel at
+    one split with the sequences launched longest first (:func:`fdlib.plan.longest_first_order`); the stream-K
+    kernel for
     ragged host lengths where :func:`streamk_suits` (over pages also where a program streams
     STREAMK_PAGED_MIN_TILES tiles or more,
     :func:`streamk_tiles_per_program`), and over pages for equal host lengths where a program streams
@@ -57,7 +58,7 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
         ragged = lengths is not None and len(set(lengths)) > 1
         if ragged and paged and longest_first_suits(B, H_kv, D, dtype, lengths, paged, unified.calibration,
                                                            unified.programs_per_sm):
-            return "unified", 1
+            return "longest_first", 1
         if lengths is not None and streamk_suits(B, H_kv, lengths):
             if ragged and not paged:
                 return "streamk", 1

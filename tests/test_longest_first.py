@@ -1,6 +1,8 @@
 """Ragged batches over pages launched longest first: the in-kernel order (tile.longest_first), the plan's choice of
-it, the greedy model behind auto's rule, and the results against float64 when the lengths change under a plan."""
+it (auto's rule, or longest_first=True), the greedy model behind auto's rule, and the results against float64 when the lengths change under a plan."""
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -32,32 +34,52 @@ def test_longest_first_is_the_stable_descending_order_of_the_clamped_lengths(B, 
     dtype = data.draw(st.sampled_from([torch.int32, torch.int64]))
     t = torch.tensor(lens, dtype=dtype, device=DEVICE)
     out = torch.full((B,), -1, dtype=torch.int32, device=DEVICE)
-    _order_kernel[(B,)](t, out, L_max, BLOCK_B=longest_first_order(B, [0, 1], 16))
+    _order_kernel[(B,)](t, out, L_max, BLOCK_B=longest_first_order(B))
     clamped = [min(max(x, 0), L_max) for x in lens]
     assert out.tolist() == sorted(range(B), key=lambda b: (-clamped[b], b)), lens
 
 
-def test_longest_first_order_only_for_ragged_batches_over_pages():
-    ragged = [5, 900, 33]
-    assert longest_first_order(3, ragged, 16) == 16
-    assert longest_first_order(17, ragged * 5 + [1, 2], 16) == 32
-    assert longest_first_order(3, ragged, 0) == 0                       # contiguous cache
-    assert longest_first_order(3, [64, 64, 64], 16) == 0               # equal lengths: b order is the order
-    assert longest_first_order(3, None, 16) == 0                       # no host lengths
-    B = LONGEST_FIRST_MAX_BATCH + 1
-    assert longest_first_order(B, list(range(B)), 16) == 0
+def test_longest_first_order_is_a_power_of_two_covering_the_batch():
+    assert [longest_first_order(B) for B in (1, 16, 17, 100, LONGEST_FIRST_MAX_BATCH)] == \
+        [16, 16, 32, 128, max(16, 1 << (LONGEST_FIRST_MAX_BATCH - 1).bit_length())]
+    with pytest.raises(ValueError, match="B"):
+        longest_first_order(LONGEST_FIRST_MAX_BATCH + 1)
 
 
-def test_unified_decision_carries_the_order_and_the_plan_says_so():
+def test_the_plan_orders_only_where_auto_takes_it_or_where_asked(monkeypatch):
     lens = [40, 3, 77, 0, 12]
-    d = decide(5, 8, 2, 32, 96, torch.float32, lengths=lens, method="unified", paged=16)
-    assert d.kernel == "unified" and d.order == 16
-    assert decide(5, 8, 2, 32, 96, torch.float32, lengths=lens, method="unified").order == 0
-    assert decide(5, 8, 2, 32, 96, torch.float32, lengths=lens, method="split", paged=16).order == 0
-    p = fdlib.plan(5, 8, 2, 32, 96, dtype=torch.float32, device=DEVICE, lengths=lens, method="unified", page_size=16)
+    # the unified kernel alone keeps b order, over pages and ragged too (the sort cost more than it gave there)
+    assert decide(5, 8, 2, 32, 96, torch.float32, lengths=lens, method="unified", paged=16).order == 0
+    d = decide(5, 8, 2, 32, 96, torch.float32, lengths=lens, method="unified", paged=16, longest_first=True)
+    assert (d.kernel, d.order) == ("unified", 16)
+    # auto's rule (fdlib.splits.choose_auto answers "longest_first"): whole rows, ordered; longest_first=False: not
+    plan_module = sys.modules["fdlib.plan"]   # the module (fdlib.plan is the function)
+    monkeypatch.setattr(plan_module, "choose_auto", lambda *a, **k: ("longest_first", 1))
+    d = decide(5, 8, 2, 32, 96, torch.float32, lengths=lens, paged=16)
+    assert (d.kernel, d.splits, d.order) == ("unified", 1, 16)
+    d = decide(5, 8, 2, 32, 96, torch.float32, lengths=lens, paged=16, longest_first=False)
+    assert d.kernel == "unified" and d.order == 0
+    p = fdlib.plan(5, 8, 2, 32, 96, dtype=torch.float32, device=DEVICE, lengths=lens, method="unified",
+                   page_size=16, longest_first=True)
     assert "longest first" in str(p)
     assert "longest first" not in str(fdlib.plan(5, 8, 2, 32, 96, dtype=torch.float32, device=DEVICE,
-                                                 lengths=lens, method="unified"))
+                                                 lengths=lens, method="unified", page_size=16))
+
+
+@pytest.mark.parametrize("kw, match", [(dict(method="split"), "method='unified'"),
+                                       (dict(method="unified", B=LONGEST_FIRST_MAX_BATCH + 1), "B <="),
+                                       (dict(method="unified", batch_invariant=True), "batch_invariant"),
+                                       (dict(method="unified", pack_heads=True), "pack_heads")])
+def test_longest_first_true_needs_the_plain_unified_kernel(kw, match):
+    B = kw.pop("B", 4)
+    with pytest.raises(ValueError, match=match) as e:
+        fdlib.plan(B, 8, 2, 32, 64, dtype=torch.float32, device=DEVICE, longest_first=True, **kw)
+    assert "longest_first" in str(e.value)
+
+
+def test_longest_first_takes_a_bool():
+    with pytest.raises(TypeError, match="longest_first"):
+        fdlib.plan(4, 8, 2, 32, 64, dtype=torch.float32, device=DEVICE, method="unified", longest_first="yes")
 
 
 @pytest.mark.parametrize("page", [1, 4, 16])
@@ -70,7 +92,7 @@ def test_longest_first_plan_matches_float64_when_the_lengths_change(page, splits
     L_max = max_pages * page
     first = [L_max, 1, 0, page + 1, L_max - 1, 17]
     p = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=torch.float32, device=DEVICE, lengths=first, method="unified",
-                   num_splits=splits_, page_size=page)
+                   num_splits=splits_, page_size=page, longest_first=True)
     assert p.decision.order == 16
     for lens in (first, [3, L_max, 17, 17, 0, page]):
         q, kp, vp, bt, k, v, lens_t = paged_problem(gen, B, H_q, H_kv, D, page, max_pages, B * max_pages + 2, lens)

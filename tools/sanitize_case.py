@@ -114,11 +114,11 @@ for method, splits in (("unified", 1), ("unified", 3), ("split", 3)):
         out = p.run(q, kk, vv, ll, block_table=bt_p)
         torch.cuda.synchronize()
         worst = max(worst, ((out.double().cpu() - rr).norm() / rr.norm()).item())
-# Sequences launched longest first (the unified kernel's ORDER_B, planned from ragged host lengths over pages of 16),
+# Sequences launched longest first (the unified kernel's ORDER_B, asked for with longest_first=True, pages of 16),
 # run on the lengths it was planned for and on others (the order follows each call's device lengths).
 for splits in (1, 3):
     p = fdlib.plan(B, H_q, H_kv, D, bt.shape[1] * 16, dtype=torch.float16, device="cuda", method="unified",
-                   num_splits=splits, page_size=16, lengths=[17, 300, 0], pack_heads=False)
+                   num_splits=splits, page_size=16, lengths=[17, 300, 0], longest_first=True)
     assert p.decision.order == 16, p
     out = p.run(q, kp, vp, lens_p, block_table=bt)
     torch.cuda.synchronize()
