@@ -219,12 +219,14 @@ def vs_fastest(m) -> float:
     return m["auto"]["graph_us"] / min(m[k]["graph_us"] for k in ("split", "unified", "persistent") if k in m)
 
 
-PLANNER_RUNS = {("float16", "fp16"): ("bench-float16-3282b40.json", "ragged-fp16-page16-auto-e4b1146.json"),
-                ("bfloat16", "bf16"): ("bench-bfloat16-3282b40.json", None)}
-"""The grids run again under today's planner (the saturating per-SM load of e4b1146; 3282b40's tiles for 65-128
-rows and packed heads), beside the runs of the sections above, which notebooks cite: (dense grid, paged ragged
-grid of auto alone, or None where not run again) a dtype (its two names). The paged grid's plans are the same under both commits (no row
-count of 65-128 rows at <= 2048 keys, D = 128)."""
+PLANNER_RUNS = {("float16", "fp16"): ("bench-float16-8850a6e.json", "ragged-fp16-page16-auto-0bc8b63.json"),
+                ("bfloat16", "bf16"): ("bench-bfloat16-0bc8b63.json", "ragged-bf16-page16-auto-0bc8b63.json")}
+"""The grids run again under today's planner, beside the runs of the sections above, which notebooks cite:
+(dense grid, paged ragged grid of auto alone, or None where not run again) a dtype (its two names). 8850a6e: the
+unified kernel's grid with the KV head the fastest axis; 0bc8b63 adds the longest-first order, whose only change on
+a dense grid is compiled out (ORDER_B = 0). Each paged grid comes with the contiguous grid of the same run."""
+PLANNER_HEADS = ("heads-sweep-8850a6e.json", "heads-sweep-256k-b1-8850a6e.json", "heads-sweep-256k-b8-8850a6e.json")
+"""The heads sweep under the same planner (8850a6e)."""
 
 
 def planner_section(folder: Path) -> list[str]:
@@ -237,8 +239,7 @@ def planner_section(folder: Path) -> list[str]:
         if not grid:
             continue
         if not out:
-            out = ["", f"## Today's planner on the grids (commit {grid['provenance'].get('git_commit', '?')[:7]})",
-                   ""]
+            out = ["", "## Today's planner on the grids (each run's commit in its name or line)", ""]
         by, old = grid_records(grid), grid_records(load(folder, f"bench-{dt}.json") or {"records": []})
         ratios = [(k, vs_fastest(m), m["auto"]["graph_us"] / m["cudnn"]["graph_us"]) for k, m in sorted(by.items())
                   if {"auto", "cudnn"} <= m.keys()]
@@ -255,6 +256,17 @@ def planner_section(folder: Path) -> list[str]:
         if old_paged:
             out[-1] += "; " + moved(ragged_records(paged), ragged_records(old_paged),
                                     lambda k: f"B={k[0]} {k[1]}:{k[2]} {k[3]} mean {k[4]}")
+        flat, same = same_run_contiguous(folder, paged, short)
+        if flat and same:
+            out += ragged_targets(f"{short}, contiguous, auto alone, the same run", flat)
+            dense = constant_ratios(paged, flat)
+            worst = max(dense, key=lambda kr: kr[1])
+            out.append(f"  pages of 16 against the contiguous cache on constant lengths, auto: geometric mean "
+                       f"{geomean([r for _, r in dense]):.3f}, worst {worst[1]:.3f} (B={worst[0][0]} "
+                       f"{worst[0][1]}:{worst[0][2]} mean {worst[0][4]}), above 1.03 on "
+                       f"{sum(r > 1.03 for _, r in dense)} of {len(dense)} (target ≤ 1.03)")
+    if out:
+        out += heads_section(folder, PLANNER_HEADS, title="")
     return out
 
 
@@ -271,24 +283,31 @@ def moved(new, old, fmt) -> str:
               f"{geomean([new[k]['auto']['graph_us'] / old[k]['auto']['graph_us'] for k in both]):.3f}")
 
 
-def heads_section(folder) -> list[str]:
+HEADS_RUNS = ("heads-sweep.json", "heads-sweep-256k-b1.json", "heads-sweep-256k-b8.json")
+
+
+def heads_section(folder, names=HEADS_RUNS,
+                  title="## Head layouts: groups 1-16, D 64-256 (`--heads-sweep`, fp16, CUDA graphs)") -> list[str]:
     """The heads sweep (``--heads-sweep``): ``heads-sweep.json`` (L 8k and 64k) with ``heads-sweep-256k-*.json``
-    (L = 262144) when present, issue 11's two targets over all of them; ``heads-sweep-d64-bhld.json`` and
-    ``heads-sweep-256k-d64-bhld.json``: auto on the peers' [B, H_kv, L, D] layout against cuDNN at D = 64."""
-    files = [f for f in [load(folder, "heads-sweep.json")] + [load(folder, n) for n in
-             ("heads-sweep-256k-b1.json", "heads-sweep-256k-b8.json")] if f]
+    (L = 262144) when present (or the runs ``names``), issue 11's two targets over all of them; for the default
+    runs also ``heads-sweep-d64-bhld.json`` and ``heads-sweep-256k-d64-bhld.json``: auto on the peers'
+    [B, H_kv, L, D] layout against cuDNN at D = 64. A miss of the first target says what auto and the fastest path
+    ran (kernel@splits), so a miss between two timings of one plan shows as one."""
+    files = [f for f in [load(folder, n) for n in names] if f]
     if not files:
         return []
     fmt = lambda k: f"B={k[0]} {k[1]}:{k[2]} D={k[3]} L={k[4]}"   # noqa: E731
     vs_min, vs_cudnn, ran = [], [], set()
-    out = ["", "## Head layouts: groups 1-16, D 64-256 (`--heads-sweep`, fp16, CUDA graphs)", ""]
+    out = ["", title, ""] if title else []
     for f in files:
         hp = f["provenance"]
         out.append(f"- `{hp['command']}`, {hp['device']}, {hp['date_utc']}, commit {hp.get('git_commit', '?')[:7]}")
         for key, m in sorted(heads_records(f).items()):
             if "auto" not in m:
                 continue
-            vs_min.append((key, vs_fastest(m), m["auto"].get("kernel")))
+            fast = min((n for n in ("split", "unified", "persistent") if n in m), key=lambda n: m[n]["graph_us"])
+            vs_min.append((key, vs_fastest(m), f"auto {m['auto'].get('kernel')}@{m['auto'].get('splits')}, "
+                                               f"{fast}@{m[fast].get('splits')}"))
             ran |= {"split", "unified", "persistent"} & m.keys()
             if "cudnn" in m:
                 vs_cudnn.append((key, m["auto"]["graph_us"] / m["cudnn"]["graph_us"]))
@@ -302,7 +321,7 @@ def heads_section(folder) -> list[str]:
             f"- time(auto)/time(cuDNN) ≤ 1.05: {sum(r <= 1.05 for _, r in vs_cudnn)} of {len(vs_cudnn)} shapes; "
             f"geometric mean {geomean([r for _, r in vs_cudnn]):.3f}; misses: "
             + (", ".join(f"{fmt(k)} {r:.3f}" for k, r in vs_cudnn if r > 1.05) or "none")]
-    for name in ("heads-sweep-d64-bhld.json", "heads-sweep-256k-d64-bhld.json"):
+    for name in ("heads-sweep-d64-bhld.json", "heads-sweep-256k-d64-bhld.json") if names == HEADS_RUNS else ():
         lay = load(folder, name)
         if not lay:
             continue
