@@ -37,10 +37,9 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     model predicts faster at its own best split count (ties, within 2%, go to the unified kernel's single
     launch), except that the two-stage path takes every batch whose unified epilogue would merge
     splits·group·(D+1) ≥ EPILOGUE_WORK values in one program, or would merge TWO_STAGE_SPLITS splits or more
-    (over pages: the unified kernel up to PAGED_EPILOGUE_WORK, :func:`auto_path`); the stream-K kernel for
-    ragged host lengths over pages where :func:`longest_first_suits`, ``"longest_first"``: the unified kernel at
-    one split with the sequences launched longest first (:func:`fdlib.plan.longest_first_order`); the stream-K
-    kernel for
+    (over pages: the unified kernel up to PAGED_EPILOGUE_WORK, :func:`auto_path`); ``"longest_first"`` for
+    ragged host lengths over pages where :func:`longest_first_suits` (the unified kernel at one split with the
+    sequences launched longest first, :func:`fdlib.plan.longest_first_order`); the stream-K kernel for
     ragged host lengths where :func:`streamk_suits` (over pages also where a program streams
     STREAMK_PAGED_MIN_TILES tiles or more,
     :func:`streamk_tiles_per_program`), and over pages for equal host lengths where a program streams
@@ -185,13 +184,16 @@ STREAMK_PAGED_DENSE_TILES = 384
 # keys) is the makespan itself (192.7 µs against stream-K's 90.4-106.2). Hence whole rows longest first where the
 # greedy schedule of :func:`longest_first_imbalance` is within LONGEST_FIRST_IMBALANCE of perfect balance and a
 # stream-K program would stream fewer than STREAMK_PAGED_DENSE_TILES tiles (above that, stream-K reads 95-98% of the
-# ceiling on the paged grid). A second call (results/h200/ab/ab-lpt-rule.json, 68c1242, other draws of lengths) found
-# two more limits. One program streams a row at its own rate ρ, so a row that alone takes longer than the whole batch
-# at the bandwidth is the makespan whatever the order: B=32 32:32 Zipf mean 1024 114.2 µs against stream-K's 80.3,
-# Zipf mean 8192 814.8 against 561.8 (the greedy model, which counts tiles only, called both balanced). And the
-# order's sort of B keys in every program: at B=512 32:8 uniform mean 1024 527.3 µs against stream-K's 504.1, where
-# at B=128 it won on the same kind of batch (143.4 against 148.0; B=128 32:32 uniform 479.7 against 488.1, Zipf
-# 468.8 against 482.9; B=32 32:32 uniform 103.4 against 111.8), so the rule stops at B=128
+# ceiling on the paged grid). One program streams a row at its own rate ρ, so a row that alone takes longer than
+# the whole batch at the bandwidth is the makespan whatever the order: the rule also asks that it does not. A second
+# call (results/h200/ab/ab-lpt-rule.json, 68c1242, other draws of lengths) found two more limits. The first wave:
+# the hardware fills every slot at once, so the longest rows start three to an SM (the paged unified kernel's
+# programs an SM) whatever their lengths, and only the later rows go where work ran out; a model that handed out
+# every row greedily called B=32 32:32 Zipf mean 1024 and 8192 balanced, and they took 114.2 and 814.8 µs against
+# stream-K's 80.3 and 561.8 (the model below fills the first wave first and leaves both out). And the order's sort
+# of B keys in every program: at B=512 32:8 uniform mean 1024 527.3 µs against stream-K's 504.1, where at B=128 it
+# won on the same kind of batch (143.4 against 148.0; B=128 32:32 uniform 479.7 against 488.1, Zipf 468.8 against
+# 482.9; B=32 32:32 uniform 103.4 against 111.8), so the rule stops at B=128
 # (fdlib.kernels.unified.LONGEST_FIRST_MAX_BATCH).
 LONGEST_FIRST_IMBALANCE = 1.05
 LONGEST_FIRST_START_TILES = 1   # a row's start-up in the greedy model, in tiles
