@@ -9,7 +9,8 @@ same in place of the plan's :func:`fdlib.kernels.config.tile_config`, or ``strea
 kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW, MIN_BLOCK_B or MAX_REGISTERS, or
 :mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM) set to VALUE; both may be
 combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``, before any ``@`` or ``+``): the
-plan of NAME with ``num_splits=S``.
+plan of NAME with ``num_splits=S``; ``+longest_first``: the plan made with ``longest_first=True`` (e.g.
+``unified#1+longest_first``: whole rows launched longest first, what run 44's ``unified#1`` ran at 68c1242).
 ``page`` 0 is a contiguous cache. ``dist/desc`` (e.g. ``uniform/desc``): the same lengths, sorted longest first
 over b, so that the grid kernels (b stage 1's fastest grid axis, the unified kernel's second after the KV head)
 launch the longest rows first and end on the shortest. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
@@ -91,14 +92,18 @@ def main(argv=None):
             else:
                 plan_module.tile_config = fixed or default_grid_tiles
             saved = {k: getattr(m, k) for k, m in constants.items()}
+            plan_kw = {}
             for item in method.split("+")[1:]:
-                key, val = item.split("=")
+                if item == "longest_first":
+                    plan_kw["longest_first"] = True
+                    continue
+                key, _, val = item.partition("=")
                 if key not in saved:
-                    raise SystemExit(f"--methods: {method!r}: expected one of {', '.join(constants)} after '+', "
-                                     f"got {key!r}")
+                    raise SystemExit(f"--methods: {method!r}: expected longest_first or one of "
+                                     f"{', '.join(constants)} after '+', got {key!r}")
                 setattr(constants[key], key, int(val))
             try:
-                rec = ragged._measure(name, copies, ref, base, settings, ceil, splits_of(method))
+                rec = ragged._measure(name, copies, ref, base, settings, ceil, splits_of(method), plan_kw)
             finally:
                 plan_module.persistent_config, plan_module.tile_config = default_tiles, default_grid_tiles
                 for k, v in saved.items():

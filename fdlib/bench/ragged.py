@@ -165,8 +165,9 @@ def case_inputs(shape, lens, page_size, seed, page_order, stored, graphs):
     return [inp] + [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp) for _ in range(n - 1)], ref
 
 
-def _measure(name, copies, ref, base, settings, ceil, num_splits=None):
-    """One method's record on one batch (``num_splits``: the plan's forced split count, None for its own)."""
+def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=None):
+    """One method's record on one batch (``num_splits``: the plan's forced split count, None for its own;
+    ``plan_kw``: more arguments of :func:`fdlib.plan`, e.g. ``longest_first=True``)."""
     import fdlib
     from ..validate import check_inputs
     rec = dict(base, method=name, status="ok")
@@ -177,14 +178,14 @@ def _measure(name, copies, ref, base, settings, ceil, num_splits=None):
         shape = check_inputs(q, k, v, lens, None, name, None, False, bt)   # the checked sizes of these tensors
         p = fdlib.plan(shape.B, shape.H_q, shape.H_kv, shape.D, shape.L_max, dtype=q.dtype, device=q.device,
                        lengths=lens.tolist(), method=name, page_size=shape.page_size or None,
-                       num_splits=num_splits)
+                       num_splits=num_splits, **(plan_kw or {}))
         return p, (lambda: p.run(q, k, v, lens, block_table=bt))
     plans, calls = zip(*(make(c) for c in copies))
     try:
         out = calls[0]()
         synchronize()
         d = plans[0].decision
-        rec.update(kernel=d.kernel, splits=d.splits, rel_err=rel_error(out, ref))
+        rec.update(kernel=d.kernel, splits=d.splits, longest_first=bool(d.order), rel_err=rel_error(out, ref))
         if not math.isfinite(rec["rel_err"]) or rec["rel_err"] >= 1e-2:
             return dict(rec, status="failed", reason=f"relative error {rec['rel_err']:.3g}")
         rec["eager_us"] = time_eager(calls[0], settings["warmup_ms"], settings["rep_ms"], settings["cpu_runs"])
