@@ -73,12 +73,15 @@ def test_ab_ragged_overrides_the_tiles_of_the_method_it_names(tmp_path, monkeypa
     from fdlib.kernels import config, streamk
     per_sm = config.PERSISTENT_PER_SM
     ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--methods",
-             "balanced,balanced@32x1x1,streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128,unified#2"])
+             "balanced,balanced@32x1x1,streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128,unified#2,"
+             "unified#1+longest_first"])
     assert config.PERSISTENT_PER_SM == per_sm and streamk.MAX_REGISTERS is None
     recs = json.loads(out.read_text())["records"]
     assert [r["method"] for r in recs] == ["balanced", "balanced@32x1x1",
-                                          "streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128", "unified#2"]
-    assert recs[-1]["kernel"] == "unified" and recs[-1]["splits"] == 2
+                                          "streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128", "unified#2",
+                                          "unified#1+longest_first"]
+    assert recs[-2]["kernel"] == "unified" and recs[-2]["splits"] == 2 and not recs[-2]["longest_first"]
+    assert (recs[-1]["kernel"], recs[-1]["splits"], recs[-1]["longest_first"]) == ("unified", 1, True)
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 for r in recs), recs
     tiles = sorted({(d.kernel, d.tile.BLOCK_N) for d in seen})
     assert tiles == [("balanced", INTERPRETER_CONFIG.BLOCK_N), ("balanced", 32), ("streamk", 32),
