@@ -79,7 +79,7 @@ def cases():
     bh, bs = tile.combine_blocks(g, 16, BD)
     for page in (0, 16):
         yield (f"unified PAGE={page}", unified.unified_kernel, h16 + cc.UNIFIED + ["*i32"],
-               dict(common, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1))
+               dict(common, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1, ORDER_B=0))
         yield (f"streamk PAGE={page}", streamk.streamk_kernel, h16 + cc.UNIFIED + ["*i32"],
                dict(common, BLOCK_H=bh, BLOCK_S=bs, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW, PAGE=page))
         yield (f"persistent PAGE={page}", persistent.persistent_kernel, h16 + cc.PERSISTENT + ["*i32"],
