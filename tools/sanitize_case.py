@@ -115,7 +115,7 @@ for method, splits in (("unified", 1), ("unified", 3), ("split", 3)):
         torch.cuda.synchronize()
         worst = max(worst, ((out.double().cpu() - rr).norm() / rr.norm()).item())
 # Sequences launched longest first (the unified kernel's ORDER_B, asked for with longest_first=True, pages of 16),
-# run on the lengths it was planned for and on others (the order follows each call's device lengths).
+# planned for one mix of lengths and run on another (the order follows each call's device lengths).
 for splits in (1, 3):
     p = fdlib.plan(B, H_q, H_kv, D, bt.shape[1] * 16, dtype=torch.float16, device="cuda", method="unified",
                    num_splits=splits, page_size=16, lengths=[17, 300, 0], longest_first=True)

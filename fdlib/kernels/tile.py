@@ -456,7 +456,8 @@ def longest_first(LENS, i, n, L_MAX, BLOCK_B: tl.constexpr):
     - 1 - b)`, all distinct, in descending order and read b off the i-th. A grid whose place i runs the i-th longest
     row hands the SMs the longest rows first, so the last programs to start are the shortest (greedy longest-first
     list scheduling). Any order is a permutation of 0..n-1, so the lengths only move work around, never change it.
-    n <= BLOCK_B; padding keys are -1, after every real one."""
+    n <= BLOCK_B; padding keys are -1, after every real one. The lengths are clamped as :func:`clamp_and_flag` does
+    but without its flag: each program's own :func:`load_lengths` of its row sets that."""
     offs = tl.arange(0, BLOCK_B)
     L = tl.load(LENS + offs, mask=offs < n, other=0).to(tl.int64)
     L = tl.minimum(tl.maximum(L, 0), L_MAX)

@@ -29,7 +29,8 @@ Longest rows first (``ORDER_B`` > 0, a power of two >= B): place i of the grid's
 longest sequence, ordered on the device from ``cache_seqlens`` in every program
 (:func:`~fdlib.kernels.tile.longest_first`), so the SMs take the longest rows first and the last programs to start
 are the shortest, whatever order the batch comes in and however its lengths change between graph replays.
-The plan asks for it for ragged batches over pages (:func:`fdlib.plan.decide`).
+``auto`` asks for it where :func:`fdlib.splits.longest_first_suits` holds (ragged batches over pages, whole rows),
+``plan(..., longest_first=True)`` always (:func:`fdlib.plan.decide`).
 
 In the interpreter the programs run one after another; the ticket still decides who merges.
 """
