@@ -11,9 +11,9 @@ kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW
 combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``, before any ``@`` or ``+``): the
 plan of NAME with ``num_splits=S``; ``+longest_first``: the plan made with ``longest_first=True`` (e.g.
 ``unified#1+longest_first``: whole rows launched longest first, what run 44's ``unified#1`` ran at 68c1242);
-``+math_free`` (e.g. ``auto+math_free``): the same plan with the attention taken out
-(:func:`fdlib.bench.mathfree.math_free`, checked against what it must return); ``flat_read``: the batch's bytes
-read in one launch of the read-ceiling kernel (:func:`fdlib.bench.mathfree.flat_read_us`).
+``row_read`` / ``row_read@W``: the batch's rows and pages walked in tiles of 64 keys by one program per
+(KV head, sequence), W warps (4), with no attention; ``flat_read``: the batch's bytes read in one launch of the
+read-ceiling kernel (both :mod:`fdlib.bench.readbound`).
 ``page`` 0 is a contiguous cache. ``dist/desc`` (e.g. ``uniform/desc``): the same lengths, sorted longest first
 over b, so that the grid kernels (b stage 1's fastest grid axis, the unified kernel's second after the KV head)
 launch the longest rows first and end on the shortest. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
@@ -88,35 +88,31 @@ def main(argv=None):
         base, stored = ragged.case_record(shape, lens, page)
         copies, ref = ragged.case_inputs(shape, lens, page, args.seed + i, "shuffled", stored, gpu)
         for method in args.methods.split(","):
+            if method == "flat_read" or method.partition("@")[0] == "row_read":
+                rec = read_record(method, base, copies, settings, ceil)
+                records.append(rec)
+                print(f"{text:32s} {method:22s} {rec['kernel']} {rec.get('graph_us', rec.get('eager_us')):9.1f} us "
+                      f"{rec.get('pct_ceiling', float('nan')):5.1f}% {rec['status']}", flush=True)
+                continue
             name, tiles = tiles_of(method)
             fixed = None if tiles is None else (lambda *a, _t=tiles, **k: _t)
             if name in ("streamk", "persistent"):
                 plan_module.persistent_config = fixed or default_tiles
             else:
                 plan_module.tile_config = fixed or default_grid_tiles
-            if method == "flat_read":
-                rec = flat_read_record(base, settings, ceil)
-                records.append(rec)
-                print(f"{text:32s} {method:22s} read_sum {rec.get('graph_us', rec.get('eager_us')):9.1f} us "
-                      f"{rec.get('pct_ceiling', float('nan')):5.1f}%", flush=True)
-                continue
             saved = {k: getattr(m, k) for k, m in constants.items()}
-            plan_kw, math_free = {}, False
+            plan_kw = {}
             for item in method.split("+")[1:]:
                 if item == "longest_first":
                     plan_kw["longest_first"] = True
                     continue
-                if item == "math_free":
-                    math_free = True
-                    continue
                 key, _, val = item.partition("=")
                 if key not in saved:
-                    raise SystemExit(f"--methods: {method!r}: expected longest_first, math_free or one of "
+                    raise SystemExit(f"--methods: {method!r}: expected longest_first or one of "
                                      f"{', '.join(constants)} after '+', got {key!r}")
                 setattr(constants[key], key, int(val))
             try:
-                rec = ragged._measure(name, copies, ref, base, settings, ceil, splits_of(method), plan_kw,
-                                      math_free)
+                rec = ragged._measure(name, copies, ref, base, settings, ceil, splits_of(method), plan_kw)
             finally:
                 plan_module.persistent_config, plan_module.tile_config = default_tiles, default_grid_tiles
                 for k, v in saved.items():
@@ -136,14 +132,24 @@ def main(argv=None):
         json.dump(out, f, indent=1)
 
 
-def flat_read_record(base: dict, settings: dict, ceil) -> dict:
-    """The ``flat_read`` record of one batch: its bytes read by the read-ceiling kernel in one launch
-    (:func:`fdlib.bench.mathfree.flat_read_us`, the ceiling's best tile; graphs on a GPU)."""
-    from fdlib.bench.mathfree import flat_read_us
-    us = flat_read_us(int(base["kv_mb"] * 1e6), (ceil or {}).get("best_tile"), settings["graphs"],
-                      settings["graph_rep_ms"], settings["warmup_ms"], settings["rep_ms"])
-    rec = dict(base, method="flat_read", status="ok", kernel="read_sum", splits=1,
-               **{"graph_us" if settings["graphs"] else "eager_us": us}, tbs=base["kv_mb"] / us)
+def read_record(method: str, base: dict, copies, settings: dict, ceil) -> dict:
+    """The record of a read of the batch's bytes without attention (:mod:`fdlib.bench.readbound`): ``flat_read``,
+    one launch of the read-ceiling kernel with the ceiling's best tile; ``row_read`` or ``row_read@W``, the row walk
+    over the batch's own rows and pages with 4 (or W) warps and tiles of 64 keys, checked against float64."""
+    from fdlib.bench.readbound import flat_read_us, row_read_us
+    timing = (settings["graph_rep_ms"], settings["warmup_ms"], settings["rep_ms"])
+    rec = dict(base, method=method, status="ok", splits=1)
+    if method == "flat_read":
+        us = flat_read_us(int(base["kv_mb"] * 1e6), (ceil or {}).get("best_tile"), settings["graphs"], *timing)
+        rec["kernel"] = "read_sum"
+    else:
+        warps = int(method.partition("@")[2] or 4)
+        us, err = row_read_us(copies, settings["graphs"], 64, warps, *timing)
+        rec.update(kernel="row_read", num_warps=warps, rel_err=err)
+        if not err < 1e-4:
+            rec.update(status="failed", reason=f"relative error {err:.3g}")
+    rec["graph_us" if settings["graphs"] else "eager_us"] = us
+    rec["tbs"] = base["kv_mb"] / us
     if ceil and ceil.get("tbs"):
         rec["pct_ceiling"] = 100 * rec["tbs"] / ceil["tbs"]
     return rec

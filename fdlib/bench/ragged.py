@@ -165,13 +165,11 @@ def case_inputs(shape, lens, page_size, seed, page_order, stored, graphs):
     return [inp] + [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp) for _ in range(n - 1)], ref
 
 
-def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=None, math_free=False):
+def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=None):
     """One method's record on one batch (``num_splits``: the plan's forced split count, None for its own;
-    ``plan_kw``: more arguments of :func:`fdlib.plan`, e.g. ``longest_first=True``; ``math_free``: time the plan's
-    twin without the attention, :func:`fdlib.bench.mathfree.math_free`, checked against what it must return)."""
+    ``plan_kw``: more arguments of :func:`fdlib.plan`, e.g. ``longest_first=True``)."""
     import fdlib
     from ..validate import check_inputs
-    from . import mathfree
     rec = dict(base, method=name, status="ok")
 
     def make(c):
@@ -181,17 +179,12 @@ def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=N
         p = fdlib.plan(shape.B, shape.H_q, shape.H_kv, shape.D, shape.L_max, dtype=q.dtype, device=q.device,
                        lengths=lens.tolist(), method=name, page_size=shape.page_size or None,
                        num_splits=num_splits, **(plan_kw or {}))
-        go = mathfree.math_free(p) if math_free else p
-        return p, (lambda: go.run(q, k, v, lens, block_table=bt))
+        return p, (lambda: p.run(q, k, v, lens, block_table=bt))
     plans, calls = zip(*(make(c) for c in copies))
     try:
         out = calls[0]()
         synchronize()
         d = plans[0].decision
-        if math_free:
-            q, k, v, lens, bt = copies[0]
-            ref = mathfree.expected_math_free(k, v, lens.tolist(), d.tile.BLOCK_N, q.shape[1], bt)
-            rec["math_free"] = True
         rec.update(kernel=d.kernel, splits=d.splits, longest_first=bool(d.order), rel_err=rel_error(out, ref))
         if not math.isfinite(rec["rel_err"]) or rec["rel_err"] >= 1e-2:
             return dict(rec, status="failed", reason=f"relative error {rec['rel_err']:.3g}")

@@ -1,0 +1,51 @@
+"""fdlib.bench.readbound: the row read sums exactly the keys of each (sequence, KV head), contiguous and over pages
+(shuffled, shared, unused entries), at lengths off the tile, of one key and of none; the flat read sums what it
+reads; the checks can fail."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fdlib   # before triton (see tests/test_longest_first.py)
+from fdlib import runtime
+from fdlib.bench import ragged
+from fdlib.bench.readbound import expected_row_sums, flat_read_us, row_read, row_read_us
+
+
+def _rel(got, ref):
+    return float((got.double().cpu() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("page", [0, 1, 4, 16])
+@pytest.mark.parametrize("D,block_n", [(32, 16), (80, 32)])
+def test_row_read_sums_each_rows_keys(page, D, block_n):
+    lens = [37, 1, 64, 0, 19]          # off the tile, one key, exactly tiles, an empty row
+    shape = dict(dtype="float32", B=len(lens), H_q=6, H_kv=3, D=D)
+    q, k, v, lens_t, bt = ragged._inputs(shape, lens, page, 3)
+    if page:                           # a shared page and an unused table entry
+        bt = torch.cat([bt, bt[:, :1]], 1)
+        bt[1, 0] = bt[0, 0]
+    out = torch.empty(len(lens) * 3, dtype=torch.float32, device=runtime.DEVICE)
+    flag = torch.zeros(1, dtype=torch.int32, device=runtime.DEVICE)
+    row_read(k, v, lens_t, bt, out, flag, block_n, num_warps=1)
+    ref = expected_row_sums(k, v, lens, bt)
+    assert _rel(out, ref) < 1e-5
+    assert out.view(5, 3)[3].abs().max() == 0           # the empty row read nothing
+    one_less = expected_row_sums(k, v, [36] + lens[1:], bt)
+    assert _rel(out, one_less) > 1e-3                   # one key fewer is another answer
+    assert int(flag) == 0
+
+
+def test_row_read_us_checks_what_it_read():
+    shape = dict(dtype="float16", B=3, H_q=4, H_kv=2, D=32)
+    lens = [40, 7, 1]
+    copies = [ragged._inputs(shape, lens, 4, 0)]
+    us, err = row_read_us(copies, graphs=False, block_n=16, num_warps=1, warmup_ms=1, rep_eager_ms=1)
+    assert us > 0 and err < 1e-4
+
+
+def test_flat_read_times_a_launch_that_read_everything():
+    assert flat_read_us(4096, None, graphs=False, warmup_ms=1, rep_eager_ms=1) > 0
+    assert flat_read_us(4096, {"BLOCK": 1024, "ITERS": 4, "num_warps": 1}, graphs=False) > 0
+    with pytest.raises(ValueError, match="nbytes"):
+        flat_read_us(1, None, graphs=False)
