@@ -402,7 +402,8 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: int = 0) ->
         # looked the table up in each tile's iteration. Read a tile ahead, at its 64-key tiles, it is still slower
         # than the unified kernel over pages of 16, at 2 and at 3 programs an SM (results/h200/ab/ab-paged-per-sm.json,
         # constant rows: B=32 32:32 rows of 1024 keys 153.2 and 142.0 µs against 129.9; rows of 8192 keys 1169.7 and
-        # 1075.1 against 1001.8; B=128 32:8 rows of 1024 keys 152.8 and 141.8 against 131.9).
+        # 1075.1 against 1001.8; B=128 32:8 rows of 1024 keys 152.8 and 141.8 against 131.9). Again at 4599d31
+        # (ab-paged-persistent-4599d31.json): B=128 32:8 rows of 1024 keys 140.0 and 136.7 against 130.5.
         return "unified"
     rows = B * H_kv
     sms = sm_count()
