@@ -9,11 +9,8 @@ import torch
 import fdlib   # before triton (see tests/test_longest_first.py)
 from fdlib import runtime
 from fdlib.bench import ragged
+from fdlib.bench.harness import rel_error
 from fdlib.bench.readbound import expected_row_sums, flat_read_us, row_read, row_read_us
-
-
-def _rel(got, ref):
-    return float((got.double().cpu() - ref).norm() / ref.norm())
 
 
 @pytest.mark.parametrize("page", [0, 1, 4, 16])
@@ -29,10 +26,10 @@ def test_row_read_sums_each_rows_keys(page, D, block_n):
     flag = torch.zeros(1, dtype=torch.int32, device=runtime.DEVICE)
     row_read(k, v, lens_t, bt, out, flag, block_n, num_warps=1)
     ref = expected_row_sums(k, v, lens, bt)
-    assert _rel(out, ref) < 1e-5
+    assert rel_error(out, ref) < 1e-5
     assert out.view(5, 3)[3].abs().max() == 0           # the empty row read nothing
     one_less = expected_row_sums(k, v, [36] + lens[1:], bt)
-    assert _rel(out, one_less) > 1e-3                   # one key fewer is another answer
+    assert rel_error(out, one_less) > 1e-3                   # one key fewer is another answer
     assert int(flag) == 0
 
 

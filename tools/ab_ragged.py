@@ -89,10 +89,7 @@ def main(argv=None):
         copies, ref = ragged.case_inputs(shape, lens, page, args.seed + i, "shuffled", stored, gpu)
         for method in args.methods.split(","):
             if method == "flat_read" or method.partition("@")[0] == "row_read":
-                rec = read_record(method, base, copies, settings, ceil)
-                records.append(rec)
-                print(f"{text:32s} {method:22s} {rec['kernel']} {rec.get('graph_us', rec.get('eager_us')):9.1f} us "
-                      f"{rec.get('pct_ceiling', float('nan')):5.1f}% {rec['status']}", flush=True)
+                records.append(report(text, read_record(method, base, copies, settings, ceil)))
                 continue
             name, tiles = tiles_of(method)
             fixed = None if tiles is None else (lambda *a, _t=tiles, **k: _t)
@@ -118,9 +115,7 @@ def main(argv=None):
                 for k, v in saved.items():
                     setattr(constants[k], k, v)
             rec["method"] = method
-            records.append(rec)
-            print(f"{text:32s} {method:22s} {rec.get('kernel')} {rec.get('graph_us', float('nan')):9.1f} us "
-                  f"{rec.get('pct_ceiling', float('nan')):5.1f}% {rec['status']}", flush=True)
+            records.append(report(text, rec))
         del copies, ref
         free_memory()
     out = {"schema": "fdlib.bench/1", "kind": "ab-ragged", "fdlib": fdlib.__version__,
@@ -130,6 +125,14 @@ def main(argv=None):
         out["kernels"] = kernel_rows()
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
+
+
+def report(case: str, rec: dict) -> dict:
+    """Print one record's line (graph µs, else eager µs in the interpreter) and return the record."""
+    us = rec.get("graph_us", rec.get("eager_us", float("nan")))
+    print(f"{case:32s} {rec['method']:22s} {rec.get('kernel')} {us:9.1f} us "
+          f"{rec.get('pct_ceiling', float('nan')):5.1f}% {rec['status']}", flush=True)
+    return rec
 
 
 def read_record(method: str, base: dict, copies, settings: dict, ceil) -> dict:

@@ -95,6 +95,16 @@ def reference(inp: M.Inputs) -> torch.Tensor:
     return reference_rows(inp.q, inp.k, inp.v)
 
 
+def row_keys(k, v, b: int, L: int, block_table=None):
+    """The first L keys and values of sequence b, [L, H_kv, D] each: rows of a contiguous cache, or pages gathered
+    through ``block_table``."""
+    if block_table is None:
+        return k[b, :L], v[b, :L]
+    idx = block_table[b, : -(-L // k.shape[1])].long()
+    H_kv, D = k.shape[2], k.shape[3]
+    return k[idx].reshape(-1, H_kv, D)[:L], v[idx].reshape(-1, H_kv, D)[:L]
+
+
 def reference_rows(q, k, v, lens=None, block_table=None) -> torch.Tensor:
     """O_ref [B, H_q, D] in float32, one sequence at a time (the whole score matrix of a long cache never
     exists at once): every row L_max long, or ``lens`` long; K/V contiguous, or pages gathered through
@@ -107,11 +117,7 @@ def reference_rows(q, k, v, lens=None, block_table=None) -> torch.Tensor:
         L = k.shape[1] if lens is None else int(lens[b])
         if L == 0:
             continue
-        if block_table is None:
-            kb, vb = k[b, :L], v[b, :L]
-        else:
-            idx = block_table[b, : -(-L // k.shape[1])].long()
-            kb, vb = k[idx].reshape(-1, Hkv, D)[:L], v[idx].reshape(-1, Hkv, D)[:L]
+        kb, vb = row_keys(k, v, b, L, block_table)
         qg = q[b].float().reshape(Hkv, Hq // Hkv, D)
         p = torch.softmax(torch.matmul(qg, kb.float().permute(1, 2, 0)) * scale, dim=-1)    # [H_kv, group, L]
         out[b] = torch.matmul(p, vb.float().permute(1, 0, 2)).reshape(Hq, D)

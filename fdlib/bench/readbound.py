@@ -27,6 +27,7 @@ from .. import runtime
 from ..kernels.launch import paging
 from ..kernels.tile import kv_base, load_kv, load_lengths
 from .ceiling import read_sum_kernel
+from .harness import row_keys
 from .timing import Rotating, copies_for_l2, free_memory, synchronize, time_eager, time_graph
 
 
@@ -75,15 +76,14 @@ def expected_row_sums(k, v, lengths, block_table=None) -> torch.Tensor:
     b-major."""
     rows = []
     for b, L in enumerate(int(x) for x in lengths):
-        if block_table is None:
-            kb, vb = k[b, :L], v[b, :L]
-        else:
-            P = k.shape[1]
-            pos = torch.arange(L, device=k.device)
-            page = block_table[b].long()[pos // P]
-            kb, vb = k[page, pos % P], v[page, pos % P]
+        kb, vb = row_keys(k, v, b, L, block_table)
         rows.append((kb.double() + vb.double()).sum((0, 2)).cpu())
     return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.float64)
+
+
+def _time(calls, graphs: bool, rep_ms: float, warmup_ms: float, rep_eager_ms: float) -> float:
+    """µs of one of ``calls``: under CUDA graphs rotating over them, else eager on the first with the L2 flushed."""
+    return time_graph(Rotating(calls), rep_ms) if graphs else time_eager(calls[0], warmup_ms, rep_eager_ms, 1)
 
 
 def row_read_us(copies, graphs: bool, block_n: int = 64, num_warps: int = 4, rep_ms: float = 20,
@@ -103,7 +103,7 @@ def row_read_us(copies, graphs: bool, block_n: int = 64, num_warps: int = 4, rep
     synchronize()
     ref = expected_row_sums(k, v, lens.tolist(), bt)
     err = float((outs[0].double().cpu() - ref).norm() / max(float(ref.norm()), 1e-30))
-    us = time_graph(Rotating(calls), rep_ms) if graphs else time_eager(calls[0], warmup_ms, rep_eager_ms, 1)
+    us = _time(calls, graphs, rep_ms, warmup_ms, rep_eager_ms)
     return us, err
 
 
@@ -130,7 +130,7 @@ def flat_read_us(nbytes: int, tile: dict | None, graphs: bool, rep_ms: float = 2
     got = float(partial.double().sum())
     if got != n:
         raise RuntimeError(f"flat read: summed {got} ones, expected {n}")
-    us = time_graph(Rotating(calls), rep_ms) if graphs else time_eager(calls[0], warmup_ms, rep_eager_ms, 1)
+    us = _time(calls, graphs, rep_ms, warmup_ms, rep_eager_ms)
     del bufs, partial
     free_memory()
     return us
