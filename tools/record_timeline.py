@@ -1,7 +1,8 @@
 """Record per-program timelines of the split, balanced and stream-K plans on a GPU, for Lab 06's Gantt charts.
 
     python tools/record_timeline.py --out OUT_DIR [--seed 0] [--repeats 5]
-    python tools/record_timeline.py --out OUT_DIR --cases B:H_q:H_kv:dist:mean:page,... [--methods auto,streamk]
+    python tools/record_timeline.py --out OUT_DIR --cases B:H_q:H_kv:dist:mean:page,... \
+        [--methods auto,streamk,auto@16x4x3]
 
 For each of Lab 06's ragged batches (``fdlib.timeline.BATCH``: B=32, H 32:8, D=128, fp16; lengths
 ``fdlib.timeline.batch_lengths``: "uniform" in 1..32768, the batch of issue 13, and "zipf", Zipf-like of mean 8192,
@@ -28,6 +29,9 @@ import torch
 import fdlib
 from fdlib import runtime, timeline
 from fdlib.bench.harness import provenance, reference_rows, rel_error
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab_ragged import splits_of, tiles_of  # noqa: E402  (NAME#S and NAME@NxWxS, as tools/ab_ragged.py reads them)
 
 METHODS = ("split", "balanced", "streamk", "auto")
 
@@ -83,12 +87,20 @@ def record_runs(batch: dict, inputs, ref, repeats: int, methods) -> list:
     H_kv = k.shape[2]
     lengths = batch["lengths"]
     runs = []
+    plan_module = sys.modules["fdlib.plan"]          # the module (fdlib.plan is the function)
     for method in methods:
-        name, _, forced = method.partition("#")         # "unified#4": the plan of unified with num_splits=4
+        # "unified#4": the plan of unified with num_splits=4; "auto@16x4x3": auto's plan with those tiles
+        name, tiles = tiles_of(method)
         L_max = max(lengths) if bt is None else bt.shape[1] * k.shape[1]   # a paged plan covers its whole table
-        plan = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=q.dtype, device=q.device, lengths=lengths,
-                          method=name, num_splits=int(forced) if forced else None,
-                          page_size=k.shape[1] if bt is not None else None)
+        default_tiles = plan_module.tile_config
+        if tiles is not None:
+            plan_module.tile_config = lambda *a, _t=tiles, **kw: _t
+        try:
+            plan = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=q.dtype, device=q.device, lengths=lengths,
+                              method=name, num_splits=splits_of(method),
+                              page_size=k.shape[1] if bt is not None else None)
+        finally:
+            plan_module.tile_config = default_tiles
         out = plan.run(q, k, v, lens, block_table=bt)                   # compile, and check the numbers
         if q.is_cuda:
             torch.cuda.synchronize()
@@ -131,7 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="", help="comma-separated ragged-bench batches B:H_q:H_kv:dist:mean:page "
                                                 "(in place of --batches)")
     ap.add_argument("--methods", default=",".join(METHODS),
-                    help=f"comma-separated (default {','.join(METHODS)}); NAME#S plans NAME with num_splits=S")
+                    help=f"comma-separated (default {','.join(METHODS)}); NAME#S plans NAME with num_splits=S, "
+                         "NAME@NxWxS with tiles of N keys, W warps and S stages (as tools/ab_ragged.py)")
     args = ap.parse_args(argv)
     if runtime.MODE != "gpu":
         print("record_timeline: needs a CUDA GPU (the timestamps come from the GPU's global timer)", file=sys.stderr)
