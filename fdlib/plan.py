@@ -49,7 +49,8 @@ import torch
 from . import runtime
 from .kernels import launch as _launch_mod
 from .kernels.launch import heads_adjacent, pack_for, record, replay, rows4
-from .kernels.config import MAX_SPLITS, TileConfig, chunk_for, persistent_config, tile_config, tile_config_for
+from .kernels.config import (MAX_SPLITS, ONE_WAVE_TILE, TileConfig, chunk_for, persistent_config, tile_config,
+                             tile_config_for)
 from .kernels.invariant import invariant_launcher, max_chunks, row_chunks
 from .kernels.balanced import MAX_BATCH, balanced_args, balanced_launcher, items_max
 from .kernels.persistent import persistent_args, persistent_launcher, programs_for, rows_for
@@ -60,7 +61,7 @@ from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
 from .kernels.unified import LONGEST_FIRST_MAX_BATCH, remember_resources, unified_args, unified_launcher
 from .reference import naive_attention
 from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
-                     persistent_per_sm, sm_count)
+                     one_wave_suits, persistent_per_sm, sm_count)
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits,
                        check_page_size, check_page_strides, check_q_len, check_scale, shape_str)
 
@@ -283,6 +284,10 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     chunk, splits = chunk_for(L_cap, num_splits, tile.BLOCK_N)
     if kernel == "auto":   # forced splits: the unified kernel, or the persistent one at one split
         kernel = choose_kernel(B, H_kv, L_cap, splits, paged=paged)
+    if (method == "auto" and kernel == "unified" and splits == 1 and not longest_first
+            and one_wave_suits(B, H_kv, D, dtype, lengths, paged, q_len)):
+        tile = ONE_WAVE_TILE   # equal short rows over pages, all programs on the SMs at once
+        chunk, splits = chunk_for(L_cap, 1, tile.BLOCK_N)
     if kernel == "balanced":
         if B > MAX_BATCH:
             raise ValueError(f"method: 'balanced' keeps the batch's lengths in registers, B <= {MAX_BATCH}, got B={B}")

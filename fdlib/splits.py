@@ -236,6 +236,30 @@ def longest_first_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int, c
     return longest_first_imbalance(H_kv, lengths, block_n, sm_count(), per_sm) <= LONGEST_FIRST_IMBALANCE
 
 
+ONE_WAVE_MIN_ROWS, ONE_WAVE_MAX_ROWS = 0.75, 2.0   # B·H_kv, in programs the SMs hold at once at ONE_WAVE_TILE
+ONE_WAVE_KEYS = (512, 1024)   # the row lengths measured
+
+
+def one_wave_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int, q_len: int = 1, sms: int | None = None,
+                   compiled: bool | None = None) -> bool:
+    """Whether a one-split unified plan takes :data:`~fdlib.kernels.config.ONE_WAVE_TILE` (16-key tiles, 2 warps,
+    8 programs an SM) in place of its 64-key tiles: on a GPU, over pages of at least TABLE_AHEAD_PAGE keys, one
+    query token, D = 128 at 2 bytes an element, host lengths all equal to some L in ONE_WAVE_KEYS' range, and
+    B·H_kv rows between ONE_WAVE_MIN_ROWS and ONE_WAVE_MAX_ROWS times the ONE_WAVE_PER_SM·SMs programs the GPU holds
+    at once (about one or two whole waves). Those are the conditions under which it was measured faster
+    (:data:`~fdlib.kernels.config.ONE_WAVE_TILE`); ragged rows, long rows and other sizes keep the 64-key tiles."""
+    from .kernels.config import ONE_WAVE_PER_SM
+    from .kernels.tile import TABLE_AHEAD_PAGE
+    if not (not runtime.INTERPRET if compiled is None else compiled):
+        return False
+    if paged < TABLE_AHEAD_PAGE.value or q_len != 1 or D != 128 or dtype.itemsize != 2 or not lengths:
+        return False
+    if len(set(lengths)) != 1 or not ONE_WAVE_KEYS[0] <= int(lengths[0]) <= ONE_WAVE_KEYS[1]:
+        return False
+    slots = ONE_WAVE_PER_SM * (sm_count() if sms is None else sms)
+    return ONE_WAVE_MIN_ROWS * slots <= B * H_kv <= ONE_WAVE_MAX_ROWS * slots
+
+
 def streamk_tiles_per_program(H_kv: int, D: int, dtype, lengths, paged: int) -> float:
     """The K/V tiles a stream-K program streams on ``lengths``: H_kv·Σ_b max(1, ⌈L_b/N⌉) over its programs
     (:func:`fdlib.kernels.streamk.streamk_programs`), N its tile's keys."""

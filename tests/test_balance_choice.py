@@ -219,3 +219,50 @@ def test_paged_plans_before_the_first_launch_match_later_ones():
     assert differ == []
     assert costmodel.explain(1, 32, 8, 131072, 128, 2, gpu, cal=cal, paged=16).chosen == 32
     assert costmodel.explain(1, 32, 8, 131072, 128, 2, gpu, cal=cal).chosen == 16   # contiguous tiles: 128 keys
+
+
+def test_one_wave_tiles_take_only_equal_short_rows_over_pages_that_fill_the_sms():
+    """ONE_WAVE_TILE (16 keys, 2 warps, 8 programs an SM) is taken by a GPU plan of equal rows of 512-1024 keys
+    over pages of >= TABLE_AHEAD_PAGE keys, one query token, D=128 in 2 bytes, with B·H_kv between 0.75 and 2
+    times the programs the SMs hold at once (8·132 = 1056 on an H200): the shapes where it was measured faster."""
+    from fdlib.kernels.config import ONE_WAVE_PER_SM
+    h200 = dict(sms=132, compiled=True)
+    f16, eq = torch.float16, (lambda B, L: [L] * B)
+    assert ONE_WAVE_PER_SM * 132 == 1056
+    assert splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 16, **h200)          # 1024 rows, measured
+    assert splits.one_wave_suits(32, 32, 128, torch.bfloat16, eq(32, 1024), 16, **h200)
+    assert splits.one_wave_suits(64, 32, 128, f16, eq(64, 512), 256, **h200)            # 2048 rows
+    assert splits.one_wave_suits(99, 8, 128, f16, eq(99, 1024), 16, **h200)             # 792 = 0.75 · 1056
+    assert not splits.one_wave_suits(98, 8, 128, f16, eq(98, 1024), 16, **h200)         # 784 rows: too few
+    assert not splits.one_wave_suits(128, 32, 128, f16, eq(128, 1024), 16, **h200)      # 4096 rows: equal there
+    assert not splits.one_wave_suits(128, 8, 128, f16, eq(127, 1024) + [1023], 16, **h200)   # ragged
+    assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 2048), 16, **h200)       # long rows
+    assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 256), 16, **h200)        # not measured
+    assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 0, **h200)        # contiguous
+    assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 4, **h200)        # small pages
+    assert not splits.one_wave_suits(128, 8, 128, f16, None, 16, **h200)                # no host lengths
+    assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 16, q_len=2, **h200)
+    assert not splits.one_wave_suits(128, 8, 64, f16, eq(128, 1024), 16, **h200)
+    assert not splits.one_wave_suits(128, 8, 128, torch.float32, eq(128, 1024), 16, **h200)
+    assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 16, sms=132, compiled=False)
+
+
+def test_auto_plans_equal_short_rows_over_pages_at_one_wave_tiles(monkeypatch):
+    """Where one_wave_suits holds, auto's one-split unified plan takes ONE_WAVE_TILE and a chunk of whole 16-key
+    tiles; method="unified", a longest-first plan and a plan the rule does not suit keep the usual tiles."""
+    from fdlib import plan as plan_fn  # noqa: F401  (the function; the module is sys.modules["fdlib.plan"])
+    import sys
+    from fdlib.kernels.config import ONE_WAVE_TILE
+    plan_module = sys.modules["fdlib.plan"]
+    asked = []
+    monkeypatch.setattr(plan_module, "one_wave_suits", lambda *a: asked.append(a) or True)
+    lens = [40] * 16
+    d = plan_module.decide(16, 8, 2, 128, 64, torch.float16, lengths=lens, paged=16)
+    assert (d.kernel, d.splits, d.tile, d.chunk) == ("unified", 1, ONE_WAVE_TILE, 48)
+    assert asked[-1] == (16, 2, 128, torch.float16, lens, 16, 1)
+    assert plan_module.decide(16, 8, 2, 128, 64, torch.float16, lengths=lens, paged=16, method="unified").tile \
+        != ONE_WAVE_TILE
+    assert plan_module.decide(16, 8, 2, 128, 64, torch.float16, lengths=lens, paged=16, method="unified",
+                              longest_first=True).tile != ONE_WAVE_TILE
+    monkeypatch.setattr(plan_module, "one_wave_suits", lambda *a: False)
+    assert plan_module.decide(16, 8, 2, 128, 64, torch.float16, lengths=lens, paged=16).tile != ONE_WAVE_TILE

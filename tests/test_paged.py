@@ -63,6 +63,30 @@ def test_paged_plan_reused_with_new_tables_and_a_smaller_batch():
     assert p.clamped() is False, "unused table entries (-1 past each length) are never read"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or fdlib.runtime.INTERPRET,
+                    reason="the one-wave tiles are a GPU plan's (the interpreter keeps its own)")
+def test_one_wave_plan_matches_float64_on_a_gpu():
+    """auto's plan of 1024 equal rows of 1024 keys over shuffled pages of 16 (B=128, 32:8, D=128, fp16) takes
+    ONE_WAVE_TILE (fdlib.splits.one_wave_suits), matches float64, and still does with new lengths and a new table
+    under the same plan (rows shorter, one of 0, one of 1, one ending inside a page)."""
+    from fdlib.kernels.config import ONE_WAVE_TILE
+    B, H_q, H_kv, D, page, L = 128, 32, 8, 128, 16, 1024
+    gen = torch.Generator().manual_seed(5)
+    q, kp, vp, bt, k, v, lens = paged_problem(gen, B, H_q, H_kv, D, page, L // page, B * L // page, [L] * B,
+                                              dtype=torch.float16, share=False)
+    p = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float16, device=DEVICE, lengths=[L] * B, page_size=page)
+    assert p.decision.tile == ONE_WAVE_TILE and p.decision.kernel == "unified" and p.decision.splits == 1, str(p)
+    out, lse = p.run(q, kp, vp, lens, block_table=bt, return_lse=True)
+    assert_attention_close(out, lse, q, k, v, lens, what="one-wave plan")
+    new = [L - 1 - (b * 37) % 700 for b in range(B)]
+    new[3], new[4], new[5] = 0, 1, 17
+    q2, kp2, vp2, bt2, k2, v2, lens2 = paged_problem(gen, B, H_q, H_kv, D, page, L // page, B * L // page, new,
+                                                     dtype=torch.float16)
+    out2, lse2 = p.run(q2, kp2, vp2, lens2, block_table=bt2, return_lse=True)
+    assert_attention_close(out2, lse2, q2, k2, v2, lens2, what="one-wave plan, new lengths and table")
+    assert counters_zero() and p.clamped() is False
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_page_index_outside_the_pool_is_clamped_and_flagged(method):
     """A used table entry outside 0..n_pages-1 reads the nearest page of the pool, never outside it, and sets
