@@ -204,7 +204,7 @@ def ragged_targets(label: str, res) -> list[str]:
            f"{res['ceiling']['tbs']:.2f} TB/s): auto reads ≥ 90% of the ceiling on {sum(x >= 90 for _, x, _ in big)} "
            f"of {len(big)} shapes of ≥ 512 MB (target: all); geometric mean over all {len(pct)} shapes "
            f"{geomean([x for _, x, _, _ in pct]):.1f}% (target ≥ 85%); below 90% at ≥ 512 MB: "
-           + (", ".join(f"B={k[0]} {k[1]}:{k[2]} {k[3]} mean {k[4]} {x:.0f}% ({kern})" for k, x, kern in big
+           + (", ".join(f"B={k[0]} {k[1]}:{k[2]} {k[3]} mean {k[4]} {x:.1f}% ({kern})" for k, x, kern in big
                         if x < 90) or "none")]
     bal = [m["balanced"]["graph_us"] / min(m[n]["graph_us"] for n in m if n not in ("balanced",))
            for m in by.values() if "balanced" in m and len(m) > 1]
@@ -219,13 +219,14 @@ def vs_fastest(m) -> float:
     return m["auto"]["graph_us"] / min(m[k]["graph_us"] for k in ("split", "unified", "persistent") if k in m)
 
 
-PLANNER_RUNS = {("float16", "fp16"): ("bench-float16-8850a6e.json", "ragged-fp16-page16-auto-5a147d1.json"),
-                ("bfloat16", "bf16"): ("bench-bfloat16-0bc8b63.json", "ragged-bf16-page16-auto-5a147d1.json")}
+PLANNER_RUNS = {("float16", "fp16"): ("bench-float16-8850a6e.json", "ragged-fp16-page16-auto-b0a5bb4.json"),
+                ("bfloat16", "bf16"): ("bench-bfloat16-0bc8b63.json", "ragged-bf16-page16-auto-b0a5bb4.json")}
 """The grids run again under today's planner, beside the runs of the sections above, which notebooks cite:
 (dense grid, paged ragged grid of auto alone, or None where not run again) a dtype (its two names). 8850a6e: the
 unified kernel's grid with the KV head the fastest axis; 0bc8b63 adds the longest-first order, whose only change on
 a dense grid is compiled out (ORDER_B = 0); 5a147d1 orders only auto's whole rows (b82bedb's planner, the kernels
-unchanged). Each paged grid comes with the contiguous grid of the same run."""
+unchanged); b0a5bb4 gives equal short rows over pages the one-wave tiles (``fdlib.splits.one_wave_suits``), which
+no contiguous cache takes. Each paged grid comes with the contiguous grid of the same run."""
 PLANNER_HEADS = ("heads-sweep-8850a6e.json", "heads-sweep-256k-b1-8850a6e.json", "heads-sweep-256k-b8-8850a6e.json")
 """The heads sweep under the same planner (8850a6e)."""
 
