@@ -12,7 +12,8 @@ depends on the shapes alone is decided once, by :func:`plan`, and kept in a froz
   ``[B, L_max, H_kv, D]`` or pages ``[n_pages, page_size, H_kv, D]`` behind a block table;
 * the tiles (BLOCK_N keys, warps, stages), the split count and the chunk of keys each split covers,
   :math:`\text{chunk} = \lceil\lceil L_{cap}/\text{splits}\rceil / N\rceil\cdot N`, chosen by the cost model
-  (:mod:`fdlib.splits`) for L_cap, the longest length the plan is made for;
+  (:mod:`fdlib.splits`) for L_cap, the longest length the plan is made for (``auto`` gives equal short rows over
+  pages that fill the SMs about once or twice smaller tiles, :func:`fdlib.splits.one_wave_suits`);
 * the workspace, owned by the plan: the split partials :math:`O_i` ``[B, q_len, H_q, splits, D]`` and
   :math:`\text{lse}_i` ``[B, q_len, H_q, splits]`` (float32), one ticket counter per (b, h_kv) row, the clamp flag,
   an lse buffer for calls that do not ask for lse, and the all-L_max lengths of calls that pass none.

@@ -83,7 +83,7 @@ H200, fp16, pages of 16, graph µs, auto against auto at these tiles
 (``results/h200/ab/ab-paged-one-wave-a069986.json``, ceiling 4.57 TB/s): B=128 32:8 rows of 1024 keys 130.5 -> 127.7 (90.1 -> 92.0% of the ceiling), B=32 32:32
 1024 keys 129.4 -> 126.9, B=64 32:32 512 keys 129.5 -> 127.5, B=128 32:32 1024 keys (4096 rows) 488.8 -> 489.9;
 slower on ragged rows (B=128 32:8 uniform mean 1024 143.3 -> 166.0) and long ones (B=32 32:8 8192 keys
-247.1 -> 376.5). 16-key tiles at 4 warps (72-80 registers, 6 programs an SM) took 144.8-179.4 on the three
+247.1 -> 376.5). 16-key tiles at 4 warps (72-80 registers, 6-7 programs an SM) took 144.8-179.4 on the three
 batches these tiles sped up."""
 
 
