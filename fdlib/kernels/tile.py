@@ -45,7 +45,11 @@ constant rows, auto, graph µs at 32:8 and 32:32: pages of 1 252 and 974 looked 
 128-key tiles, ``results/h200/ragged-fp16-b32-page1.json``, against 306 and 1314 read ahead with 64-key tiles,
 ``ragged-fp16-b32-page1-68b9fde.json``; pages of 4 254/976 against 301/1120; pages of 8, ahead as pages of 16:
 253/979 against 259/1021 on constant rows, but 299/1108 against 267/1088 on uniform ones,
-``ragged-fp16-b32-page8-2026-11-30.json`` and ``ragged-fp16-b32-page8.json``; two runs on two machines)."""
+``ragged-fp16-b32-page8-2026-11-30.json`` and ``ragged-fp16-b32-page8.json``; two runs on two machines).
+Read ahead or not, the sm_90 build's pipeliner issues a tile's table load in the iteration that issues the tile's K/V
+copies (it copies each tile two iterations ahead, and recomputes the table rows it needs there), so the copies wait
+for that load; a table held in registers removes the wait but drains the pipeline at each reload
+(``results/h200/ab/README.md``, run 53)."""
 
 
 @triton.jit
