@@ -250,11 +250,11 @@ def one_wave_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int, q_len:
     (:data:`~fdlib.kernels.config.ONE_WAVE_TILE`); ragged rows, long rows and other sizes keep the 64-key tiles."""
     from .kernels.config import ONE_WAVE_PER_SM
     from .kernels.tile import TABLE_AHEAD_PAGE
-    if not (not runtime.INTERPRET if compiled is None else compiled):
+    compiled = not runtime.INTERPRET if compiled is None else compiled
+    if not compiled or paged < TABLE_AHEAD_PAGE.value or q_len != 1 or D != 128 or dtype.itemsize != 2:
         return False
-    if paged < TABLE_AHEAD_PAGE.value or q_len != 1 or D != 128 or dtype.itemsize != 2 or not lengths:
-        return False
-    if len(set(lengths)) != 1 or not ONE_WAVE_KEYS[0] <= int(lengths[0]) <= ONE_WAVE_KEYS[1]:
+    lengths = [] if lengths is None else [int(x) for x in lengths]   # host ints (a list, a tuple, a CPU tensor)
+    if len(set(lengths)) != 1 or not ONE_WAVE_KEYS[0] <= lengths[0] <= ONE_WAVE_KEYS[1]:
         return False
     slots = ONE_WAVE_PER_SM * (sm_count() if sms is None else sms)
     return ONE_WAVE_MIN_ROWS * slots <= B * H_kv <= ONE_WAVE_MAX_ROWS * slots
