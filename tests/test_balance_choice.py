@@ -230,6 +230,7 @@ def test_one_wave_tiles_take_only_equal_short_rows_over_pages_that_fill_the_sms(
     f16, eq = torch.float16, (lambda B, L: [L] * B)
     assert ONE_WAVE_PER_SM * 132 == 1056
     assert splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 16, **h200)          # 1024 rows, measured
+    assert splits.one_wave_suits(128, 8, 128, f16, torch.full((128,), 1024), 16, **h200)   # a CPU tensor
     assert splits.one_wave_suits(32, 32, 128, torch.bfloat16, eq(32, 1024), 16, **h200)
     assert splits.one_wave_suits(64, 32, 128, f16, eq(64, 512), 256, **h200)            # 2048 rows
     assert splits.one_wave_suits(99, 8, 128, f16, eq(99, 1024), 16, **h200)             # 792 = 0.75 · 1056
@@ -241,6 +242,7 @@ def test_one_wave_tiles_take_only_equal_short_rows_over_pages_that_fill_the_sms(
     assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 0, **h200)        # contiguous
     assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 4, **h200)        # small pages
     assert not splits.one_wave_suits(128, 8, 128, f16, None, 16, **h200)                # no host lengths
+    assert not splits.one_wave_suits(128, 8, 128, f16, [], 16, **h200)
     assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 16, q_len=2, **h200)
     assert not splits.one_wave_suits(128, 8, 64, f16, eq(128, 1024), 16, **h200)
     assert not splits.one_wave_suits(128, 8, 128, torch.float32, eq(128, 1024), 16, **h200)
