@@ -73,18 +73,18 @@ kernels before, ``ab/ab-paged-prefetch-main.json``) the pipeliner kept one K/V b
 
 ONE_WAVE_TILE = TileConfig(BLOCK_N=16, num_warps=2, num_stages=3)
 ONE_WAVE_PER_SM = 8
-"""Tiles of a one-split plan of equal short rows over pages (:func:`fdlib.splits.one_wave_suits`): 16 keys, 2 warps,
-3 stages. A program holds 121-124 registers a thread (GQA 4, D=128, fp16) and 21 KB of shared memory, so
-ONE_WAVE_PER_SM = 8 share an SM (65536 registers / (128 · 64 threads)), against 3 of the 64-key, 4-warp tiles
-(139 registers, 70 KB): 1056 programs at once on an H200 instead of 396, so a batch of about 1000 rows runs in
-one wave and leaves no partial last wave to drain. A program alone streams more slowly (two 8 KB tiles in
-flight), which is why the rule keeps these tiles to equal rows of at most 1024 keys.
+"""Tiles of a one-split plan of equal short rows over pages (:func:`fdlib.splits.one_wave_suits`): 16 keys, 2 warps, 3
+stages. A program holds 121-124 registers a thread (GQA 4, D=128, fp16) and 21 KB of shared memory, so
+ONE_WAVE_PER_SM = 8 share an SM (65536 registers / (128 · 64 threads)), against 3 of the 64-key, 4-warp tiles (139
+registers, 70 KB): 1056 programs at once on an H200 instead of 396, so a batch of about 1000 rows can run in one
+wave, with no partial last wave to drain. A program alone streams more slowly (two 8 KB tiles in flight), which is
+why the rule keeps these tiles to equal rows of at most 1024 keys.
 H200, fp16, pages of 16, graph µs, auto against auto at these tiles
-(``results/h200/ab/ab-paged-one-wave-a069986.json``, ceiling 4.57 TB/s): B=128 32:8 rows of 1024 keys 130.5 -> 127.7 (90.1 -> 92.0% of the ceiling), B=32 32:32
-1024 keys 129.4 -> 126.9, B=64 32:32 512 keys 129.5 -> 127.5, B=128 32:32 1024 keys (4096 rows) 488.8 -> 489.9;
-slower on ragged rows (B=128 32:8 uniform mean 1024 143.3 -> 166.0) and long ones (B=32 32:8 8192 keys
-247.1 -> 376.5). 16-key tiles at 4 warps (72-80 registers, 6-7 programs an SM) took 144.8-179.4 on the three
-batches these tiles sped up."""
+(``results/h200/ab/ab-paged-one-wave-a069986.json``, ceiling 4.57 TB/s): B=128 32:8 rows of 1024 keys 130.5 -> 127.7
+(90.1 -> 92.0% of the ceiling), B=32 32:32 1024 keys 129.4 -> 126.9, B=64 32:32 512 keys 129.5 -> 127.5, B=128 32:32
+1024 keys (4096 rows) 488.8 -> 489.9; slower on ragged rows (B=128 32:8 uniform mean 1024 143.3 -> 166.0) and long
+ones (B=32 32:8 8192 keys 247.1 -> 376.5). 16-key tiles at 4 warps (72-80 registers, 6-7 programs an SM) took
+144.8-179.4 on the three batches these tiles sped up."""
 
 
 QROWS_TILE = 4096
