@@ -124,3 +124,28 @@ def test_ab_ragged_times_the_reads_without_attention(tmp_path):
     assert [r["kernel"] for r in recs] == ["unified", "row_read", "row_read", "read_sum"] * 2
     assert [r.get("num_warps") for r in recs[1:3]] == [4, 1] and all(r["rel_err"] < 1e-4 for r in recs[1:3])
     assert len({r["kv_mb"] for r in recs[:4]}) == 1
+
+
+def test_tile_overrides_win_over_the_one_wave_rule(monkeypatch):
+    """tools/ab_ragged.py's grid_tiles (which tools/record_timeline.py uses too): inside it a plan takes the tiles
+    asked for even where auto's one-wave rule would replace them; outside, and after, the rule is back."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import torch
+    from fdlib.kernels.config import ONE_WAVE_TILE, TileConfig
+    path = Path(__file__).resolve().parents[1] / "tools" / "ab_ragged.py"
+    spec = importlib.util.spec_from_file_location("ab_ragged", path)
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    plan_module = sys.modules["fdlib.plan"]
+    monkeypatch.setattr(plan_module, "one_wave_suits", lambda *a: True)   # as on an H200 for this batch
+    lens = [40] * 16
+    decide = lambda: plan_module.decide(16, 8, 2, 128, 64, torch.float16, lengths=lens, paged=16)  # noqa: E731
+    assert decide().tile == ONE_WAVE_TILE
+    with ab.grid_tiles(TileConfig(64, 4, 3)):
+        assert decide().tile == TileConfig(64, 4, 3)
+    with ab.grid_tiles(None):
+        assert decide().tile == ONE_WAVE_TILE
+    assert decide().tile == ONE_WAVE_TILE

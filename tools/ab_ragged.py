@@ -22,6 +22,7 @@ measured in the same run); each shape's batch is planned from its host lengths. 
 versions, date, command and commit.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -54,6 +55,22 @@ def tiles_of(method: str):
     return name, TileConfig(BLOCK_N=n, num_warps=w, num_stages=s)
 
 
+@contextlib.contextmanager
+def grid_tiles(tiles):
+    """Plans made inside take ``tiles`` (a TileConfig; None: change nothing) for the grid kernels: fdlib.plan's
+    tile_config returns them, and auto's one-wave rule (:func:`fdlib.splits.one_wave_suits`), whose tiles would
+    replace them, is off. Both are restored on the way out."""
+    plan_module = sys.modules["fdlib.plan"]          # the module (fdlib.plan is the function)
+    saved = plan_module.tile_config, plan_module.one_wave_suits
+    if tiles is not None:
+        plan_module.tile_config = lambda *a, **k: tiles
+        plan_module.one_wave_suits = lambda *a, **k: False
+    try:
+        yield
+    finally:
+        plan_module.tile_config, plan_module.one_wave_suits = saved
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
@@ -76,7 +93,7 @@ def main(argv=None):
     settings = {"graphs": gpu, "warmup_ms": 10, "rep_ms": 30, "graph_rep_ms": 10, "cpu_runs": 1}
     ceil = measure_ceiling_or_none(gpu, 4, settings)
     records = []
-    default_tiles, default_grid_tiles = plan_module.persistent_config, plan_module.tile_config
+    default_tiles = plan_module.persistent_config
     sk, kc = sys.modules["fdlib.kernels.streamk"], sys.modules["fdlib.kernels.config"]
     constants = {"ROW_WINDOW": sk, "MIN_BLOCK_B": sk, "MAX_REGISTERS": sk, "PERSISTENT_PER_SM": kc}
     for i, text in enumerate(args.cases.split(",")):
@@ -92,11 +109,9 @@ def main(argv=None):
                 records.append(report(text, read_record(method, base, copies, settings, ceil)))
                 continue
             name, tiles = tiles_of(method)
-            fixed = None if tiles is None else (lambda *a, _t=tiles, **k: _t)
-            if name in ("streamk", "persistent"):
-                plan_module.persistent_config = fixed or default_tiles
-            else:
-                plan_module.tile_config = fixed or default_grid_tiles
+            row_walker = name in ("streamk", "persistent")
+            if row_walker and tiles is not None:
+                plan_module.persistent_config = lambda *a, _t=tiles, **k: _t
             saved = {k: getattr(m, k) for k, m in constants.items()}
             plan_kw = {}
             for item in method.split("+")[1:]:
@@ -109,9 +124,10 @@ def main(argv=None):
                                      f"{', '.join(constants)} after '+', got {key!r}")
                 setattr(constants[key], key, int(val))
             try:
-                rec = ragged._measure(name, copies, ref, base, settings, ceil, splits_of(method), plan_kw)
+                with grid_tiles(None if row_walker else tiles):
+                    rec = ragged._measure(name, copies, ref, base, settings, ceil, splits_of(method), plan_kw)
             finally:
-                plan_module.persistent_config, plan_module.tile_config = default_tiles, default_grid_tiles
+                plan_module.persistent_config = default_tiles
                 for k, v in saved.items():
                     setattr(constants[k], k, v)
             rec["method"] = method

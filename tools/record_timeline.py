@@ -31,7 +31,7 @@ from fdlib import runtime, timeline
 from fdlib.bench.harness import provenance, reference_rows, rel_error
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab_ragged import splits_of, tiles_of  # noqa: E402  (NAME#S and NAME@NxWxS, as tools/ab_ragged.py reads them)
+from ab_ragged import grid_tiles, splits_of, tiles_of  # noqa: E402  (NAME#S and NAME@NxWxS, as tools/ab_ragged.py)
 
 METHODS = ("split", "balanced", "streamk", "auto")
 
@@ -87,20 +87,14 @@ def record_runs(batch: dict, inputs, ref, repeats: int, methods) -> list:
     H_kv = k.shape[2]
     lengths = batch["lengths"]
     runs = []
-    plan_module = sys.modules["fdlib.plan"]          # the module (fdlib.plan is the function)
     for method in methods:
         # "unified#4": the plan of unified with num_splits=4; "auto@16x4x3": auto's plan with those tiles
         name, tiles = tiles_of(method)
         L_max = max(lengths) if bt is None else bt.shape[1] * k.shape[1]   # a paged plan covers its whole table
-        default_tiles = plan_module.tile_config
-        if tiles is not None:
-            plan_module.tile_config = lambda *a, _t=tiles, **kw: _t
-        try:
+        with grid_tiles(tiles):
             plan = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=q.dtype, device=q.device, lengths=lengths,
                               method=name, num_splits=splits_of(method),
                               page_size=k.shape[1] if bt is not None else None)
-        finally:
-            plan_module.tile_config = default_tiles
         out = plan.run(q, k, v, lens, block_table=bt)                   # compile, and check the numbers
         if q.is_cuda:
             torch.cuda.synchronize()
