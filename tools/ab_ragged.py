@@ -4,8 +4,9 @@
 
 A method is a plan method (``auto``, ``streamk``, ``balanced``, ``unified``, ``split``, ``persistent``), or
 ``streamk@NxWxS`` / ``persistent@NxWxS``: that kernel with BLOCK_N = N keys, W warps and S pipeline stages in place
-of :func:`fdlib.kernels.config.persistent_config`'s, ``balanced@NxWxS`` / ``unified@NxWxS`` / ``split@NxWxS``: the
-same in place of the plan's :func:`fdlib.kernels.config.tile_config`, or ``streamk+NAME=VALUE``: the stream-K
+of :func:`fdlib.kernels.config.persistent_config`'s, ``balanced@NxWxS`` / ``unified@NxWxS`` / ``split@NxWxS`` /
+``auto@NxWxS``: the same in place of the plan's :func:`fdlib.kernels.config.tile_config` (auto's one-wave tiles
+then off: :func:`grid_tiles`), or ``streamk+NAME=VALUE``: the stream-K
 kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW, MIN_BLOCK_B or MAX_REGISTERS, or
 :mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM) set to VALUE; both may be
 combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``, before any ``@`` or ``+``): the
