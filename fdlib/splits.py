@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from . import runtime
-from .kernels.config import MAX_SPLITS, cdiv, tile_config
+from .kernels.config import MAX_SPLITS, ONE_WAVE_PER_SM, cdiv, tile_config
 
 INTERPRETER_SMS = 8
 
@@ -248,7 +248,6 @@ def one_wave_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int, q_len:
     B·H_kv rows between ONE_WAVE_MIN_ROWS and ONE_WAVE_MAX_ROWS times the ONE_WAVE_PER_SM·SMs programs the GPU holds
     at once (about one or two whole waves). Those are the conditions under which it was measured faster
     (:data:`~fdlib.kernels.config.ONE_WAVE_TILE`); ragged rows, long rows and other sizes keep the 64-key tiles."""
-    from .kernels.config import ONE_WAVE_PER_SM
     from .kernels.tile import TABLE_AHEAD_PAGE
     compiled = not runtime.INTERPRET if compiled is None else compiled
     if not compiled or paged < TABLE_AHEAD_PAGE.value or q_len != 1 or D != 128 or dtype.itemsize != 2:

@@ -252,7 +252,6 @@ def test_one_wave_tiles_take_only_equal_short_rows_over_pages_that_fill_the_sms(
 def test_auto_plans_equal_short_rows_over_pages_at_one_wave_tiles(monkeypatch):
     """Where one_wave_suits holds, auto's one-split unified plan takes ONE_WAVE_TILE and a chunk of whole 16-key
     tiles; method="unified", a longest-first plan and a plan the rule does not suit keep the usual tiles."""
-    from fdlib import plan as plan_fn  # noqa: F401  (the function; the module is sys.modules["fdlib.plan"])
     import sys
     from fdlib.kernels.config import ONE_WAVE_TILE
     plan_module = sys.modules["fdlib.plan"]

@@ -6,6 +6,17 @@ import pytest
 from fdlib.bench.ragged import DISTS, RAGGED_METHODS, draw_lengths, run_ragged
 
 
+def ab_ragged():
+    """tools/ab_ragged.py, loaded as a module (tools/ is no package)."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("ab_ragged", Path(__file__).resolve().parents[1] / "tools"
+                                                  / "ab_ragged.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    return ab
+
+
 @pytest.mark.parametrize("dist", DISTS)
 def test_length_draws(dist):
     lens = draw_lengths(dist, 4000, 1024, seed=1)
@@ -50,16 +61,11 @@ def test_ab_ragged_overrides_the_tiles_of_the_method_it_names(tmp_path, monkeypa
     """tools/ab_ragged.py: ``balanced@NxWxS`` plans the balanced kernel with those tiles (the plan's tile_config
     replaced for that method only, restored after), ``streamk@NxWxS`` the row walkers' persistent_config; every
     record matches float64."""
-    import importlib.util
     import json
     import sys
-    from pathlib import Path
 
     from fdlib.kernels.config import INTERPRETER_CONFIG, TileConfig, persistent_config, tile_config
-    path = Path(__file__).resolve().parents[1] / "tools" / "ab_ragged.py"
-    spec = importlib.util.spec_from_file_location("ab_ragged", path)
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = ab_ragged()
     assert ab.tiles_of("balanced@32x1x1") == ("balanced", TileConfig(BLOCK_N=32, num_warps=1, num_stages=1))
     assert ab.tiles_of("streamk+ROW_WINDOW=4") == ("streamk", None)
     assert ab.tiles_of("streamk@64x4x3+PERSISTENT_PER_SM=3") == ("streamk", TileConfig(64, 4, 3))
@@ -106,14 +112,9 @@ def test_case_names_and_sorted_lengths():
 def test_ab_ragged_times_the_reads_without_attention(tmp_path):
     """tools/ab_ragged.py: ``row_read``/``row_read@W`` record the batch's rows walked with no attention, checked
     against float64 (fdlib.bench.readbound), and ``flat_read`` the batch's bytes read in one launch."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "ab_ragged.py"
-    spec = importlib.util.spec_from_file_location("ab_ragged", path)
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = ab_ragged()
     out = tmp_path / "ab.json"
     ab.main([str(out), "--cases", "3:4:2:uniform:40:16,3:4:2:constant:40:0", "--methods",
              "auto,row_read,row_read@1,flat_read"])
@@ -129,16 +130,11 @@ def test_ab_ragged_times_the_reads_without_attention(tmp_path):
 def test_tile_overrides_win_over_the_one_wave_rule(monkeypatch):
     """tools/ab_ragged.py's grid_tiles (which tools/record_timeline.py uses too): inside it a plan takes the tiles
     asked for even where auto's one-wave rule would replace them; outside, and after, the rule is back."""
-    import importlib.util
     import sys
-    from pathlib import Path
 
     import torch
     from fdlib.kernels.config import ONE_WAVE_TILE, TileConfig
-    path = Path(__file__).resolve().parents[1] / "tools" / "ab_ragged.py"
-    spec = importlib.util.spec_from_file_location("ab_ragged", path)
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = ab_ragged()
     plan_module = sys.modules["fdlib.plan"]
     monkeypatch.setattr(plan_module, "one_wave_suits", lambda *a: True)   # as on an H200 for this batch
     lens = [40] * 16
