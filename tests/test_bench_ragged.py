@@ -129,7 +129,8 @@ def test_ab_ragged_times_the_reads_without_attention(tmp_path):
 
 def test_tile_overrides_win_over_the_one_wave_rule(monkeypatch):
     """tools/ab_ragged.py's grid_tiles (which tools/record_timeline.py uses too): inside it a plan takes the tiles
-    asked for even where auto's one-wave rule would replace them; outside, and after, the rule is back."""
+    asked for even where auto's one-wave rule would replace them; outside, and after, the rule is back. A row
+    walker's (stream-K's) tiles are its own."""
     import sys
 
     import torch
@@ -145,3 +146,12 @@ def test_tile_overrides_win_over_the_one_wave_rule(monkeypatch):
     with ab.grid_tiles(None):
         assert decide().tile == ONE_WAVE_TILE
     assert decide().tile == ONE_WAVE_TILE
+    # the row walkers take theirs from persistent_config: streamk@32x4x3 gets 32-key tiles, and the grid
+    # kernels' tiles and one-wave rule are left alone meanwhile
+    walk = lambda: plan_module.decide(16, 8, 2, 128, 64, torch.float16, lengths=lens, paged=16,  # noqa: E731
+                                      method="streamk")
+    assert walk().tile != TileConfig(32, 4, 3)
+    with ab.grid_tiles(TileConfig(32, 4, 3), "streamk"):
+        assert walk().tile == TileConfig(32, 4, 3)
+        assert decide().tile == ONE_WAVE_TILE
+    assert walk().tile != TileConfig(32, 4, 3)

@@ -56,20 +56,27 @@ def tiles_of(method: str):
     return name, TileConfig(BLOCK_N=n, num_warps=w, num_stages=s)
 
 
+ROW_WALKERS = ("streamk", "persistent")
+"""Plan methods whose tiles are :func:`fdlib.kernels.config.persistent_config`'s (the others take tile_config's)."""
+
+
 @contextlib.contextmanager
-def grid_tiles(tiles):
-    """Plans made inside take ``tiles`` (a TileConfig; None: change nothing) for the grid kernels: fdlib.plan's
-    tile_config returns them, and auto's one-wave rule (:func:`fdlib.splits.one_wave_suits`), whose tiles would
-    replace them, is off. Both are restored on the way out."""
+def grid_tiles(tiles, method: str = "auto"):
+    """Plans made inside take ``tiles`` (a TileConfig; None: change nothing): for the row walkers (``method`` in
+    ROW_WALKERS) fdlib.plan's persistent_config returns them; for the others its tile_config does, and auto's
+    one-wave rule (:func:`fdlib.splits.one_wave_suits`), whose tiles would replace them, is off. All three are
+    restored on the way out."""
     plan_module = sys.modules["fdlib.plan"]          # the module (fdlib.plan is the function)
-    saved = plan_module.tile_config, plan_module.one_wave_suits
-    if tiles is not None:
+    saved = plan_module.tile_config, plan_module.one_wave_suits, plan_module.persistent_config
+    if tiles is not None and method in ROW_WALKERS:
+        plan_module.persistent_config = lambda *a, **k: tiles
+    elif tiles is not None:
         plan_module.tile_config = lambda *a, **k: tiles
         plan_module.one_wave_suits = lambda *a, **k: False
     try:
         yield
     finally:
-        plan_module.tile_config, plan_module.one_wave_suits = saved
+        plan_module.tile_config, plan_module.one_wave_suits, plan_module.persistent_config = saved
 
 
 def main(argv=None):
@@ -89,12 +96,10 @@ def main(argv=None):
     from fdlib.bench.harness import measure_ceiling_or_none, provenance
     from fdlib.bench.timing import free_memory
 
-    plan_module = sys.modules["fdlib.plan"]          # the module (fdlib.plan is the function)
     gpu = runtime.MODE == "gpu"
     settings = {"graphs": gpu, "warmup_ms": 10, "rep_ms": 30, "graph_rep_ms": 10, "cpu_runs": 1}
     ceil = measure_ceiling_or_none(gpu, 4, settings)
     records = []
-    default_tiles = plan_module.persistent_config
     sk, kc = sys.modules["fdlib.kernels.streamk"], sys.modules["fdlib.kernels.config"]
     constants = {"ROW_WINDOW": sk, "MIN_BLOCK_B": sk, "MAX_REGISTERS": sk, "PERSISTENT_PER_SM": kc}
     for i, text in enumerate(args.cases.split(",")):
@@ -110,9 +115,6 @@ def main(argv=None):
                 records.append(report(text, read_record(method, base, copies, settings, ceil)))
                 continue
             name, tiles = tiles_of(method)
-            row_walker = name in ("streamk", "persistent")
-            if row_walker and tiles is not None:
-                plan_module.persistent_config = lambda *a, _t=tiles, **k: _t
             saved = {k: getattr(m, k) for k, m in constants.items()}
             plan_kw = {}
             for item in method.split("+")[1:]:
@@ -125,10 +127,9 @@ def main(argv=None):
                                      f"{', '.join(constants)} after '+', got {key!r}")
                 setattr(constants[key], key, int(val))
             try:
-                with grid_tiles(None if row_walker else tiles):
+                with grid_tiles(tiles, name):
                     rec = ragged._measure(name, copies, ref, base, settings, ceil, splits_of(method), plan_kw)
             finally:
-                plan_module.persistent_config = default_tiles
                 for k, v in saved.items():
                     setattr(constants[k], k, v)
             rec["method"] = method

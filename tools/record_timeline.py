@@ -91,7 +91,7 @@ def record_runs(batch: dict, inputs, ref, repeats: int, methods) -> list:
         # "unified#4": the plan of unified with num_splits=4; "auto@16x4x3": auto's plan with those tiles
         name, tiles = tiles_of(method)
         L_max = max(lengths) if bt is None else bt.shape[1] * k.shape[1]   # a paged plan covers its whole table
-        with grid_tiles(tiles):
+        with grid_tiles(tiles, name):
             plan = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=q.dtype, device=q.device, lengths=lengths,
                               method=name, num_splits=splits_of(method),
                               page_size=k.shape[1] if bt is not None else None)
