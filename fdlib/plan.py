@@ -86,6 +86,7 @@ class Decision:
                                 # have, its partial slots; so ⌈splits / per_program⌉ programs a row)
     pack: int = 1               # unified/split: adjacent KV heads a program reads as one (pack_decision)
     order: int = 0              # unified: ORDER_B, sequences launched longest first (longest_first_order); 0: b order
+    table_regs: int = 0         # unified over pages: block-table entries held in registers (table_regs_for); 0: none
 
 
 def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: int, compiled: bool) -> int:
@@ -302,12 +303,30 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
                         streamk_programs(H_kv, sm_count(), persistent_per_sm()))
     if kernel == "longest_first" or longest_first:   # auto's rule, or asked for
-        return Decision("unified", splits, chunk, tile, L_cap, basis, order=longest_first_order(B))
+        return Decision("unified", splits, chunk, tile, L_cap, basis, order=longest_first_order(B),
+                        table_regs=table_regs_for(chunk, paged))
     if kernel != "persistent":
-        return Decision(kernel, splits, chunk, tile, L_cap, basis)
+        return Decision(kernel, splits, chunk, tile, L_cap, basis,
+                        table_regs=table_regs_for(chunk, paged) if kernel == "unified" else 0)
     programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
     return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
                     programs, rows_for(B * H_kv, programs))
+
+
+TABLE_REGS_MAX = 64
+
+
+def table_regs_for(chunk: int, page: int) -> int:
+    """TABLE_REGS of a unified plan over pages of at least TABLE_AHEAD_PAGE keys: the block-table entries one split of
+    ``chunk`` keys touches (one more where a split may start inside a page), rounded up to a power of two, where
+    that is at most TABLE_REGS_MAX; else 0 (each tile's entries read one tile ahead instead). A split then loads
+    its entries once and gathers each tile's pages from registers (:func:`fdlib.kernels.tile.attend_slice`)."""
+    from .kernels.tile import TABLE_AHEAD_PAGE
+    if page < TABLE_AHEAD_PAGE.value:
+        return 0
+    entries = chunk // page if chunk % page == 0 else -(-chunk // page) + 1
+    regs = 1 << max(entries - 1, 0).bit_length()
+    return regs if regs <= TABLE_REGS_MAX else 0
 
 
 def longest_first_order(B: int) -> int:
@@ -817,7 +836,7 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
         group, D = group * d.pack, D * d.pack
     if d.kernel == "unified":
         return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
-                                 timeline=timeline, pack=d.pack, order=d.order),)
+                                 timeline=timeline, pack=d.pack, order=d.order, table_regs=d.table_regs),)
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                    timeline=timeline, one_chunk=d.per_program == 1,

@@ -154,3 +154,27 @@ def test_pools_whose_strides_pass_32_bit_offsets_are_refused(dim):
     assert torch.isfinite(plan.run(q, kp, vp, lens, block_table=bt)).all()
     with pytest.raises(ValueError, match="v_cache: a paged pool's page stride"):
         plan.run(q, kp, vp.as_strided(vp.shape, strides), lens, block_table=bt)
+
+
+def test_table_regs_hold_one_splits_entries_up_to_64_pages():
+    """table_regs_for: the block-table entries a split of ``chunk`` keys touches (one more where a split may
+    start inside a page), a power of two, at most TABLE_REGS_MAX = 64; 0 on small pages and for longer splits."""
+    from fdlib.plan import TABLE_REGS_MAX, decide, table_regs_for
+    assert TABLE_REGS_MAX == 64
+    assert [table_regs_for(c, 16) for c in (16, 64, 512, 1024, 1040, 2048)] == [1, 4, 32, 64, 0, 0]
+    assert table_regs_for(64, 128) == 2 and table_regs_for(128, 256) == 2   # a split may start inside a page
+    assert table_regs_for(1024, 4) == 0 and table_regs_for(64, 0) == 0
+    d = decide(3, 8, 2, 32, 96, torch.float32, lengths=[96, 20, 0], method="unified", paged=16)
+    assert d.table_regs == table_regs_for(d.chunk, 16) > 0
+    assert decide(3, 8, 2, 32, 96, torch.float32, lengths=[96, 20, 0], method="unified").table_regs == 0
+
+
+def test_a_split_longer_than_its_table_registers_reloads_them():
+    """A plan whose table registers cover fewer pages than a later call's rows (lengths grown since planning: the
+    last split runs to L) still matches float64: the split reloads its entries every TABLE_REGS pages."""
+    gen = torch.Generator().manual_seed(3)
+    q, kp, vp, bt, k, v, lens = paged_problem(gen, 2, 8, 2, 32, 16, 12, 30, [190, 33])
+    p = fdlib.plan(2, 8, 2, 32, 192, dtype=torch.float32, device=DEVICE, lengths=[16, 16], page_size=16,
+                   method="unified", num_splits=1)
+    assert p.decision.table_regs == 1 and p.decision.splits == 1, str(p)
+    assert_attention_close(p.run(q, kp, vp, lens, block_table=bt), None, q, k, v, lens, what="grown lengths")

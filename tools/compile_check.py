@@ -92,11 +92,15 @@ def cases():
         for page in (0, 16):
             yield (f"unified PAGE={page}{q}", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
-                        PAGE=page, PACK=1, ORDER_B=0))
+                        PAGE=page, PACK=1, ORDER_B=0, TABLE_REGS=0))
             if page and q_len == 1:   # sequences launched longest first (auto's ragged batches over pages)
                 yield (f"unified PAGE={page} ORDER_B=128", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
                        dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s,
-                            TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1, ORDER_B=128))
+                            TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1, ORDER_B=128, TABLE_REGS=0))
+            if page:   # the block table of a split in registers (fdlib.plan.table_regs_for)
+                yield (f"unified PAGE={page}{q} TABLE_REGS=64", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
+                       dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s,
+                            TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1, ORDER_B=0, TABLE_REGS=64))
             # ONE_CHUNK: the loop without the per-tile chunk-end work; ALONE: no partial stored, no ticket
             for one, alone in ((False, False), (True, False), (False, True), (True, True)):
                 name = f"invariant PAGE={page}{q}{' ONE_CHUNK' if one else ''}{' ALONE' if alone else ''}"
@@ -114,7 +118,7 @@ def cases():
                               PACK=2)
                 ph, ps = tile.combine_blocks(2 * g, 16, BD)
                 yield (f"unified PACK=2 PAGE={page}", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
-                       dict(packed, BLOCK_H=ph, BLOCK_S=ps, TAKE_TICKET=tile.take_ticket, ORDER_B=0))
+                       dict(packed, BLOCK_H=ph, BLOCK_S=ps, TAKE_TICKET=tile.take_ticket, ORDER_B=0, TABLE_REGS=0))
                 yield f"stage1 PACK=2 PAGE={page}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"], packed
             yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
                    dict(common, BLOCK_N=min(64, cfg.BLOCK_N), ROWS=2, PAGE=page, CHUNKS=0, MIN_TILES=1))
@@ -132,7 +136,7 @@ def cases():
     timed = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
                  TIMELINE=True, PAGE=16)
     yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"],
-           dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket, PACK=1, ORDER_B=0))
+           dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket, PACK=1, ORDER_B=0, TABLE_REGS=0))
     yield ("invariant TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"],
            dict(timed, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1, ONE_CHUNK=False, ALONE=False,
                 FOLD_G=g, FOLD_C=16))
@@ -150,7 +154,7 @@ def cases():
     yield ("unified group 16 q_len=16", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
            dict(GROUP=16, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=16,
                 BLOCK_N=cfg.BLOCK_N, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=0, TIMELINE=False,
-                PACK=1, ORDER_B=0),
+                PACK=1, ORDER_B=0, TABLE_REGS=0),
            cfg.num_warps)
     f32 = ["*fp32"] * 3 + ["*i64", "*fp32", "*fp32", "*i32", "*i32", "*i32"]
     for group, q_len in ((3, 1), (3, 5)):

@@ -78,8 +78,12 @@ def cases():
                   TIMELINE=False, BLOCK_N=64)
     bh, bs = tile.combine_blocks(g, 16, BD)
     for page in (0, 16):
-        yield (f"unified PAGE={page}", unified.unified_kernel, h16 + cc.UNIFIED + ["*i32"],
-               dict(common, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1, ORDER_B=0))
+        unified_meta = dict(common, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1,
+                            ORDER_B=0, TABLE_REGS=0)
+        yield f"unified PAGE={page}", unified.unified_kernel, h16 + cc.UNIFIED + ["*i32"], unified_meta
+        if page:   # a split's block table held in registers (fdlib.plan.table_regs_for)
+            yield (f"unified PAGE={page} TABLE_REGS=64", unified.unified_kernel, h16 + cc.UNIFIED + ["*i32"],
+                   dict(unified_meta, TABLE_REGS=64))
         yield (f"streamk PAGE={page}", streamk.streamk_kernel, h16 + cc.UNIFIED + ["*i32"],
                dict(common, BLOCK_H=bh, BLOCK_S=bs, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW, PAGE=page))
         yield (f"persistent PAGE={page}", persistent.persistent_kernel, h16 + cc.PERSISTENT + ["*i32"],
@@ -90,7 +94,7 @@ def main() -> int:
     for name, kernel, ptrs, meta in cases():
         body, skipped = kv_loop(cc.compile_kernel(kernel, ptrs, meta, aligned=True))
         ops = collections.Counter(opcode(i) for i in body)
-        print(f"{name:<18} {len(body):>5} instructions in the loop, {len(body) - skipped:>5} a tile that ends no "
+        print(f"{name:<31} {len(body):>5} instructions in the loop, {len(body) - skipped:>5} a tile that ends no "
               f"row;  " + ", ".join(f"{o} {n}" for o, n in ops.most_common(8)))
     print(f"sm_90, triton {cc.triton.__version__}")
     return 0

@@ -400,7 +400,7 @@ def row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, s
 def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mask_d, qk_scale,
                  BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
-                 TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr):
+                 TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr, TABLE_REGS: tl.constexpr = 0):
     """Stream keys [start, end) of one sequence and KV head through on-chip memory, one BLOCK_N tile at a
     time, and return the group's state (m, ℓ, Õ). ``k_ptrs``/``v_ptrs`` point at key 0, dims ``offs_d``
     (a contiguous cache, PAGE = 0), or at page 0's slot 0 of this KV head (a paged cache: PAGE keys a page,
@@ -409,7 +409,11 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     ``TILE_UPDATE`` is :func:`tile_update` (Lab 03 passes the learner's version to check it).
     Q_LEN > 1 (several query tokens): row r also sees only keys below ``limit[r]`` (its causal limit,
     :func:`causal_limit`); the slice [start, end) is the same for every row, a row whose limit ends inside it
-    masks the rest, and a row whose limit is at or below ``start`` keeps the empty state."""
+    masks the rest, and a row whose limit is at or below ``start`` keeps the empty state.
+    TABLE_REGS > 0 (pages of at least TABLE_AHEAD_PAGE keys): the table entries of TABLE_REGS pages are loaded into
+    registers at a time (clamped as :func:`page_rows` clamps) and each tile's pages gathered from them, so no load
+    of the tile loop feeds the K/V addresses; a slice longer than TABLE_REGS pages reloads them, and the tile
+    pipeline drains there (the plan takes it only where a split fits one load: :func:`fdlib.plan.table_regs_for`)."""
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     if PAGE < TABLE_AHEAD_PAGE:   # a contiguous cache (PAGE = 0), or small pages looked up in each tile's iteration
@@ -418,6 +422,25 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
             m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
                                                     qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
                                                     n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
+    elif TABLE_REGS > 0:
+        offs_p = tl.arange(0, TABLE_REGS)
+        for p0 in range(start, end, TABLE_REGS * PAGE):
+            first = p0 // PAGE
+            pidx = first + offs_p
+            pvalid = pidx * PAGE < end
+            pages = clamp_and_flag(tl.load(BT_ROW + pidx, mask=pvalid, other=0), n_pages - 1, pvalid, FLAG)
+            for n0 in range(p0, tl.minimum(p0 + TABLE_REGS * PAGE, end), BLOCK_N):
+                pos = n0 + offs_n
+                valid = pos < end
+                upos = pos.to(tl.uint32)
+                page = wide(tl.gather(pages, (upos // PAGE - first).to(tl.int32), 0))
+                slot = upos % PAGE
+                kv_mask = valid[:, None] & mask_d[None, :]
+                k = tl.load(k_ptrs + (page * wide(stride_kb) + wide(slot * tl.cast(stride_kl, tl.uint32)))[:, None],
+                            mask=kv_mask, other=0.0)
+                v = tl.load(v_ptrs + (page * wide(stride_vb) + wide(slot * tl.cast(stride_vl, tl.uint32)))[:, None],
+                            mask=kv_mask, other=0.0)
+                m, l, acc = TILE_UPDATE(q, k, v, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT)
     else:
         # pages: each tile's row offsets (page·stride + slot·stride) are read from the table one tile ahead and
         # carried, so the tile's K/V loads depend on no load of their own iteration
@@ -612,7 +635,7 @@ def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_q
                  stride_vb, stride_vl, stride_vh, qk_scale, BT, stride_bt, n_pages, FLAG,
                  GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                 PAGE: tl.constexpr, PACK: tl.constexpr = 1):
+                 PAGE: tl.constexpr, PACK: tl.constexpr = 1, TABLE_REGS: tl.constexpr = 0):
     """The partial (O, lse) of KV head h_kv's GROUP·Q_LEN query rows r = t·GROUP + g (query token t, head
     h_kv·GROUP + g; :func:`row_offset`) of sequence b (L keys) over its keys [start, end): load the rows'
     queries once, stream the K/V slice (:func:`attend_slice`, each row stopping at its :func:`causal_limit`
@@ -629,7 +652,7 @@ def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_q
         limit = causal_limit(offs_g, L, GROUP, Q_LEN)
     m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mask_d, qk_scale,
                              BT + b.to(tl.int64) * stride_bt, stride_kb, stride_vb, n_pages, FLAG,
-                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
+                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, TABLE_REGS)
     o, lse = state_to_partial(m, l, acc)
     return o, lse, offs_g, mask_gd
 

@@ -60,7 +60,7 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
                    TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                    Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, PACK: tl.constexpr = 1,
-                   ORDER_B: tl.constexpr = 0):
+                   ORDER_B: tl.constexpr = 0, TABLE_REGS: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
     h_kv = tl.program_id(0)   # the KV heads of a sequence are launched together (see the module doc)
@@ -79,7 +79,7 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         o, lse, rows, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_qh,
                                              stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
                                              qk_scale, BT, stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G,
-                                             BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, PACK)
+                                             BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, PACK, TABLE_REGS)
         finish_row(o, lse, rows, mask_gd, h_kv * GROUP, split, n_splits, O_PART + b * stride_pb, stride_pt,
                    stride_ph, stride_ps, LSE_PART + b * stride_lb, stride_lt, stride_lh,
                    COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot, stride_oh,
@@ -142,14 +142,15 @@ def scratch_flag(device) -> torch.Tensor:
 
 def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
                      dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1,
-                     timeline: bool = False, pack: int = 1, order: int = 0) -> Launcher:
+                     timeline: bool = False, pack: int = 1, order: int = 0, table_regs: int = 0) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles,
     the page size (0: a contiguous cache) and the query tokens per sequence (group × q_len rows a program).
     ``merge_splits``: size the merge's blocks for this many splits instead of the launched ones
     (batch-invariant plans fix it, so the merge order never depends on the launch). ``timeline``: the variant
     that records each program's (SM, start, end) (:meth:`fdlib.plan.DecodePlan.timeline_buffer`). ``pack``: KV heads
     read as one (:func:`~fdlib.kernels.tile.own_dims`); ``group`` and ``D`` are then the pack's. ``order``: 0, or
-    ORDER_B, a power of two >= the batch: its sequences launched longest first."""
+    ORDER_B, a power of two >= the batch: its sequences launched longest first. ``table_regs``: 0, or the block-table
+    entries a program holds in registers (:func:`fdlib.kernels.tile.attend_slice`'s TABLE_REGS)."""
     check_pack(pack, D, q_len)
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     block_h, block_s = combine_blocks(group * q_len, merge_splits or splits, BLOCK_D)
@@ -157,6 +158,7 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
                                          BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
                                          PAGE=page, Q_LEN=q_len, TIMELINE=timeline, PACK=pack, ORDER_B=order,
+                                         TABLE_REGS=table_regs,
                                          num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
