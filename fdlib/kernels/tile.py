@@ -246,6 +246,15 @@ def page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE: tl.constexpr):
 
 
 @triton.jit
+def first_table(BT, b, start, L_MAX, stride_bt, TABLE_REGS: tl.constexpr, PAGE: tl.constexpr):
+    """The TABLE_REGS block-table entries of sequence b from the page of key ``start`` on, those below the capacity
+    L_MAX (the table's width): a split's entries loaded before its row's length is known, so that the two loads
+    go out together (:func:`attend_slice` clamps and flags those its keys use)."""
+    pidx = start // PAGE + tl.arange(0, TABLE_REGS)
+    return tl.load(BT + b.to(tl.int64) * stride_bt + pidx, mask=pidx * PAGE < L_MAX, other=0)
+
+
+@triton.jit
 def wide(x):
     """A non-negative 32-bit integer (a stride, a clamped page index) as an unsigned 64-bit one: zero-extended,
     so that its product with another such value compiles to one 32 × 32 → 64-bit multiply-add. ``tl.cast``, not
@@ -400,7 +409,8 @@ def row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, s
 def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mask_d, qk_scale,
                  BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
-                 TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr, TABLE_REGS: tl.constexpr = 0):
+                 TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr, TABLE_REGS: tl.constexpr = 0,
+                 first=None):
     """Stream keys [start, end) of one sequence and KV head through on-chip memory, one BLOCK_N tile at a
     time, and return the group's state (m, ℓ, Õ). ``k_ptrs``/``v_ptrs`` point at key 0, dims ``offs_d``
     (a contiguous cache, PAGE = 0), or at page 0's slot 0 of this KV head (a paged cache: PAGE keys a page,
@@ -413,7 +423,8 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     TABLE_REGS > 0 (pages of at least TABLE_AHEAD_PAGE keys): the table entries of TABLE_REGS pages are loaded into
     registers at a time (clamped as :func:`page_rows` clamps) and each tile's pages gathered from them, so no load
     of the tile loop feeds the K/V addresses; a slice longer than TABLE_REGS pages reloads them, and the tile
-    pipeline drains there (the plan takes it only where a split fits one load: :func:`fdlib.plan.table_regs_for`)."""
+    pipeline drains there (the plan takes it only where a split fits one load: :func:`fdlib.plan.table_regs_for`).
+    ``first``: the first TABLE_REGS entries, loaded already (:func:`first_table`), else loaded here."""
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     if PAGE < TABLE_AHEAD_PAGE:   # a contiguous cache (PAGE = 0), or small pages looked up in each tile's iteration
@@ -425,15 +436,21 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     elif TABLE_REGS > 0:
         offs_p = tl.arange(0, TABLE_REGS)
         for p0 in range(start, end, TABLE_REGS * PAGE):
-            first = p0 // PAGE
-            pidx = first + offs_p
+            p_first = p0 // PAGE
+            pidx = p_first + offs_p
             pvalid = pidx * PAGE < end
-            pages = clamp_and_flag(tl.load(BT_ROW + pidx, mask=pvalid, other=0), n_pages - 1, pvalid, FLAG)
+            if first is None:
+                raw = tl.load(BT_ROW + pidx, mask=pvalid, other=0)
+            elif p0 == start:
+                raw = first
+            else:
+                raw = tl.load(BT_ROW + pidx, mask=pvalid, other=0)
+            pages = clamp_and_flag(raw, n_pages - 1, pvalid, FLAG)
             for n0 in range(p0, tl.minimum(p0 + TABLE_REGS * PAGE, end), BLOCK_N):
                 pos = n0 + offs_n
                 valid = pos < end
                 upos = pos.to(tl.uint32)
-                page = wide(tl.gather(pages, (upos // PAGE - first).to(tl.int32), 0))
+                page = wide(tl.gather(pages, (upos // PAGE - p_first).to(tl.int32), 0))
                 slot = upos % PAGE
                 kv_mask = valid[:, None] & mask_d[None, :]
                 k = tl.load(k_ptrs + (page * wide(stride_kb) + wide(slot * tl.cast(stride_kl, tl.uint32)))[:, None],
@@ -635,7 +652,7 @@ def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_q
                  stride_vb, stride_vl, stride_vh, qk_scale, BT, stride_bt, n_pages, FLAG,
                  GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                 PAGE: tl.constexpr, PACK: tl.constexpr = 1, TABLE_REGS: tl.constexpr = 0):
+                 PAGE: tl.constexpr, PACK: tl.constexpr = 1, TABLE_REGS: tl.constexpr = 0, first=None):
     """The partial (O, lse) of KV head h_kv's GROUP·Q_LEN query rows r = t·GROUP + g (query token t, head
     h_kv·GROUP + g; :func:`row_offset`) of sequence b (L keys) over its keys [start, end): load the rows'
     queries once, stream the K/V slice (:func:`attend_slice`, each row stopping at its :func:`causal_limit`
@@ -652,7 +669,7 @@ def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_q
         limit = causal_limit(offs_g, L, GROUP, Q_LEN)
     m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mask_d, qk_scale,
                              BT + b.to(tl.int64) * stride_bt, stride_kb, stride_vb, n_pages, FLAG,
-                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, TABLE_REGS)
+                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, TABLE_REGS, first)
     o, lse = state_to_partial(m, l, acc)
     return o, lse, offs_g, mask_gd
 

@@ -42,8 +42,8 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, check_pack, packed_kv, paging, q_len_of, strides4
-from .tile import (LOG2E, attend_group, combine_blocks, finish_row, load_lengths, longest_first, split_range,
-                   take_ticket, tile_update, timeline_record, timeline_start)
+from .tile import (LOG2E, attend_group, combine_blocks, finish_row, first_table, load_lengths, longest_first,
+                   split_range, take_ticket, tile_update, timeline_record, timeline_start)
 
 
 @triton.jit
@@ -69,6 +69,10 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
     else:
         b = tl.program_id(1)
     split = tl.program_id(2)
+    if TABLE_REGS > 0:   # the split's table entries go out with the length's load
+        first = first_table(BT, b, split * chunk, L_MAX, stride_bt, TABLE_REGS, PAGE)
+    else:
+        first = None
     L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
     # at most the launched splits, so that the ticket count always reaches n_splits - 1 and the counter
     # is reset, even if a length exceeds the plan's L_cap (lengths grown since planning): the last split
@@ -79,7 +83,8 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         o, lse, rows, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_qh,
                                              stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
                                              qk_scale, BT, stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G,
-                                             BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, PACK, TABLE_REGS)
+                                             BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, PACK, TABLE_REGS,
+                                             first)
         finish_row(o, lse, rows, mask_gd, h_kv * GROUP, split, n_splits, O_PART + b * stride_pb, stride_pt,
                    stride_ph, stride_ps, LSE_PART + b * stride_lb, stride_lt, stride_lh,
                    COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot, stride_oh,
