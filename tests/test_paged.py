@@ -176,5 +176,7 @@ def test_a_split_longer_than_its_table_registers_reloads_them():
     q, kp, vp, bt, k, v, lens = paged_problem(gen, 2, 8, 2, 32, 16, 12, 30, [190, 33])
     p = fdlib.plan(2, 8, 2, 32, 192, dtype=torch.float32, device=DEVICE, lengths=[16, 16], page_size=16,
                    method="unified", num_splits=1)
-    assert p.decision.table_regs == 1 and p.decision.splits == 1, str(p)
+    from fdlib.plan import table_regs_for
+    d = p.decision   # 16-key splits in the interpreter, 64-key ones on a GPU: 1 or 4 entries, both under 190 keys
+    assert d.splits == 1 and d.table_regs == table_regs_for(d.chunk, 16) and 0 < d.table_regs * 16 < 190, str(p)
     assert_attention_close(p.run(q, kp, vp, lens, block_table=bt), None, q, k, v, lens, what="grown lengths")
