@@ -136,7 +136,8 @@ def cases():
     timed = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
                  TIMELINE=True, PAGE=16)
     yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"],
-           dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket, PACK=1, ORDER_B=0, TABLE_REGS=0))
+           dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket, PACK=1, ORDER_B=0,
+                TABLE_REGS=0))
     yield ("invariant TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"],
            dict(timed, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1, ONE_CHUNK=False, ALONE=False,
                 FOLD_G=g, FOLD_C=16))

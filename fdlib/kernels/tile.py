@@ -424,7 +424,7 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     registers at a time (clamped as :func:`page_rows` clamps) and each tile's pages gathered from them, so no load
     of the tile loop feeds the K/V addresses; a slice longer than TABLE_REGS pages reloads them, and the tile
     pipeline drains there (the plan takes it only where a split fits one load: :func:`fdlib.plan.table_regs_for`).
-    ``first``: the first TABLE_REGS entries, loaded already (:func:`first_table`), else loaded here."""
+    ``first`` (with TABLE_REGS > 0): the slice's first TABLE_REGS entries, loaded already (:func:`first_table`)."""
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     if PAGE < TABLE_AHEAD_PAGE:   # a contiguous cache (PAGE = 0), or small pages looked up in each tile's iteration
@@ -439,11 +439,9 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
             p_first = p0 // PAGE
             pidx = p_first + offs_p
             pvalid = pidx * PAGE < end
-            if first is None:
-                raw = tl.load(BT_ROW + pidx, mask=pvalid, other=0)
-            elif p0 == start:
+            if p0 == start:
                 raw = first
-            else:
+            else:   # a slice longer than TABLE_REGS pages (lengths grown since planning)
                 raw = tl.load(BT_ROW + pidx, mask=pvalid, other=0)
             pages = clamp_and_flag(raw, n_pages - 1, pvalid, FLAG)
             for n0 in range(p0, tl.minimum(p0 + TABLE_REGS * PAGE, end), BLOCK_N):
