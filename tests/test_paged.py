@@ -180,3 +180,23 @@ def test_a_split_longer_than_its_table_registers_reloads_them():
     d = p.decision   # 16-key splits in the interpreter, 64-key ones on a GPU: 1 or 4 entries, both under 190 keys
     assert d.splits == 1 and d.table_regs == table_regs_for(d.chunk, 16) and 0 < d.table_regs * 16 < 190, str(p)
     assert_attention_close(p.run(q, kp, vp, lens, block_table=bt), None, q, k, v, lens, what="grown lengths")
+
+
+@pytest.mark.parametrize("page", [128, 256])
+def test_table_registers_of_splits_that_start_inside_a_page(page):
+    """Splits of a chunk that is no multiple of the page start inside a page (table_regs_for counts one entry
+    more). With lengths grown since planning the last split runs past its registers' pages and reloads whole
+    pages from the one it is in, so a tile never gathers an entry outside its registers: every row against
+    float64, no page index clamped."""
+    gen = torch.Generator().manual_seed(page)
+    B, max_pages = 2, 5
+    L_max = page * max_pages
+    p = fdlib.plan(B, 4, 1, 32, L_max, dtype=torch.float32, device=DEVICE, lengths=[144, 100], page_size=page,
+                   method="unified", num_splits=3)
+    d = p.decision
+    assert d.splits == 3 and d.table_regs > 0 and d.chunk % page != 0, str(p)
+    for lens in ([144, 100], [L_max - 5, 1], [L_max, page + 1]):
+        q, kp, vp, bt, k, v, lens_t = paged_problem(gen, B, 4, 1, 32, page, max_pages, B * max_pages + 3, lens)
+        out = p.run(q, kp, vp, lens_t, block_table=bt)
+        assert_attention_close(out, None, q, k, v, lens_t, what=f"page={page} lens={lens}")
+    assert p.clamped() is False

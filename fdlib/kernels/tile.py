@@ -434,17 +434,21 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
                                                     qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
                                                     n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
     elif TABLE_REGS > 0:
+        # blocks of TABLE_REGS whole pages from the page of the slice's first key; a split starts on the
+        # BLOCK_N grid (its chunk is a multiple of BLOCK_N) and TABLE_REGS·PAGE is one too, so every tile lies in
+        # one block and gathers entries 0..TABLE_REGS-1 of it, even where the slice starts inside a page
         offs_p = tl.arange(0, TABLE_REGS)
-        for p0 in range(start, end, TABLE_REGS * PAGE):
-            p_first = p0 // PAGE
+        q_start = start // PAGE * PAGE
+        for q0 in range(q_start, end, TABLE_REGS * PAGE):
+            p_first = q0 // PAGE
             pidx = p_first + offs_p
             pvalid = pidx * PAGE < end
-            if p0 == start:
+            if q0 == q_start:
                 raw = first
-            else:   # a slice longer than TABLE_REGS pages (lengths grown since planning)
+            else:   # a slice longer than its TABLE_REGS pages (lengths grown since planning)
                 raw = tl.load(BT_ROW + pidx, mask=pvalid, other=0)
             pages = clamp_and_flag(raw, n_pages - 1, pvalid, FLAG)
-            for n0 in range(p0, tl.minimum(p0 + TABLE_REGS * PAGE, end), BLOCK_N):
+            for n0 in range(tl.maximum(q0, start), tl.minimum(q0 + TABLE_REGS * PAGE, end), BLOCK_N):
                 pos = n0 + offs_n
                 valid = pos < end
                 upos = pos.to(tl.uint32)
