@@ -448,17 +448,29 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
             else:   # a slice longer than its TABLE_REGS pages (lengths grown since planning)
                 raw = tl.load(BT_ROW + pidx, mask=pvalid, other=0)
             pages = clamp_and_flag(raw, n_pages - 1, pvalid, FLAG)
-            for n0 in range(tl.maximum(q0, start), tl.minimum(q0 + TABLE_REGS * PAGE, end), BLOCK_N):
+            # the block's tiles read keys n_lo + j·BLOCK_N + offs_n: where BLOCK_N is a multiple of PAGE their
+            # slots are the same in every tile and their entries j·BLOCK_N/PAGE further on, so the slots' row
+            # offsets are computed once a block
+            n_lo = tl.maximum(q0, start)
+            upos0 = (n_lo + offs_n).to(tl.uint32)
+            idx0 = (upos0 // PAGE - p_first).to(tl.int32)
+            k_slot = wide((upos0 % PAGE) * tl.cast(stride_kl, tl.uint32))
+            v_slot = wide((upos0 % PAGE) * tl.cast(stride_vl, tl.uint32))
+            for n0 in range(n_lo, tl.minimum(q0 + TABLE_REGS * PAGE, end), BLOCK_N):
                 pos = n0 + offs_n
                 valid = pos < end
-                upos = pos.to(tl.uint32)
-                page = wide(tl.gather(pages, (upos // PAGE - p_first).to(tl.int32), 0))
-                slot = upos % PAGE
+                if BLOCK_N % PAGE == 0:
+                    page = wide(tl.gather(pages, idx0 + (n0 - n_lo) // PAGE, 0))
+                    k_row, v_row = page * wide(stride_kb) + k_slot, page * wide(stride_vb) + v_slot
+                else:
+                    upos = pos.to(tl.uint32)
+                    page = wide(tl.gather(pages, (upos // PAGE - p_first).to(tl.int32), 0))
+                    slot = upos % PAGE
+                    k_row = page * wide(stride_kb) + wide(slot * tl.cast(stride_kl, tl.uint32))
+                    v_row = page * wide(stride_vb) + wide(slot * tl.cast(stride_vl, tl.uint32))
                 kv_mask = valid[:, None] & mask_d[None, :]
-                k = tl.load(k_ptrs + (page * wide(stride_kb) + wide(slot * tl.cast(stride_kl, tl.uint32)))[:, None],
-                            mask=kv_mask, other=0.0)
-                v = tl.load(v_ptrs + (page * wide(stride_vb) + wide(slot * tl.cast(stride_vl, tl.uint32)))[:, None],
-                            mask=kv_mask, other=0.0)
+                k = tl.load(k_ptrs + k_row[:, None], mask=kv_mask, other=0.0)
+                v = tl.load(v_ptrs + v_row[:, None], mask=kv_mask, other=0.0)
                 m, l, acc = TILE_UPDATE(q, k, v, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT)
     else:
         # pages: each tile's row offsets (page·stride + slot·stride) are read from the table one tile ahead and
