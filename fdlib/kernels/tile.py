@@ -369,8 +369,21 @@ def page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride
     through the block-table row ``BT_ROW`` (:func:`page_rows`): what a loop reads one tile ahead, so that its
     K/V loads depend on no load of their own iteration."""
     page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
-    return (page * wide(stride_kb) + wide(slot * tl.cast(stride_kl, tl.uint32)),
-            page * wide(stride_vb) + wide(slot * tl.cast(stride_vl, tl.uint32)))
+    k_slot, v_slot = slot_offsets(slot, stride_kl, stride_vl)
+    return pool_rows(page, k_slot, v_slot, stride_kb, stride_vb)
+
+
+@triton.jit
+def slot_offsets(slot, stride_kl, stride_vl):
+    """slot·stride: the 64-bit offsets of slots ``slot`` (32-bit, :func:`page_rows`) inside a K and a V page."""
+    return wide(slot * tl.cast(stride_kl, tl.uint32)), wide(slot * tl.cast(stride_vl, tl.uint32))
+
+
+@triton.jit
+def pool_rows(page, k_slot, v_slot, stride_kb, stride_vb):
+    """page·stride + slot·stride: the 64-bit offsets in the K and V page pools of the rows in pages ``page``
+    (:func:`wide`) at slot offsets ``k_slot``/``v_slot`` (:func:`slot_offsets`)."""
+    return page * wide(stride_kb) + k_slot, page * wide(stride_vb) + v_slot
 
 
 @triton.jit
@@ -454,20 +467,18 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
             n_lo = tl.maximum(q0, start)
             upos0 = (n_lo + offs_n).to(tl.uint32)
             idx0 = (upos0 // PAGE - p_first).to(tl.int32)
-            k_slot = wide((upos0 % PAGE) * tl.cast(stride_kl, tl.uint32))
-            v_slot = wide((upos0 % PAGE) * tl.cast(stride_vl, tl.uint32))
+            k_slot0, v_slot0 = slot_offsets(upos0 % PAGE, stride_kl, stride_vl)
             for n0 in range(n_lo, tl.minimum(q0 + TABLE_REGS * PAGE, end), BLOCK_N):
                 pos = n0 + offs_n
                 valid = pos < end
                 if BLOCK_N % PAGE == 0:
                     page = wide(tl.gather(pages, idx0 + (n0 - n_lo) // PAGE, 0))
-                    k_row, v_row = page * wide(stride_kb) + k_slot, page * wide(stride_vb) + v_slot
-                else:
+                    k_slot, v_slot = k_slot0, v_slot0
+                else:   # pages larger than a tile: the tile's slots move with it
                     upos = pos.to(tl.uint32)
                     page = wide(tl.gather(pages, (upos // PAGE - p_first).to(tl.int32), 0))
-                    slot = upos % PAGE
-                    k_row = page * wide(stride_kb) + wide(slot * tl.cast(stride_kl, tl.uint32))
-                    v_row = page * wide(stride_vb) + wide(slot * tl.cast(stride_vl, tl.uint32))
+                    k_slot, v_slot = slot_offsets(upos % PAGE, stride_kl, stride_vl)
+                k_row, v_row = pool_rows(page, k_slot, v_slot, stride_kb, stride_vb)
                 kv_mask = valid[:, None] & mask_d[None, :]
                 k = tl.load(k_ptrs + k_row[:, None], mask=kv_mask, other=0.0)
                 v = tl.load(v_ptrs + v_row[:, None], mask=kv_mask, other=0.0)
