@@ -313,7 +313,7 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
                     programs, rows_for(B * H_kv, programs))
 
 
-TABLE_REGS_MAX = 64
+TABLE_REGS_MAX = 256
 """The most block-table entries a split holds in registers: splits of up to 1024 keys at pages of 16, the ones timed
 on the H200 (results/h200/ab/README.md, runs 55, 62 and 63: B=8 32:8 rows of 1024 keys over pages 15.7 -> 14.5 µs).
 Longer splits read each tile's entries a tile ahead (the sm_90 loop is the same size at 128 or 256 entries;

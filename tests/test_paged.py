@@ -158,10 +158,10 @@ def test_pools_whose_strides_pass_32_bit_offsets_are_refused(dim):
 
 def test_table_regs_hold_one_splits_entries_up_to_64_pages():
     """table_regs_for: the block-table entries a split of ``chunk`` keys touches (one more where a split may
-    start inside a page), a power of two, at most TABLE_REGS_MAX = 64; 0 on small pages and for longer splits."""
+    start inside a page), a power of two, at most TABLE_REGS_MAX = 256; 0 on small pages and for longer splits."""
     from fdlib.plan import TABLE_REGS_MAX, decide, table_regs_for
-    assert TABLE_REGS_MAX == 64
-    assert [table_regs_for(c, 16) for c in (16, 64, 512, 1024, 1040, 2048)] == [1, 4, 32, 64, 0, 0]
+    assert TABLE_REGS_MAX == 256
+    assert [table_regs_for(c, 16) for c in (16, 64, 512, 1024, 1040, 2048, 4096, 4112)] == [1, 4, 32, 64, 128, 128, 256, 0]
     assert table_regs_for(64, 128) == 2 and table_regs_for(128, 256) == 2   # a split may start inside a page
     assert table_regs_for(1024, 4) == 0 and table_regs_for(64, 0) == 0
     d = decide(3, 8, 2, 32, 96, torch.float32, lengths=[96, 20, 0], method="unified", paged=16)

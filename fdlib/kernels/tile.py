@@ -369,8 +369,21 @@ def page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride
     through the block-table row ``BT_ROW`` (:func:`page_rows`): what a loop reads one tile ahead, so that its
     K/V loads depend on no load of their own iteration."""
     page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
-    return (page * wide(stride_kb) + wide(slot * tl.cast(stride_kl, tl.uint32)),
-            page * wide(stride_vb) + wide(slot * tl.cast(stride_vl, tl.uint32)))
+    k_slot, v_slot = slot_offsets(slot, stride_kl, stride_vl)
+    return pool_rows(page, k_slot, v_slot, stride_kb, stride_vb)
+
+
+@triton.jit
+def slot_offsets(slot, stride_kl, stride_vl):
+    """slot·stride: the 64-bit offsets of slots ``slot`` (32-bit, :func:`page_rows`) inside a K and a V page."""
+    return wide(slot * tl.cast(stride_kl, tl.uint32)), wide(slot * tl.cast(stride_vl, tl.uint32))
+
+
+@triton.jit
+def pool_rows(page, k_slot, v_slot, stride_kb, stride_vb):
+    """page·stride + slot·stride: the 64-bit offsets in the K and V page pools of the rows in pages ``page``
+    (:func:`wide`) at slot offsets ``k_slot``/``v_slot`` (:func:`slot_offsets`)."""
+    return page * wide(stride_kb) + k_slot, page * wide(stride_vb) + v_slot
 
 
 @triton.jit
@@ -448,17 +461,27 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
             else:   # a slice longer than its TABLE_REGS pages (lengths grown since planning)
                 raw = tl.load(BT_ROW + pidx, mask=pvalid, other=0)
             pages = clamp_and_flag(raw, n_pages - 1, pvalid, FLAG)
-            for n0 in range(tl.maximum(q0, start), tl.minimum(q0 + TABLE_REGS * PAGE, end), BLOCK_N):
+            # the block's tiles read keys n_lo + j·BLOCK_N + offs_n: where BLOCK_N is a multiple of PAGE their
+            # slots are the same in every tile and their entries j·BLOCK_N/PAGE further on, so the slots' row
+            # offsets are computed once a block
+            n_lo = tl.maximum(q0, start)
+            upos0 = (n_lo + offs_n).to(tl.uint32)
+            idx0 = (upos0 // PAGE - p_first).to(tl.int32)
+            k_slot0, v_slot0 = slot_offsets(upos0 % PAGE, stride_kl, stride_vl)
+            for n0 in range(n_lo, tl.minimum(q0 + TABLE_REGS * PAGE, end), BLOCK_N):
                 pos = n0 + offs_n
                 valid = pos < end
-                upos = pos.to(tl.uint32)
-                page = wide(tl.gather(pages, (upos // PAGE - p_first).to(tl.int32), 0))
-                slot = upos % PAGE
+                if BLOCK_N % PAGE == 0:
+                    page = wide(tl.gather(pages, idx0 + (n0 - n_lo) // PAGE, 0))
+                    k_slot, v_slot = k_slot0, v_slot0
+                else:   # pages larger than a tile: the tile's slots move with it
+                    upos = pos.to(tl.uint32)
+                    page = wide(tl.gather(pages, (upos // PAGE - p_first).to(tl.int32), 0))
+                    k_slot, v_slot = slot_offsets(upos % PAGE, stride_kl, stride_vl)
+                k_row, v_row = pool_rows(page, k_slot, v_slot, stride_kb, stride_vb)
                 kv_mask = valid[:, None] & mask_d[None, :]
-                k = tl.load(k_ptrs + (page * wide(stride_kb) + wide(slot * tl.cast(stride_kl, tl.uint32)))[:, None],
-                            mask=kv_mask, other=0.0)
-                v = tl.load(v_ptrs + (page * wide(stride_vb) + wide(slot * tl.cast(stride_vl, tl.uint32)))[:, None],
-                            mask=kv_mask, other=0.0)
+                k = tl.load(k_ptrs + k_row[:, None], mask=kv_mask, other=0.0)
+                v = tl.load(v_ptrs + v_row[:, None], mask=kv_mask, other=0.0)
                 m, l, acc = TILE_UPDATE(q, k, v, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT)
     else:
         # pages: each tile's row offsets (page·stride + slot·stride) are read from the table one tile ahead and
