@@ -314,10 +314,10 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
 
 
 TABLE_REGS_MAX = 256
-"""The most block-table entries a split holds in registers: splits of up to 1024 keys at pages of 16, the ones timed
-on the H200 (results/h200/ab/README.md, runs 55, 62 and 63: B=8 32:8 rows of 1024 keys over pages 15.7 -> 14.5 µs).
-Longer splits read each tile's entries a tile ahead (the sm_90 loop is the same size at 128 or 256 entries;
-untimed there)."""
+"""The most block-table entries a split holds in registers: splits of up to 4096 keys at pages of 16. Timed on the
+H200 (results/h200/ab/README.md): at 64 entries in runs 55, 62 and 63 (B=8 32:8 rows of 1024 keys over pages
+15.7 -> 14.5 µs), at 256 in run 65 (B=8 32:8 rows of 8192, splits of 2048 keys: 1.5% faster than reading each
+tile's entries a tile ahead, as longer splits still do; the sm_90 loop is the same size at 64, 128 and 256)."""
 
 
 def table_regs_for(chunk: int, page: int) -> int:
