@@ -156,7 +156,7 @@ def test_pools_whose_strides_pass_32_bit_offsets_are_refused(dim):
         plan.run(q, kp, vp.as_strided(vp.shape, strides), lens, block_table=bt)
 
 
-def test_table_regs_hold_one_splits_entries_up_to_64_pages():
+def test_table_regs_hold_one_splits_entries_up_to_table_regs_max():
     """table_regs_for: the block-table entries a split of ``chunk`` keys touches (one more where a split may
     start inside a page), a power of two, at most TABLE_REGS_MAX = 256; 0 on small pages and for longer splits."""
     from fdlib.plan import TABLE_REGS_MAX, decide, table_regs_for
