@@ -15,7 +15,8 @@ plan of NAME with ``num_splits=S``; ``+longest_first``: the plan made with ``lon
 ``row_read`` / ``row_read@W``: the batch's rows and pages walked in tiles of 64 keys by one program per
 (KV head, sequence), W warps (4), with no attention; ``flat_read``: the batch's bytes read in one launch of the
 read-ceiling kernel (both :mod:`fdlib.bench.readbound`).
-``page`` 0 is a contiguous cache. ``dist/desc`` (e.g. ``uniform/desc``): the same lengths, sorted longest first
+``page`` 0 is a contiguous cache; a paged batch's pages lie shuffled in the pool, or each row's in order with
+``--page-order sequential``. ``dist/desc`` (e.g. ``uniform/desc``): the same lengths, sorted longest first
 over b, so that the grid kernels (b stage 1's fastest grid axis, the unified kernel's second after the KV head)
 launch the longest rows first and end on the shortest. Lengths, inputs and timings are the ragged bench's (:mod:`fdlib.bench.ragged`: the
 same draw of lengths from ``--seed``, CUDA graphs rotating over copies holding >= 4x the L2, the read ceiling
@@ -85,6 +86,8 @@ def main(argv=None):
     ap.add_argument("--cases", default=CASES)
     ap.add_argument("--methods", default="auto,streamk,balanced")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--page-order", default="shuffled", choices=("shuffled", "sequential"),
+                    help="where a paged batch's pages lie in the pool: shuffled (default) or each row's in order")
     ap.add_argument("--resources", action="store_true",
                     help="also list every kernel compiled (registers, spills, shared memory: "
                          "tools/kernel_resources.py)")
@@ -109,7 +112,7 @@ def main(argv=None):
         except ValueError as e:
             raise SystemExit(str(e)) from None
         base, stored = ragged.case_record(shape, lens, page)
-        copies, ref = ragged.case_inputs(shape, lens, page, args.seed + i, "shuffled", stored, gpu)
+        copies, ref = ragged.case_inputs(shape, lens, page, args.seed + i, args.page_order, stored, gpu)
         for method in args.methods.split(","):
             if method == "flat_read" or method.partition("@")[0] == "row_read":
                 records.append(report(text, read_record(method, base, copies, settings, ceil)))
@@ -138,7 +141,7 @@ def main(argv=None):
         free_memory()
     out = {"schema": "fdlib.bench/1", "kind": "ab-ragged", "fdlib": fdlib.__version__,
            "provenance": provenance("python tools/ab_ragged.py " + " ".join(argv or sys.argv[1:])),
-           "settings": settings, "ceiling": ceil, "records": records}
+           "settings": settings, "page_order": args.page_order, "ceiling": ceil, "records": records}
     if args.resources:
         out["kernels"] = kernel_rows()
     with open(args.out, "w") as f:
