@@ -155,3 +155,23 @@ def test_tile_overrides_win_over_the_one_wave_rule(monkeypatch):
         assert walk().tile == TileConfig(32, 4, 3)
         assert decide().tile == ONE_WAVE_TILE
     assert walk().tile != TileConfig(32, 4, 3)
+
+
+def test_ab_ragged_page_order(tmp_path, monkeypatch):
+    """tools/ab_ragged.py --page-order: the paged batches get the table the ragged bench builds for that order
+    (each row's pages in order for ``sequential``), the file says which, and the records still match float64."""
+    import json
+
+    from fdlib.bench import ragged
+    ab = ab_ragged()
+    orders = []
+    inputs = ragged._inputs
+    monkeypatch.setattr(ragged, "_inputs", lambda *a, **k: orders.append(a[4] if len(a) > 4 else k.get("page_order"))
+                        or inputs(*a, **k))
+    out = tmp_path / "ab.json"
+    ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--methods", "auto", "--page-order", "sequential"])
+    res = json.loads(out.read_text())
+    assert orders == ["sequential"] and res["page_order"] == "sequential"
+    assert res["records"][0]["status"] == "ok" and res["records"][0]["rel_err"] < 1e-2
+    with pytest.raises(SystemExit):
+        ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--page-order", "random"])
