@@ -333,10 +333,21 @@ def table_regs_for(chunk: int, page: int) -> int:
     return regs if regs <= TABLE_REGS_MAX else 0
 
 
+def order_hint(B: int, L_max: int, lengths=None) -> list[int]:
+    """The longest-first order of host ``lengths`` (clamped to 0..L_max; ties: the lower b first), place → b, or b
+    order without them: the order a longest-first plan keeps for its kernel to check against each call's lengths
+    before it sorts them (:func:`fdlib.kernels.tile.longest_first`). Decode steps, where every length grows by
+    one, keep it."""
+    if lengths is None:
+        return list(range(B))
+    return sorted(range(B), key=lambda b: (-min(max(lengths[b], 0), L_max), b))
+
+
 def longest_first_order(B: int) -> int:
     """ORDER_B of a unified plan that launches its sequences longest first (:func:`fdlib.kernels.tile.longest_first`):
-    the smallest power of two >= B, at least 16 (B <= LONGEST_FIRST_MAX_BATCH). The order itself is computed on
-    the device from the lengths of each call, so a plan made for ragged lengths stays ordered when they change.
+    the smallest power of two >= B, at least 16 (B <= LONGEST_FIRST_MAX_BATCH). The order itself is checked or
+    computed on the device from the lengths of each call (the plan's :func:`order_hint` first), so a plan made for
+    ragged lengths stays ordered when they change.
     ``auto`` takes it for ragged batches over pages where :func:`fdlib.splits.longest_first_suits` holds (whole
     rows, one split); elsewhere the sort in every program measured slower (results/h200/README.md)."""
     if B > LONGEST_FIRST_MAX_BATCH:
@@ -353,6 +364,7 @@ class Workspace:
     flag: torch.Tensor               # [1] int32: 1 once a device length was clamped to 0..L_max
     lse: torch.Tensor                # [B, q_len, H_q] float32, for calls that do not ask for lse
     full_lengths: torch.Tensor       # [B] int32, all L_max: calls that pass no cache_seqlens
+    order: torch.Tensor | None = None   # [ORDER_B] int32 right after counters, in their buffer: the order to check
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if t is not None)
@@ -827,7 +839,7 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
                pack_heads=pack_heads, longest_first=longest_first)
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
-                      _workspace(B, H_q, H_kv, D * d.pack, L_max, d, device, q_len),
+                      _workspace(B, H_q, H_kv, D * d.pack, L_max, d, device, q_len, lengths),
                       torch.empty(B, dtype=torch.int32, device=device),
                       _launchers(d, dtype, H_q // H_kv, D, page, B, q_len), q_len)
 
@@ -862,8 +874,10 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
     return ()
 
 
-def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1) -> Workspace:
-    """Allocate what the decided kernel needs; out of memory says how much and what needs less."""
+def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, lengths=None) -> Workspace:
+    """Allocate what the decided kernel needs; out of memory says how much and what needs less. A plan that
+    launches its sequences longest first also keeps its order, from ``lengths`` (:func:`order_hint`), right after
+    the ticket counters, where the kernel checks it before sorting (:func:`fdlib.kernels.tile.longest_first`)."""
     partials = d.kernel == "split" or d.kernel in ("unified", "invariant") and d.splits > 1
     slots = (items_max(B, d.budget) if d.kernel == "balanced" else slots_for(d.programs) if d.kernel == "streamk"
              else B * d.splits if partials else 0)
@@ -878,11 +892,18 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1) -> W
         else:
             o_part = torch.empty((B, q_len, H_q, d.splits, D), **f32) if partials else None
             lse_part = torch.empty((B, q_len, H_q, d.splits), **f32) if partials else None
+        counters = order = None
+        if d.kernel in ("unified", "balanced", "invariant", "streamk"):
+            buf = torch.zeros(B * H_kv + d.order, dtype=torch.int32, device=device)
+            counters = buf[:B * H_kv]
+            if d.order:
+                order = buf[B * H_kv:]
+                order[:B] = torch.tensor(order_hint(B, L_max, lengths), dtype=torch.int32)
         return Workspace(
             o_part=o_part,
             lse_part=lse_part,
-            counters=(torch.zeros(B * H_kv, dtype=torch.int32, device=device)
-                      if d.kernel in ("unified", "balanced", "invariant", "streamk") else None),
+            counters=counters,
+            order=order,
             flag=torch.zeros(1, dtype=torch.int32, device=device),
             lse=torch.empty((B, q_len, H_q), **f32),
             full_lengths=torch.full((B,), L_max, dtype=torch.int32, device=device))
@@ -902,4 +923,4 @@ def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:
 
 
 __all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "pack_decision", "packs_by_default",
-           "launched_splits", "host_lengths", "longest_first_order", "KERNELS"]
+           "launched_splits", "host_lengths", "longest_first_order", "order_hint", "KERNELS"]

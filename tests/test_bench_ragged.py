@@ -175,3 +175,29 @@ def test_ab_ragged_page_order(tmp_path, monkeypatch):
     assert res["records"][0]["status"] == "ok" and res["records"][0]["rel_err"] < 1e-2
     with pytest.raises(SystemExit):
         ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--page-order", "random"])
+
+
+def test_ab_ragged_stale_order(tmp_path):
+    """tools/ab_ragged.py ``+stale_order``: plans made inside keep their longest-first order reversed (so every
+    program sorts, as after the lengths change order under a plan), fdlib.plan is restored after, and the records
+    still match float64."""
+    import json
+
+    import torch
+
+    import fdlib
+    from fdlib.plan import order_hint
+    ab = ab_ragged()
+    make = fdlib.plan
+    lens = [40, 3, 77]
+    with ab.stale_order(True):
+        p = fdlib.plan(3, 4, 2, 16, 80, dtype=torch.float32, lengths=lens, method="unified", page_size=16,
+                       longest_first=True)
+    assert fdlib.plan is make
+    assert p.workspace.order[:3].tolist() == order_hint(3, 80, lens)[::-1] == [1, 0, 2]
+    out = tmp_path / "ab.json"
+    ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--methods",
+             "unified#1+longest_first,unified#1+longest_first+stale_order"])
+    recs = json.loads(out.read_text())["records"]
+    assert [r["longest_first"] for r in recs] == [True, True]
+    assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 for r in recs), recs

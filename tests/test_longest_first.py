@@ -12,31 +12,61 @@ import fdlib   # before triton: the interpreter runs triton's own library functi
 import triton
 import triton.language as tl
 from fdlib import runtime, splits
-from fdlib.kernels.tile import longest_first
+from fdlib.kernels.tile import longest_first, order_holds
 from fdlib.kernels.unified import LONGEST_FIRST_MAX_BATCH
-from fdlib.plan import decide, longest_first_order
+from fdlib.plan import decide, longest_first_order, order_hint
 from helpers import DEVICE, assert_attention_close, counters_zero
 from test_paged import paged_problem
 
 
 @triton.jit
-def _order_kernel(LENS, OUT, L_MAX, BLOCK_B: tl.constexpr):
+def _order_kernel(LENS, HINT, OUT, HOLDS, L_MAX, BLOCK_B: tl.constexpr):
     i = tl.program_id(0)
-    tl.store(OUT + i, longest_first(LENS, i, tl.num_programs(0), L_MAX, BLOCK_B))
+    tl.store(OUT + i, longest_first(LENS, HINT, i, tl.num_programs(0), L_MAX, BLOCK_B))
+    tl.store(HOLDS + i, order_holds(LENS, HINT, tl.num_programs(0), L_MAX, BLOCK_B))
 
 
-@settings(max_examples=15, deadline=None)
+@pytest.mark.parametrize("kind", ["right", "stale", "b order", "permutation", "garbage"])
+@settings(max_examples=8, deadline=None)
 @given(B=st.integers(1, 40), L_max=st.integers(1, 300), data=st.data())
-def test_longest_first_is_the_stable_descending_order_of_the_clamped_lengths(B, L_max, data):
-    # ties (drawn from few values), lengths outside 0..L_max (clamped, as the kernels read them), int32 and int64
+def test_longest_first_is_the_stable_descending_order_of_the_clamped_lengths(kind, B, L_max, data):
+    # ties (drawn from few values), lengths outside 0..L_max (clamped, as the kernels read them), int32 and int64;
+    # the hint checked first: the right order, the plan's order for lengths that have changed since, b order, a
+    # random permutation, or garbage (entries outside 0..B-1, repeats): the answer is the order in every case
     lens = data.draw(st.lists(st.sampled_from([-5, 0, 1, 7, L_max, L_max + 9, data.draw(st.integers(0, L_max))]),
                               min_size=B, max_size=B))
     dtype = data.draw(st.sampled_from([torch.int32, torch.int64]))
+    right = order_hint(B, L_max, lens)
+    assert right == sorted(range(B), key=lambda b: (-min(max(lens[b], 0), L_max), b))
+    stale = order_hint(B, L_max, data.draw(st.lists(st.integers(-3, L_max + 3), min_size=B, max_size=B)))
+    perm = data.draw(st.permutations(range(B)))
+    garbage = data.draw(st.lists(st.integers(-2 * B, 2 * B), min_size=B, max_size=B))
+    hint = {"right": right, "stale": stale, "b order": list(range(B)), "permutation": perm, "garbage": garbage}[kind]
     t = torch.tensor(lens, dtype=dtype, device=DEVICE)
+    h = torch.tensor(hint + [7] * (longest_first_order(B) - B), dtype=torch.int32, device=DEVICE)
     out = torch.full((B,), -1, dtype=torch.int32, device=DEVICE)
-    _order_kernel[(B,)](t, out, L_max, BLOCK_B=longest_first_order(B))
-    clamped = [min(max(x, 0), L_max) for x in lens]
-    assert out.tolist() == sorted(range(B), key=lambda b: (-clamped[b], b)), lens
+    holds = torch.full((B,), -1, dtype=torch.int32, device=DEVICE)
+    _order_kernel[(B,)](t, h, out, holds, L_max, BLOCK_B=longest_first_order(B))
+    assert out.tolist() == right, (lens, hint)
+    # the check passes exactly where the hint (clamped to 0..B-1) is the order: then no program sorts
+    assert holds.tolist() == [int([min(max(x, 0), B - 1) for x in hint] == right)] * B, (lens, hint)
+
+
+def test_a_longest_first_plan_keeps_its_order_after_its_ticket_counters():
+    """The plan's hint: the longest-first order of the lengths it was made for, or b order without them, in the
+    same buffer as the ticket counters, right after them, where the kernel reads it (COUNTERS + B·H_kv)."""
+    lens = [40, 3, 77, 0, 12, 77]
+    p = fdlib.plan(6, 8, 2, 32, 96, dtype=torch.float32, device=DEVICE, lengths=lens, method="unified",
+                   page_size=16, longest_first=True)
+    ws = p.workspace
+    assert ws.counters.numel() == 6 * 2 and ws.order.numel() == 16
+    assert ws.order.data_ptr() == ws.counters.data_ptr() + 4 * ws.counters.numel()
+    assert ws.order[:6].tolist() == [2, 5, 0, 4, 1, 3] == order_hint(6, 96, lens)
+    p = fdlib.plan(6, 8, 2, 32, 96, dtype=torch.float32, device=DEVICE, method="unified", page_size=16,
+                   longest_first=True)
+    assert p.workspace.order[:6].tolist() == list(range(6))
+    assert fdlib.plan(6, 8, 2, 32, 96, dtype=torch.float32, device=DEVICE, lengths=lens, method="unified",
+                      page_size=16).workspace.order is None
 
 
 def test_longest_first_order_is_a_power_of_two_covering_the_batch():

@@ -11,7 +11,9 @@ kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW
 :mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM) set to VALUE; both may be
 combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``, before any ``@`` or ``+``): the
 plan of NAME with ``num_splits=S``; ``+longest_first``: the plan made with ``longest_first=True`` (e.g.
-``unified#1+longest_first``: whole rows launched longest first, what run 44's ``unified#1`` ran at 68c1242);
+``unified#1+longest_first``: whole rows launched longest first, what run 44's ``unified#1`` ran at 68c1242;
+``+stale_order``: the plan's longest-first order reversed, so that every program sorts, as after the lengths change
+order under a plan: :func:`stale_order`);
 ``row_read`` / ``row_read@W``: the batch's rows and pages walked in tiles of 64 keys by one program per
 (KV head, sequence), W warps (4), with no attention; ``flat_read``: the batch's bytes read in one launch of the
 read-ceiling kernel (both :mod:`fdlib.bench.readbound`).
@@ -80,6 +82,28 @@ def grid_tiles(tiles, method: str = "auto"):
         plan_module.tile_config, plan_module.one_wave_suits, plan_module.persistent_config = saved
 
 
+@contextlib.contextmanager
+def stale_order(on: bool):
+    """Plans made inside keep their longest-first order reversed (``+stale_order``; nothing where ``on`` is False
+    or a plan has no order): for n >= 2 rows it fails the kernel's check (:func:`fdlib.kernels.tile.order_holds`),
+    so every program sorts the lengths, as after the batch's lengths change order under a plan."""
+    import fdlib
+    make = fdlib.plan
+
+    def plan(*a, **k):
+        p = make(*a, **k)
+        order = p.workspace.order
+        if order is not None:
+            order[:p.B] = order[:p.B].flip(0).clone()
+        return p
+    if on:
+        fdlib.plan = plan
+    try:
+        yield
+    finally:
+        fdlib.plan = make
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
@@ -119,18 +143,21 @@ def main(argv=None):
                 continue
             name, tiles = tiles_of(method)
             saved = {k: getattr(m, k) for k, m in constants.items()}
-            plan_kw = {}
+            plan_kw, stale = {}, False
             for item in method.split("+")[1:]:
-                if item == "longest_first":
-                    plan_kw["longest_first"] = True
+                if item in ("longest_first", "stale_order"):
+                    plan_kw["longest_first"] = plan_kw.get("longest_first") or item == "longest_first" or None
+                    stale = stale or item == "stale_order"
                     continue
                 key, _, val = item.partition("=")
                 if key not in saved:
-                    raise SystemExit(f"--methods: {method!r}: expected longest_first or one of "
+                    raise SystemExit(f"--methods: {method!r}: expected longest_first, stale_order or one of "
                                      f"{', '.join(constants)} after '+', got {key!r}")
                 setattr(constants[key], key, int(val))
+            if plan_kw.get("longest_first") is None:
+                plan_kw.pop("longest_first", None)
             try:
-                with grid_tiles(tiles, name):
+                with grid_tiles(tiles, name), stale_order(stale):
                     rec = ragged._measure(name, copies, ref, base, settings, ceil, splits_of(method), plan_kw)
             finally:
                 for k, v in saved.items():

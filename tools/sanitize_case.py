@@ -115,10 +115,11 @@ for method, splits in (("unified", 1), ("unified", 3), ("split", 3)):
         torch.cuda.synchronize()
         worst = max(worst, ((out.double().cpu() - rr).norm() / rr.norm()).item())
 # Sequences launched longest first (the unified kernel's ORDER_B, asked for with longest_first=True, pages of 16),
-# planned for one mix of lengths and run on another (the order follows each call's device lengths).
-for splits in (1, 3):
+# planned for one mix of lengths and run on another (the plan's order fails the kernel's check: each program
+# sorts), and planned for the lengths it runs (the order passes it).
+for splits, planned in ((1, [17, 300, 0]), (3, [17, 300, 0]), (1, lens_p.tolist()), (3, lens_p.tolist())):
     p = fdlib.plan(B, H_q, H_kv, D, bt.shape[1] * 16, dtype=torch.float16, device="cuda", method="unified",
-                   num_splits=splits, page_size=16, lengths=[17, 300, 0], longest_first=True)
+                   num_splits=splits, page_size=16, lengths=planned, longest_first=True)
     assert p.decision.order == 16, p
     out = p.run(q, kp, vp, lens_p, block_table=bt)
     torch.cuda.synchronize()

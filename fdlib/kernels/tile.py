@@ -519,21 +519,52 @@ def load_lengths(LENS, idx, mask, L_MAX, FLAG):
 
 
 @triton.jit
-def longest_first(LENS, i, n, L_MAX, BLOCK_B: tl.constexpr):
-    r"""The sequence at place i of the batch ordered longest first (ties: the lower b first), from the lengths on
-    the device: sort the keys :math:`k_b = \min(\max(L_b, 0), L_{max})\cdot\text{BLOCK\_B} + (\text{BLOCK\_B}
-    - 1 - b)`, all distinct, in descending order and read b off the i-th. A grid whose place i runs the i-th longest
-    row hands the SMs the longest rows first, so the last programs to start are the shortest (greedy longest-first
-    list scheduling). Any order is a permutation of 0..n-1, so the lengths only move work around, never change it.
-    n <= BLOCK_B; padding keys are -1, after every real one. The lengths are clamped as :func:`clamp_and_flag` does
-    but without its flag: each program's own :func:`load_lengths` of its row sets that."""
+def order_key(L, b, L_MAX, BLOCK_B: tl.constexpr):
+    r"""The longest-first key of sequence b with L keys, :math:`k_b = \min(\max(L, 0), L_{max})\cdot\text{BLOCK\_B}
+    + (\text{BLOCK\_B} - 1 - b)`: larger for a longer row, and for the lower b of two equal ones, so the keys of
+    distinct sequences are distinct (b < BLOCK_B). The lengths are clamped as :func:`clamp_and_flag` does but
+    without its flag: each program's own :func:`load_lengths` of its row sets that."""
+    return tl.minimum(tl.maximum(L.to(tl.int64), 0), L_MAX) * BLOCK_B + (BLOCK_B - 1 - b)
+
+
+@triton.jit
+def order_holds(LENS, HINT, n, L_MAX, BLOCK_B: tl.constexpr):
+    r"""1 where ``HINT[0..n-1]`` (entries clamped to 0..n-1) is the longest-first order of the lengths read now,
+    :math:`k_{h_0} > k_{h_1} > \dots > k_{h_{n-1}}` (:func:`order_key`), else 0: two loads of the hint, two of the
+    lengths through it, one reduction. Distinct keys make that order the only one that passes."""
     offs = tl.arange(0, BLOCK_B)
-    L = tl.load(LENS + offs, mask=offs < n, other=0).to(tl.int64)
-    L = tl.minimum(tl.maximum(L, 0), L_MAX)
-    key = tl.where(offs < n, L * BLOCK_B + (BLOCK_B - 1 - offs), -1)
-    key = tl.sort(key, descending=True)
-    k_i = tl.sum(tl.where(offs == i, key, 0), 0)
-    return (BLOCK_B - 1 - k_i % BLOCK_B).to(tl.int32)
+    real, has_next = offs < n, offs + 1 < n
+    hint = tl.minimum(tl.maximum(tl.load(HINT + offs, mask=real, other=0), 0), n - 1)
+    nxt = tl.minimum(tl.maximum(tl.load(HINT + offs + 1, mask=has_next, other=0), 0), n - 1)
+    down = (order_key(tl.load(LENS + hint, mask=real, other=0), hint, L_MAX, BLOCK_B)
+            > order_key(tl.load(LENS + nxt, mask=has_next, other=0), nxt, L_MAX, BLOCK_B))
+    return tl.min(tl.where(has_next, down, True).to(tl.int32), 0)
+
+
+@triton.jit
+def longest_first(LENS, HINT, i, n, L_MAX, BLOCK_B: tl.constexpr):
+    r"""The sequence at place i of the batch ordered longest first (ties: the lower b first), from the lengths on
+    the device: the b of the i-th largest :func:`order_key`. A grid whose place i runs the i-th longest row hands
+    the SMs the longest rows first, so the last programs to start are the shortest (greedy longest-first list
+    scheduling). Any order is a permutation of 0..n-1, so the lengths only move work around, never change it.
+
+    ``HINT[0..n-1]``: an order to try first, place k → :math:`h_k` (a plan's, from the lengths it was made for).
+    The keys are distinct, so exactly one order has them strictly decreasing place by place: where
+    :math:`k_{h_0} > k_{h_1} > \dots > k_{h_{n-1}}` for the lengths read now (:func:`order_holds`), the hint is
+    that order and place i runs :math:`h_i` (entries clamped alike in both, so no hint reads outside the batch).
+    Otherwise the program sorts the n keys (padding keys −1, after every real one; n <= BLOCK_B) and reads b off
+    the i-th. On the H200 the sort in every program cost 2.8-2.9 µs of a
+    125-µs launch (B=128 32:8 rows uniform around 1024; one dependent load in its place cost 0.2-0.3 µs:
+    ``results/h200/ab/README.md``, run 76), and decode steps keep a plan's order: every length grows by one."""
+    if order_holds(LENS, HINT, n, L_MAX, BLOCK_B) == 1:
+        b = tl.minimum(tl.maximum(tl.load(HINT + i), 0), n - 1).to(tl.int32)
+    else:
+        offs = tl.arange(0, BLOCK_B)
+        real = offs < n
+        key = tl.where(real, order_key(tl.load(LENS + offs, mask=real, other=0), offs, L_MAX, BLOCK_B), -1)
+        k_i = tl.sum(tl.where(offs == i, tl.sort(key, descending=True), 0), 0)
+        b = (BLOCK_B - 1 - k_i % BLOCK_B).to(tl.int32)
+    return b
 
 
 @triton.jit
