@@ -98,7 +98,8 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
 
 
 LONGEST_FIRST_MAX_BATCH = 128
-"""Sequences the longest-first order sorts in every program's registers (ORDER_B); larger batches run in b order.
+"""Sequences a longest-first launch orders (ORDER_B: each program checks its plan's order, else sorts the lengths
+in its registers); larger batches run in b order.
 On the H200 the order won at B=128 and lost to stream-K at B=512 (fdlib.splits, LONGEST_FIRST_IMBALANCE's note)."""
 
 _COUNTERS: dict = {}
