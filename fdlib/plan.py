@@ -364,7 +364,7 @@ class Workspace:
     flag: torch.Tensor               # [1] int32: 1 once a device length was clamped to 0..L_max
     lse: torch.Tensor                # [B, q_len, H_q] float32, for calls that do not ask for lse
     full_lengths: torch.Tensor       # [B] int32, all L_max: calls that pass no cache_seqlens
-    order: torch.Tensor | None = None   # [ORDER_B] int32 right after counters, in their buffer: the order to check
+    order: torch.Tensor | None = None   # [ORDER_B] int32 right before counters, in their buffer: the order to check
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if t is not None)
@@ -876,7 +876,7 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
 
 def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, lengths=None) -> Workspace:
     """Allocate what the decided kernel needs; out of memory says how much and what needs less. A plan that
-    launches its sequences longest first also keeps its order, from ``lengths`` (:func:`order_hint`), right after
+    launches its sequences longest first also keeps its order, from ``lengths`` (:func:`order_hint`), right before
     the ticket counters, where the kernel checks it before sorting (:func:`fdlib.kernels.tile.longest_first`)."""
     partials = d.kernel == "split" or d.kernel in ("unified", "invariant") and d.splits > 1
     slots = (items_max(B, d.budget) if d.kernel == "balanced" else slots_for(d.programs) if d.kernel == "streamk"
@@ -894,10 +894,10 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, leng
             lse_part = torch.empty((B, q_len, H_q, d.splits), **f32) if partials else None
         counters = order = None
         if d.kernel in ("unified", "balanced", "invariant", "streamk"):
-            buf = torch.zeros(B * H_kv + d.order, dtype=torch.int32, device=device)
-            counters = buf[:B * H_kv]
+            buf = torch.zeros(d.order + B * H_kv, dtype=torch.int32, device=device)
+            counters = buf[d.order:]
             if d.order:
-                order = buf[B * H_kv:]
+                order = buf[:d.order]
                 order[:B] = torch.tensor(order_hint(B, L_max, lengths), dtype=torch.int32)
         return Workspace(
             o_part=o_part,

@@ -54,13 +54,14 @@ def test_longest_first_is_the_stable_descending_order_of_the_clamped_lengths(kin
 
 def test_a_longest_first_plan_keeps_its_order_after_its_ticket_counters():
     """The plan's hint: the longest-first order of the lengths it was made for, or b order without them, in the
-    same buffer as the ticket counters, right after them, where the kernel reads it (COUNTERS + B·H_kv)."""
+    same buffer as the ticket counters, right before them, where the kernel reads it (COUNTERS − ORDER_B, whatever
+    the batch launched)."""
     lens = [40, 3, 77, 0, 12, 77]
     p = fdlib.plan(6, 8, 2, 32, 96, dtype=torch.float32, device=DEVICE, lengths=lens, method="unified",
                    page_size=16, longest_first=True)
     ws = p.workspace
     assert ws.counters.numel() == 6 * 2 and ws.order.numel() == 16
-    assert ws.order.data_ptr() == ws.counters.data_ptr() + 4 * ws.counters.numel()
+    assert ws.order.data_ptr() + 4 * ws.order.numel() == ws.counters.data_ptr()
     assert ws.order[:6].tolist() == [2, 5, 0, 4, 1, 3] == order_hint(6, 96, lens)
     p = fdlib.plan(6, 8, 2, 32, 96, dtype=torch.float32, device=DEVICE, method="unified", page_size=16,
                    longest_first=True)
@@ -115,8 +116,9 @@ def test_longest_first_takes_a_bool():
 @pytest.mark.parametrize("page", [1, 4, 16])
 @pytest.mark.parametrize("splits_", [1, 3])
 def test_longest_first_plan_matches_float64_when_the_lengths_change(page, splits_):
-    """A plan made for one ragged mix, run on it and then on other lengths and tables (the order follows the
-    device lengths of each call): every row against float64, ticket counters back at zero."""
+    """A plan made for one ragged mix, run on it, then on other lengths and tables and on a smaller batch (the
+    order follows the device lengths of each call): every row against float64, ticket counters back at zero and
+    the plan's order untouched."""
     gen = torch.Generator().manual_seed(7 + page + splits_)
     B, H_q, H_kv, D, max_pages = 6, 6, 2, 80, max(2, 64 // page)
     L_max = max_pages * page
@@ -124,11 +126,13 @@ def test_longest_first_plan_matches_float64_when_the_lengths_change(page, splits
     p = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=torch.float32, device=DEVICE, lengths=first, method="unified",
                    num_splits=splits_, page_size=page, longest_first=True)
     assert p.decision.order == 16
-    for lens in (first, [3, L_max, 17, 17, 0, page]):
-        q, kp, vp, bt, k, v, lens_t = paged_problem(gen, B, H_q, H_kv, D, page, max_pages, B * max_pages + 2, lens)
+    # the plan's lengths (its order passes the kernel's check), others (it fails), and a smaller batch than planned
+    for lens in (first, [3, L_max, 17, 17, 0, page], [5, L_max, 0, 17]):
+        q, kp, vp, bt, k, v, lens_t = paged_problem(gen, len(lens), H_q, H_kv, D, page, max_pages,
+                                                    B * max_pages + 2, lens)
         out = p.run(q, kp, vp, lens_t, block_table=bt)
         assert_attention_close(out, None, q, k, v, lens_t, what=f"page={page} splits={splits_} lens={lens}")
-    assert counters_zero()
+    assert counters_zero() and p.workspace.order[:B].tolist() == order_hint(B, L_max, first)
 
 
 def test_greedy_model_of_rows_handed_longest_first():

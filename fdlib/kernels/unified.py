@@ -29,8 +29,8 @@ Longest rows first (``ORDER_B`` > 0, a power of two >= B): place i of the grid's
 longest sequence, ordered on the device from ``cache_seqlens`` in every program
 (:func:`~fdlib.kernels.tile.longest_first`), so the SMs take the longest rows first and the last programs to start
 are the shortest, whatever order the batch comes in and however its lengths change between graph replays. Each
-program first checks the plan's order (ORDER_B int32 right after the B·H_kv ticket counters, in the same buffer:
-:class:`fdlib.plan.Workspace`'s ``order``) against the lengths it reads, and sorts them only where it fails.
+program first checks the plan's order (ORDER_B int32 right before the ticket counters, in the same buffer, so at
+the same place whatever the batch launched: :class:`fdlib.plan.Workspace`'s ``order``) against the lengths it reads, and sorts them only where it fails.
 ``auto`` asks for it where :func:`fdlib.splits.longest_first_suits` holds (ragged batches over pages, whole rows),
 ``plan(..., longest_first=True)`` always (:func:`fdlib.plan.decide`).
 
@@ -67,8 +67,7 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         t_start = timeline_start()
     h_kv = tl.program_id(0)   # the KV heads of a sequence are launched together (see the module doc)
     if ORDER_B > 0:           # place i of the grid runs the i-th longest sequence (see the module doc)
-        b = longest_first(LENS, COUNTERS + tl.num_programs(1) * H_KV, tl.program_id(1), tl.num_programs(1), L_MAX,
-                          ORDER_B)
+        b = longest_first(LENS, COUNTERS - ORDER_B, tl.program_id(1), tl.num_programs(1), L_MAX, ORDER_B)
     else:
         b = tl.program_id(1)
     split = tl.program_id(2)
