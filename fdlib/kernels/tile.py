@@ -553,9 +553,9 @@ def longest_first(LENS, HINT, i, n, L_MAX, BLOCK_B: tl.constexpr):
     :math:`k_{h_0} > k_{h_1} > \dots > k_{h_{n-1}}` for the lengths read now (:func:`order_holds`), the hint is
     that order and place i runs :math:`h_i` (entries clamped alike in both, so no hint reads outside the batch).
     Otherwise the program sorts the n keys (padding keys −1, after every real one; n <= BLOCK_B) and reads b off
-    the i-th. On the H200 the sort in every program cost 2.8-2.9 µs of a
-    125-µs launch (B=128 32:8 rows uniform around 1024; one dependent load in its place cost 0.2-0.3 µs:
-    ``results/h200/ab/README.md``, run 76), and decode steps keep a plan's order: every length grows by one."""
+    the i-th. On the H200 the sort in every program cost 2.8-2.9 µs of a 125-µs launch (B=128 32:8 rows uniform
+    around 1024; one dependent load in its place cost 0.2-0.3 µs: ``results/h200/ab/README.md``, run 76), and
+    decode steps keep a plan's order: every length grows by one."""
     if order_holds(LENS, HINT, n, L_MAX, BLOCK_B) == 1:
         b = tl.minimum(tl.maximum(tl.load(HINT + i), 0), n - 1).to(tl.int32)
     else:

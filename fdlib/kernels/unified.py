@@ -30,7 +30,8 @@ longest sequence, ordered on the device from ``cache_seqlens`` in every program
 (:func:`~fdlib.kernels.tile.longest_first`), so the SMs take the longest rows first and the last programs to start
 are the shortest, whatever order the batch comes in and however its lengths change between graph replays. Each
 program first checks the plan's order (ORDER_B int32 right before the ticket counters, in the same buffer, so at
-the same place whatever the batch launched: :class:`fdlib.plan.Workspace`'s ``order``) against the lengths it reads, and sorts them only where it fails.
+the same place whatever the batch launched: :class:`fdlib.plan.Workspace`'s ``order``) against the lengths it
+reads, and sorts them only where it fails.
 ``auto`` asks for it where :func:`fdlib.splits.longest_first_suits` holds (ragged batches over pages, whole rows),
 ``plan(..., longest_first=True)`` always (:func:`fdlib.plan.decide`).
 
