@@ -62,7 +62,7 @@ from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
 from .kernels.unified import LONGEST_FIRST_MAX_BATCH, remember_resources, unified_args, unified_launcher
 from .reference import naive_attention
 from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
-                     one_wave_suits, persistent_per_sm, sm_count)
+                     one_wave_suits, order_hint, persistent_per_sm, sm_count)
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits,
                        check_page_size, check_page_strides, check_q_len, check_scale, shape_str)
 
@@ -331,16 +331,6 @@ def table_regs_for(chunk: int, page: int) -> int:
     entries = chunk // page if chunk % page == 0 else -(-chunk // page) + 1
     regs = 1 << max(entries - 1, 0).bit_length()
     return regs if regs <= TABLE_REGS_MAX else 0
-
-
-def order_hint(B: int, L_max: int, lengths=None) -> list[int]:
-    """The longest-first order of host ``lengths`` (clamped to 0..L_max; ties: the lower b first), place → b, or b
-    order without them: the order a longest-first plan keeps for its kernel to check against each call's lengths
-    before it sorts them (:func:`fdlib.kernels.tile.longest_first`). Decode steps, where every length grows by
-    one, keep it."""
-    if lengths is None:
-        return list(range(B))
-    return sorted(range(B), key=lambda b: (-min(max(lengths[b], 0), L_max), b))
 
 
 def longest_first_order(B: int) -> int:

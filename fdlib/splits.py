@@ -199,6 +199,16 @@ LONGEST_FIRST_IMBALANCE = 1.05
 LONGEST_FIRST_START_TILES = 1   # a row's start-up in the greedy model, in tiles
 
 
+def order_hint(B: int, L_max: int, lengths=None) -> list[int]:
+    """The longest-first order of host ``lengths`` (clamped to 0..L_max; ties: the lower b first), place → b, or b
+    order without them: the order a longest-first plan keeps for its kernel to check against each call's lengths
+    before it sorts them (:func:`fdlib.kernels.tile.longest_first`), and the order the model timeline launches
+    (:func:`fdlib.timeline.model_timeline`). Decode steps, where every length grows by one, keep it."""
+    if lengths is None:
+        return list(range(B))
+    return sorted(range(B), key=lambda b: (-min(max(lengths[b], 0), L_max), b))
+
+
 def longest_first_imbalance(H_kv: int, lengths, block_n: int, sms: int, per_sm: int = 1) -> float:
     """The busiest SM's load over the mean when the B·H_kv rows, max(1, ⌈L/N⌉) + LONGEST_FIRST_START_TILES tiles
     each, are launched longest first on ``sms`` SMs of ``per_sm`` program slots: the first sms·per_sm rows fill

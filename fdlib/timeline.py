@@ -53,6 +53,7 @@ import numpy as np
 from . import costmodel, gpus
 from .kernels.config import chunk_for, tile_config_for
 from .schedule import balanced
+from .splits import order_hint
 
 SCHEDULES = ("split", "unified", "longest-first", "balanced", "stream-k")
 SCHEMA = "fdlib.timeline/1"
@@ -301,7 +302,7 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
         n_b = [max(1, -(-L // chunk)) for L in lengths]
         # launch order: stage 1's grid (B, H_kv, splits) has b the fastest, the unified kernel's (H_kv, B, splits) h;
         # longest first, the unified kernel's place i runs the i-th longest sequence (ties: lower b first)
-        seqs = sorted(range(B), key=lambda b: (-lengths[b], b)) if schedule == "longest-first" else range(B)
+        seqs = order_hint(B, L_cap, lengths) if schedule == "longest-first" else range(B)
         order = [(b, h) for h in range(H_kv) for b in range(B)] if schedule == "split" else \
             [(b, h) for b in seqs for h in range(H_kv)]
         for j in range(used):

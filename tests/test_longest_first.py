@@ -52,7 +52,7 @@ def test_longest_first_is_the_stable_descending_order_of_the_clamped_lengths(kin
     assert holds.tolist() == [int([min(max(x, 0), B - 1) for x in hint] == right)] * B, (lens, hint)
 
 
-def test_a_longest_first_plan_keeps_its_order_after_its_ticket_counters():
+def test_a_longest_first_plan_keeps_its_order_before_its_ticket_counters():
     """The plan's hint: the longest-first order of the lengths it was made for, or b order without them, in the
     same buffer as the ticket counters, right before them, where the kernel reads it (COUNTERS − ORDER_B, whatever
     the batch launched)."""

@@ -94,7 +94,7 @@ def stale_order(on: bool):
         p = make(*a, **k)
         order = p.workspace.order
         if order is not None:
-            order[:p.B] = order[:p.B].flip(0).clone()
+            order[:p.B] = order[:p.B].flip(0)
         return p
     if on:
         fdlib.plan = plan
@@ -145,17 +145,17 @@ def main(argv=None):
             saved = {k: getattr(m, k) for k, m in constants.items()}
             plan_kw, stale = {}, False
             for item in method.split("+")[1:]:
-                if item in ("longest_first", "stale_order"):
-                    plan_kw["longest_first"] = plan_kw.get("longest_first") or item == "longest_first" or None
-                    stale = stale or item == "stale_order"
+                if item == "longest_first":
+                    plan_kw["longest_first"] = True
+                    continue
+                if item == "stale_order":
+                    stale = True
                     continue
                 key, _, val = item.partition("=")
                 if key not in saved:
                     raise SystemExit(f"--methods: {method!r}: expected longest_first, stale_order or one of "
                                      f"{', '.join(constants)} after '+', got {key!r}")
                 setattr(constants[key], key, int(val))
-            if plan_kw.get("longest_first") is None:
-                plan_kw.pop("longest_first", None)
             try:
                 with grid_tiles(tiles, name), stale_order(stale):
                     rec = ragged._measure(name, copies, ref, base, settings, ceil, splits_of(method), plan_kw)
