@@ -117,14 +117,15 @@ def test_ab_ragged_times_the_reads_without_attention(tmp_path):
     ab = ab_ragged()
     out = tmp_path / "ab.json"
     ab.main([str(out), "--cases", "3:4:2:uniform:40:16,3:4:2:constant:40:0", "--methods",
-             "auto,row_read,row_read@1,flat_read"])
+             "auto,row_read,row_read@1,row_read#3@2,flat_read"])
     recs = json.loads(out.read_text())["records"]
-    assert [r["method"] for r in recs] == ["auto", "row_read", "row_read@1", "flat_read"] * 2
+    assert [r["method"] for r in recs] == ["auto", "row_read", "row_read@1", "row_read#3@2", "flat_read"] * 2
     for r in recs:
         assert r["status"] == "ok" and r["eager_us"] > 0, r
-    assert [r["kernel"] for r in recs] == ["unified", "row_read", "row_read", "read_sum"] * 2
-    assert [r.get("num_warps") for r in recs[1:3]] == [4, 1] and all(r["rel_err"] < 1e-4 for r in recs[1:3])
-    assert len({r["kv_mb"] for r in recs[:4]}) == 1
+    assert [r["kernel"] for r in recs] == ["unified", "row_read", "row_read", "row_read", "read_sum"] * 2
+    assert [r.get("num_warps") for r in recs[1:4]] == [4, 1, 2] and all(r["rel_err"] < 1e-4 for r in recs[1:4])
+    assert [r["splits"] for r in recs[1:4]] == [1, 1, 3]
+    assert len({r["kv_mb"] for r in recs[:5]}) == 1
 
 
 def test_tile_overrides_win_over_the_one_wave_rule(monkeypatch):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import fdlib   # before triton (see tests/test_longest_first.py)
+import triton
 from fdlib import runtime
 from fdlib.bench import ragged
 from fdlib.bench.harness import rel_error
@@ -31,6 +32,30 @@ def test_row_read_sums_each_rows_keys(page, D, block_n):
     one_less = expected_row_sums(k, v, [36] + lens[1:], bt)
     assert rel_error(out, one_less) > 1e-3                   # one key fewer is another answer
     assert int(flag) == 0
+
+
+@pytest.mark.parametrize("page", [0, 4])
+@pytest.mark.parametrize("splits", [2, 3, 5])
+def test_row_read_splits_sum_to_each_rows_keys(page, splits):
+    """Split s of a row holds exactly keys [s·C, (s+1)·C) of it (C: whole tiles, sized for the longest row): the
+    splits add up to the row, a split past a short row's end read nothing, and the first split is not the row."""
+    lens = [37, 1, 64, 0, 19]
+    shape = dict(dtype="float32", B=len(lens), H_q=4, H_kv=2, D=32)
+    q, k, v, lens_t, bt = ragged._inputs(shape, lens, page, 5)
+    out = torch.empty(len(lens) * 2 * splits, dtype=torch.float32, device=runtime.DEVICE)
+    flag = torch.zeros(1, dtype=torch.int32, device=runtime.DEVICE)
+    row_read(k, v, lens_t, bt, out, flag, 16, 1, splits, max(lens))
+    parts = out.view(len(lens), 2, splits)
+    assert rel_error(parts.sum(2).flatten(), expected_row_sums(k, v, lens, bt)) < 1e-5
+    chunk = triton.cdiv(triton.cdiv(max(lens), splits), 16) * 16
+    first = expected_row_sums(k, v, [min(L, chunk) for L in lens], bt)
+    assert rel_error(parts[..., 0].flatten(), first) < 1e-5
+    assert parts[1, :, 1:].abs().max() == 0 and parts[3].abs().max() == 0      # past the row's end: nothing
+    assert rel_error(parts[..., 0].flatten(), expected_row_sums(k, v, lens, bt)) > 1e-3
+    with pytest.raises(ValueError, match="out: expected"):
+        row_read(k, v, lens_t, bt, out[1:], flag, 16, 1, splits, max(lens))
+    with pytest.raises(ValueError, match="splits: expected at least 1"):
+        row_read(k, v, lens_t, bt, out, flag, 16, 1, 0)
 
 
 def test_row_read_us_checks_what_it_read():

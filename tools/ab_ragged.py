@@ -14,8 +14,9 @@ plan of NAME with ``num_splits=S``; ``+longest_first``: the plan made with ``lon
 ``unified#1+longest_first``: whole rows launched longest first, what run 44's ``unified#1`` ran at 68c1242;
 ``+stale_order``: the plan's longest-first order reversed, so that every program sorts, as after the lengths change
 order under a plan: :func:`stale_order`);
-``row_read`` / ``row_read@W``: the batch's rows and pages walked in tiles of 64 keys by one program per
-(KV head, sequence), W warps (4), with no attention; ``flat_read``: the batch's bytes read in one launch of the
+``row_read`` / ``row_read@W`` / ``row_read#S@W``: the batch's rows and pages walked in tiles of 64 keys by one
+program per (KV head, sequence, split), S splits (1) of whole tiles sized for the longest row, W warps (4), with no
+attention; ``flat_read``: the batch's bytes read in one launch of the
 read-ceiling kernel (both :mod:`fdlib.bench.readbound`).
 ``page`` 0 is a contiguous cache; a paged batch's pages lie shuffled in the pool, or each row's in order with
 ``--page-order sequential``. ``dist/desc`` (e.g. ``uniform/desc``): the same lengths, sorted longest first
@@ -138,7 +139,7 @@ def main(argv=None):
         base, stored = ragged.case_record(shape, lens, page)
         copies, ref = ragged.case_inputs(shape, lens, page, args.seed + i, args.page_order, stored, gpu)
         for method in args.methods.split(","):
-            if method == "flat_read" or method.partition("@")[0] == "row_read":
+            if method == "flat_read" or _parts(method)[0] == "row_read":
                 records.append(report(text, read_record(method, base, copies, settings, ceil)))
                 continue
             name, tiles = tiles_of(method)
@@ -185,17 +186,19 @@ def report(case: str, rec: dict) -> dict:
 
 def read_record(method: str, base: dict, copies, settings: dict, ceil) -> dict:
     """The record of a read of the batch's bytes without attention (:mod:`fdlib.bench.readbound`): ``flat_read``,
-    one launch of the read-ceiling kernel with the ceiling's best tile; ``row_read`` or ``row_read@W``, the row walk
-    over the batch's own rows and pages with 4 (or W) warps and tiles of 64 keys, checked against float64."""
+    one launch of the read-ceiling kernel with the ceiling's best tile; ``row_read``, ``row_read@W`` or
+    ``row_read#S@W``, the row walk over the batch's own rows and pages in 1 (or S) splits a row with 4 (or W) warps
+    and tiles of 64 keys, checked against float64."""
     from fdlib.bench.readbound import flat_read_us, row_read_us
     timing = (settings["graph_rep_ms"], settings["warmup_ms"], settings["rep_ms"])
-    rec = dict(base, method=method, status="ok", splits=1)
+    _, splits, warps = _parts(method)
+    rec = dict(base, method=method, status="ok", splits=int(splits or 1))
     if method == "flat_read":
         us = flat_read_us(int(base["kv_mb"] * 1e6), (ceil or {}).get("best_tile"), settings["graphs"], *timing)
         rec["kernel"] = "read_sum"
     else:
-        warps = int(method.partition("@")[2] or 4)
-        us, err = row_read_us(copies, settings["graphs"], 64, warps, *timing)
+        warps = int(warps or 4)
+        us, err = row_read_us(copies, settings["graphs"], 64, warps, *timing, splits=rec["splits"])
         rec.update(kernel="row_read", num_warps=warps, rel_err=err)
         if not err < 1e-4:
             rec.update(status="failed", reason=f"relative error {err:.3g}")
