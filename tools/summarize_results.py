@@ -219,8 +219,8 @@ def vs_fastest(m) -> float:
     return m["auto"]["graph_us"] / min(m[k]["graph_us"] for k in ("split", "unified", "persistent") if k in m)
 
 
-PLANNER_RUNS = {("float16", "fp16"): ("bench-float16-8850a6e.json", "ragged-fp16-page16-auto-8504248.json"),
-                ("bfloat16", "bf16"): ("bench-bfloat16-0bc8b63.json", "ragged-bf16-page16-auto-8504248.json")}
+PLANNER_RUNS = {("float16", "fp16"): ("bench-float16-8850a6e.json", "ragged-fp16-page16-auto-bf0d81e.json"),
+                ("bfloat16", "bf16"): ("bench-bfloat16-0bc8b63.json", "ragged-bf16-page16-auto-bf0d81e.json")}
 """The grids run again under today's planner, beside the runs of the sections above, which notebooks cite:
 (dense grid, paged ragged grid of auto alone, or None where not run again) a dtype (its two names). 8850a6e: the
 unified kernel's grid with the KV head the fastest axis; 0bc8b63 adds the longest-first order, whose only change on
@@ -230,7 +230,8 @@ no contiguous cache takes; a6cb5ec holds a unified split's block table in regist
 row's length (``fdlib.plan.table_regs_for``; a contiguous cache runs the kernels it ran before); 3c4b0db computes
 those splits' slot offsets once a block of pages and holds up to 256 entries (splits of 4096 keys at pages of 16);
 8504248 has a longest-first plan keep its order for each program to check before it sorts (run on a machine whose
-read ceiling measured 4.56 TB/s, against 4.65 for 3c4b0db's).
+read ceiling measured 4.56 TB/s, against 4.65 for 3c4b0db's); bf0d81e has that order lie before the ticket
+counters (d8d57e4), the kernels' loads the same at another offset.
 Each paged grid comes
 with the contiguous grid of the same run."""
 PLANNER_HEADS = ("heads-sweep-8850a6e.json", "heads-sweep-256k-b1-8850a6e.json", "heads-sweep-256k-b8-8850a6e.json")
