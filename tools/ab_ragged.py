@@ -7,8 +7,9 @@ A method is a plan method (``auto``, ``streamk``, ``balanced``, ``unified``, ``s
 of :func:`fdlib.kernels.config.persistent_config`'s, ``balanced@NxWxS`` / ``unified@NxWxS`` / ``split@NxWxS`` /
 ``auto@NxWxS``: the same in place of the plan's :func:`fdlib.kernels.config.tile_config` (auto's one-wave tiles
 then off: :func:`grid_tiles`), or ``streamk+NAME=VALUE``: the stream-K
-kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW, MIN_BLOCK_B or MAX_REGISTERS, or
-:mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM) set to VALUE; both may be
+kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW, MIN_BLOCK_B or MAX_REGISTERS,
+:mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM, or :mod:`fdlib.plan`'s
+TABLE_REGS_MAX, the most block-table entries a unified split holds in registers) set to VALUE; both may be
 combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``, before any ``@`` or ``+``): the
 plan of NAME with ``num_splits=S``; ``+longest_first``: the plan made with ``longest_first=True`` (e.g.
 ``unified#1+longest_first``: whole rows launched longest first, what run 44's ``unified#1`` ran at 68c1242;
@@ -128,8 +129,9 @@ def main(argv=None):
     settings = {"graphs": gpu, "warmup_ms": 10, "rep_ms": 30, "graph_rep_ms": 10, "cpu_runs": 1}
     ceil = measure_ceiling_or_none(gpu, 4, settings)
     records = []
-    sk, kc = sys.modules["fdlib.kernels.streamk"], sys.modules["fdlib.kernels.config"]
-    constants = {"ROW_WINDOW": sk, "MIN_BLOCK_B": sk, "MAX_REGISTERS": sk, "PERSISTENT_PER_SM": kc}
+    sk, kc, pl = sys.modules["fdlib.kernels.streamk"], sys.modules["fdlib.kernels.config"], sys.modules["fdlib.plan"]
+    constants = {"ROW_WINDOW": sk, "MIN_BLOCK_B": sk, "MAX_REGISTERS": sk, "PERSISTENT_PER_SM": kc,
+                 "TABLE_REGS_MAX": pl}
     for i, text in enumerate(args.cases.split(",")):
         try:
             shape, page = ragged.parse_case(text)
