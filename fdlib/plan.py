@@ -330,7 +330,7 @@ def table_regs_for(chunk: int, page: int) -> int:
         return 0
     entries = chunk // page if chunk % page == 0 else -(-chunk // page) + 1
     regs = 1 << max(entries - 1, 0).bit_length()
-    return regs if regs <= TABLE_REGS_MAX else 0
+    return min(regs, TABLE_REGS_MAX)   # a longer split holds its table a block of TABLE_REGS_MAX entries at a time
 
 
 def longest_first_order(B: int) -> int:
