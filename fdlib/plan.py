@@ -317,14 +317,18 @@ TABLE_REGS_MAX = 256
 """The most block-table entries a split holds in registers: splits of up to 4096 keys at pages of 16. Timed on the
 H200 (results/h200/ab/README.md): at 64 entries in runs 55, 62 and 63 (B=8 32:8 rows of 1024 keys over pages
 15.7 -> 14.5 µs), at 256 in run 65 (B=8 32:8 rows of 8192, splits of 2048 keys: 1.5% faster than reading each
-tile's entries a tile ahead, as longer splits still do; the sm_90 loop is the same size at 64, 128 and 256)."""
+tile's entries a tile ahead; the sm_90 loop is the same size at 64, 128 and 256). A longer split holds its table a
+block of TABLE_REGS_MAX entries at a time, reloading at each block's start (run 82: 0.3-0.4% faster than reading
+a tile ahead on the four paged shapes it changed, none slower). 512 entries faulted on the H200 (illegal address,
+run 82; right in the interpreter), so :func:`fdlib.kernels.tile.attend_slice` refuses more than 256."""
 
 
 def table_regs_for(chunk: int, page: int) -> int:
     """TABLE_REGS of a unified plan over pages of at least TABLE_AHEAD_PAGE keys: the block-table entries one split of
-    ``chunk`` keys touches (one more where a split may start inside a page), rounded up to a power of two, where
-    that is at most TABLE_REGS_MAX; else 0 (each tile's entries read one tile ahead instead). A split then loads
-    its entries once and gathers each tile's pages from registers (:func:`fdlib.kernels.tile.attend_slice`)."""
+    ``chunk`` keys touches (one more where a split may start inside a page), rounded up to a power of two, at most
+    TABLE_REGS_MAX (a longer split reloads its entries a block at a time); 0 on pages smaller than
+    TABLE_AHEAD_PAGE. A split loads its first block with its row's length and gathers each tile's pages from
+    registers (:func:`fdlib.kernels.tile.attend_slice`)."""
     from .kernels.tile import TABLE_AHEAD_PAGE
     if page < TABLE_AHEAD_PAGE.value:
         return 0

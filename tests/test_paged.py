@@ -158,10 +158,12 @@ def test_pools_whose_strides_pass_32_bit_offsets_are_refused(dim):
 
 def test_table_regs_hold_one_splits_entries_up_to_table_regs_max():
     """table_regs_for: the block-table entries a split of ``chunk`` keys touches (one more where a split may
-    start inside a page), a power of two, at most TABLE_REGS_MAX = 256; 0 on small pages and for longer splits."""
+    start inside a page), a power of two, at most TABLE_REGS_MAX = 256 (a longer split reloads them a block at a
+    time); 0 on small pages."""
     from fdlib.plan import TABLE_REGS_MAX, decide, table_regs_for
     assert TABLE_REGS_MAX == 256
-    assert [table_regs_for(c, 16) for c in (16, 64, 512, 1024, 1040, 2048, 4096, 4112)] == [1, 4, 32, 64, 128, 128, 256, 0]
+    assert ([table_regs_for(c, 16) for c in (16, 64, 512, 1024, 1040, 2048, 4096, 4112, 32768)]
+            == [1, 4, 32, 64, 128, 128, 256, 256, 256])
     assert table_regs_for(64, 128) == 2 and table_regs_for(128, 256) == 2   # a split may start inside a page
     assert table_regs_for(1024, 4) == 0 and table_regs_for(64, 0) == 0
     d = decide(3, 8, 2, 32, 96, torch.float32, lengths=[96, 20, 0], method="unified", paged=16)
@@ -180,6 +182,22 @@ def test_a_split_longer_than_its_table_registers_reloads_them():
     d = p.decision   # 16-key splits in the interpreter, 64-key ones on a GPU: 1 or 4 entries, both under 190 keys
     assert d.splits == 1 and d.table_regs == table_regs_for(d.chunk, 16) and 0 < d.table_regs * 16 < 190, str(p)
     assert_attention_close(p.run(q, kp, vp, lens, block_table=bt), None, q, k, v, lens, what="grown lengths")
+
+
+@pytest.mark.parametrize("splits_", [1, 2])
+def test_a_split_of_more_than_256_entries_holds_its_table_a_block_at_a_time(splits_):
+    """Splits of more than TABLE_REGS_MAX = 256 pages (pages of 8, rows of up to 4200 keys: 525 pages) hold 256
+    entries at a time and load the next block where the last ends; against float64, with rows that end inside the
+    second and third blocks, a row of one page and an empty one."""
+    from fdlib.plan import TABLE_REGS_MAX
+    gen = torch.Generator().manual_seed(11 + splits_)
+    page, max_pages, lens = 8, 525, [4200, 2051, 8, 0]
+    q, kp, vp, bt, k, v, lens_t = paged_problem(gen, 4, 2, 1, 16, page, max_pages, 4 * max_pages + 5, lens)
+    p = fdlib.plan(4, 2, 1, 16, max_pages * page, dtype=torch.float32, device=DEVICE, method="unified",
+                   num_splits=splits_, page_size=page)
+    assert p.decision.table_regs == TABLE_REGS_MAX and p.decision.chunk > TABLE_REGS_MAX * page, str(p)
+    assert_attention_close(p.run(q, kp, vp, lens_t, block_table=bt), None, q, k, v, lens_t,
+                           what=f"{splits_} splits of {p.decision.chunk} keys")
 
 
 @pytest.mark.parametrize("page", [128, 256])

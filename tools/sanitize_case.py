@@ -4,7 +4,7 @@ outside 0..L_max on the device (clamped by the kernels, never read past the cach
 batch than planned; a paged, ragged batch (shared and unused pages, pages of 4 and 16) through every method; q_len = 4; the
 stream-K and batch-invariant kernels; stream-K over many short rows, each share crossing several windows of rows
 (contiguous and paged); packed KV heads (contiguous and paged); a paged plan launching its sequences longest first,
-on the batch it was planned for and on a smaller one.
+on the batch it was planned for and on a smaller one; a split of more than 256 table entries.
 
 compute-sanitizer --tool memcheck python tools/sanitize_case.py
 """
@@ -128,5 +128,19 @@ for splits, planned in ((1, [17, 300, 0]), (3, [17, 300, 0]), (1, lens_p.tolist(
         out = p.run(q[:n], kp, vp, lens_p[:n], block_table=bt[:n])
         torch.cuda.synchronize()
         worst = max(worst, ((out.double().cpu() - ref_n).norm() / ref_n.norm()).item())
+# A split of more than 256 table entries (pages of 8, a row of 2100 keys: 263 pages) holds them a block of 256 at a
+# time and loads the next block where the last ends.
+n_l = 2 * 263 + 3
+kl = torch.randn(n_l, 8, H_kv, D, device="cuda", dtype=torch.float16)
+vl = torch.randn(n_l, 8, H_kv, D, device="cuda", dtype=torch.float16)
+btl = torch.randperm(n_l, device="cuda")[: 2 * 263].view(2, 263).to(torch.int32)
+lens_l = torch.tensor([2100, 5], device="cuda", dtype=torch.int32)
+ref_l, _ = fdlib.reference_attention(q[:2], kl[btl.long()].flatten(1, 2), vl[btl.long()].flatten(1, 2), lens_l)
+p = fdlib.plan(2, H_q, H_kv, D, 263 * 8, dtype=torch.float16, device="cuda", method="unified", num_splits=1,
+               page_size=8)
+assert p.decision.table_regs == 256, p
+out = p.run(q[:2], kl, vl, lens_l, block_table=btl)
+torch.cuda.synchronize()
+worst = max(worst, ((out.double().cpu() - ref_l).norm() / ref_l.norm()).item())
 print(f"sanitize case done, worst relative error {worst:.2e}")
 assert worst < 2e-3

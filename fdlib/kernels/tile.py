@@ -435,8 +435,8 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     masks the rest, and a row whose limit is at or below ``start`` keeps the empty state.
     TABLE_REGS > 0 (pages of at least TABLE_AHEAD_PAGE keys): the table entries of TABLE_REGS pages are loaded into
     registers at a time (clamped as :func:`page_rows` clamps) and each tile's pages gathered from them, so no load
-    of the tile loop feeds the K/V addresses; a slice longer than TABLE_REGS pages reloads them, and the tile
-    pipeline drains there (the plan takes it only where a split fits one load: :func:`fdlib.plan.table_regs_for`).
+    of the tile loop feeds the K/V addresses; a slice longer than TABLE_REGS pages reloads them at each block's
+    start, where the tile pipeline drains once a block (at most 256 entries: :func:`fdlib.plan.table_regs_for`).
     ``first`` (with TABLE_REGS > 0): the slice's first TABLE_REGS entries, loaded already (:func:`first_table`)."""
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
@@ -447,6 +447,7 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
                                                     qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
                                                     n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
     elif TABLE_REGS > 0:
+        tl.static_assert(TABLE_REGS <= 256, "TABLE_REGS: at most 256 entries (512 faulted on the H200)")
         # blocks of TABLE_REGS whole pages from the page of the slice's first key; a split starts on the
         # BLOCK_N grid (its chunk is a multiple of BLOCK_N) and TABLE_REGS·PAGE is one too, so every tile lies in
         # one block and gathers entries 0..TABLE_REGS-1 of it, even where the slice starts inside a page
@@ -458,7 +459,8 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
             pvalid = pidx * PAGE < end
             if q0 == q_start:
                 raw = first
-            else:   # a slice longer than its TABLE_REGS pages (lengths grown since planning)
+            else:   # a slice longer than its TABLE_REGS pages (a split of more than TABLE_REGS_MAX entries, or
+                    # lengths grown since planning)
                 raw = tl.load(BT_ROW + pidx, mask=pvalid, other=0)
             pages = clamp_and_flag(raw, n_pages - 1, pvalid, FLAG)
             # the block's tiles read keys n_lo + j·BLOCK_N + offs_n: where BLOCK_N is a multiple of PAGE their
