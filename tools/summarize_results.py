@@ -220,7 +220,7 @@ def vs_fastest(m) -> float:
 
 
 PLANNER_RUNS = {("float16", "fp16"): ("bench-float16-8850a6e.json", "ragged-fp16-page16-auto-bf0d81e.json"),
-                ("bfloat16", "bf16"): ("bench-bfloat16-0bc8b63.json", "ragged-bf16-page16-auto-bf0d81e.json")}
+                ("bfloat16", "bf16"): ("bench-bfloat16-0bc8b63.json", "ragged-bf16-page16-auto-3dbacbb.json")}
 """The grids run again under today's planner, beside the runs of the sections above, which notebooks cite:
 (dense grid, paged ragged grid of auto alone, or None where not run again) a dtype (its two names). 8850a6e: the
 unified kernel's grid with the KV head the fastest axis; 0bc8b63 adds the longest-first order, whose only change on
@@ -231,7 +231,9 @@ row's length (``fdlib.plan.table_regs_for``; a contiguous cache runs the kernels
 those splits' slot offsets once a block of pages and holds up to 256 entries (splits of 4096 keys at pages of 16);
 8504248 has a longest-first plan keep its order for each program to check before it sorts (run on a machine whose
 read ceiling measured 4.56 TB/s, against 4.65 for 3c4b0db's); bf0d81e has that order lie before the ticket
-counters (d8d57e4), the kernels' loads the same at another offset.
+counters (d8d57e4), the kernels' loads the same at another offset; 3dbacbb has a unified split of more than 256
+table entries hold them a block of 256 at a time (its fp16 paged grid did not finish in its call, so fp16 stays at
+bf0d81e).
 Each paged grid comes
 with the contiguous grid of the same run."""
 PLANNER_HEADS = ("heads-sweep-8850a6e.json", "heads-sweep-256k-b1-8850a6e.json", "heads-sweep-256k-b8-8850a6e.json")
