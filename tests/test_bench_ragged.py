@@ -88,9 +88,9 @@ def test_ab_ragged_overrides_the_tiles_of_the_method_it_names(tmp_path, monkeypa
                                           "streamk@32x1x1+PERSISTENT_PER_SM=3+MAX_REGISTERS=128",
                                           "unified#2+TABLE_REGS_MAX=1", "unified#2", "unified#1+longest_first"]
     assert recs[-2]["kernel"] == "unified" and recs[-2]["splits"] == 2 and not recs[-2]["longest_first"]
-    # a split (a few pages of 16) holds its table in registers, unless the cap is one entry
+    # a split (a few pages of 16) holds its table in registers; under a cap of one entry, one at a time
     regs = [d.table_regs for d in seen if d.kernel == "unified" and d.splits == 2]
-    assert regs[0] == 0 < regs[-1], regs
+    assert regs[0] == 1 < regs[-1], regs
     assert (recs[-1]["kernel"], recs[-1]["splits"], recs[-1]["longest_first"]) == ("unified", 1, True)
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 for r in recs), recs
     tiles = sorted({(d.kernel, d.tile.BLOCK_N) for d in seen})
