@@ -320,7 +320,7 @@ H200 (results/h200/ab/README.md): at 64 entries in runs 55, 62 and 63 (B=8 32:8 
 tile's entries a tile ahead; the sm_90 loop is the same size at 64, 128 and 256). A longer split holds its table a
 block of TABLE_REGS_MAX entries at a time, reloading at each block's start (run 82: 0.3-0.4% faster than reading
 a tile ahead on the four paged shapes it changed, none slower). 512 entries faulted on the H200 (illegal address,
-run 82; right in the interpreter), so :func:`fdlib.kernels.tile.attend_slice` refuses more than 256."""
+run 82; a 512-entry plan matched float64 in the interpreter), so :func:`fdlib.kernels.tile.attend_slice` refuses more than 256."""
 
 
 def table_regs_for(chunk: int, page: int) -> int:

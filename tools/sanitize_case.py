@@ -1,10 +1,11 @@
-"""A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split, unified and persistent paths,
-ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64; lengths
-outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a smaller
-batch than planned; a paged, ragged batch (shared and unused pages, pages of 4 and 16) through every method; q_len = 4; the
-stream-K and batch-invariant kernels; stream-K over many short rows, each share crossing several windows of rows
-(contiguous and paged); packed KV heads (contiguous and paged); a paged plan launching its sequences longest first,
-on the batch it was planned for and on a smaller one; a split of more than 256 table entries.
+"""A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split, unified and persistent
+paths, ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64;
+lengths outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a
+smaller batch than planned; a paged, ragged batch (shared and unused pages, pages of 4 and 16) through every
+method; q_len = 4; the stream-K and batch-invariant kernels; stream-K over many short rows, each share crossing
+several windows of rows (contiguous and paged); packed KV heads (contiguous and paged); a paged plan launching its
+sequences longest first, on the batch it was planned for and on a smaller one; a split of more than 256 table
+entries.
 
 compute-sanitizer --tool memcheck python tools/sanitize_case.py
 """

@@ -6,16 +6,17 @@ the step could cost on this GPU:
 
 * :func:`row_read_us` - :func:`row_read_kernel`: one program per (KV head, sequence, split), the unified kernel's
   grid ``(H_kv, B, splits)``, walking its split's keys (the row cut into ``splits`` chunks of whole tiles) in tiles
-  of BLOCK_N through the same pointers and block-table gathers as the attention kernels (:func:`~fdlib.kernels.tile.kv_base`, :func:`~fdlib.kernels.tile.load_kv`)
-  and adding each tile into an accumulator of the tile's own shape. No query, no dot product, no exponential, no
+  of BLOCK_N through the same pointers and block-table gathers as the attention kernels
+  (:func:`~fdlib.kernels.tile.kv_base`, :func:`~fdlib.kernels.tile.load_kv`) and adding each tile into an
+  accumulator of the tile's own shape. No query, no dot product, no exponential, no
   shared-memory staging, no merge. Its time is the row walk's access pattern and grid at this size.
 * :func:`flat_read_us` - the read-ceiling kernel (:func:`fdlib.bench.ceiling.read_sum_kernel`, its best tile)
   over one flat buffer of the same size, in one launch: no rows, no pages. Its time is what one launch of this size
   costs at best, ramp-up and tail included (the ceiling itself is measured on 4 GiB, where they are negligible).
 
 ``python tools/ab_ragged.py`` times both next to the plans (methods ``row_read``, ``row_read#S@W`` for S splits
-and W warps, and ``flat_read``). Both check what they summed: the row read against :func:`expected_row_sums` (float64), the flat
-read against the count of ones it read.
+and W warps, and ``flat_read``). Both check what they summed: the row read against :func:`expected_row_sums`
+(float64), the flat read against the count of ones it read.
 """
 from __future__ import annotations
 
