@@ -60,6 +60,7 @@ from .kernels.streamk import (MAX_BATCH as STREAMK_MAX_BATCH, slots_for, streamk
                               streamk_programs)
 from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
 from .kernels.unified import LONGEST_FIRST_MAX_BATCH, remember_resources, unified_args, unified_launcher
+from .kernels.tile import TABLE_AHEAD_PAGE, TABLE_REGS_LIMIT
 from .reference import naive_attention
 from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
                      one_wave_suits, order_hint, persistent_per_sm, sm_count)
@@ -313,14 +314,14 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
                     programs, rows_for(B * H_kv, programs))
 
 
-TABLE_REGS_MAX = 256
+TABLE_REGS_MAX = TABLE_REGS_LIMIT.value
 """The most block-table entries a split holds in registers: splits of up to 4096 keys at pages of 16. Timed on the
 H200 (results/h200/ab/README.md): at 64 entries in runs 55, 62 and 63 (B=8 32:8 rows of 1024 keys over pages
 15.7 -> 14.5 µs), at 256 in run 65 (B=8 32:8 rows of 8192, splits of 2048 keys: 1.5% faster than reading each
 tile's entries a tile ahead; the sm_90 loop is the same size at 64, 128 and 256). A longer split holds its table a
 block of TABLE_REGS_MAX entries at a time, reloading at each block's start (run 82: 0.3-0.4% faster than reading
-a tile ahead on the four paged shapes it changed, none slower). 512 entries faulted on the H200 (illegal address,
-run 82; a 512-entry plan matched float64 in the interpreter), so :func:`fdlib.kernels.tile.attend_slice` refuses more than 256."""
+a tile ahead on the four paged shapes it changed, none slower). It is the kernel's own limit,
+:data:`fdlib.kernels.tile.TABLE_REGS_LIMIT` (512 faulted on the H200)."""
 
 
 def table_regs_for(chunk: int, page: int) -> int:
@@ -329,7 +330,6 @@ def table_regs_for(chunk: int, page: int) -> int:
     TABLE_REGS_MAX (a longer split reloads its entries a block at a time); 0 on pages smaller than
     TABLE_AHEAD_PAGE. A split loads its first block with its row's length and gathers each tile's pages from
     registers (:func:`fdlib.kernels.tile.attend_slice`)."""
-    from .kernels.tile import TABLE_AHEAD_PAGE
     if page < TABLE_AHEAD_PAGE.value:
         return 0
     entries = chunk // page if chunk % page == 0 else -(-chunk // page) + 1

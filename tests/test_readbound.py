@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import fdlib   # before triton (see tests/test_longest_first.py)
-import triton
 from fdlib import runtime
 from fdlib.bench import ragged
 from fdlib.bench.harness import rel_error
+from fdlib.kernels.config import chunk_for
 from fdlib.bench.readbound import expected_row_sums, flat_read_us, row_read, row_read_us
 
 
@@ -47,7 +47,7 @@ def test_row_read_splits_sum_to_each_rows_keys(page, splits):
     row_read(k, v, lens_t, bt, out, flag, 16, 1, splits, max(lens))
     parts = out.view(len(lens), 2, splits)
     assert rel_error(parts.sum(2).flatten(), expected_row_sums(k, v, lens, bt)) < 1e-5
-    chunk = triton.cdiv(triton.cdiv(max(lens), splits), 16) * 16
+    chunk = chunk_for(max(lens), splits, 16)[0]
     first = expected_row_sums(k, v, [min(L, chunk) for L in lens], bt)
     assert rel_error(parts[..., 0].flatten(), first) < 1e-5
     assert parts[1, :, 1:].abs().max() == 0 and parts[3].abs().max() == 0      # past the row's end: nothing

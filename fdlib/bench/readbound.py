@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .. import runtime
+from ..kernels.config import chunk_for
 from ..kernels.launch import paging
 from ..kernels.tile import kv_base, load_kv, load_lengths
 from .ceiling import read_sum_kernel
@@ -76,7 +77,7 @@ def row_read(k, v, lens, block_table, out, flag, block_n: int = 64, num_warps: i
         raise ValueError(f"splits: expected at least 1, got {splits}")
     if out.numel() != B * H_kv * splits:
         raise ValueError(f"out: expected B·H_kv·splits = {B * H_kv * splits} elements, got {out.numel()}")
-    chunk = triton.cdiv(triton.cdiv(max(max_len or L_max, 1), splits), block_n) * block_n
+    chunk = chunk_for(max_len or L_max, splits, block_n)[0]   # the plans' own splits of whole tiles
     sk, sv = k.stride(), v.stride()
     row_read_kernel[(H_kv, B, splits)](k, v, lens, bt, out, flag, sk[0], sk[1], sk[2], sv[0], sv[1], sv[2],
                                        bt_stride, n_pages, L_max, H_kv, chunk, D=D, BLOCK_N=block_n,
@@ -106,12 +107,13 @@ def row_read_us(copies, graphs: bool, block_n: int = 64, num_warps: int = 4, rep
     table); under CUDA graphs rotating over them, else eager with the L2 flushed, on the first)."""
     q, k, v, lens, bt = copies[0]
     lengths = lens.tolist()
+    longest = max(lengths)
     n = lens.shape[0] * k.shape[2] * splits
     outs = [torch.empty(n, dtype=torch.float32, device=k.device) for _ in copies]
     flag = torch.zeros(1, dtype=torch.int32, device=k.device)
 
     def call(c, out):
-        return lambda: row_read(c[1], c[2], c[3], c[4], out, flag, block_n, num_warps, splits, max(lengths))
+        return lambda: row_read(c[1], c[2], c[3], c[4], out, flag, block_n, num_warps, splits, longest)
     calls = [call(c, o) for c, o in zip(copies, outs)]
     calls[0]()
     synchronize()

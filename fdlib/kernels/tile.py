@@ -50,6 +50,9 @@ Read ahead or not, the sm_90 build's pipeliner issues a tile's table load in the
 copies (it copies each tile two iterations ahead, and recomputes the table rows it needs there), so the copies wait
 for that load; a table held in registers removes the wait but drains the pipeline at each reload
 (``results/h200/ab/README.md``, run 53)."""
+TABLE_REGS_LIMIT = tl.constexpr(256)
+"""The most block-table entries :func:`attend_slice` holds in registers at a time (its TABLE_REGS): 512 faulted
+on the H200 with an illegal address (``results/h200/ab/README.md``, run 82), where the interpreter was right."""
 
 
 @triton.jit
@@ -436,7 +439,7 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     TABLE_REGS > 0 (pages of at least TABLE_AHEAD_PAGE keys): the table entries of TABLE_REGS pages are loaded into
     registers at a time (clamped as :func:`page_rows` clamps) and each tile's pages gathered from them, so no load
     of the tile loop feeds the K/V addresses; a slice longer than TABLE_REGS pages reloads them at each block's
-    start, where the tile pipeline drains once a block (at most 256 entries: :func:`fdlib.plan.table_regs_for`).
+    start, where the tile pipeline drains once a block (at most TABLE_REGS_LIMIT entries).
     ``first`` (with TABLE_REGS > 0): the slice's first TABLE_REGS entries, loaded already (:func:`first_table`)."""
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
@@ -447,7 +450,7 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
                                                     qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
                                                     n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
     elif TABLE_REGS > 0:
-        tl.static_assert(TABLE_REGS <= 256, "TABLE_REGS: at most 256 entries (512 faulted on the H200)")
+        tl.static_assert(TABLE_REGS <= TABLE_REGS_LIMIT, "TABLE_REGS: at most TABLE_REGS_LIMIT = 256 entries")
         # blocks of TABLE_REGS whole pages from the page of the slice's first key; a split starts on the
         # BLOCK_N grid (its chunk is a multiple of BLOCK_N) and TABLE_REGS·PAGE is one too, so every tile lies in
         # one block and gathers entries 0..TABLE_REGS-1 of it, even where the slice starts inside a page
