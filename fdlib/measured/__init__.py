@@ -1,0 +1,75 @@
+"""What the GPU shows: each lab's one figure and one table, drawn from committed results.
+
+A lesson's "What the GPU shows" section is one call::
+
+    from fdlib.measured import show_measured
+    show_measured("ragged")          # the figure, the table, and a caption naming the results file
+
+Every view is a function ``view(results_dir) -> Shown`` registered under a short name with :func:`view`, in the
+module of its lab (``fdlib/measured/labNN.py``); the parsing of result files lives there, not in a notebook.
+``results_dir`` defaults to the repository's ``results/h200``.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200"
+
+_VIEWS: dict[str, Callable] = {}
+
+
+@dataclass
+class Shown:
+    """What a view drew: the figure, the table's rows (header first), and the caption that names its file(s)."""
+    figure: object
+    table: list[list[str]]
+    caption: str
+    sources: list[str] = field(default_factory=list)
+
+
+def view(name: str):
+    """Register ``fn(results_dir) -> Shown`` as the view ``name``."""
+    def deco(fn):
+        if name in _VIEWS and _VIEWS[name] is not fn:
+            raise ValueError(f"view {name!r} is registered twice")
+        _VIEWS[name] = fn
+        return fn
+    return deco
+
+
+def _load_all():
+    for mod in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{mod.name}")
+
+
+def names() -> list[str]:
+    """The registered views' names."""
+    _load_all()
+    return sorted(_VIEWS)
+
+
+def format_rows(rows: list[list[str]]) -> str:
+    """A plain-text table: columns padded to their widest cell, a rule under the header."""
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def show_measured(name: str, results_dir=None, show: bool = True) -> Shown:
+    """Draw the view ``name``: its figure, then its table and caption as text. Returns the :class:`Shown`."""
+    _load_all()
+    if name not in _VIEWS:
+        raise ValueError(f"name: expected one of {sorted(_VIEWS)}, got {name!r}")
+    shown = _VIEWS[name](Path(results_dir) if results_dir is not None else RESULTS)
+    if show:
+        import matplotlib.pyplot as plt
+        plt.show()
+        print(format_rows(shown.table))
+        print()
+        print(shown.caption)
+    return shown
