@@ -59,7 +59,7 @@ def test_untouched_labs_are_not_started(notebooks):
     assert rc == 1
     card = _scorecard(out)
     labs = scorecard.labs()
-    assert card[1:1 + len(labs)] == [f"  📝 {lab}  not started" for lab in labs]
+    assert card[1:1 + len(labs)] == [f"  📝 TODO {lab}  not started" for lab in labs]
     total = sum(c.points for n in core.exercises() for c in core.load_checks(n))
     assert card[-2] == f"  total  0/{total:g} points" and card[-1].startswith("  graded in ")   # it ends there
     assert "❌" not in out and "\\u" not in out
@@ -78,15 +78,15 @@ def test_partial_credit_is_summed_per_lab(notebooks):
     failed = [c for c in checks if c.name.startswith(("uses the given scale", "huge logits"))]
     lab01_max = sum(c.points for c in checks)
     lab01 = lab01_max - sum(c.points for c in failed)
-    assert f"❌ lab01.naive_attention: {len(checks) - 2}/{len(checks)} checks, {lab01:g}/{lab01_max:g} points" in out
-    assert "❌ uses the given scale (scale=0.3, not 1/√D) (1 pt): out: " in out            # unicode as unicode
+    assert f"❌ FAIL lab01.naive_attention: {len(checks) - 2}/{len(checks)} checks, {lab01:g}/{lab01_max:g} points" in out
+    assert "❌ FAIL uses the given scale (scale=0.3, not 1/√D) (1 pt): out: " in out            # unicode as unicode
     lab02_max = sum(c.points for n in core.exercises("lab02") for c in core.load_checks(n))
     softmax = sum(c.points for c in core.load_checks("lab02.online_softmax"))
-    assert "✅ lab02.online_softmax: 8/8 checks" in out and "📝 lab02.merge: not started" in out
+    assert "✅ PASS lab02.online_softmax: 8/8 checks" in out and "📝 TODO lab02.merge: not started" in out
     assert out.index("lab02.online_softmax") < out.index("lab02.merge")                  # the notebook's order
     card = _scorecard(out)
-    assert card[1] == f"  ❌ lab01  {lab01:>2g}/{lab01_max:g}"
-    assert card[2] == f"  ❌ lab02  {softmax:>2g}/{lab02_max:g}"
+    assert card[1] == f"  ❌ FAIL lab01  {lab01:>2g}/{lab01_max:g}"
+    assert card[2] == f"  ❌ FAIL lab02  {softmax:>2g}/{lab02_max:g}"
     assert card[3] == f"  total  {lab01 + softmax:g}/{lab01_max + lab02_max:g} points"
 
 
@@ -95,16 +95,16 @@ def test_solved_labs_get_every_point_and_exit_0(notebooks):
         notebooks.edit("02", name, core.solution_source(name))
     rc, out = _grade("lab02", "--notebooks-dir", str(notebooks.path), "-v")
     most = sum(c.points for n in core.exercises("lab02") for c in core.load_checks(n))
-    assert rc == 0 and _scorecard(out)[1] == f"  ✅ lab02  {most:g}/{most:g}"
-    assert "      ✅ commutative and associative" in out                                # -v lists passed checks
+    assert rc == 0 and _scorecard(out)[1] == f"  ✅ PASS lab02  {most:g}/{most:g}"
+    assert "      ✅ PASS commutative and associative" in out                                # -v lists passed checks
 
 
 def test_a_broken_cell_costs_its_exercise_only(notebooks):
     notebooks.edit("02", "lab02.merge", "def merge(a, b:\n    pass")
     notebooks.edit("02", "lab02.online_softmax", core.solution_source("lab02.online_softmax"))
     rc, out = _grade("02", "--notebooks-dir", str(notebooks.path))
-    assert "❌ lab02.merge: 0/8 points: running its exercise cell raised SyntaxError" in out
-    assert "✅ lab02.online_softmax: 8/8 checks" in out
+    assert "❌ FAIL lab02.merge: 0/8 points: running its exercise cell raised SyntaxError" in out
+    assert "✅ PASS lab02.online_softmax: 8/8 checks" in out
 
 
 def test_text_fallback_where_the_terminal_cannot_show_emoji(notebooks):
@@ -135,7 +135,7 @@ def test_course_grade_runs_it(notebooks):
     proc = subprocess.run(["bash", str(ROOT / "course"), "grade", "01", "--notebooks-dir", str(notebooks.path)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert _scorecard(proc.stdout)[1] == "  📝 lab01  not started", proc.stdout
+    assert _scorecard(proc.stdout)[1] == "  📝 TODO lab01  not started", proc.stdout
 
 
 # ---------------------------------------------------------------------------------------------- --speed

@@ -187,7 +187,7 @@ def test_wrong_shape_and_type():
 def test_mismatch_report_is_useful():
     res = run_checks(NAIVE, lambda *a: (lambda o, l: (o + 0.5, l))(*_naive(*a)), quiet=True)
     line = _lines(res)[0]
-    assert line.startswith("❌ ") and "max abs error 0.5" in line and "worst at index [" in line
+    assert line.startswith("❌ FAIL ") and "max abs error 0.5" in line and "worst at index [" in line
     assert "expected" in line and "got" in line
 
 

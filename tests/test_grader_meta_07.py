@@ -300,7 +300,7 @@ def test_show_as_is_prints_the_failures(capsys):
     finally:
         core._LEARNER.pop(lab07.NAN, None)
     out = capsys.readouterr().out
-    assert "❌ rows empty in both parts" in out and "NaN" in out
+    assert "❌ FAIL rows empty in both parts" in out and "NaN" in out
     with pytest.raises(ValueError, match="bug-zoo"):
         lab07.show_as_is(core.reference(MERGE))
 

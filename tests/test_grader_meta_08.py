@@ -203,7 +203,7 @@ def test_gloo_runner_reports_hangs_and_errors():
     with pytest.raises(GlooRunError, match="did not finish"):
         run_on_gloo(lambda rank, world: _hangs(torch.zeros(1), torch.zeros(1)), 2, timeout_s=8)
     line = run_checks(MERGE, _raises, quiet=True).outcomes[0].line()
-    assert line.startswith("❌") and "rank 0: your function raised RuntimeError" in line and "Traceback" not in line
+    assert line.startswith("❌ FAIL") and "rank 0: your function raised RuntimeError" in line and "Traceback" not in line
 
 
 # ---------------------------------------------------------------------------------------------- stubs

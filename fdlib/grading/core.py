@@ -332,10 +332,10 @@ class CheckOutcome:
 
     def line(self) -> str:
         if self.status == "pass":
-            return f"✅ {self.name}"
+            return f"✅ PASS {self.name}"
         if self.status == "todo":
             return f"📝 TODO: {self.message}"
-        return f"❌ {self.name}: {self.message}"
+        return f"❌ FAIL {self.name}: {self.message}"
 
 
 @dataclass
@@ -444,7 +444,7 @@ def check(target, impl: Callable | None = None, quiet: bool = False, timeout_s: 
     if callable(target):
         name = getattr(target, "__exercise__", None)
         if name is None:
-            print("❌ this function is not an exercise: decorate it with @exercise(\"labNN.name\")")
+            print("❌ FAIL this function is not an exercise: decorate it with @exercise(\"labNN.name\")")
             return Result("?", [CheckOutcome("registration", "fail", "not an exercise")])
         impl = impl or target
     else:
@@ -475,7 +475,7 @@ def use(name: str, quiet: bool = False) -> Callable:
             _LAST[name] = res
         if res.ok:
             if not quiet:
-                print(f"using your {name} ✅")
+                print(f"using your {name} (✅ PASS)")
             return fn
         why = "is still a TODO" if res.todo else f"fails {res.failed} of {res.total} checks"
     else:

@@ -31,7 +31,7 @@ from . import core, speed
 from .notebook_tools import exercise_cells, load_exercise_cells
 
 ROOT = Path(__file__).resolve().parents[2]
-EMOJI = {"pass": "✅", "fail": "❌", "todo": "📝"}
+EMOJI = {"pass": "✅ PASS", "fail": "❌ FAIL", "todo": "📝 TODO"}   # words beside the emoji: readable without an emoji font
 TEXT = {"pass": "[ok]", "fail": "[FAIL]", "todo": "[todo]"}
 # where the terminal's encoding lacks them: the symbols the checks' messages use, in plain text
 PLAIN = {"−": "-", "ℓ": "l", "Õ": "O~", "√": "sqrt", "→": "->", "±": "+-", "×": "x", "≤": "<=", "≥": ">=", "⌈": "ceil(",
