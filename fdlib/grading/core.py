@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 import sys
 import threading
 import traceback
@@ -320,6 +321,23 @@ TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16:
 
 def randn(gen: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
     return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------- exercise cells
+EXERCISE_TAG = "exercise"
+_NAME_RE = re.compile(r"""@exercise\(\s*["']([^"']+)["']""")
+
+
+def exercise_name(cell) -> str | None:
+    """The exercise a notebook cell defines (a code cell tagged ``exercise`` whose metadata ``fdlib.exercise`` or
+    ``@exercise("labNN.name")`` decorator names it), or None if it is not an exercise cell."""
+    if cell.get("cell_type") != "code" or EXERCISE_TAG not in cell.get("metadata", {}).get("tags", []):
+        return None
+    name = cell.get("metadata", {}).get("fdlib", {}).get("exercise")
+    if name:
+        return name
+    found = _NAME_RE.search(cell.get("source", ""))
+    return found.group(1) if found else None
 
 
 # ---------------------------------------------------------------------------------------------- running checks
