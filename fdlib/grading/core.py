@@ -44,7 +44,13 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 class TodoError(NotImplementedError):
-    """Raised by :func:`todo` in an exercise stub."""
+    """Raised by :func:`todo` in an exercise stub. ``line``, if given, is the TODO line's text in place of
+    "implement NAME (its body is still the stub), then run this cell again" (a bug-zoo cell is shipped with buggy
+    code to fix, not with a stub)."""
+
+    def __init__(self, message: str = "", line: str = ""):
+        super().__init__(message)
+        self.line = line
 
 
 class CheckFailure(AssertionError):
@@ -347,6 +353,7 @@ class CheckOutcome:
     status: str          # "pass", "fail", "todo"
     message: str = ""
     worth: float = 0     # the check's points (earned if status == "pass")
+    todo_line: str = ""  # a TODO's own line text (TodoError.line), if it gave one
 
     def line(self) -> str:
         if self.status == "pass":
@@ -413,7 +420,8 @@ def run_one(chk: Check, impl: Callable, timeout_s: float | None = None) -> Check
             chk.fn(impl, gen)
             box["outcome"] = CheckOutcome(chk.name, "pass")
         except (TodoError, NotImplementedError) as e:
-            box["outcome"] = CheckOutcome(chk.name, "todo", str(e) or f"implement {chk.exercise}")
+            box["outcome"] = CheckOutcome(chk.name, "todo", str(e) or f"implement {chk.exercise}",
+                                          todo_line=getattr(e, "line", ""))
         except CheckFailure as e:
             box["outcome"] = CheckOutcome(chk.name, "fail", str(e))
         except BaseException as e:  # noqa: BLE001 - grader bugs must not break the notebook either
@@ -439,8 +447,8 @@ def run_checks(name: str, impl: Callable, quiet: bool = False, timeout_s: float 
         out = run_one(chk, impl, timeout_s)
         if out.status == "todo" and i == 0:
             res.todo = True
-            res.outcomes = [CheckOutcome(chk.name, "todo", f"implement {name} (its body is still the stub), "
-                                         f"then run this cell again", chk.points)]
+            res.outcomes = [CheckOutcome(chk.name, "todo", out.todo_line or f"implement {name} (its body is still "
+                                         f"the stub), then run this cell again", chk.points)]
             if not quiet:
                 print(res.outcomes[0].line())
             return res
