@@ -448,7 +448,7 @@ def run_checks(name: str, impl: Callable, quiet: bool = False, timeout_s: float 
         if out.status == "todo" and i == 0:
             res.todo = True
             res.outcomes = [CheckOutcome(chk.name, "todo", out.todo_line or f"implement {name} (its body is still "
-                                         f"the stub), then run this cell again", chk.points)]
+                                         f"the stub), then run this cell again", chk.points, out.todo_line)]
             if not quiet:
                 print(res.outcomes[0].line())
             return res
