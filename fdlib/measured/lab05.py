@@ -6,8 +6,8 @@ and a method m the figure plots
 
     ratio(m, s) = time(m, s) / time(cudnn, s)        (< 1: faster than cuDNN)
 
-and the table gives the times of four shapes that tell the lab's story, the kernel and split count ``auto`` ran,
-and each method's geometric mean of ratio(m, ·) over every shape.
+and the table gives the times of four shapes that tell the lab's story, the kernel and split count ``auto`` ran
+there, and each method's geometric mean of ratio(m, ·) over every shape ("gmean/cuDNN").
 """
 from __future__ import annotations
 
@@ -124,12 +124,12 @@ def showdown(results_dir: Path) -> Shown:
 
     # the table: four shapes in µs, the kernel auto ran, the geometric mean over the grid
     cols = [s for s in ((B, 32, H_kv, L) for B, H_kv, L in TABLE_SHAPES) if s in times]
-    rows = [["method (µs per step)"] + [_label(s) for s in cols] + [f"time / cuDNN, gmean of {len(shapes)}"]]
+    rows = [["µs per step"] + [_label(s) for s in cols] + ["gmean/cuDNN"]]
     for m in list(METHODS) + ["cudnn"]:
         r = ratios_to_cudnn(times, m)
         rows.append([m] + [f"{times[s][m]:.1f}" if m in times[s] else "n/a" for s in cols]
                     + [f"{gmean(r.values()):.3f}" if r else "n/a"])
-    rows.append(["auto ran (kernel@splits)"] + [kernel_of.get(s, "n/a") for s in cols] + [""])
+    rows.append(["auto ran"] + [kernel_of.get(s, "n/a") for s in cols] + [""])
 
     auto = ratios_to_cudnn(times, "auto")
     worst = max(auto, key=auto.get)
@@ -139,6 +139,8 @@ def showdown(results_dir: Path) -> Shown:
         f" unified at B={B}, L={L}: 32:32 heads take {times[(B, 32, 32, L)]['unified'] / times[(B, 32, 8, L)]['unified']:.2f}×"
         f" the time of 32:8 (4× the KV bytes)." for B, L in gqa if "unified" in times[(B, 32, 8, L)])
     caption = (f"{shown_path(path)}: recorded on {provenance(res)}; {mode} timings, the L2 flushed (cache copies "
-               f"rotated), read ceiling {res['ceiling']['tbs']:.2f} TB/s. auto / cuDNN over the {len(auto)} shapes: "
+               f"rotated), read ceiling {res['ceiling']['tbs']:.2f} TB/s. gmean/cuDNN: the geometric mean over the "
+               f"{len(shapes)} shapes of time / cuDNN's time; 'auto ran': the kernel and split count auto chose. "
+               f"auto / cuDNN over the {len(auto)} shapes: "
                f"geometric mean {gmean(auto.values()):.3f}, worst {auto[worst]:.3f} ({_label(worst)})." + gqa_line)
     return Shown(figure=fig, table=rows, caption=caption, sources=[shown_path(path)])
