@@ -77,6 +77,17 @@ def test_the_view_follows_the_file(tmp_path):
     assert rows["unified"][1] == "987.6"
 
 
+def test_a_run_without_cudnn_still_draws(tmp_path):
+    """A learner's own run may lack a peer: its cells say n/a, and the caption states nothing about it."""
+    data = json.loads((RESULTS / SHOWDOWN).read_text())
+    data["records"] = [r for r in data["records"] if r["method"] != "cudnn"]
+    (tmp_path / SHOWDOWN).write_text(json.dumps(data))
+    shown = _shown(tmp_path)
+    rows = {r[0]: r for r in shown.table[1:]}
+    assert rows["cudnn"][1:] == ["n/a"] * (len(TABLE_SHAPES) + 1) and rows["auto"][-1] == "n/a"
+    assert "auto / cuDNN" not in shown.caption and "32:32 heads take" in shown.caption
+
+
 def test_missing_file_says_which(tmp_path):
     with pytest.raises(FileNotFoundError, match="bench-float16.json"):
         _shown(tmp_path)

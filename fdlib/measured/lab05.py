@@ -132,15 +132,19 @@ def showdown(results_dir: Path) -> Shown:
     rows.append(["auto ran"] + [kernel_of.get(s, "n/a") for s in cols] + [""])
 
     auto = ratios_to_cudnn(times, "auto")
-    worst = max(auto, key=auto.get)
-    gqa = [(B, L) for B, H_kv, L in TABLE_SHAPES if H_kv == 32
-           and {(B, 32, 8, L), (B, 32, 32, L)} <= times.keys()]
-    gqa_line = "".join(
-        f" unified at B={B}, L={L}: 32:32 heads take {times[(B, 32, 32, L)]['unified'] / times[(B, 32, 8, L)]['unified']:.2f}×"
-        f" the time of 32:8 (4× the KV bytes)." for B, L in gqa if "unified" in times[(B, 32, 8, L)])
-    caption = (f"{shown_path(path)}: recorded on {provenance(res)}; {mode} timings, the L2 flushed (cache copies "
-               f"rotated), read ceiling {res['ceiling']['tbs']:.2f} TB/s. gmean/cuDNN: the geometric mean over the "
-               f"{len(shapes)} shapes of time / cuDNN's time; 'auto ran': the kernel and split count auto chose. "
-               f"auto / cuDNN over the {len(auto)} shapes: "
-               f"geometric mean {gmean(auto.values()):.3f}, worst {auto[worst]:.3f} ({_label(worst)})." + gqa_line)
+    auto_line = ""
+    if auto:                      # a run of your own may lack cuDNN or auto
+        worst = max(auto, key=auto.get)
+        auto_line = (f" auto / cuDNN over the {len(auto)} shapes: geometric mean {gmean(auto.values()):.3f}, "
+                     f"worst {auto[worst]:.3f} ({_label(worst)}).")
+    gqa_line = ""
+    for B, H_kv, L in TABLE_SHAPES:           # time follows H_kv: 32:32 heads read 4x the bytes of 32:8
+        few, many = times.get((B, 32, 8, L), {}), times.get((B, 32, 32, L), {})
+        if H_kv == 32 and "unified" in few and "unified" in many:
+            gqa_line += (f" unified at B={B}, L={L}: 32:32 heads take {many['unified'] / few['unified']:.2f}× the "
+                         f"time of 32:8 (4× the KV bytes).")
+    ceiling = f", read ceiling {res['ceiling']['tbs']:.2f} TB/s" if res.get("ceiling") else ""
+    caption = (f"{shown_path(path)}: recorded on {provenance(res)}; {mode} timings, the L2 flushed between runs"
+               f"{ceiling}. gmean/cuDNN: the geometric mean over the {len(shapes)} shapes of time / cuDNN's time; "
+               f"'auto ran': the kernel and split count auto chose." + auto_line + gqa_line)
     return Shown(figure=fig, table=rows, caption=caption, sources=[shown_path(path)])

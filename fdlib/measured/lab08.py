@@ -11,6 +11,7 @@ the run found right for it, which the caption names from the file).
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from . import Shown, view
 from .lab05 import load, provenance, shown_path
 
 QLEN = "qlen-fp16.json"
-PANELS = {"fdlib": "fdlib (the mask inside its kernel)", "cudnn": "SDPA cuDNN"}
+PANELS = {"fdlib": "fdlib (the mask inside its kernel), linear scale", "cudnn": "SDPA cuDNN, log scale"}
 
 
 def growth_rows(res: dict) -> list[dict]:
@@ -77,14 +78,13 @@ def qlen(results_dir: Path) -> Shown:
     axes[1].set_yscale("log")
     axes[1].yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
     axes[1].yaxis.set_minor_formatter(plt.FuncFormatter(
-        lambda v, _: f"{v:g}" if round(v / 10 ** int(f"{v:e}".split("e")[1])) in (2, 5) else ""))
-    axes[0].set_title(PANELS["fdlib"] + ", linear scale", fontsize=10)
-    axes[1].set_title(PANELS["cudnn"] + ", log scale", fontsize=10)
+        lambda v, _: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
     legend_outside(axes[1], title="shape (both panels)")
     p = res["provenance"]
+    modes = "/".join("CUDA-graph" if t == "graph" else t for t in sorted(timing))
     fig.suptitle(f"Cost of extra query tokens, heads {st['heads'][0]}:{st['heads'][1]}, D = {st['D']}, fp16: "
-                 f"recorded on {p['device']} {p['date_utc'][:10]}, {'/'.join('CUDA-graph' if t == 'graph' else t for t in sorted(timing))} timings "
-                 f"({shown_path(path)})", fontsize=10.5)
+                 f"recorded on {p['device']} {p['date_utc'][:10]}, {modes} timings ({shown_path(path)})",
+                 fontsize=10.5)
 
     table = [["shape", "contender", "q_len=1 µs"] + [f"×, q_len={t}" for t in qls[1:]]]
     for r in rows:
