@@ -291,26 +291,27 @@ def simulate(progs: list, sms: int, r: int, bw_tbs: float, rho_tbs: float, merge
                 done(pid, t)
     if not parts:
         return sm, start, end
+    # V never falls, and it rises strictly while any program streams. A piece boundary is reached while its program
+    # streams, so on a rising stretch: keep the points that start or end one (a flat stretch keeps only its ends,
+    # which no boundary falls between) and interpolate
     ht, hv = np.asarray(hist_t), np.asarray(hist_V)
+    up = hv[1:] > hv[:-1]
+    edge = np.append(up, False) | np.insert(up, 0, False)
+    ht, hv = ht[edge], hv[edge]
+    inner = [stream_V0[pid] + c for pid, p in enumerate(progs) if len(p.pieces) > 1
+             for c in np.cumsum([mb for _, mb in p.pieces[:-1]])]
+    t_inner = iter(np.interp(inner, hv, ht).tolist() if inner else [])
     out = []
     for pid, p in enumerate(progs):
-        t_s, t_e = stream_from[pid], stream_to[pid]
+        t_s, t_e = float(stream_from[pid]), float(stream_to[pid])
         if t_s > start[pid]:
-            out.append((pid, "start-up", p.pieces[0][0] if p.pieces else None, float(start[pid]), float(t_s)))
-        if p.pieces and t_e > t_s:
-            # V(t) on [t_s, t_e]: this program streams throughout, so V rises strictly there
-            lo, hi = np.searchsorted(ht, t_s, "right"), np.searchsorted(ht, t_e, "left")
-            wt = np.concatenate([[t_s], ht[lo:hi], [t_e]])
-            wv = np.concatenate([[stream_V0[pid]], hv[lo:hi], [stream_V0[pid] + mb_of[pid]]])
-            keep = np.concatenate([[True], np.diff(wt) > 0])
-            ends = stream_V0[pid] + np.cumsum([mb for _, mb in p.pieces])
-            bounds = np.concatenate([[t_s], np.interp(ends, wv[keep], wt[keep])])
-            bounds[-1] = t_e
-            for (key, _), a, b in zip(p.pieces, bounds[:-1], bounds[1:]):
-                if b > a:
-                    out.append((pid, "stream", key, float(a), float(b)))
-        if p.pieces and end[pid] > t_e + 1e-12:
-            out.append((pid, "merge", None, float(t_e), float(end[pid])))
+            out.append((pid, "start-up", p.pieces[0][0] if p.pieces else None, float(start[pid]), t_s))
+        if not p.pieces:
+            continue
+        bounds = [t_s] + [min(max(next(t_inner), t_s), t_e) for _ in p.pieces[:-1]] + [t_e]
+        out += [(pid, "stream", key, a, b) for (key, _), a, b in zip(p.pieces, bounds, bounds[1:]) if b > a]
+        if end[pid] > t_e + 1e-12:
+            out.append((pid, "merge", None, t_e, float(end[pid])))
     return sm, start, end, out
 
 

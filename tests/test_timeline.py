@@ -285,3 +285,14 @@ def test_gantt_colours_merge_and_idle_apart_from_the_sequences():
     with pytest.raises(ValueError, match="tls"):
         T.draw_gantts([])
     plt.close("all")
+
+
+def test_piece_boundaries_after_a_stretch_with_nothing_streaming():
+    """One slot: P0 streams rows a and b (1 MB each at 1 MB/µs), then P1 starts up for 1 µs (nothing streams:
+    the virtual clock stands still) and streams rows c and d."""
+    progs = [T._Program(((("a", 0), 1.0), (("b", 0), 1.0)), 0.0, -1),
+             T._Program(((("c", 0), 1.0), (("d", 0), 1.0)), 1.0, -1)]
+    *_, parts = T.simulate(progs, sms=1, r=1, bw_tbs=5.0, rho_tbs=1.0, merge_us={}, parts=True)
+    assert [(pid, kind, key[0] if key else None) for pid, kind, key, _, _ in parts] == [
+        (0, "stream", "a"), (0, "stream", "b"), (1, "start-up", "c"), (1, "stream", "c"), (1, "stream", "d")]
+    assert [x for *_, a, b in parts for x in (a, b)] == pytest.approx([0, 1, 1, 2, 2, 3, 3, 4, 4, 5])
