@@ -12,10 +12,9 @@ there, and each method's geometric mean of ratio(m, ·) over every shape ("gmean
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
-from . import RESULTS, Shown, view
+from . import Shown, gmean, load, provenance, shown_path, view
 
 SHOWDOWN = "bench-float16.json"
 
@@ -33,26 +32,7 @@ TABLE_SHAPES = [(1, 8, 131072), (1, 32, 131072), (16, 8, 8192), (64, 8, 512)]
 a batch that fills the GPU without splitting, many short rows."""
 
 
-def provenance(res: dict) -> str:
-    """'NVIDIA H200, 2026-12-01 00:51 UTC, `python -m fdlib.bench ...`' (the output folder left out)."""
-    p = res["provenance"]
-    cmd = re.sub(r"\s--out\s+\S+", "", p["command"])
-    return f"{p['device']}, {p['date_utc'][:16].replace('T', ' ')} UTC, `{cmd}`"
 
-
-def shown_path(path: Path) -> str:
-    """A results file named from the repository root (results/h200/...) where it lies inside it."""
-    try:
-        return str(Path(path).resolve().relative_to(RESULTS.parents[1]))
-    except ValueError:
-        return str(path)
-
-
-def load(path: Path) -> dict:
-    import json
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such results file (python -m fdlib.bench writes it)")
-    return json.loads(path.read_text())
 
 
 def timing_key(res: dict) -> str:
@@ -68,10 +48,6 @@ def times_by_shape(res: dict, tk: str) -> dict:
             out.setdefault((r["B"], r["H_q"], r["H_kv"], r["L"]), {})[r["method"]] = r[f"{tk}_us"]
     return out
 
-
-def gmean(xs) -> float:
-    xs = list(xs)
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def ratios_to_cudnn(times: dict, method: str) -> dict:
@@ -144,7 +120,7 @@ def showdown(results_dir: Path) -> Shown:
             gqa_line += (f" unified at B={B}, L={L}: 32:32 heads take {many['unified'] / few['unified']:.2f}× the "
                          f"time of 32:8 (4× the KV bytes).")
     ceiling = f", read ceiling {res['ceiling']['tbs']:.2f} TB/s" if res.get("ceiling") else ""
-    caption = (f"{shown_path(path)}: recorded on {provenance(res)}; {mode} timings, the L2 flushed between runs"
+    caption = (f"{shown_path(path)}: recorded on {provenance(res['provenance'])}; {mode} timings, the L2 flushed between runs"
                f"{ceiling}. gmean/cuDNN: the geometric mean over the {len(shapes)} shapes of time / cuDNN's time; "
                f"'auto ran': the kernel and split count auto chose." + auto_line + gqa_line)
     return Shown(figure=fig, table=rows, caption=caption, sources=[shown_path(path)])

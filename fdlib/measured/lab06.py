@@ -14,12 +14,11 @@ the ceiling being the fastest plain read of a large buffer measured in the same 
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import Shown, view
+from . import Shown, gmean, view
 
 CONTIGUOUS = "ragged-fp16-auto-bf0d81e.json"
 PAGED = "ragged-fp16-page16-auto-bf0d81e.json"
@@ -93,10 +92,6 @@ def schedule_of(record: dict) -> str:
         raise ValueError(f"record: unknown kernel {kernel!r} (expected one of {sorted(SCHEDULES)})")
     return kernel
 
-
-def gmean(xs) -> float:
-    xs = list(xs)
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def table_rows(grids) -> list[list[str]]:

@@ -12,12 +12,10 @@ Every time is a CUDA-graph replay. The numbers in the caption are computed here 
 from __future__ import annotations
 
 import json
-import math
-import re
 import textwrap
 from pathlib import Path
 
-from . import Shown, view
+from . import Shown, gmean, provenance, view
 
 INVARIANT = "invariant-fp16.json"
 UNIFIED_MAX = "unified-max.json"
@@ -26,16 +24,6 @@ FULL, PASS1 = "unified_max:ticket", "unified_max:ticket:pass1"
 Shape = tuple  # (B, H_q, H_kv, L)
 
 
-def geomean(xs) -> float:
-    """exp(mean(log x)): the average of ratios."""
-    xs = list(xs)
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
-def recorded(prov: dict) -> str:
-    """'recorded on <device> <date>, command: <command>' (the output folder left out of the command)."""
-    cmd = re.sub(r"\s--out\s+\S+", "", prov["command"])
-    return f"recorded on {prov['device']} {prov['date_utc'][:10]}, command: {cmd}"
 
 
 def _graph_times(records) -> dict[Shape, dict[str, float]]:
@@ -116,7 +104,7 @@ def exact(results_dir: Path) -> Shown:
     for r in rows:
         table.append([_shape(r["shape"]), f"{r['unified_us']:.1f}", f"{r['full']:.2f}", f"{r['pass1']:.2f}",
                       f"{r['recompute']:.0%}"])
-    full_gm, pass1_gm = geomean(r["full"] for r in rows), geomean(r["pass1"] for r in rows)
+    full_gm, pass1_gm = gmean(r["full"] for r in rows), gmean(r["pass1"] for r in rows)
     table.append(["geometric mean", "", f"{full_gm:.3f}", f"{pass1_gm:.3f}", ""])
 
     worst = max(ratio, key=ratio.get)
@@ -127,12 +115,12 @@ def exact(results_dir: Path) -> Shown:
     not_run = (f" The grid's other {len(skipped)} shapes were not run "
                f"({'; '.join(sorted({s['reason'] for s in skipped}))}).") if skipped else ""
     caption = (
-        f"Figure: results/h200/{INVARIANT}, {recorded(prov)}. Over its {len(ratio)} shapes, time(batch_invariant) / "
-        f"time(auto) has a geometric mean of {geomean(ratio.values()):.3f}, from {ratio[best]:.2f} "
-        f"({_shape(best)}) to {ratio[worst]:.2f} ({_shape(worst)}); {geomean(short):.3f} over the {len(short)} "
-        f"shapes with L <= 2048 and {geomean(long_):.3f} over the {len(long_)} with L >= 8192.{not_run}\n"
-        f"Table: results/h200/{UNIFIED_MAX}, {recorded(um_prov)}. Each time is divided by the unified kernel's "
-        f"(< 1: faster). The unified max is faster on {sum(r['full'] < 1 for r in rows)} of {len(rows)} shapes; "
+        f"Figure: results/h200/{INVARIANT}, recorded on {provenance(prov)}. Over its {len(ratio)} shapes, "
+        f"time(batch_invariant) / time(auto) has a geometric mean of {gmean(ratio.values()):.3f}, from {ratio[best]:.2f} "
+        f"({_shape(best)}) to {ratio[worst]:.2f} ({_shape(worst)}); {gmean(short):.3f} over the {len(short)} "
+        f"shapes with L <= 2048 and {gmean(long_):.3f} over the {len(long_)} with L >= 8192.{not_run}\n"
+        f"Table: results/h200/{UNIFIED_MAX}, recorded on {provenance(um_prov)}. Each time is divided by the "
+        f"unified kernel's (< 1: faster). The unified max is faster on {sum(r['full'] < 1 for r in rows)} of {len(rows)} shapes; "
         f"pass 1 alone on {sum(r['pass1'] < 1 for r in rows)}, most on {_shape(fast1['shape'])} "
         f"({fast1['pass1']:.2f}); the most rows recomputed in any call: {max(r['recompute'] for r in rows):.0%}.")
     caption = "\n".join(textwrap.fill(par, 110, break_long_words=False, break_on_hyphens=False)

@@ -15,8 +15,7 @@ import math
 import re
 from pathlib import Path
 
-from . import Shown, view
-from .lab05 import load, provenance, shown_path
+from . import Shown, load, provenance, shown_path, view
 
 QLEN = "qlen-fp16.json"
 PANELS = {"fdlib": "fdlib (the mask inside its kernel), linear scale", "cudnn": "SDPA cuDNN, log scale"}
@@ -98,7 +97,7 @@ def qlen(results_dir: Path) -> Shown:
     probe = "; ".join(f"{m}: {a}" for m, a in st["is_causal_alignment"].items() if m in ran)
     spans = "; ".join(f"{m} from {min(r4):.3f}× to {max(r4):.3f}× over {len(r4)} shapes"
                       for m in PANELS if (r4 := [r["ratio"]["4"] for r in rows if r["method"] == m]))
-    caption = (f"{shown_path(path)}: recorded on {provenance(res)}; L2: {st['l2_handling']}. SDPA's is_causal "
+    caption = (f"{shown_path(path)}: recorded on {provenance(res['provenance'])}; L2: {st['l2_handling']}. SDPA's is_causal "
                f"alignment, probed in the run: {probe}. What each contender was given: {gave}.{absent} "
                f"time(q_len = 4) / time(q_len = 1): {spans} (target: {st['target']}).")
     return Shown(figure=fig, table=table, caption=caption, sources=[shown_path(path)])
