@@ -56,11 +56,13 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             recomputation of rows whose logits leave the safe window: :func:`fdlib.exact.unified_max_attention`,
             φ estimated from each row's first keys; one query token, planned per call, not batch-invariant).
         num_splits: force the number of KV splits (1..256) instead of letting fdlib choose; at most one split
-            per tile of keys is launched (:func:`fdlib.kernels.config.chunk_for`).
+            per tile of keys is launched (:func:`fdlib.kernels.config.chunk_for`). ``"persistent"`` and
+            ``"streamk"`` do not cut rows into splits and take only None or 1; ``"naive"`` only None.
         return_lse: also return lse ``q.shape[:-1]`` float32 (natural log): ``[B, H_q]``, or ``[B, q_len, H_q]``
             for a 4-D q.
-        max_seqlen: a host bound on the lengths: splits are chosen as if every sequence were this long
-            (default: the cache's capacity L_max). Only speed depends on it; longer rows are still right.
+        max_seqlen: a host bound on the lengths, a Python int in 0..L_max: splits are chosen as if every
+            sequence were this long (default: the cache's capacity L_max). Only speed depends on it; longer rows
+            are still right.
         check_lengths: read device lengths back and raise ``ValueError`` if one lies outside 0..L_max (one
             device-to-host copy: a sync, not allowed in CUDA-graph capture). By default nothing is read:
             such a length is clamped on the device and recorded (see :meth:`fdlib.plan.DecodePlan.clamped`;
@@ -124,9 +126,11 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
     """The cached plan :func:`decode_attention` runs for these arguments (made and checked on first use)."""
     try:
         adjacent = heads_adjacent(k_cache, k_cache.shape[-1]) and heads_adjacent(v_cache, v_cache.shape[-1])
-        key = (q.shape, k_cache.shape, q.dtype, q.device, scale, method, num_splits, max_seqlen,
-               None if block_table is None else block_table.shape, batch_invariant,
-               q.shape[1] if q.dim() == 4 else 1, adjacent)
+        # the options' types too: True == 1 == 1.0 hash alike, and a cached plan must not accept what a fresh
+        # one refuses (scale=True, num_splits=True, max_seqlen=5.0 or numpy's int64(5))
+        key = (q.shape, k_cache.shape, q.dtype, q.device, scale, type(scale), method, num_splits, type(num_splits),
+               max_seqlen, type(max_seqlen), None if block_table is None else block_table.shape, batch_invariant,
+               type(batch_invariant), q.shape[1] if q.dim() == 4 else 1, adjacent)
         p = _PLANS.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: the checks say which
         key, p = None, None

@@ -65,7 +65,7 @@ from .reference import naive_attention
 from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
                      one_wave_suits, order_hint, persistent_per_sm, sm_count)
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits,
-                       check_page_size, check_page_strides, check_q_len, check_scale, shape_str)
+                       check_page_size, check_page_strides, check_pool, check_q_len, check_scale, shape_str)
 
 KERNELS = ("unified", "split", "persistent", "balanced", "streamk", "invariant", "naive")
 
@@ -497,6 +497,8 @@ class DecodePlan:
             for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
                 if (t.dim() != 4 or t.shape[1:] != kv_shape or t.shape[0] < 1 or t.dtype != self.dtype
                         or t.device != self.device or t.stride(-1) != 1 and self.D > 1):
+                    if isinstance(t, torch.Tensor) and t.dim() == 4:
+                        check_pool(name, t)
                     self._mismatch(name, t, B)
                 check_page_strides(name, t, self.page_size)
                 self._check_pack(name, t)
@@ -597,7 +599,8 @@ class DecodePlan:
             if bt is not None:   # gather the pages into [B, L_max, H_kv, D]; indices clamped to the pool
                 n = k_cache.shape[0]
                 idx = bt.long().clamp(0, n - 1)
-                ws.flag.copy_(torch.maximum(ws.flag, (idx != bt).any().to(torch.int32)))
+                used = torch.arange(bt.shape[1], device=bt.device) * self.page_size < clamped[:, None]
+                ws.flag.copy_(torch.maximum(ws.flag, ((idx != bt) & used).any().to(torch.int32)))   # as the kernels
                 k_cache = k_cache[idx].reshape(q.shape[0], self.L_max, self.H_kv, self.D)
                 v_cache = v_cache[idx].reshape(q.shape[0], self.L_max, self.H_kv, self.D)
             o, l = naive_attention(q, k_cache, v_cache, clamped, self.scale)
@@ -736,31 +739,36 @@ class _Noted:
         return self.go(*args)
 
 
-def host_lengths(cache_seqlens, B: int, L_max: int, device) -> torch.Tensor:
+def host_lengths(cache_seqlens, B: int, L_max: int, device, name: str = "cache_seqlens") -> torch.Tensor:
     """Lengths the caller has on the host (a list, tuple or CPU tensor) as an int32 CPU tensor, checked:
-    ``ValueError`` naming cache_seqlens when the count or a value is wrong. Reads no GPU memory."""
+    ``ValueError`` naming ``name`` when the count or a value is wrong. Reads no GPU memory."""
     if isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.device.type != "cpu":
-            raise ValueError(f"cache_seqlens: must be on q's device ({device}) or on the host (CPU), got "
-                             f"{cache_seqlens.device}")
+            where = "on q's device ({device}) or on the host (CPU)" if name == "cache_seqlens" else "on the host (CPU)"
+            raise ValueError(f"{name}: must be {where.format(device=device)}, got {cache_seqlens.device}")
         if cache_seqlens.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"cache_seqlens: dtype must be torch.int32 or torch.int64, got {cache_seqlens.dtype}")
+            raise TypeError(f"{name}: dtype must be torch.int32 or torch.int64, got {cache_seqlens.dtype}")
         t = cache_seqlens.to(torch.int32)
     elif isinstance(cache_seqlens, (list, tuple)):
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
-            raise TypeError("cache_seqlens: a host list of lengths must hold ints")
+            raise TypeError(f"{name}: a host list of lengths must hold ints")
         t = torch.tensor(cache_seqlens, dtype=torch.int32)
     else:
-        raise TypeError(f"cache_seqlens: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
+        raise TypeError(f"{name}: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
     if tuple(t.shape) != (B,):
-        raise ValueError(f"cache_seqlens: expected {B} lengths (one per sequence), got shape {list(t.shape)}")
-    if B:
+        raise ValueError(f"{name}: expected {B} lengths (one per sequence), got shape {list(t.shape)}")
+    check_length_values(t, L_max, name)
+    return t
+
+
+def check_length_values(t: torch.Tensor, L_max: int, name: str = "cache_seqlens") -> None:
+    """``ValueError`` naming ``name`` unless every length of the host tensor ``t`` lies in 0..L_max."""
+    if t.numel():
         lo, hi = int(t.min()), int(t.max())
         if lo < 0:
-            raise ValueError(f"cache_seqlens: lengths must be >= 0, got a minimum of {lo}")
+            raise ValueError(f"{name}: lengths must be >= 0, got a minimum of {lo}")
         if hi > L_max:
-            raise ValueError(f"cache_seqlens: lengths must be <= the cache's L_max={L_max}, got a maximum of {hi}")
-    return t
+            raise ValueError(f"{name}: lengths must be <= the cache's L_max={L_max}, got a maximum of {hi}")
 
 
 def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16, device=None, lengths=None,
@@ -771,10 +779,12 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
 
     Args:
         B, H_q, H_kv, D, L_max: batch, query heads, KV heads (H_q a multiple), head dim, cache capacity.
-        dtype: of q, K and V (float16, bfloat16, float32). device: where they live (default: fdlib's).
-        lengths: the sequences' lengths if the caller has them on the host (a list or a CPU tensor); read
-            without any device sync, they make the cost model see the real mix of lengths.
-        max_seqlen: else, a host bound on the lengths (splits are chosen for it); default: L_max.
+        dtype: of q, K and V (float16, bfloat16, float32). device: where they live (default: fdlib's;
+            ``"cuda"`` is the current GPU, and raises ``ValueError`` where torch sees none).
+        lengths: the sequences' lengths if the caller has them on the host (a list or a CPU tensor, each in
+            0..L_max); read without any device sync, they make the cost model see the real mix of lengths.
+        max_seqlen: else, a host bound on the lengths, a Python int in 0..L_max (splits are chosen for it);
+            default: L_max.
         scale: multiplies q·k (default 1/√D). method, num_splits: as in :func:`fdlib.decode_attention`.
         page_size: for a paged cache (pages ``[n_pages, page_size, H_kv, D]`` behind a block table of
             L_max / page_size entries per sequence): a power of two from 1 to 256 dividing L_max.
@@ -812,14 +822,14 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         if L_max % page_size or L_max == 0:
             raise ValueError(f"page_size: L_max={L_max} must be a positive multiple of page_size={page_size}")
     scale = check_scale(scale, D)
-    device = torch.device(runtime.DEVICE if device is None else device)
-    if device.type == "cuda" and device.index is None:   # "cuda" means the current device, as for tensors
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = check_device(device)
     if lengths is not None:
-        lengths = tuple(host_lengths(lengths, B, L_max, device).tolist())
-    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int)
-                                   or not 0 <= max_seqlen <= L_max):
-        raise ValueError(f"max_seqlen: expected an int in 0..L_max={L_max}, got {max_seqlen!r}")
+        lengths = tuple(host_lengths(lengths, B, L_max, device, name="lengths").tolist())
+    if max_seqlen is not None:
+        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+            raise TypeError(f"max_seqlen: expected an int or None, got {type(max_seqlen).__name__}")
+        if not 0 <= max_seqlen <= L_max:
+            raise ValueError(f"max_seqlen: expected an int in 0..L_max={L_max}, got {max_seqlen!r}")
     if method != "naive":
         runtime.smoke_check()
     if not isinstance(batch_invariant, bool):
@@ -836,6 +846,27 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
                       _workspace(B, H_q, H_kv, D * d.pack, L_max, d, device, q_len, lengths),
                       torch.empty(B, dtype=torch.int32, device=device),
                       _launchers(d, dtype, H_q // H_kv, D, page, B, q_len), q_len)
+
+
+def check_device(device) -> torch.device:
+    """The plan's device: fdlib's for None; ``"cuda"`` means the current CUDA device, as for tensors. A device
+    torch does not know, or CUDA where no GPU is visible, raises ``ValueError`` naming ``device``."""
+    try:
+        device = torch.device(runtime.DEVICE if device is None else device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: expected a torch.device or a device string such as 'cpu' or 'cuda', got "
+                         f"{device!r}") from e
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {str(device)!r} asked, but no CUDA GPU is visible to torch here (fdlib's "
+                             f"runtime: {runtime.MODE}, device {runtime.DEVICE!r}); pass device=None or "
+                             f"{runtime.DEVICE!r}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif device.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {str(device)!r} asked, but torch sees {torch.cuda.device_count()} CUDA "
+                             f"device(s)")
+    return device
 
 
 def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len: int = 1,

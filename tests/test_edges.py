@@ -1,0 +1,125 @@
+"""Edges of fdlib's call surface (interpreter or GPU): torch.compile keeps every option and takes pages;
+check_lengths=True checks the block table in the same single read; fdlib.clamped() reads the clamp flag; the checks
+hold on a cached plan; plan.run's outputs and table are keyword-only; errors name the argument; lengths in a CPU
+tensor are checked like a list on the CPU; streamk refuses num_splits as persistent does; naive flags what the
+kernels flag. The cross-rank check of decode_attention_cp is in test_distributed.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import fdlib
+import fdlib.api
+from helpers import DEVICE, assert_attention_close, make_problem
+from test_paged import paged_problem
+
+
+def compiled(fn):
+    """fn compiled whole (no graph break); aot_eager keeps the CPU test quick and runs the op's fake while tracing."""
+    return torch.compile(fn, fullgraph=True, backend="aot_eager")
+
+
+def pool_problem(lens=(13, 9), seed=3):
+    """B=2, pages of 4, 4 entries a sequence, a pool of 8 pages (no page shared), -1 past each length."""
+    return paged_problem(torch.Generator().manual_seed(seed), 2, 4, 2, 16, 4, 4, 8, list(lens), share=False)
+
+
+class _HostReads:
+    """Counts reads of a tensor's values on the host (int(), .item(), .tolist(), bool(), .cpu(), ...)."""
+    NAMES = ("__int__", "__index__", "__bool__", "__float__", "item", "tolist", "cpu", "numpy")
+
+    def __init__(self, monkeypatch):
+        self.n, self.on = 0, False
+        for name in self.NAMES:
+            monkeypatch.setattr(torch.Tensor, name, self._wrap(getattr(torch.Tensor, name)))
+
+    def _wrap(self, orig):
+        reads = self
+
+        def method(self, *a, **k):
+            reads.n += reads.on
+            return orig(self, *a, **k)
+        return method
+
+
+# --------------------------------------------------------------------------------- torch.compile
+
+
+# ---------------------------------------------------------------------- the block table and the flag
+
+
+# ---------------------------------------------------------------------------- checks and errors
+def test_checks_hold_on_a_cached_plan():
+    """A value accepted once does not let an invalid one of an equal hash through later (True == 1 == 1.0)."""
+    q, k, v, lens = make_problem(2, 20, 4, 2, 16, torch.float32, seed=2, lens=[20, 7])
+    for name, good, bad, err in (("scale", 1.0, True, TypeError), ("num_splits", 1, True, TypeError),
+                                 ("batch_invariant", False, 0, TypeError), ("max_seqlen", 5, 5.0, TypeError),
+                                 ("max_seqlen", 5, np.int64(5), TypeError)):
+        fdlib.decode_attention(q, k, v, lens, **{name: good})
+        with pytest.raises(err, match=name):
+            fdlib.decode_attention(q, k, v, lens, **{name: bad})
+
+
+def test_plan_errors_name_lengths():
+    for bad, err, part in (([40, 1, 1], ValueError, "<= the cache's L_max=37"), ([3, 1], ValueError, "expected 3"),
+                           ("37,1,1", TypeError, "expected"), (torch.tensor([1.0, 2.0, 3.0]), TypeError, "dtype")):
+        with pytest.raises(err, match=f"^lengths: .*{part}"):
+            fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE, lengths=bad)
+
+
+@pytest.mark.parametrize("bad", [np.int64(5), torch.tensor(5), 5.0, True])
+def test_max_seqlen_of_another_type_is_a_type_error(bad):
+    q, k, v, lens = make_problem(2, 20, 4, 2, 16, torch.float32, seed=2, lens=[20, 7])
+    with pytest.raises(TypeError, match="^max_seqlen: expected an int"):
+        fdlib.plan(2, 4, 2, 16, 20, dtype=torch.float32, device=DEVICE, max_seqlen=bad)
+    with pytest.raises(TypeError, match="^max_seqlen: expected an int"):
+        fdlib.decode_attention(q, k, v, lens, max_seqlen=bad)
+    with pytest.raises(ValueError, match="^max_seqlen: expected an int in 0..L_max=20, got 21"):
+        fdlib.plan(2, 4, 2, 16, 20, dtype=torch.float32, device=DEVICE, max_seqlen=21)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
+def test_plan_on_cuda_without_cuda_says_so():
+    with pytest.raises(ValueError, match="^device: 'cuda'.*no CUDA"):
+        fdlib.plan(2, 4, 2, 16, 20, device="cuda")
+    with pytest.raises(ValueError, match="^device: "):
+        fdlib.plan(2, 4, 2, 16, 20, device="tpu:7")
+
+
+def test_a_pool_of_no_pages_says_so():
+    q, kp, vp, bt, k, v, lens = pool_problem()
+    with pytest.raises(ValueError, match=r"^k_cache: the page pool holds no page \(shape \[0, 4, 2, 16\]\)"):
+        fdlib.decode_attention(q, kp[:0], vp[:0], lens, block_table=bt)
+    p = fdlib.plan(2, 4, 2, 16, 16, dtype=torch.float32, device=DEVICE, page_size=4)
+    with pytest.raises(ValueError, match=r"^k_cache: the page pool holds no page"):
+        p.run(q, kp[:0], vp[:0], lens, block_table=bt)
+    with pytest.raises(ValueError, match=r"^v_cache: expected the shape of k_cache"):
+        fdlib.decode_attention(q, kp, vp[:0], lens, block_table=bt)
+
+
+def test_streamk_refuses_num_splits_as_persistent_does():
+    q, k, v, lens = make_problem(2, 20, 4, 2, 16, torch.float32, seed=2, lens=[20, 7])
+    for method in ("persistent", "streamk"):
+        with pytest.raises(ValueError, match=f"^num_splits: method='{method}' .* got 8"):
+            fdlib.plan(2, 4, 2, 16, 20, dtype=torch.float32, device=DEVICE, method=method, num_splits=8)
+        with pytest.raises(ValueError, match=f"^num_splits: method='{method}' .* got 8"):
+            fdlib.decode_attention(q, k, v, lens, method=method, num_splits=8)
+        out = fdlib.decode_attention(q, k, v, lens, method=method, num_splits=1)
+        assert_attention_close(out, None, q, k, v, lens, what=f"{method}, num_splits=1")
+
+
+@pytest.mark.parametrize("method", ["naive", "unified", "streamk"])
+def test_unused_table_entries_raise_no_flag_in_any_method(method):
+    """-1 (or 999) past a sequence's length is never read, and no method raises the flag for it; a used entry
+    outside the pool does, in every method."""
+    q, kp, vp, bt, k, v, lens = pool_problem(lens=(13, 5))
+    p = fdlib.plan(2, 4, 2, 16, 16, dtype=torch.float32, device=DEVICE, page_size=4, method=method)
+    assert bt[1, 2] == -1 and bt[1, 3] == -1
+    bt[1, 3] = 999
+    out = p.run(q, kp, vp, lens, block_table=bt)
+    assert_attention_close(out, None, q, k, v, lens, what=f"{method}, unused entries")
+    assert p.clamped() is False
+    bt[1, 1] = -1                                        # used by sequence 1 (keys 4..5)
+    p.run(q, kp, vp, lens, block_table=bt)
+    assert p.clamped() is True
