@@ -449,7 +449,7 @@ class DecodePlan:
                 f"{self.workspace.nbytes()} bytes")
 
     # ------------------------------------------------------------------------------------------- run
-    def run(self, q, k_cache, v_cache, cache_seqlens=None, out=None, lse=None, *, block_table=None,
+    def run(self, q, k_cache, v_cache, cache_seqlens=None, *, out=None, lse=None, block_table=None,
             return_lse: bool = False, timeline=None):
         """Attention of ``q`` ``[B', H_q, D]`` (or ``[B', q_len, H_q, D]`` with the plan's q_len, which may be 1;
         B' <= the planned B) against
@@ -461,7 +461,8 @@ class DecodePlan:
         Returns ``out``, or
         ``(out, lse)`` when ``return_lse`` or ``lse`` is given. Launches only (see the module doc).
         ``timeline``: a buffer from :meth:`timeline_buffer` (GPU only): the launch records each program's SM and
-        start and end times in it (see the class doc).
+        start and end times in it (see the class doc). Everything after ``cache_seqlens`` is keyword-only
+        (``out=``, ``lse=``, ``block_table=``, ...), so a table can never land in ``out`` by position.
 
         A call laid out like an earlier checked one (the same shapes, strides, dtypes and devices of every
         tensor argument, and the same arguments left out) replays that call's launches with the new tensors'

@@ -61,6 +61,19 @@ def test_checks_hold_on_a_cached_plan():
             fdlib.decode_attention(q, k, v, lens, **{name: bad})
 
 
+def test_run_takes_out_lse_and_block_table_by_keyword_only():
+    q, kp, vp, bt, k, v, lens = pool_problem()
+    p = fdlib.plan(2, 4, 2, 16, 16, dtype=torch.float32, device=DEVICE, page_size=4)
+    with pytest.raises(TypeError, match="positional argument"):
+        p.run(q, kp, vp, lens, bt)
+    out = torch.empty_like(q)
+    assert p.run(q, kp, vp, lens, out=out, block_table=bt) is out
+    assert_attention_close(out, None, q, k, v, lens, what="keywords")
+    p2 = fdlib.plan(2, 4, 2, 16, 16, dtype=torch.float32, device=DEVICE)
+    with pytest.raises(TypeError, match="positional argument"):
+        p2.run(q, k, v, lens, out)
+
+
 def test_plan_errors_name_lengths():
     for bad, err, part in (([40, 1, 1], ValueError, "<= the cache's L_max=37"), ([3, 1], ValueError, "expected 3"),
                            ("37,1,1", TypeError, "expected"), (torch.tensor([1.0, 2.0, 3.0]), TypeError, "dtype")):
