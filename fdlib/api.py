@@ -43,7 +43,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             never read. An index outside the pool is clamped on the device (never read outside it) and
             recorded in the plan's flag, like a clamped length.
         cache_seqlens: the valid length of each sequence: int32/int64 ``[B]`` on q's device, or on the host
-            (a CPU tensor or a list of ints); default: all L_max.
+            (a CPU tensor or a list of ints); default: all L_max. Host lengths are checked on every call
+            (``ValueError`` outside 0..L_max; reading them costs no device sync); on the CPU runtime (Triton's
+            interpreter) q's device is the host, so there a CPU tensor is checked exactly as a list is.
         scale: multiplies q·k (default 1/√D).
         method: ``"auto"`` (splits from the cost model; the unified kernel, or the persistent one when every
             row is one split of a short cache and there are many rows: :func:`fdlib.splits.choose_kernel`),

@@ -32,7 +32,9 @@ The lengths a plan is made for are a performance hint, never a correctness condi
 A row longer than the plan's L_cap is still covered (the last split runs to the row's end; it is only
 slower). Lengths on the device outside 0..L_max are clamped there, so no kernel reads outside the cache,
 and the plan's flag records it: :meth:`DecodePlan.clamped` reads the flag (one device-to-host copy, done
-only when the caller asks). Host lengths out of range raise ``ValueError`` at once.
+only when the caller asks). Host lengths (a list, or a tensor in CPU memory) out of range raise ``ValueError``
+at once, on every call: reading them costs no device sync. On the CPU runtime (Triton's interpreter) q's device
+is the host, so there a CPU tensor of lengths is checked exactly as a list is (and read in place by the kernels).
 
 Several query tokens per sequence (speculative decoding): ``plan(..., q_len=k)`` takes q ``[B, k, H_q, D]``;
 query t of sequence b sees keys 0 … L_b − k + t (the k new tokens are already in the cache, causal among
@@ -455,7 +457,8 @@ class DecodePlan:
         B' <= the planned B) against
         ``k_cache``/``v_cache`` ``[B', L_max, H_kv, D]`` (a paged plan: pages ``[n_pages, page_size, H_kv, D]``
         and ``block_table`` int32 ``[B', L_max / page_size]``) with ``cache_seqlens`` (int32/int64 ``[B']`` on
-        the device, or host lengths: a list or a CPU tensor; None: all L_max). Writes ``out`` (q's shape and dtype)
+        the device, or host lengths: a list or a CPU tensor, checked on every call, on the CPU runtime too; None:
+        all L_max). Writes ``out`` (q's shape and dtype)
         and ``lse`` (``q.shape[:-1]`` float32: ``[B', H_q]`` or ``[B', q_len, H_q]``) when given, else returns new
         ones. Query t of sequence b sees keys 0 … L_b − q_len + t (the new tokens are already in the cache).
         Returns ``out``, or
@@ -476,6 +479,8 @@ class DecodePlan:
                 pass
             steps = self._replays.get(key)
             if steps is not None:
+                if cache_seqlens is not None and self.device.type == "cpu":   # on the host: checked every call
+                    check_length_values(cache_seqlens, self.L_max)
                 want_lse = return_lse or lse is not None
                 out_t, lse_t = self._outputs(q, out, lse, want_lse)
                 lens = self.workspace.full_lengths if cache_seqlens is None else cache_seqlens
@@ -657,13 +662,18 @@ class DecodePlan:
         return self._timeline["go"]
 
     def _lengths(self, cache_seqlens, B):
-        """The lengths as the kernels read them: a dense int32/int64 tensor on the plan's device."""
+        """The lengths as the kernels read them: a dense int32/int64 tensor on the plan's device. Lengths on the
+        host (a list, or a CPU tensor) are checked, ``ValueError`` for one outside 0..L_max: reading them costs no
+        device sync. A CPU plan's (Triton's interpreter) device is the host, so there a tensor is both: the kernels
+        read it where it is, and it is checked as a list is."""
         if cache_seqlens is None:
             return self.workspace.full_lengths
         if isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.device == self.device:
             if cache_seqlens.dtype not in (torch.int32, torch.int64) or cache_seqlens.shape != (B,):
                 raise ValueError(f"cache_seqlens: expected an int32 or int64 tensor of shape [{B}], got "
                                  f"{cache_seqlens.dtype} {list(cache_seqlens.shape)}")
+            if self.device.type == "cpu":
+                check_length_values(cache_seqlens, self.L_max)
             # the kernels read LENS + b: a strided view costs one copy (a kernel launch, captured in a graph)
             return cache_seqlens if cache_seqlens.stride(0) == 1 or B == 1 else cache_seqlens.contiguous()
         host = host_lengths(cache_seqlens, B, self.L_max, self.device)

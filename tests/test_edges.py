@@ -111,6 +111,26 @@ def test_a_pool_of_no_pages_says_so():
         fdlib.decode_attention(q, kp, vp[:0], lens, block_table=bt)
 
 
+def test_lengths_in_a_cpu_tensor_are_checked_like_a_list():
+    """On the CPU a tensor of lengths costs nothing to read, so it is checked on every call as a list is
+    (ValueError naming cache_seqlens), also by a call replayed from an earlier one and after a change in place;
+    on a GPU a CPU tensor is host lengths, checked the same way."""
+    q, k, v, lens = make_problem(3, 37, 6, 2, 16, torch.float32, seed=0, lens=[37, 16, 1])
+    p = fdlib.plan(3, 6, 2, 16, 37, dtype=torch.float32, device=DEVICE)
+    for bad in ([50, -3, 5], torch.tensor([50, -3, 5], dtype=torch.int32), torch.tensor([0, 38, 5])):
+        with pytest.raises(ValueError, match="^cache_seqlens: lengths must be"):
+            p.run(q, k, v, bad)
+        with pytest.raises(ValueError, match="^cache_seqlens: lengths must be"):
+            fdlib.decode_attention(q, k, v, bad)
+    host = torch.tensor([37, 16, 1], dtype=torch.int32)
+    for _ in range(2):                                  # checked, then laid out like the checked call
+        assert_attention_close(p.run(q, k, v, host), None, q, k, v, lens, what="CPU tensor lengths")
+    host[1] = 38
+    with pytest.raises(ValueError, match="^cache_seqlens: lengths must be <= the cache's L_max=37, got a maximum "
+                                         "of 38"):
+        p.run(q, k, v, host)
+
+
 def test_streamk_refuses_num_splits_as_persistent_does():
     q, k, v, lens = make_problem(2, 20, 4, 2, 16, torch.float32, seed=2, lens=[20, 7])
     for method in ("persistent", "streamk"):
