@@ -10,13 +10,41 @@ from collections import OrderedDict
 import torch
 
 from .kernels.launch import heads_adjacent
-from .plan import DecodePlan, host_lengths, plan
+from .plan import DecodePlan, check_lengths_and_table, plan
 from .validate import check_inputs
 
 PLAN_CACHE_SIZE = 32
 """Plans decode_attention keeps (least recently used dropped first); each holds its workspace."""
 
 _PLANS: OrderedDict = OrderedDict()
+_FLAGS: dict = {}
+"""device -> int32 [1]: the clamp flag that every plan of decode_attention on that device shares (:func:`clamped`)."""
+
+
+def _flag(device) -> torch.Tensor:
+    flag = _FLAGS.get(device)
+    if flag is None:
+        flag = _FLAGS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return flag
+
+
+def clamped(reset: bool = True) -> bool:
+    """Whether a :func:`decode_attention` call (any method, compiled or not) clamped something on the device since
+    the last check: a device length outside 0..L_max, or a block-table entry outside the page pool that a
+    sequence's length reaches (entries past a length are never read and never flagged). The calls record it in
+    one flag a device, shared by all their plans, so it outlives the plan cache; reading it is one
+    device-to-host copy a device (a sync): call it outside the hot loop and outside CUDA-graph capture.
+    ``reset``: set the flags back to 0 after reading. A plan of your own (:func:`fdlib.plan`) keeps its flag:
+    :meth:`fdlib.plan.DecodePlan.clamped`. To raise instead, pass ``check_lengths=True``."""
+    if not isinstance(reset, bool):
+        raise TypeError(f"reset: expected a bool, got {type(reset).__name__}")
+    seen = False
+    for flag in _FLAGS.values():
+        if flag.item():
+            seen = True
+            if reset:
+                flag.zero_()
+    return seen
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
@@ -40,8 +68,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         block_table: int32 ``[B, max_pages]``: page j of sequence b holds its keys j·page_size ...
             (j+1)·page_size - 1, so L_max = max_pages·page_size; page_size a power of two from 1 to 256. Pages
             may be shared between sequences and listed in any order; entries past a sequence's length are
-            never read. An index outside the pool is clamped on the device (never read outside it) and
-            recorded in the plan's flag, like a clamped length.
+            never read (-1 is fine there). An index outside the pool that a length reaches is clamped on the
+            device (never read outside it) and recorded in the flag that :func:`fdlib.clamped` reads, like a
+            clamped length; ``check_lengths=True`` raises instead.
         cache_seqlens: the valid length of each sequence: int32/int64 ``[B]`` on q's device, or on the host
             (a CPU tensor or a list of ints); default: all L_max. Host lengths are checked on every call
             (``ValueError`` outside 0..L_max; reading them costs no device sync); on the CPU runtime (Triton's
@@ -65,10 +94,12 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         max_seqlen: a host bound on the lengths, a Python int in 0..L_max: splits are chosen as if every
             sequence were this long (default: the cache's capacity L_max). Only speed depends on it; longer rows
             are still right.
-        check_lengths: read device lengths back and raise ``ValueError`` if one lies outside 0..L_max (one
-            device-to-host copy: a sync, not allowed in CUDA-graph capture). By default nothing is read:
-            such a length is clamped on the device and recorded (see :meth:`fdlib.plan.DecodePlan.clamped`;
-            :func:`plan_for` gives the plan a call uses). Host lengths are always checked, for free.
+        check_lengths: read device lengths and the block table back and raise ``ValueError`` if a length lies
+            outside 0..L_max (naming ``cache_seqlens``) or a table entry that a length reaches lies outside the
+            pool (naming ``block_table``, with the sequence, the entry, its value and the pool's size); both are
+            reduced on the device and read together: one device-to-host copy, a sync, not allowed in CUDA-graph
+            capture. By default nothing is read: such a length or page index is clamped on the device and
+            recorded in a flag that :func:`fdlib.clamped` reads. Host lengths are always checked, for free.
         batch_invariant: a sequence's out and lse are bitwise the same whatever its batchmates, the batch size,
             its place in the batch and the run (:func:`fdlib.plan.invariant_decision`: fixed tiles, chunks set
             by each row's own length, one fixed merge order: :mod:`fdlib.kernels.invariant`). The default mode is deterministic run to run for the same batch.
@@ -96,8 +127,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
     if check_lengths is not False:
         if check_lengths is not True:
             raise TypeError(f"check_lengths: expected a bool, got {type(check_lengths).__name__}")
-        if isinstance(cache_seqlens, torch.Tensor):
-            host_lengths(cache_seqlens.cpu(), p.B, p.L_max, p.device)   # the one device-to-host read
+        check_lengths_and_table(cache_seqlens, block_table, q.shape[0], p.L_max, p.page_size,
+                                k_cache.shape[0], p.device)   # the one device-to-host read
     try:
         return p.run(q, k_cache, v_cache, cache_seqlens, block_table=block_table, return_lse=return_lse)
     except (ValueError, TypeError, AttributeError):
@@ -120,7 +151,8 @@ def _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spl
         raise ValueError(f"q: method='unified_max' takes one query token ([B, H_q, D] or [B, 1, H_q, D]), got "
                          f"{list(q.shape)}")
     return unified_max_attention(q, k_cache, v_cache, cache_seqlens, scale=scale, num_splits=num_splits,
-                                 block_table=block_table, return_lse=return_lse)
+                                 block_table=block_table, return_lse=return_lse,
+                                 clamp_flag=_flag(q.device) if isinstance(q, torch.Tensor) else None)
 
 
 def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
@@ -145,7 +177,8 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
     p = plan(pr.B, pr.H_q, pr.H_kv, pr.D, pr.L_max, dtype=q.dtype, device=q.device, max_seqlen=max_seqlen,
              scale=scale, method=method, num_splits=num_splits, page_size=pr.page_size or None,
              batch_invariant=batch_invariant, q_len=pr.q_len,
-             pack_heads=None if key is None or key[-1] else False)   # packed heads need them side by side
+             pack_heads=None if key is None or key[-1] else False,   # packed heads need them side by side
+             clamp_flag=_flag(q.device))
     _PLANS[key] = p
     while len(_PLANS) > PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)

@@ -357,7 +357,7 @@ class Workspace:
     o_part: torch.Tensor | None      # [B, q_len, H_q, splits, D] float32 (balanced: [items, q_len, H_q, D])
     lse_part: torch.Tensor | None    # [B, q_len, H_q, splits] float32 (balanced: [q_len, H_q, items])
     counters: torch.Tensor | None    # [B·H_kv] int32, zero between calls (the unified kernel resets them)
-    flag: torch.Tensor               # [1] int32: 1 once a device length was clamped to 0..L_max
+    flag: torch.Tensor               # [1] int32: 1 once a device length or a page index was clamped (may be shared)
     lse: torch.Tensor                # [B, q_len, H_q] float32, for calls that do not ask for lse
     full_lengths: torch.Tensor       # [B] int32, all L_max: calls that pass no cache_seqlens
     order: torch.Tensor | None = None   # [ORDER_B] int32 right before counters, in their buffer: the order to check
@@ -715,8 +715,11 @@ class DecodePlan:
 
     # ----------------------------------------------------------------------------------------- checks
     def clamped(self, reset: bool = True) -> bool:
-        """Whether a device length outside 0..L_max was clamped since the last check (reads the flag: one
-        device-to-host copy, so call it outside the hot loop and outside graph capture)."""
+        """Whether a device length outside 0..L_max, or a block-table entry outside the pool that a length
+        reaches, was clamped since the last check (reads the flag: one device-to-host copy, so call it outside
+        the hot loop and outside graph capture); ``reset``: set the flag back to 0. Entries past a sequence's
+        length are never read and never flagged. A flag given to several plans (``clamp_flag=``) is theirs
+        together: :func:`fdlib.decode_attention`'s plans share one a device, read by :func:`fdlib.clamped`."""
         seen = bool(self.workspace.flag.item())
         if reset and seen:
             self.workspace.flag.zero_()
@@ -775,17 +778,58 @@ def host_lengths(cache_seqlens, B: int, L_max: int, device, name: str = "cache_s
 def check_length_values(t: torch.Tensor, L_max: int, name: str = "cache_seqlens") -> None:
     """``ValueError`` naming ``name`` unless every length of the host tensor ``t`` lies in 0..L_max."""
     if t.numel():
-        lo, hi = int(t.min()), int(t.max())
-        if lo < 0:
-            raise ValueError(f"{name}: lengths must be >= 0, got a minimum of {lo}")
-        if hi > L_max:
-            raise ValueError(f"{name}: lengths must be <= the cache's L_max={L_max}, got a maximum of {hi}")
+        _length_range(int(t.min()), int(t.max()), L_max, name)
+
+
+def _length_range(lo: int, hi: int, L_max: int, name: str = "cache_seqlens") -> None:
+    if lo < 0:
+        raise ValueError(f"{name}: lengths must be >= 0, got a minimum of {lo}")
+    if hi > L_max:
+        raise ValueError(f"{name}: lengths must be <= the cache's L_max={L_max}, got a maximum of {hi}")
+
+
+def check_lengths_and_table(cache_seqlens, block_table, B: int, L_max: int, page_size: int, n_pages: int,
+                            device) -> None:
+    r"""``check_lengths=True`` (:func:`fdlib.decode_attention`): the lengths lie in 0..L_max, and every block-table
+    entry a length reaches lies in the pool: entry j of sequence b, read when :math:`j \cdot 	ext{page\_size} < L_b`,
+    in 0..n_pages − 1 (entries past a length are never read and may hold anything, −1 say). What is on the device
+    (the lengths, the table) is reduced there and read back together: one device-to-host copy, a sync, whatever
+    is checked. ``ValueError`` naming ``cache_seqlens``, or ``block_table`` with the sequence, the entry, its
+    value and the pool's size. Lengths on the host are checked without a read; no lengths: all L_max."""
+    on_device = isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.device.type != "cpu"
+    if cache_seqlens is not None and not on_device:
+        cache_seqlens = host_lengths(cache_seqlens, B, L_max, device)
+    if block_table is None:
+        if on_device:
+            lo, hi = torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist()   # the one read
+            _length_range(lo, hi, L_max)
+        return
+    bt = block_table
+    pages = bt.shape[1]
+    lens = (torch.full((B,), L_max, dtype=torch.int64, device=bt.device) if cache_seqlens is None
+            else cache_seqlens.to(device=bt.device, dtype=torch.int64))
+    reached = torch.arange(pages, device=bt.device) * page_size < lens[:, None]
+    bad = (reached & ((bt < 0) | (bt >= n_pages))).flatten()
+    first = bad.to(torch.int32).argmax()                       # the first bad entry (0 when none is)
+    row = first // pages
+    lo, hi, any_bad, at, value, length = torch.stack([
+        lens.min(), lens.max(), bad.any().to(torch.int64), first.to(torch.int64), bt.flatten()[first].to(torch.int64),
+        lens[row]]).tolist()                                   # the one read
+    if on_device:
+        _length_range(lo, hi, L_max)
+    if any_bad:
+        b, j = divmod(at, pages)
+        raise ValueError(f"block_table: sequence {b} reads entry [{b}, {j}] = {value}, outside the pool of {n_pages} "
+                         f"pages (indices 0..{n_pages - 1}); its length {length} reaches entries 0.."
+                         f"{(length - 1) // page_size} (pages of {page_size}). Entries past a sequence's length are "
+                         f"never read and may hold anything (-1, say).")
 
 
 def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16, device=None, lengths=None,
          max_seqlen: int | None = None, scale: float | None = None, method: str = "auto",
          num_splits: int | None = None, page_size: int | None = None, batch_invariant: bool = False,
-         q_len: int = 1, pack_heads: bool | None = None, longest_first: bool | None = None) -> DecodePlan:
+         q_len: int = 1, pack_heads: bool | None = None, longest_first: bool | None = None,
+         clamp_flag: torch.Tensor | None = None) -> DecodePlan:
     """Decide everything for decode attention over a batch of these sizes, and allocate its workspace.
 
     Args:
@@ -814,6 +858,10 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
             (the unified kernel's ``ORDER_B``, :func:`longest_first_order`): None (default) where ``auto``
             takes it (ragged host lengths over pages, :func:`fdlib.splits.longest_first_suits`), True always
             (with ``method="unified"``, B <= LONGEST_FIRST_MAX_BATCH), False never.
+        clamp_flag: the int32 ``[1]`` tensor on ``device`` where the plan's launches record a clamp (set to 1
+            when a device length outside 0..L_max or a used block-table entry outside the pool was clamped;
+            :meth:`DecodePlan.clamped` reads it): default a new one, the plan's own; plans given the same
+            tensor share it (:func:`fdlib.decode_attention`'s plans share one a device, :func:`fdlib.clamped`).
     """
     for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("D", D), ("L_max", L_max)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -849,12 +897,17 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
     for name, flag in (("pack_heads", pack_heads), ("longest_first", longest_first)):
         if flag is not None and not isinstance(flag, bool):
             raise TypeError(f"{name}: expected None, True or False, got {type(flag).__name__}")
+    if clamp_flag is not None and (not isinstance(clamp_flag, torch.Tensor) or clamp_flag.dtype != torch.int32
+                                   or tuple(clamp_flag.shape) != (1,) or clamp_flag.device != device):
+        got = (f"{clamp_flag.dtype} {shape_str(clamp_flag)} on {clamp_flag.device}"
+               if isinstance(clamp_flag, torch.Tensor) else type(clamp_flag).__name__)
+        raise ValueError(f"clamp_flag: expected an int32 tensor [1] on {device}, got {got}")
     d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
                num_splits=num_splits, batch_invariant=batch_invariant, q_len=q_len, paged=page_size or 0,
                pack_heads=pack_heads, longest_first=longest_first)
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
-                      _workspace(B, H_q, H_kv, D * d.pack, L_max, d, device, q_len, lengths),
+                      _workspace(B, H_q, H_kv, D * d.pack, L_max, d, device, q_len, lengths, clamp_flag),
                       torch.empty(B, dtype=torch.int32, device=device),
                       _launchers(d, dtype, H_q // H_kv, D, page, B, q_len), q_len)
 
@@ -910,7 +963,8 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
     return ()
 
 
-def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, lengths=None) -> Workspace:
+def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, lengths=None,
+               flag: torch.Tensor | None = None) -> Workspace:
     """Allocate what the decided kernel needs; out of memory says how much and what needs less. A plan that
     launches its sequences longest first also keeps its order, from ``lengths`` (:func:`order_hint`), right before
     the ticket counters, where the kernel checks it before sorting (:func:`fdlib.kernels.tile.longest_first`)."""
@@ -940,7 +994,7 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, leng
             lse_part=lse_part,
             counters=counters,
             order=order,
-            flag=torch.zeros(1, dtype=torch.int32, device=device),
+            flag=torch.zeros(1, dtype=torch.int32, device=device) if flag is None else flag,
             lse=torch.empty((B, q_len, H_q), **f32),
             full_lengths=torch.full((B,), L_max, dtype=torch.int32, device=device))
     except _OOM as e:
@@ -959,4 +1013,5 @@ def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:
 
 
 __all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "pack_decision", "packs_by_default",
-           "launched_splits", "host_lengths", "longest_first_order", "order_hint", "KERNELS"]
+           "launched_splits", "host_lengths", "check_length_values", "check_lengths_and_table", "check_device",
+           "longest_first_order", "order_hint", "KERNELS"]

@@ -47,6 +47,66 @@ class _HostReads:
 
 
 # ---------------------------------------------------------------------- the block table and the flag
+def test_check_lengths_checks_the_block_table_entries_a_length_reaches():
+    """With pages of 4: length 13 reaches entries 0..3, length 9 entries 0..2. An entry it reaches outside
+    0..7 (999, -1, 8) raises ValueError naming block_table, the sequence, the entry, its value and the pool;
+    anything past a length (-1, 999) is accepted; without lengths every entry is reached."""
+    q, kp, vp, bt, k, v, lens = pool_problem()
+    for (b, j), val in (((1, 0), 999), ((0, 3), -1), ((1, 2), 8)):
+        bad = bt.clone()
+        bad[b, j] = val
+        with pytest.raises(ValueError) as info:
+            fdlib.decode_attention(q, kp, vp, lens, block_table=bad, check_lengths=True)
+        msg = str(info.value)
+        for part in ("block_table", f"sequence {b}", f"[{b}, {j}] = {val}", "8 pages", "0..7"):
+            assert part in msg, (part, msg)
+    past = bt.clone()
+    past[1, 3] = 999                         # past sequence 1's length (9 keys: entries 0..2)
+    out = fdlib.decode_attention(q, kp, vp, lens, block_table=past, check_lengths=True)
+    assert_attention_close(out, None, q, k, v, lens, what="entries past the length are not checked")
+    with pytest.raises(ValueError, match=r"block_table: .*\[1, 3\] = 999"):
+        fdlib.decode_attention(q, kp, vp, None, block_table=past, check_lengths=True)
+    with pytest.raises(ValueError, match=r"block_table: .*\[1, 3\] = 999"):
+        fdlib.decode_attention(q, kp, vp, [13, 16], block_table=past, check_lengths=True)
+
+
+def test_check_lengths_reads_lengths_and_table_in_one_read(monkeypatch):
+    """check_lengths=True over pages reads the device once, whether it passes or raises; the default call
+    reads nothing. (No lengths: every entry is reached; on the CPU a tensor of lengths is read as a list is.)"""
+    q, kp, vp, bt, k, v, lens = pool_problem()
+    bt[bt < 0] = 0
+    reads = _HostReads(monkeypatch)
+    fdlib.decode_attention(q, kp, vp, None, block_table=bt)         # the plan is made before counting
+    reads.on = True
+    fdlib.decode_attention(q, kp, vp, None, block_table=bt)
+    assert reads.n == 0
+    fdlib.decode_attention(q, kp, vp, None, block_table=bt, check_lengths=True)
+    assert reads.n == 1
+    bt[0, 2] = 8
+    with pytest.raises(ValueError, match=r"block_table: sequence 0 reads entry \[0, 2\] = 8"):
+        fdlib.decode_attention(q, kp, vp, None, block_table=bt, check_lengths=True)
+    assert reads.n == 2
+
+
+def test_clamp_flag_is_public_and_outlives_the_plan_cache(monkeypatch):
+    """fdlib.clamped() says whether a decode_attention call clamped a page index (or a device length) since the
+    last check, then resets; the flag is read only when asked, and survives the plan being dropped from the
+    cache."""
+    q, kp, vp, bt, k, v, lens = pool_problem()
+    fdlib.clamped()
+    fdlib.decode_attention(q, kp, vp, lens, block_table=bt)
+    assert fdlib.clamped() is False
+    bt[1, 0] = 999
+    reads = _HostReads(monkeypatch)
+    reads.on = True
+    fdlib.decode_attention(q, kp, vp, None, block_table=bt)
+    reads.on = False
+    assert reads.n == 0
+    q2, k2, v2, lens2 = make_problem(2, 8, 2, 1, 8, torch.float32, seed=1, lens=[8, 3])
+    for i in range(fdlib.api.PLAN_CACHE_SIZE + 1):                 # every plan of the bad call dropped
+        fdlib.decode_attention(q2, k2, v2, lens2, scale=0.1 + i / 1000, method="naive")
+    assert fdlib.clamped() is True and fdlib.clamped() is False
+    assert fdlib.clamped(reset=False) is False
 
 
 # ---------------------------------------------------------------------------- checks and errors
@@ -122,6 +182,8 @@ def test_lengths_in_a_cpu_tensor_are_checked_like_a_list():
             p.run(q, k, v, bad)
         with pytest.raises(ValueError, match="^cache_seqlens: lengths must be"):
             fdlib.decode_attention(q, k, v, bad)
+        with pytest.raises(ValueError, match="^cache_seqlens: lengths must be"):
+            fdlib.decode_attention(q, k, v, bad, method="unified_max")
     host = torch.tensor([37, 16, 1], dtype=torch.int32)
     for _ in range(2):                                  # checked, then laid out like the checked call
         assert_attention_close(p.run(q, k, v, host), None, q, k, v, lens, what="CPU tensor lengths")
