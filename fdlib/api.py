@@ -1,7 +1,9 @@
 """``fdlib.decode_attention``: the one entry point that reaches every method.
 
 Data flow: plan (once per shape, cached: :mod:`fdlib.plan`) -> run (launch only) -> out (, lse).
-Under ``torch.compile`` the call goes through the registered op ``torch.ops.fdlib.decode_attention``.
+Under ``torch.compile`` the call goes through the registered op ``torch.ops.fdlib.decode_attention``, which runs
+the eager call with every option (``block_table``, ``batch_invariant``, ``check_lengths``, every method): a
+model step compiles with ``fullgraph=True``, paged or not, and gives the eager call's bits.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 
 from .kernels.launch import heads_adjacent
 from .plan import DecodePlan, check_lengths_and_table, plan
-from .validate import check_inputs
+from .validate import check_inputs, check_method, check_num_splits, check_scale
 
 PLAN_CACHE_SIZE = 32
 """Plans decode_attention keeps (least recently used dropped first); each holds its workspace."""
@@ -115,13 +117,12 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         raise TypeError("validate: this argument is gone. Calls never read lengths back now (graph-safe by "
                         "default); pass check_lengths=True to check device lengths on the host, and max_seqlen= "
                         "to choose splits for a known bound")
+    if torch.compiler.is_compiling():
+        return _compiled_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits,
+                              return_lse, max_seqlen, check_lengths, batch_invariant)
     if method == "unified_max":
         return _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, return_lse,
                             max_seqlen, check_lengths, batch_invariant)
-    if torch.compiler.is_compiling():
-        if block_table is not None:
-            raise NotImplementedError("block_table: the torch.compile op takes contiguous caches only (for now)")
-        return _compiled_call(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, max_seqlen)
     p = plan_for(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, method=method,
                  num_splits=num_splits, return_lse=return_lse, max_seqlen=max_seqlen, batch_invariant=batch_invariant)
     if check_lengths is not False:
@@ -188,23 +189,42 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
 # ------------------------------------------------------------------------------------------ torch.compile
 @torch.library.custom_op("fdlib::decode_attention", mutates_args=())
 def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
-               scale: float | None, method: str, num_splits: int | None,
-               max_seqlen: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.ops.fdlib.decode_attention``: (out, lse) of :func:`decode_attention`, as an opaque op."""
-    return decode_attention(q, k_cache, v_cache, cache_seqlens, scale=scale, method=method, num_splits=num_splits,
-                            return_lse=True, max_seqlen=max_seqlen)
+               scale: float | None, method: str, num_splits: int | None, max_seqlen: int | None,
+               block_table: torch.Tensor | None = None, batch_invariant: bool = False,
+               check_lengths: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.fdlib.decode_attention``: (out, lse) of :func:`decode_attention` with these options, as an
+    opaque op: it runs the eager call itself, so every option, the checks (``check_lengths``: its one read, and
+    its ValueError raised when the compiled code runs) and the clamp flag (:func:`fdlib.clamped`) are the eager
+    call's."""
+    return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, method=method,
+                            num_splits=num_splits, return_lse=True, max_seqlen=max_seqlen,
+                            check_lengths=check_lengths, batch_invariant=batch_invariant)
 
 
 @_decode_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, max_seqlen):
+def _(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, max_seqlen, block_table=None,
+      batch_invariant=False, check_lengths=False):
     """Shapes only: out like q, lse q.shape[:-1] float32 ([B, H_q], or [B, q_len, H_q] for a 4-D q)."""
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-def _compiled_call(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, max_seqlen):
+def _compiled_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits, return_lse,
+                   max_seqlen, check_lengths, batch_invariant):
+    """:func:`decode_attention` under ``torch.compile``: the options the op's schema would coerce (True for an
+    int, an int for a float) are checked here, as the eager call checks them; the rest is the op's."""
+    for name, flag in (("return_lse", return_lse), ("check_lengths", check_lengths),
+                       ("batch_invariant", batch_invariant)):
+        if flag is not True and flag is not False:
+            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    if method != "unified_max":
+        check_method(method)
+        check_num_splits(num_splits, method)
+    if scale is not None:
+        scale = check_scale(scale, 1)
+    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int)):
+        raise TypeError(f"max_seqlen: expected an int or None, got {type(max_seqlen).__name__}")
     if isinstance(cache_seqlens, (list, tuple)):
         cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32)
-    out, lse = torch.ops.fdlib.decode_attention(q, k_cache, v_cache, cache_seqlens,
-                                                None if scale is None else float(scale), method, num_splits,
-                                                max_seqlen)
+    out, lse = torch.ops.fdlib.decode_attention(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits,
+                                                max_seqlen, block_table, batch_invariant, check_lengths)
     return (out, lse) if return_lse else out

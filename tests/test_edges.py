@@ -44,6 +44,66 @@ class _HostReads:
 
 
 # --------------------------------------------------------------------------------- torch.compile
+def test_compiled_call_is_batch_invariant_like_the_eager_one():
+    """batch_invariant=True under torch.compile: the eager invariant bits, and a sequence alone gives the same
+    bits as in the batch (the default mode's bits differ at this shape: two splits of 32 keys, not 16-key chunks)."""
+    q, k, v, lens = make_problem(3, 64, 4, 2, 16, torch.float32, seed=31, lens=[64, 23, 40])
+
+    def step(q, k, v, lens):
+        return fdlib.decode_attention(q, k, v, lens, batch_invariant=True, return_lse=True)
+
+    out, lse = compiled(step)(q, k, v, lens)
+    want_out, want_lse = step(q, k, v, lens)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    default_out = fdlib.decode_attention(q, k, v, lens)
+    assert not torch.equal(default_out, want_out), "this shape must tell the two modes apart"
+    alone_out, alone_lse = compiled(step)(q[1:2], k[1:2], v[1:2], lens[1:2])
+    assert torch.equal(alone_out[0], out[1]) and torch.equal(alone_lse[0], lse[1])
+    assert_attention_close(out, lse, q, k, v, lens, what="compiled, batch-invariant")
+
+
+def test_compiled_call_checks_lengths_and_the_table():
+    """check_lengths=True under torch.compile: a length of 33 at L_max=32 raises ValueError naming cache_seqlens;
+    over pages, a used table entry outside the pool raises naming block_table, and without check_lengths the
+    compiled call clamps it and fdlib.clamped() says so."""
+    q, k, v, _ = make_problem(2, 32, 4, 2, 16, torch.float32, seed=5)
+    bad = torch.tensor([33, 5], dtype=torch.int32, device=DEVICE)
+    checked = compiled(lambda q, k, v, lens: fdlib.decode_attention(q, k, v, lens, check_lengths=True))
+    with pytest.raises(ValueError, match="cache_seqlens: .*<= .*32"):
+        checked(q, k, v, bad)
+    q, kp, vp, bt, k, v, lens = pool_problem()
+    bt[1, 0] = 999
+    paged_checked = compiled(lambda q, kp, vp, lens, bt: fdlib.decode_attention(q, kp, vp, lens, block_table=bt,
+                                                                               check_lengths=True))
+    with pytest.raises(ValueError, match=r"block_table: .*\[1, 0\] = 999"):
+        paged_checked(q, kp, vp, lens, bt)
+    fdlib.clamped()
+    paged = compiled(lambda q, kp, vp, lens, bt: fdlib.decode_attention(q, kp, vp, lens, block_table=bt))
+    out = paged(q, kp, vp, lens, bt)
+    assert fdlib.clamped() is True
+    k[1, :4], v[1, :4] = kp[7], vp[7]          # sequence 1's first page read as the pool's last, 7
+    assert_attention_close(out, None, q, k, v, lens, what="compiled, clamped page index")
+
+
+def test_compiled_call_checks_its_options_as_the_eager_one():
+    """Options the op's schema would coerce (check_lengths=1, scale=True, num_splits=True) are refused by name
+    under torch.compile too (fullgraph: torch reports the error raised while tracing, with its message)."""
+    q, k, v, lens = make_problem(2, 32, 4, 2, 16, torch.float32, seed=5, lens=[32, 3])
+    for kw, msg in ((dict(check_lengths=1), "check_lengths: expected a bool"), (dict(scale=True), "scale: expected"),
+                    (dict(num_splits=True), "num_splits: expected an int"),
+                    (dict(method="streamk", num_splits=8), "num_splits: method='streamk'")):
+        with pytest.raises(Exception, match=msg):
+            compiled(lambda q, k, v, lens: fdlib.decode_attention(q, k, v, lens, **kw))(q, k, v, lens)
+
+
+def test_compiled_call_takes_a_block_table():
+    """torch.compile(fullgraph=True) of a step over a paged cache: out and lse match float64, for every method."""
+    q, kp, vp, bt, k, v, lens = pool_problem(lens=(16, 7))
+    for method in ("auto", "split", "balanced", "naive"):
+        step = compiled(lambda q, kp, vp, lens, bt, m=method: fdlib.decode_attention(
+            q, kp, vp, lens, block_table=bt, method=m, return_lse=True))
+        out, lse = step(q, kp, vp, lens, bt)
+        assert_attention_close(out, lse, q, k, v, lens, what=f"compiled over pages, {method}")
 
 
 # ---------------------------------------------------------------------- the block table and the flag
