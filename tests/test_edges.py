@@ -99,7 +99,7 @@ def test_compiled_call_checks_its_options_as_the_eager_one():
 def test_compiled_call_takes_a_block_table():
     """torch.compile(fullgraph=True) of a step over a paged cache: out and lse match float64, for every method."""
     q, kp, vp, bt, k, v, lens = pool_problem(lens=(16, 7))
-    for method in ("auto", "split", "balanced", "naive"):
+    for method in ("auto", "split", "balanced", "naive", "unified_max"):
         step = compiled(lambda q, kp, vp, lens, bt, m=method: fdlib.decode_attention(
             q, kp, vp, lens, block_table=bt, method=m, return_lse=True))
         out, lse = step(q, kp, vp, lens, bt)
