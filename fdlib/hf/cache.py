@@ -57,7 +57,7 @@ def _text_config(config):
 
 def _dtype_of(config, dtype):
     if dtype is None:
-        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.get_default_dtype()
+        dtype = getattr(config, "dtype" if hasattr(config, "dtype") else "torch_dtype", None) or torch.get_default_dtype()
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype, None)
     if dtype not in DTYPES:
@@ -94,8 +94,8 @@ class DecodeLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         raise RuntimeError("DecodeLayer.update: write through DecodeCache.update(key_states, value_states, layer_idx)")
 
-    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
-        return self.max_cache_len, 0
+    def get_mask_sizes(self, query_length, *args, **kwargs) -> tuple[int, int]:
+        return self._owner().get_mask_sizes(query_length)
 
     def get_seq_length(self, *args, **kwargs):
         return self._owner().columns
@@ -210,8 +210,13 @@ class DecodeCache(Cache):
     def get_max_cache_shape(self, layer_idx: int = 0) -> int:
         return self.max_cache_len
 
-    def get_mask_sizes(self, *args, **kwargs) -> tuple[int, int]:
-        return self.max_cache_len, 0
+    def get_mask_sizes(self, query_length, *args, **kwargs) -> tuple[int, int]:
+        """(query_length, 0): :meth:`update` returns only the step's new keys (the fdlib attention reads the cache
+        itself and builds no mask from these sizes). transformers < 5.1x passes the step's ``cache_position``
+        tensor instead of its length."""
+        if isinstance(query_length, torch.Tensor):
+            query_length = query_length.shape[0]
+        return query_length, 0
 
     def reset(self) -> None:
         """Empty every sequence (K/V stay as they are: nothing past a length is read)."""
