@@ -168,13 +168,14 @@ def test_decode_steps_write_in_place_with_one_plan(model, monkeypatch):
     assert cache.lengths.data_ptr() == lengths_ptr
 
 
-def test_compiled_decode_step_matches_eager_without_recompiling(model):
+@pytest.mark.parametrize("page_size", [None, 4])
+def test_compiled_decode_step_matches_eager_without_recompiling(model, page_size):
     """The decode step compiles with fullgraph=True (no graph break; aot_eager keeps the CPU test quick and runs
     the op's fake implementation while tracing), gives the eager step's logits, and does not recompile as
-    the lengths grow."""
+    the lengths grow; contiguous and paged."""
     ids, _ = left_padded([17, 17], seed=8)
     model.set_attn_implementation("fdlib")
-    caches = [DecodeCache(model.config, 2, 24, dtype=torch.float32) for _ in range(2)]
+    caches = [DecodeCache(model.config, 2, 24, dtype=torch.float32, page_size=page_size) for _ in range(2)]
     key = cache_kwarg(model)
 
     def step(cache, tok, pos):
@@ -195,6 +196,28 @@ def test_compiled_decode_step_matches_eager_without_recompiling(model):
             tok = want.argmax(-1)
             toks.append(tok)
     assert caches[1].lengths.tolist() == caches[0].lengths.tolist() == [20, 20]
+    torch._dynamo.reset()
+
+
+def test_generate_compiles_the_decode_steps_into_one_graph(model):
+    """generate() with a compile config (as it compiles a compileable cache's steps on a GPU; forced onto the
+    CPU with aot_eager and fullgraph=True): the same tokens as sdpa, one graph, no recompile as the lengths and
+    HF's 2D mask grow (the mask hook hands decode steps None)."""
+    from transformers.generation.configuration_utils import CompileConfig
+    ids, mask = left_padded([20, 13], seed=12)
+    want, _ = generate(model, "sdpa", ids, mask, 5)
+    config = CompileConfig(fullgraph=True, backend="aot_eager", mode=None)
+    config._compile_all_devices = True
+    model.set_attn_implementation("fdlib")
+    cache = DecodeCache(model.config, 2, 32, dtype=torch.float32)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                             compile_config=config, **{cache_kwarg(model): cache})
+    assert torch.equal(got, want)
+    assert counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
 
 

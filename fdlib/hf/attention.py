@@ -22,16 +22,24 @@ from __future__ import annotations
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .cache import ACTIVE
+from .cache import ACTIVE, DECODE_MAX_Q_LEN
 from . import ops  # noqa: F401  (registers torch.ops.fdlib.hf_decode)
 
 NAME = "fdlib"
 
 
-def padding_mask(*args, attention_mask=None, **kwargs):
-    """HF's mask hook for ``"fdlib"``: the 2D padding mask ``[B, columns]`` (bool) as HF passes it, or None. The
-    attention function reads it in a prefill only; a decode step reads the device lengths instead."""
-    return attention_mask
+def padding_mask(*args, attention_mask=None, q_length=None, cache_position=None, **kwargs):
+    """HF's mask hook for ``"fdlib"``: the 2D padding mask ``[B, columns]`` (bool) as HF passes it where a
+    prefill chunk may need it (more than 16 tokens, or a mask that covers only this chunk: a first chunk), else
+    None: a decode step reads the device lengths, and a None keeps a compiled step's inputs the same shape from
+    step to step (``generate()`` feeds this hook's result to the compiled forward). Decided from shapes only.
+    (transformers < 5.1x passes the chunk's ``cache_position`` instead of ``q_length``.)"""
+    if attention_mask is None:
+        return None
+    T = q_length if q_length is not None else None if cache_position is None else cache_position.shape[0]
+    if T is None or T > DECODE_MAX_Q_LEN or attention_mask.shape[-1] == T:
+        return attention_mask
+    return None
 
 
 def causal_padding_mask(T: int, real: torch.Tensor | None, before: torch.Tensor | None = None,
