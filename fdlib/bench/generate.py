@@ -210,11 +210,7 @@ def run_variant(variant: str, model, B: int, context: int, capacity: int, settin
         ms = _elapsed_ms(fn, settings["steps"], gpu)
         if hasattr(cache, "lengths"):
             notes["lengths_after"] = int(cache.lengths[0])
-    del cache, step, call, fn
-    if compiled:
-        torch._dynamo.reset()
-    free_memory()
-    return ms, first, notes
+    return ms, first, notes   # the caller frees the cache, graphs and compiled code (they die with this frame)
 
 
 def _captured(step, cache, B: int, context: int, warmup: int, first: torch.Tensor):
@@ -323,8 +319,8 @@ def run_generate(batches=None, contexts=None, variants=None, quick: bool = False
                         oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
                         rec.update(status="oom" if oom else "error", reason=f"{type(e).__name__}: {e}"[:500])
                         traceback.print_exc(file=sys.stderr)
-                        torch._dynamo.reset()
-                        free_memory()
+                    torch._dynamo.reset()   # compiled code and its CUDA-graph pools
+                    free_memory()
                 records.append(rec)
                 bar.update(f"B={B} ctx={context} {variant}")
     bar.close()

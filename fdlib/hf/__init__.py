@@ -3,7 +3,7 @@
 The two lines a user writes (any transformers 5.x; from 5.2x on, ``cache=`` is the new name of
 ``past_key_values=``, which still works with a deprecation warning)::
 
-    fdlib.hf.register(); model.set_attn_implementation("fdlib")      # or from_pretrained(..., attn_implementation="fdlib")
+    fdlib.hf.register(); model.set_attn_implementation("fdlib")   # or from_pretrained(..., attn_implementation="fdlib")
     out = model.generate(**inputs, max_new_tokens=n, past_key_values=fdlib.hf.DecodeCache(
         model.config, max_batch_size=inputs["input_ids"].shape[0], max_cache_len=inputs["input_ids"].shape[1] + n))
 

@@ -2,20 +2,22 @@ r"""The ``"fdlib"`` attention implementation of transformers' ``AttentionInterfa
 
 HF calls ``attention(module, query, key, value, attention_mask, dropout=..., scaling=..., **kwargs)`` with
 ``query`` ``[B, H_q, T, D]`` and the states ``[B, H_kv, T, D]`` that :meth:`DecodeCache.update` returned; it must
-return ``([B, T, H_q, D], None)``. Two paths, chosen by the cache at layer 0 from T (a shape) and, in eager mode, whether the cache is empty
-(:meth:`DecodeCache.update`; never from a device value):
+return ``([B, T, H_q, D], None)``. Two paths, which the cache chose at layer 0 from T (a shape) and, in eager
+mode, from whether it is empty (:meth:`DecodeCache.update`; never from a device value):
 
-* **decode and short verify steps** (T <= 16, not a first chunk): the new keys are already in the cache; fdlib's plan (made once
-  per q_len) runs q ``[B, T, H_q, D]`` (a transposed view of HF's query, no copy) against the cache with the
-  device lengths: query t of sequence b sees keys :math:`0 \ldots L_b - T + t`. No mask is read, nothing syncs,
-  so the step compiles (``torch.ops.fdlib.hf_decode``) and captures as a CUDA graph.
-* **prefill** (T > 16, or an eager first chunk: a short prompt may be padded): the chunk is written into the cache (padding dropped: :mod:`fdlib.hf.cache`), and the
-  queries attend through HF's own SDPA function with the causal and padding mask: over the chunk's own keys
-  for a sequence's first chunk (exactly HF's computation), over the cached keys otherwise.
+* **decode and short verify steps** (T <= 16, not a first chunk): the new keys are already in the cache;
+  fdlib's plan (made once per q_len) runs q ``[B, T, H_q, D]`` (a transposed view of HF's query, no copy)
+  against the cache with the device lengths: query t of sequence b sees keys :math:`0 \ldots L_b - T + t`. No
+  mask is read and nothing syncs, so the step compiles (``torch.ops.fdlib.hf_decode``) and captures as a CUDA
+  graph.
+* **prefill** (T > 16, or an eager first chunk: a short prompt may be padded too): the chunk is written into
+  the cache (padding dropped: :mod:`fdlib.hf.cache`) and the queries attend through HF's own SDPA function
+  with the causal and padding mask: over the chunk's own keys in a sequence's first chunk (exactly HF's
+  computation), over the cached keys otherwise.
 
-The mask function registered for ``"fdlib"`` (:func:`padding_mask`) hands the 2D padding mask through
-unchanged (HF builds no 4D mask for this implementation). Without a ``DecodeCache`` (``use_cache=False``) the
-call is attention of the T tokens among themselves, causal with padding, through SDPA.
+HF builds no 4D mask for ``"fdlib"``: the mask hook registered for it (:func:`padding_mask`) hands the 2D
+padding mask to the prefill path, and None to decode steps. Without a ``DecodeCache`` (``use_cache=False``) a
+call is attention of its T tokens among themselves, causal with padding, through SDPA.
 """
 from __future__ import annotations
 
@@ -122,7 +124,8 @@ def prefill(module, cache, layer_idx, query, key, value, attention_mask, scaling
 
 
 def _sdpa(module, query, key, value, mask, scaling, kwargs) -> torch.Tensor:
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("is_causal", "dropout", "scaling")}
+    """HF's own SDPA attention (GQA, backends and all) with ``mask`` (None: causal via ``is_causal``)."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("dropout", "scaling")}
     out, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=0.0, scaling=scaling, **kwargs)
     return out
 

@@ -57,7 +57,8 @@ def _text_config(config):
 
 def _dtype_of(config, dtype):
     if dtype is None:
-        dtype = getattr(config, "dtype" if hasattr(config, "dtype") else "torch_dtype", None) or torch.get_default_dtype()
+        name = "dtype" if hasattr(config, "dtype") else "torch_dtype"   # the old name warns in 5.x
+        dtype = getattr(config, name, None) or torch.get_default_dtype()
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype, None)
     if dtype not in DTYPES:
@@ -291,7 +292,8 @@ class DecodeCache(Cache):
 
     def _traced(self) -> bool:
         """Under torch.compile or CUDA-graph capture, where the host can neither read nor count device state."""
-        return torch.compiler.is_compiling() or (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return torch.compiler.is_compiling() or capturing
 
     def _host_columns(self) -> int:
         """HF's columns on the host (eager only): counted by eager steps, re-read (one sync) after traced ones."""
