@@ -327,15 +327,17 @@ def test_gpu_captured_step_replays_as_lengths_grow(gpu_model):
     tok = torch.tensor([[7], [8]], device="cuda")
     pos = torch.tensor([[ctx], [ctx - 100]], device="cuda")
     with torch.no_grad():
-        gpu_model(input_ids=tok, position_ids=pos, use_cache=True, **{kw: caches[1]})   # warm up: kernels, plans
+        side = torch.cuda.Stream()   # warm up on a side stream (kernels compiled, plans made), as capture wants
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            gpu_model(input_ids=tok, position_ids=pos, use_cache=True, **{kw: caches[1]})
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
         caches[1].set_lengths([ctx, ctx - 100])
         graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        with torch.cuda.graph(graph):
             captured = gpu_model(input_ids=tok, position_ids=pos, use_cache=True, **{kw: caches[1]}).logits
-        torch.cuda.current_stream().wait_stream(stream)
-        caches[1].set_lengths([ctx, ctx - 100])   # capture ran no kernel; be explicit
+        assert caches[1].lengths.tolist()[:B] == [ctx, ctx - 100]   # capture runs no kernel
         for i in range(5):
             want = gpu_model(input_ids=tok, position_ids=pos, use_cache=True, **{kw: caches[0]}).logits
             graph.replay()
