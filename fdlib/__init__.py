@@ -36,3 +36,11 @@ from .reference import reference_attention  # noqa: F401
 
 __version__ = "0.1.0"
 __all__ = ["decode_attention", "clamped", "plan", "DecodePlan", "reference_attention", "describe", "runtime", "distributed"]
+
+
+def __getattr__(name):
+    """``fdlib.hf`` is imported on first use (it needs the optional transformers: ``pip install -e '.[hf]'``)."""
+    if name == "hf":
+        import importlib
+        return importlib.import_module(".hf", __name__)
+    raise AttributeError(f"module 'fdlib' has no attribute {name!r}")

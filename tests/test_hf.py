@@ -68,6 +68,13 @@ def assert_same_generation(model, ids, mask, n, **cache_kw):
 
 
 # ---------------------------------------------------------------------------------------------- registration
+def test_fdlib_hf_is_reachable_from_a_plain_import_fdlib():
+    import subprocess, sys
+    code = "import fdlib; fdlib.hf.register(); print(type(fdlib.hf.DecodeCache).__name__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "type", proc.stdout + proc.stderr
+
+
 def test_register_twice_is_fine(model):
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
