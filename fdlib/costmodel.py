@@ -121,7 +121,8 @@ class Explanation:
     calibration: Calibration | None = None
 
     def table(self) -> str:
-        lines = [f"cost model on {self.gpu} ({self.programs_per_sm} program(s)/SM; {self.calibration.source})",
+        lines = [f"cost model on {self.gpu}, {self.programs_per_sm} program(s)/SM",   # two short lines: output
+                 f"constants: {self.calibration.source}",                            # areas wrap anywhere
                  " splits  chunk  programs  waves  wave-eff  predicted µs  bound"]
         for c in self.candidates:
             mark = "  <- chosen" if c.splits == self.chosen else ""

@@ -73,7 +73,10 @@ class _Canvas:
         from matplotlib.colors import LinearSegmentedColormap
         from matplotlib.figure import Figure
 
-        self.fig = figure if figure is not None else Figure(figsize=self.FIGSIZE, dpi=dpi)
+        # the margins below are the layout: no layout engine (the course style turns constrained layout on,
+        # which would move the axes up under the subtitle and cut the labels at the figure's edges)
+        self.fig = figure if figure is not None else Figure(figsize=self.FIGSIZE, dpi=dpi, layout="none")
+        self.fig.set_layout_engine("none")
         if self.fig.canvas is None or type(self.fig.canvas).__name__ == "FigureCanvasBase":
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             FigureCanvasAgg(self.fig)
@@ -216,7 +219,7 @@ def draw(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: bool
     import matplotlib.pyplot as plt
     summ, sched, ex = summary_and_curve(B, H_q, H_kv, L, splits, gpu, gqa, unified, D, dtype_bytes, dist,
                                         q_len=q_len)
-    fig = plt.figure(figsize=_Canvas.FIGSIZE, dpi=100)
+    fig = plt.figure(figsize=_Canvas.FIGSIZE, dpi=100, layout="none")
     plt.close(fig)   # returned, not auto-shown: a cell ending in draw(...) shows it once
     canvas = _Canvas(fig)
     rp, dev = recorded(summ.B, summ.H_q, summ.H_kv, summ.L, summ.D, summ.dtype_bytes, summ.unified) \

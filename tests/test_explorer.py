@@ -333,12 +333,25 @@ LAYOUTS = [dict(B=1, L=131072, splits=1, gpu="H200"),                       # on
 def test_text_stays_off_the_sm_squares(no_results, setting):
     """In the drawn picture (pixels of the PNG the widget shows) every line of text is clear of every SM map:
     a wave's title sits well above its squares, the subtitle well above the titles, and no two texts overlap."""
+    import matplotlib
+
     from fdlib.explorer_model import summary_and_curve
+    from fdlib.figures import STYLE
     summ, sched, ex = summary_and_curve(H_q=32, H_kv=8, **setting)
-    canvas = E._Canvas(dpi=80)
-    canvas.update(summ, sched, ex)
-    canvas.png()
+    with matplotlib.rc_context(STYLE):     # as in a notebook: the course style (constrained layout on) applied
+        canvas = E._Canvas(dpi=80)         # the widget's figure: FIGSIZE at 80 dpi, shown 800 px wide
+        canvas.update(summ, sched, ex)
+        canvas.png()
     r = canvas.fig.canvas.get_renderer()
+    W, H = canvas.fig.bbox.width, canvas.fig.bbox.height
+    assert (W, H) == (800, 544)
+    every = [canvas.suptitle, canvas.subtitle, canvas.map_label, *(ax.title for ax in canvas.maps), *canvas.empty,
+             canvas.curve_ax.title, canvas.curve_ax.xaxis.label, canvas.curve_ax.yaxis.label,
+             canvas.cbar.ax.yaxis.label, *canvas.legend.get_texts()]
+    for t in every:                                                          # whole, inside the picture
+        if t.get_text():
+            b = t.get_window_extent(r)
+            assert b.x0 >= 0 and b.y0 >= 0 and b.x1 <= W and b.y1 <= H, (t.get_text(), b, (W, H))
     squares = [im.get_window_extent(r) for im in canvas.images if im.get_visible()]
     texts = {t.get_text(): t.get_window_extent(r)
              for t in [canvas.suptitle, canvas.subtitle, canvas.map_label, *(ax.title for ax in canvas.maps),
@@ -356,3 +369,20 @@ def test_text_stays_off_the_sm_squares(no_results, setting):
         if im.get_visible():
             title, sq = ax.title.get_window_extent(r), im.get_window_extent(r)
             assert title.y0 - sq.y1 >= 6 and sub.y0 - title.y1 >= 12, (ax.title.get_text(), title, sq, sub)
+
+
+def test_static_figure_keeps_its_margins_under_the_course_style(no_results):
+    """draw() under the course style: the subtitle stays above the wave titles, the titles above the squares."""
+    import matplotlib
+
+    from fdlib.figures import STYLE
+    with matplotlib.rc_context(STYLE):
+        fig = E.draw(B=1, H_q=32, H_kv=8, L=131072, splits=16)
+        fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    maps = [ax for ax in fig.axes if ax.images]
+    sub = next(t for t in fig.texts if "cost model" in t.get_text()).get_window_extent(r)
+    title, sq = maps[0].title.get_window_extent(r), maps[0].images[0].get_window_extent(r)
+    assert title.y0 - sq.y1 >= 6 and sub.y0 - title.y1 >= 12, (title, sq, sub)
+    label = next(t for t in maps[0].texts if "per row" in t.get_text()).get_window_extent(r)
+    assert label.x0 >= 0 and label.x1 < sq.x0, (label, sq)

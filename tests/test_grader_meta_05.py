@@ -2,6 +2,8 @@
 functions must fail their checks."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fdlib import costmodel  # first: importing fdlib picks the runtime before triton is imported
@@ -175,6 +177,29 @@ def test_wrong_ticket_fails(wrong):
 def test_no_reset_message():
     line = run_checks(TICKET, _ticket_no_reset, quiet=True).outcomes[0].line()
     assert "not back at 0" in line
+    n = int(re.search(r"(\d+) ticket counter\(s\) are not back at 0", line).group(1))
+    listed = re.search(r"values:? \[([^\]]*)\]", line).group(1).split(",")
+    assert len(listed) == n or (len(listed) == 8 and f"the first 8 of {n} values" in line), line
+
+
+@pytest.mark.parametrize("n_bad", [1, 5, 8, 13])
+def test_counter_message_lists_what_it_counts(n_bad):
+    """The message's count and the values it lists agree: all of them, or "the first 8 of n"."""
+    import torch
+
+    from fdlib.grading.core import CheckFailure
+    from fdlib.grading.lab05 import _expect_zero
+    c = torch.zeros(20, dtype=torch.int32)
+    c[:n_bad] = torch.arange(1, n_bad + 1, dtype=torch.int32)
+    with pytest.raises(CheckFailure) as e:
+        _expect_zero(c, "call 2")
+    msg = str(e.value)
+    assert f"{n_bad} ticket counter(s) are not back at 0" in msg
+    if n_bad <= 8:
+        assert f"values {list(range(1, n_bad + 1))}" in msg
+    else:
+        assert f"the first 8 of {n_bad} values: {list(range(1, 9))}" in msg
+    _expect_zero(torch.zeros(4, dtype=torch.int32), "call 1")          # all back at 0: no failure
 
 
 def test_missing_jit_message():

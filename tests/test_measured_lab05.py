@@ -91,3 +91,33 @@ def test_a_run_without_cudnn_still_draws(tmp_path):
 def test_missing_file_says_which(tmp_path):
     with pytest.raises(FileNotFoundError, match="bench-float16.json"):
         _shown(tmp_path)
+
+
+def test_printed_caption_is_wrapped_whole_words(capsys):
+    """show_measured prints the caption wrapped at CAPTION_WIDTH, words and file names whole; Shown keeps it
+    unwrapped; the printed table fits 100 columns."""
+    import matplotlib.pyplot as plt
+
+    from fdlib.measured import CAPTION_WIDTH, format_rows
+    shown = show_measured("showdown")
+    plt.close(shown.figure)
+    out = capsys.readouterr().out
+    table = format_rows(shown.table)
+    assert out.startswith(table) and max(map(len, table.splitlines())) <= 100
+    printed = out[len(table):].strip("\n")
+    assert max(map(len, shown.caption.splitlines())) > CAPTION_WIDTH       # there is something to wrap
+    lines = printed.splitlines()
+    assert all(len(x) <= CAPTION_WIDTH or " " not in x for x in lines), lines
+    assert printed.split() == shown.caption.split()                        # no word broken, none lost
+    assert "results/h200/bench-float16.json:" in printed.split()
+
+
+def test_wrap_caption_keeps_long_tokens_and_lines():
+    from fdlib.measured import wrap_caption
+    long_token = "results/h200/" + "x" * 100 + ".json"
+    text = f"first line {long_token} and more words here\n\nthird-line with-hyphens " + "word " * 30
+    wrapped = wrap_caption(text, 40)
+    assert long_token in wrapped.splitlines()
+    assert all(len(x) <= 40 for x in wrapped.splitlines() if x != long_token)
+    assert "" in wrapped.splitlines() and "third-line" in wrapped and "with-hyphens" in wrapped
+    assert wrapped.split() == text.split()

@@ -383,8 +383,9 @@ def _ordinal(k):
 def _expect_zero(counters, when):
     c = counters.cpu()
     if bool((c != 0).any()):
-        bad = c[c != 0]
-        raise CheckFailure(f"{when}: {len(bad)} ticket counter(s) are not back at 0 (values {bad[:4].tolist()}); "
+        bad = c[c != 0].tolist()
+        shown = f"values {bad}" if len(bad) <= 8 else f"the first 8 of {len(bad)} values: {bad[:8]}"
+        raise CheckFailure(f"{when}: {len(bad)} ticket counter(s) are not back at 0 ({shown}); "
                            f"the last program must reset its row's counter for the next call")
 
 

@@ -16,6 +16,7 @@ import json
 import math
 import pkgutil
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -23,6 +24,9 @@ from typing import Callable
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200"
 
 _VIEWS: dict[str, Callable] = {}
+
+CAPTION_WIDTH = 88
+"""Printed captions are wrapped to this many characters (a notebook's output area breaks long lines anywhere)."""
 
 
 @dataclass
@@ -92,8 +96,16 @@ def format_rows(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def wrap_caption(caption: str, width: int = CAPTION_WIDTH) -> str:
+    """``caption`` with each of its lines wrapped at ``width``: words kept whole, and a token longer than a line
+    (a file name, a command) left unbroken on a line of its own."""
+    return "\n".join(textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) if line else ""
+                     for line in caption.split("\n"))
+
+
 def show_measured(name: str, results_dir=None, show: bool = True) -> Shown:
-    """Draw the view ``name``: its figure, then its table and caption as text. Returns the :class:`Shown`."""
+    """Draw the view ``name``: its figure, then its table and its caption as text (the caption wrapped by
+    :func:`wrap_caption`). Returns the :class:`Shown`, its caption unwrapped."""
     _load_all()
     if name not in _VIEWS:
         raise ValueError(f"name: expected one of {sorted(_VIEWS)}, got {name!r}")
@@ -103,5 +115,5 @@ def show_measured(name: str, results_dir=None, show: bool = True) -> Shown:
         plt.show()
         print(format_rows(shown.table))
         print()
-        print(shown.caption)
+        print(wrap_caption(shown.caption))
     return shown

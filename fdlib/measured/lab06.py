@@ -14,7 +14,6 @@ the ceiling being the fastest plain read of a large buffer measured in the same 
 from __future__ import annotations
 
 import json
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +25,6 @@ PAGED = "ragged-fp16-page16-auto-bf0d81e.json"
 LARGE_MB = 512
 """Batches of at least this many MB of K/V are large enough that fixed costs should not matter."""
 TARGET_PCT = 90
-CAPTION_WIDTH = 110
-"""The caption is printed as text: wrapped to fit a notebook's output area."""
 DISTS = ("constant", "uniform", "zipf")
 DIST_NAMES = {"constant": "constant", "uniform": "uniform", "zipf": "Zipf-like"}
 MARKERS = {"constant": "s", "uniform": "o", "zipf": "^"}
@@ -174,5 +171,4 @@ def ragged(results_dir) -> Shown:
         f"(B={worst[0]} {worst[1]}:{worst[2]}, {worst[4]} keys, {paged.records[worst]['kv_mb']:.0f} MB).\n"
         f"% ceiling: the geometric mean over a row's batches of (K/V bytes / time) / read ceiling; >= {TARGET_PCT}%: "
         f"how many of its batches of at least {LARGE_MB} MB read {TARGET_PCT}% of the ceiling or more.")
-    caption = "\n".join(textwrap.fill(line, CAPTION_WIDTH) for line in caption.splitlines())
     return Shown(fig, table_rows(grids), caption, [f"results/h200/{CONTIGUOUS}", f"results/h200/{PAGED}"])

@@ -12,7 +12,6 @@ Every time is a CUDA-graph replay. The numbers in the caption are computed here 
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 from . import Shown, gmean, provenance, view
@@ -123,6 +122,4 @@ def exact(results_dir: Path) -> Shown:
         f"unified kernel's (< 1: faster). The unified max is faster on {sum(r['full'] < 1 for r in rows)} of {len(rows)} shapes; "
         f"pass 1 alone on {sum(r['pass1'] < 1 for r in rows)}, most on {_shape(fast1['shape'])} "
         f"({fast1['pass1']:.2f}); the most rows recomputed in any call: {max(r['recompute'] for r in rows):.0%}.")
-    caption = "\n".join(textwrap.fill(par, 110, break_long_words=False, break_on_hyphens=False)
-                        for par in caption.split("\n"))       # whole words a line: notebook output wraps anywhere
     return Shown(fig, table, caption, [f"results/h200/{INVARIANT}", f"results/h200/{UNIFIED_MAX}"])
