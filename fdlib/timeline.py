@@ -116,7 +116,7 @@ class Timeline:
     sms: int
     device: str
     mode: str
-    source: str                       # "cost model", "stream-K model" or "recorded on ..."
+    source: str                       # "timeline model" or "recorded on ..."
     bands: list = field(default_factory=list)
     kv_mb: float | None = None        # bytes the launch must read (for the effective bandwidth)
     info: dict = field(default_factory=dict)
@@ -442,9 +442,8 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
         bands = [("kernel boundary", t1, t1 + cal.t_stage2_us),
                  ("stage 2: merge", t1 + cal.t_stage2_us, t1 + cal.t_stage2_us + used * per_split)]
     kv_mb = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6
-    source = "stream-K model" if schedule == "stream-k" else "cost model"
     return Timeline(sm[work], start[work], end[work], np.array([p.row for p in progs])[work], g.sms, g.name, mode,
-                    source, bands, kv_mb, dict(info, B=B, H_q=H_q, H_kv=H_kv, D=D, dtype_bytes=dtype_bytes,
+                    "timeline model", bands, kv_mb, dict(info, B=B, H_q=H_q, H_kv=H_kv, D=D, dtype_bytes=dtype_bytes,
                                                calibration=cal.source), parts)
 
 

@@ -71,7 +71,7 @@ def test_balancing_leaves_fewer_idle_sms_on_the_issue_batch():
     assert bal.idle_fraction < split.idle_fraction and bal.makespan < split.makespan
     assert sk.idle_fraction < bal.idle_fraction
     # as the kernel launches: 2 programs per SM on the persistent kernel's 64-key tiles
-    assert sk.source == "stream-K model" and sk.programs == 2 * 132 and sk.info["block_n"] == 64
+    assert sk.source == "timeline model" and sk.programs == 2 * 132 and sk.info["block_n"] == 64
     assert split.bands and split.bands[0][0] == "kernel boundary"
 
 
