@@ -22,7 +22,9 @@ r"""Checks for Lab 06: paged KV caches and ragged batches.
 The tile checks launch small kernels of this module with the learner's function inside: one that stores every
 tile it loads (compared exactly with the rows gathered in PyTorch, the pool surrounded by NaN guard pages so a
 read outside it shows), and a decode loop (fdlib's :func:`~fdlib.kernels.tile.tile_update` over the learner's
-tiles) compared with the float64 reference.
+tiles) compared with the float64 reference. One more runs the tile kernel in the interpreter and records which
+block-table entries it reads: every entry in use, none past a row's pages (a read there is invisible in the tiles
+when the K/V loads are masked, but may leave the table on a GPU).
 """
 from __future__ import annotations
 
