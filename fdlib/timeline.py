@@ -116,7 +116,7 @@ class Timeline:
     sms: int
     device: str
     mode: str
-    source: str                       # "cost model", "stream-K model" or "recorded on ..."
+    source: str                       # "timeline model" or "recorded on ..."
     bands: list = field(default_factory=list)
     kv_mb: float | None = None        # bytes the launch must read (for the effective bandwidth)
     info: dict = field(default_factory=dict)
@@ -430,7 +430,8 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
                                   else 0.0, row))
         merge = {key: _merge_cost(cal, n, group, D) for key, n in parts.items()}
         info.update(programs=P, tiles=T * H_kv, tiles_per_program=T / P_h)
-        mode = f"stream-K schedule, {P} programs ({P_h} a KV head) of ~{T / P_h:.1f} tiles"
+        per_head = f", {P_h} for each KV head" if H_kv > 1 else ""
+        mode = f"stream-K schedule: {P} programs of ~{T / P_h:.1f} tiles each{per_head}, one in each slot ({r} an SM)"
     sm, start, end, raw = simulate(progs, g.sms, r, cal.bw_tbs, cal.rho_tbs, merge, parts=True)
     work = np.array([bool(p.pieces) for p in progs], dtype=bool)
     kept = np.cumsum(work) - 1                               # a working program's index in the Timeline's arrays
@@ -442,9 +443,8 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
         bands = [("kernel boundary", t1, t1 + cal.t_stage2_us),
                  ("stage 2: merge", t1 + cal.t_stage2_us, t1 + cal.t_stage2_us + used * per_split)]
     kv_mb = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6
-    source = "stream-K model" if schedule == "stream-k" else "cost model"
     return Timeline(sm[work], start[work], end[work], np.array([p.row for p in progs])[work], g.sms, g.name, mode,
-                    source, bands, kv_mb, dict(info, B=B, H_q=H_q, H_kv=H_kv, D=D, dtype_bytes=dtype_bytes,
+                    "timeline model", bands, kv_mb, dict(info, B=B, H_q=H_q, H_kv=H_kv, D=D, dtype_bytes=dtype_bytes,
                                                calibration=cal.source), parts)
 
 
@@ -575,7 +575,8 @@ def _legend_handles(tl_list, sequences: bool):
 
 def draw_gantt(tl: Timeline, ax=None, max_sms: int | None = None, title: str | None = None, legend: bool = True,
                xmax: float | None = None):
-    """The per-SM timeline: one band per SM (a lane per program running on it at once), time in µs on the x axis.
+    """The per-SM timeline: one band per SM (a lane per slot: a program running on it at once), time in µs on the x
+    axis.
 
     A model timeline (:attr:`Timeline.parts`) shows each program's start-up (pale), the slice of each sequence b
     it streams (b's colour, :data:`SEQUENCE_COLORS`) and its merge (:data:`MERGE_COLOR`, at least
@@ -625,7 +626,8 @@ def draw_gantt(tl: Timeline, ax=None, max_sms: int | None = None, title: str | N
     if shown <= 32:
         ax.set_yticks([k + 0.45 for k in range(shown)], [str(k) for k in range(shown)])
     ax.set_xlabel("time since the first program started (µs)")
-    ax.set_ylabel(f"SM id ({shown} of {tl.sms} shown)" if shown < tl.sms else f"SM id ({tl.sms} SMs)")
+    slots = f"; {width} slots each" if width > 1 else ""
+    ax.set_ylabel(f"SM id ({shown} of {tl.sms} shown{slots})" if shown < tl.sms else f"SM id ({tl.sms} SMs{slots})")
     ax.grid(False)
     ax.set_title(title or f"{tl.mode}\n{tl.device}, {tl.source}: makespan {tl.makespan:.1f} µs, "
                           f"SMs idle {tl.idle_fraction:.0%}", fontsize=9.5)

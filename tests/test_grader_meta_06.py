@@ -83,6 +83,32 @@ def _tile_no_clamp(K, V, BT_ROW, pos, valid, stride_kp, stride_kl, stride_vp, st
 
 
 @triton.jit
+def _tile_table_unmasked(K, V, BT_ROW, pos, valid, stride_kp, stride_kl, stride_vp, stride_vl, n_pages,
+                         D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr):
+    """Reads the block table unmasked (entries past the row's pages, even past the table's end) and does not clamp;
+    the K/V loads are masked by valid, so no tile differs."""
+    d = tl.arange(0, BLOCK_D)
+    page = tl.load(BT_ROW + pos // PAGE).to(tl.int64)
+    slot = pos % PAGE
+    m = valid[:, None] & (d[None, :] < D)
+    return (tl.load(K + (page * stride_kp + slot * stride_kl)[:, None] + d[None, :], mask=m, other=0.0),
+            tl.load(V + (page * stride_vp + slot * stride_vl)[:, None] + d[None, :], mask=m, other=0.0))
+
+
+@triton.jit
+def _tile_table_unmasked_clamped(K, V, BT_ROW, pos, valid, stride_kp, stride_kl, stride_vp, stride_vl, n_pages,
+                                 D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr):
+    """Reads the block table unmasked but clamps, the K/V loads masked by valid: every tile is right, only the
+    table reads past the row's pages are wrong."""
+    d = tl.arange(0, BLOCK_D)
+    page = tl.minimum(tl.maximum(tl.load(BT_ROW + pos // PAGE), 0), n_pages - 1).to(tl.int64)
+    slot = pos % PAGE
+    m = valid[:, None] & (d[None, :] < D)
+    return (tl.load(K + (page * stride_kp + slot * stride_kl)[:, None] + d[None, :], mask=m, other=0.0),
+            tl.load(V + (page * stride_vp + slot * stride_vl)[:, None] + d[None, :], mask=m, other=0.0))
+
+
+@triton.jit
 def _tile_contiguous(K, V, BT_ROW, pos, valid, stride_kp, stride_kl, stride_vp, stride_vl, n_pages,
                      D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr):
     """Ignores the table: reads the pool as if it were one contiguous sequence."""
@@ -118,6 +144,8 @@ WRONG_TILE = {
     "no mask on unused table entries": _tile_no_valid_mask,
     "off by one at the page boundary": _tile_off_by_one,
     "no clamp into the pool": _tile_no_clamp,
+    "table read unmasked, no clamp": _tile_table_unmasked,
+    "table read unmasked, clamped": _tile_table_unmasked_clamped,
     "ignores the block table": _tile_contiguous,
     "K returned for V": _tile_k_twice,
     "no @triton.jit": _tile_plain_python,
@@ -139,6 +167,10 @@ def test_tile_messages_say_what_to_fix():
              for k, fn in (("clamp", _tile_no_clamp), ("mask", _tile_no_valid_mask))}
     assert "clamp the page index" in lines["clamp"]
     assert "past the sequence's end must be 0" in lines["mask"]
+    for fn in (_tile_table_unmasked, _tile_table_unmasked_clamped):
+        failed = [o for o in run_checks(TILE, fn, quiet=True).outcomes if o.status == "fail"]
+        assert any("block table is read only where valid" in o.name and "load the entries with mask=valid"
+                   in o.line() for o in failed), fn.__name__
     line = run_checks(TILE, _tile_plain_python, quiet=True).outcomes[0].line()
     assert "expected a @triton.jit function" in line
 

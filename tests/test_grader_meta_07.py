@@ -346,6 +346,9 @@ def test_show_as_is_prints_the_failures(capsys):
         core._LEARNER.pop(lab07.NAN, None)
     out = capsys.readouterr().out
     assert "❌ FAIL rows empty in both parts" in out and "NaN" in out
+    line = next(x for x in out.splitlines() if "rows empty in both parts" in x)
+    n = int(line.split(": ")[-2].split(" of ")[0])        # "... : 22 of 64 rows empty in both parts: NaN ..."
+    assert n > 4 and line.endswith(f", … ({n} rows)]")   # a shortened list of rows says so, and how many
     with pytest.raises(ValueError, match="bug-zoo"):
         lab07.show_as_is(core.reference(MERGE))
 

@@ -79,14 +79,20 @@ def test_the_figure_has_two_labelled_panels_and_a_legend(shown):
 
 def test_what_the_lesson_says_about_the_schedules_holds():
     """Lab 06 reads the figure so: on a contiguous cache equal lengths run the unified or persistent kernel;
-    every ragged batch of >= 512 MB runs a balanced schedule (stream-K, or over pages whole rows longest first);
-    over pages stream-K takes only the largest batches of equal lengths, and longest-first only rows of about 1024
-    keys; large batches reach 90% of the read ceiling over pages."""
+    every ragged batch of >= 512 MB (right of the line) runs stream-K, or, over pages with rows of about 1024 keys,
+    the unified kernel with whole rows longest first; the plain unified kernel and the balanced schedule run only
+    ragged batches under 512 MB; over pages stream-K takes only the largest batches of equal lengths; large
+    batches reach 90% of the read ceiling over pages."""
     flat, paged = _raw(M.CONTIGUOUS), _raw(M.PAGED)
     assert {r["kernel"] for r in flat if r["dist"] == "constant"} <= {"unified", "persistent"}
     for recs in (flat, paged):
-        big_ragged = [r for r in recs if r["dist"] != "constant" and r["kv_mb"] >= 512]
+        ragged = [r for r in recs if r["dist"] != "constant"]
+        big_ragged = [r for r in ragged if r["kv_mb"] >= 512]
         assert big_ragged and all(r["kernel"] == "streamk" or r["longest_first"] for r in big_ragged)
+        rest = [r for r in ragged if M.schedule_of(r) in ("unified", "balanced")]
+        assert rest and all(r["kv_mb"] < 512 for r in rest)
+    assert not any(r["longest_first"] for r in flat)
+    assert {M.schedule_of(r) for r in paged if r["dist"] != "constant"} >= {"balanced", "longest-first"}
     const = [r for r in paged if r["dist"] == "constant"]
     sk = [r["kv_mb"] for r in const if r["kernel"] == "streamk"]
     assert sk and min(sk) > max(r["kv_mb"] for r in const if r["kernel"] != "streamk")

@@ -44,6 +44,12 @@ def test_caption_names_the_file_the_masks_and_the_spans():
     for m in ("fdlib", "cudnn"):
         r4 = [r["ratio"]["4"] for r in data["ratios"] if r["method"] == m]
         assert f"{m} from {min(r4):.3f}× to {max(r4):.3f}× over {len(r4)} shapes" in shown.caption
+    # the run's own goal is not the learner's: neither the caption nor the figure shows it
+    assert "target" not in shown.caption and data["settings"]["target"] not in shown.caption
+    texts = [t.get_text() for ax in shown.figure.get_axes() for t in ax.texts]
+    assert not any("target" in t for t in texts)
+    assert all(len(ax.get_lines()) == len([r for r in data["ratios"] if r["method"] == m]) + 1   # curves + y = 1
+               for ax, m in zip(shown.figure.get_axes(), ("fdlib", "cudnn")))
 
 
 def test_the_view_follows_the_file(tmp_path):

@@ -71,7 +71,7 @@ def test_balancing_leaves_fewer_idle_sms_on_the_issue_batch():
     assert bal.idle_fraction < split.idle_fraction and bal.makespan < split.makespan
     assert sk.idle_fraction < bal.idle_fraction
     # as the kernel launches: 2 programs per SM on the persistent kernel's 64-key tiles
-    assert sk.source == "stream-K model" and sk.programs == 2 * 132 and sk.info["block_n"] == 64
+    assert split.source == bal.source == sk.source == "timeline model" and sk.programs == 2 * 132 and sk.info["block_n"] == 64
     assert split.bands and split.bands[0][0] == "kernel boundary"
 
 
@@ -159,7 +159,7 @@ def test_gantt_has_title_axes_units_and_source():
     tl = T.model_timeline(T.batch_lengths("zipf"), 32, 8, schedule="split")
     ax = T.draw_gantt(tl)
     title = ax.get_title()
-    assert "H200" in title and "cost model" in title and "split" in title and "idle" in title
+    assert "H200" in title and "timeline model" in title and "cost model" not in title and "split" in title and "idle" in title
     assert "(µs)" in ax.get_xlabel() and "SM" in ax.get_ylabel()
     ax2 = T.draw_gantt(tl, max_sms=16)
     assert "16 of 132 shown" in ax2.get_ylabel()
@@ -275,8 +275,11 @@ def test_gantt_colours_merge_and_idle_apart_from_the_sequences():
     assert T.MERGE_COLOR not in T.SEQUENCE_COLORS and len(set(T.SEQUENCE_COLORS)) == len(T.SEQUENCE_COLORS)
     faces = {to_hex(c) for coll in ax.collections for c in coll.get_facecolor()}
     assert T.MERGE_COLOR in faces and to_hex(T.IDLE_STYLE["facecolor"]) in faces
-    assert "pretend H200 with 8 SMs" in ax.get_title() and "cost model" in ax.get_title()
+    assert "pretend H200 with 8 SMs" in ax.get_title() and "timeline model" in ax.get_title()
     assert ax.get_ylabel() == "SM id (8 SMs)" and "(µs)" in ax.get_xlabel()
+    sk = T.draw_gantt(tls[2])      # stream-K: two programs an SM, one in each slot, drawn as two lanes
+    assert sk.get_ylabel() == "SM id (8 SMs; 2 slots each)" and "one in each slot (2 an SM)" in sk.get_title()
+    assert "KV head" not in sk.get_title()     # one KV head: nothing to say per head
     fig = T.draw_gantts(tls, suptitle="three schedules")
     axes = fig.get_axes()
     assert len(axes) == 3 and len({a.get_xlim() for a in axes}) == 1

@@ -22,15 +22,20 @@ r"""Checks for Lab 06: paged KV caches and ragged batches.
 The tile checks launch small kernels of this module with the learner's function inside: one that stores every
 tile it loads (compared exactly with the rows gathered in PyTorch, the pool surrounded by NaN guard pages so a
 read outside it shows), and a decode loop (fdlib's :func:`~fdlib.kernels.tile.tile_update` over the learner's
-tiles) compared with the float64 reference.
+tiles) compared with the float64 reference. One more runs the tile kernel in the interpreter and records which
+block-table entries it reads: every entry in use, none past a row's pages (a read there is invisible in the tiles
+when the K/V loads are masked, but may leave the table on a GPU).
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import interpreter as _interpreter
 
 from fdlib import runtime
 from fdlib.kernels.config import block_sizes, fp32_dot, tile_config
@@ -239,6 +244,68 @@ def _t_edges(impl, gen):
 def _t_clamp(impl, gen):
     _check_tiles(impl, gen, lengths=[40, 24], PAGE=8, bad_entries=[(0, 1, -1), (1, 2, lambda n: n), (0, 4, -2)],
                  what="page_size 8, entries -1, -2 and n_pages in use")
+
+
+@contextmanager
+def _recorded_reads(table):
+    """Record the (b, i) block-table entries that interpreted loads read (mask on) while the block runs: a list
+    filled in place. Entries are mapped through ``table``'s storage (the interpreter runs a CPU tensor in place), so
+    a read of the wider storage's padding columns shows as i >= table.shape[1]."""
+    base = table.untyped_storage().data_ptr()
+    end = base + table.untyped_storage().nbytes()
+    esize, stride = table.element_size(), table.stride(0)
+    reads: list = []
+    load = _interpreter.InterpreterBuilder.create_masked_load
+
+    def recording(self, ptrs, mask, other, *args):
+        addr = np.asarray(ptrs.data).astype(np.uint64)
+        on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addr.shape)
+        hit = addr[on & (addr >= base) & (addr < end)]
+        reads.extend(divmod((int(a) - base) // esize, stride) for a in np.unique(hit))
+        return load(self, ptrs, mask, other, *args)
+
+    _interpreter.InterpreterBuilder.create_masked_load = recording
+    try:
+        yield reads
+    finally:
+        _interpreter.InterpreterBuilder.create_masked_load = load
+
+
+@check_case(TILE, "the block table is read only where valid: every entry in use, no entry past a row's pages "
+                  "(its reads recorded in the interpreter)")
+def _t_table_reads(impl, gen):
+    N = _block_n()
+    interpreted = _interpreter.InterpretedFunction
+    probe = interpreted(getattr(_tile_probe, "fn", _tile_probe))
+    load = interpreted(getattr(impl, "fn", impl))
+    for PAGE in (4, 16):
+        lengths = [0, 1, PAGE + 1, N + 3, 2 * N]
+        pool, table, store, n_pages = paged_problem(gen, lengths=lengths, PAGE=PAGE, unused="mixed")
+        _, _, H_kv, D = store.shape
+        BLOCK_D = max(16, triton.next_power_of_2(D))
+        tiles = -(-max(lengths) // N)
+        out = torch.zeros(len(lengths), H_kv, tiles * N, BLOCK_D, dtype=store.dtype)
+        lens = torch.tensor(lengths, dtype=torch.int32)
+        with _recorded_reads(table) as reads:
+            launch("a kernel with your paged_tile_load", lambda: probe[(len(lengths), tiles, H_kv)](
+                pool, pool, table, lens, out, out, pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(0),
+                pool.stride(1), pool.stride(2), table.stride(0), n_pages, out.stride(0), out.stride(1),
+                out.stride(2), D=D, BLOCK_D=BLOCK_D, BLOCK_N=N, PAGE=PAGE, LOAD=load))
+        read = set(reads)
+        what = f"page_size {PAGE}, lengths {lengths} (table {list(table.shape)})"
+        for b, L in enumerate(lengths):
+            used = -(-L // PAGE)
+            past = sorted(i for r, i in read if r == b and i >= used)
+            if past:
+                i = past[0]
+                where = "past the end of the table's row" if i >= table.shape[1] else "unused"
+                raise CheckFailure(f"{what}: your load read block-table entry {i} of sequence b={b} (L={L}, "
+                                   f"{used} page(s) in use; entry {i} is {where}). Entries past a row's pages hold "
+                                   f"anything and may lie past the table's end: load the entries with mask=valid")
+            missing = [i for i in range(used) if (b, i) not in read]
+            if missing:
+                raise CheckFailure(f"{what}: your load never read block-table entry {missing[0]} of sequence b={b} "
+                                   f"(L={L}, {used} page(s) in use): every page of the row comes from the table")
 
 
 @triton.jit

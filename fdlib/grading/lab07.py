@@ -255,10 +255,11 @@ def _as_out_lse(got, what, o_shape, lse_shape):
 
 def _compare(got_o, got_lse, ref_o, ref_lse, what, atol=2e-5, rtol=2e-5, lse_atol=2e-5):
     if bool(torch.isnan(got_o).any()) or bool(torch.isnan(got_lse).any()):
-        where = torch.isnan(got_o).flatten(end_dim=-2).any(-1).nonzero().flatten().tolist()[:4] \
+        rows = torch.isnan(got_o).flatten(end_dim=-2).any(-1).nonzero().flatten().tolist() \
             if got_o.dim() > 1 else []
+        where = ", ".join(map(str, rows[:4])) + (f", … ({len(rows)} rows)" if len(rows) > 4 else "")
         raise CheckFailure(f"{what}: NaN in the result ({int(torch.isnan(got_o).sum())} in O, "
-                           f"{int(torch.isnan(got_lse).sum())} in lse)" + (f", rows {where}" if where else ""))
+                           f"{int(torch.isnan(got_lse).sum())} in lse)" + (f", rows [{where}]" if rows else ""))
     assert_close(got_lse, ref_lse, f"{what}: lse", lse_atol, 1e-6)
     assert_close(got_o, ref_o, f"{what}: O", atol, rtol)
 

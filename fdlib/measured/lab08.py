@@ -12,7 +12,6 @@ the run found right for it, which the caption names from the file).
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 from . import Shown, load, provenance, shown_path, view
@@ -69,11 +68,6 @@ def qlen(results_dir: Path) -> Shown:
         ax.set_ylabel("time(q_len) / time(q_len = 1)")
         ax.set_title(PANELS[m], fontsize=10)
         ax.axhline(1, color="black", lw=0.8)
-    limit = re.search(r"<=\s*([0-9.]+)", st["target"])
-    if limit:
-        axes[0].axhline(float(limit.group(1)), color="tab:red", ls="--", lw=1)
-        axes[0].annotate(f"target at q_len = 4: {limit.group(1)}", (qls[0], float(limit.group(1))),
-                         xytext=(0, 4), textcoords="offset points", color="tab:red", fontsize=9)
     axes[1].set_yscale("log")
     axes[1].yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
     axes[1].yaxis.set_minor_formatter(plt.FuncFormatter(
@@ -99,5 +93,5 @@ def qlen(results_dir: Path) -> Shown:
                       for m in PANELS if (r4 := [r["ratio"]["4"] for r in rows if r["method"] == m]))
     caption = (f"{shown_path(path)}: recorded on {provenance(res['provenance'])}; L2: {st['l2_handling']}. SDPA's is_causal "
                f"alignment, probed in the run: {probe}. What each contender was given: {gave}.{absent} "
-               f"time(q_len = 4) / time(q_len = 1): {spans} (target: {st['target']}).")
+               f"time(q_len = 4) / time(q_len = 1): {spans}.")
     return Shown(figure=fig, table=table, caption=caption, sources=[shown_path(path)])
