@@ -6,6 +6,7 @@ ship the stub its grader recognises as untouched.
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import nbformat
@@ -56,3 +57,37 @@ def test_exercise_stubs_are_the_graders():
 def test_checked_cells_use_the_nbval_tag():
     for src in SOURCES:
         assert "NBVAL_CHECK_OUTPUT" not in src.read_text(), f"{src.name}: use the cell tag nbval-check-output"
+
+
+# ---------------------------------------------------------------------------------------------- lessons, not diaries
+MAX_WORDS = 3000
+_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+_HISTORY = re.compile(r"\bruns? [0-9]+\b|\bissue [0-9]+|\bthe protocol\b", re.IGNORECASE)
+
+
+def prose(src: Path) -> str:
+    """The markdown of a lesson source, code fences left out (what a learner reads as text)."""
+    out, in_code = [], False
+    for line in src.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        if not in_code:
+            out.append(line)
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=[p.stem for p in SOURCES])
+def test_a_lesson_is_short_and_carries_no_history(src):
+    text = prose(src)
+    words = len(text.split())
+    assert words <= MAX_WORDS, f"{src.name}: {words} markdown words, at most {MAX_WORDS} (history goes to results/notes/)"
+    assert not _HASH.findall(text), f"{src.name}: commit hashes in the prose: {_HASH.findall(text)}"
+    assert not _HISTORY.findall(text), f"{src.name}: run/issue/protocol mentions: {_HISTORY.findall(text)}"
+
+
+def test_the_history_check_sees_what_it_forbids(tmp_path):
+    bad = tmp_path / "99_bad.md"
+    bad.write_text("As run 63 showed (commit 3c4b0db), the protocol met issue 13.\n```python\nx = 1\n```\n")
+    text = prose(bad)
+    assert _HASH.findall(text) == ["3c4b0db"] and len(_HISTORY.findall(text)) == 3 and "x = 1" not in text
