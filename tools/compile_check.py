@@ -39,6 +39,8 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3, aligned=F
     ``aligned``: tell the compiler what a GPU launch tells it of real tensors, pointers and the K/V row strides
     divisible by 16 (Triton's specialisation), without which it vectorises and pipelines less."""
     sig, constexprs, attrs = {}, {}, {}
+    if "K_SCALE" in kernel.arg_names:   # a 16-bit cache unless the case names its scales (8-bit caches)
+        meta = {"K_SCALE": 0, "V_SCALE": 0, **meta}
     for i, name in enumerate(kernel.arg_names):
         if name in meta:
             sig[name], constexprs[(i,)] = "constexpr", meta[name]
@@ -49,7 +51,7 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3, aligned=F
             if aligned:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
-            sig[name] = "fp32" if name in ("qk_scale", "lo2", "hi2") else "i32"
+            sig[name] = "fp32" if name in ("qk_scale", "lo2", "hi2", "v_mul") else "i32"
             if aligned and name in ("stride_kb", "stride_kl", "stride_kh", "stride_vb", "stride_vl", "stride_vh"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs), target=TARGET,
@@ -73,6 +75,7 @@ def pipeline_waits(compiled) -> list[int]:
 
 
 UNIFIED = ["*fp32", "*fp32", "*i32", "*fp16", "*fp32", "*i32", "*i32"]    # O_PART ... BT after Q, K, V, LENS
+NO_SCALES = ["*i32", "*i32"]    # KS, VS after TIMES: a 16-bit cache's launch passes the flag for both
 STAGE1 = ["*fp32", "*fp32", "*i32", "*i32"]
 PERSISTENT = ["*fp16", "*fp32", "*i32", "*i32"]
 
@@ -90,15 +93,15 @@ def cases():
         block_h, block_s = tile.combine_blocks(g * q_len, 16, BD)
         q = f" q_len={q_len}" if q_len > 1 else ""
         for page in (0, 16):
-            yield (f"unified PAGE={page}{q}", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
+            yield (f"unified PAGE={page}{q}", unified.unified_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
                         PAGE=page, PACK=1, ORDER_B=0, TABLE_REGS=0))
             if page and q_len == 1:   # sequences launched longest first (auto's ragged batches over pages)
-                yield (f"unified PAGE={page} ORDER_B=128", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
+                yield (f"unified PAGE={page} ORDER_B=128", unified.unified_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                        dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s,
                             TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1, ORDER_B=128, TABLE_REGS=0))
             if page:   # the block table of a split in registers (fdlib.plan.table_regs_for)
-                yield (f"unified PAGE={page}{q} TABLE_REGS=64", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
+                yield (f"unified PAGE={page}{q} TABLE_REGS=64", unified.unified_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                        dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s,
                             TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1, ORDER_B=0, TABLE_REGS=64))
             # ONE_CHUNK: the loop without the per-tile chunk-end work; ALONE: no partial stored, no ticket
@@ -107,57 +110,57 @@ def cases():
                 meta = dict(common, BLOCK_N=cfg.BLOCK_N, TAKE_TICKET=tile.take_ticket, PAGE=page,
                             CHUNKS=invariant.CHUNKS, MIN_TILES=invariant.MIN_TILES, ONE_CHUNK=one, ALONE=alone,
                             FOLD_G=g * q_len, FOLD_C=invariant.CHUNKS)
-                yield name, invariant.invariant_kernel, h16 + UNIFIED + ["*i32"], meta
+                yield name, invariant.invariant_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES, meta
                 if alone and not one and q_len == 1:   # short rows of large batches: FEW_STAGES pipeline stages
-                    yield (f"{name} num_stages={FEW_STAGES}", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"],
+                    yield (f"{name} num_stages={FEW_STAGES}", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                            meta, cfg.num_warps, FEW_STAGES)
-            yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"],
+            yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"] + NO_SCALES,
                    dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page, PACK=1))
             if q_len == 1:   # packed KV heads: two of 64 dims read as one of 128, the pair's 2·g query heads
                 packed = dict(common, GROUP=2 * g, BLOCK_G=block_sizes(2 * g, D)[0], BLOCK_N=cfg.BLOCK_N, PAGE=page,
                               PACK=2)
                 ph, ps = tile.combine_blocks(2 * g, 16, BD)
-                yield (f"unified PACK=2 PAGE={page}", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
+                yield (f"unified PACK=2 PAGE={page}", unified.unified_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                        dict(packed, BLOCK_H=ph, BLOCK_S=ps, TAKE_TICKET=tile.take_ticket, ORDER_B=0, TABLE_REGS=0))
-                yield f"stage1 PACK=2 PAGE={page}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"], packed
-            yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
+                yield f"stage1 PACK=2 PAGE={page}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"] + NO_SCALES, packed
+            yield (f"persistent PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"] + NO_SCALES,
                    dict(common, BLOCK_N=min(64, cfg.BLOCK_N), ROWS=2, PAGE=page, CHUNKS=0, MIN_TILES=1))
             # the batch-invariant plan's persistent walk of short rows: its 128-key tiles at FEW_STAGES stages
-            yield (f"persistent invariant PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"],
+            yield (f"persistent invariant PAGE={page}{q}", persistent.persistent_kernel, h16 + PERSISTENT + ["*i32"] + NO_SCALES,
                    dict(common, BLOCK_N=cfg.BLOCK_N, ROWS=2, PAGE=page, CHUNKS=invariant.CHUNKS,
                         MIN_TILES=invariant.MIN_TILES), cfg.num_warps, FEW_STAGES)
-            yield (f"streamk PAGE={page}{q}", streamk.streamk_kernel, h16 + UNIFIED + ["*i32"],
+            yield (f"streamk PAGE={page}{q}", streamk.streamk_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                    dict(common, BLOCK_N=64, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW,
                         PAGE=page))
-            yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel, h16 + UNIFIED + ["*i32"],
+            yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=64, PAGE=page))
     # the TIMELINE=True variants (per-program SM id and start/end times, DecodePlan.run(timeline=...))
     BG, BD = block_sizes(g, D)
     timed = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
                  TIMELINE=True, PAGE=16)
-    yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"],
+    yield ("unified TIMELINE", unified.unified_kernel, h16 + UNIFIED + ["*i64"] + NO_SCALES,
            dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, TAKE_TICKET=tile.take_ticket, PACK=1, ORDER_B=0,
                 TABLE_REGS=0))
-    yield ("invariant TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"],
+    yield ("invariant TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"] + NO_SCALES,
            dict(timed, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1, ONE_CHUNK=False, ALONE=False,
                 FOLD_G=g, FOLD_C=16))
-    yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"], dict(timed, BLOCK_N=128, PACK=1))
-    yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"],
+    yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"] + NO_SCALES, dict(timed, BLOCK_N=128, PACK=1))
+    yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"] + NO_SCALES,
            dict(timed, BLOCK_N=64, ROWS=2, CHUNKS=0, MIN_TILES=1))
-    yield ("streamk TIMELINE", streamk.streamk_kernel, h16 + UNIFIED + ["*i64"],
+    yield ("streamk TIMELINE", streamk.streamk_kernel, h16 + UNIFIED + ["*i64"] + NO_SCALES,
            dict(timed, BLOCK_N=64, BLOCK_H=4, BLOCK_S=16, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW))
-    yield ("balanced TIMELINE", balanced.balanced_kernel, h16 + UNIFIED + ["*i64"],
+    yield ("balanced TIMELINE", balanced.balanced_kernel, h16 + UNIFIED + ["*i64"] + NO_SCALES,
            dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, BLOCK_B=64))
     # the most query rows a program can hold: group 16 × q_len 16 = 256 rows (8 warps, 16-key tiles)
     BG, BD = block_sizes(256, D)
     cfg = tile_config_for(D, 1 << 30, compiled_mode=True, q_rows=256)
     bh, bs = tile.combine_blocks(256, 16, BD)
-    yield ("unified group 16 q_len=16", unified.unified_kernel, h16 + UNIFIED + ["*i32"],
+    yield ("unified group 16 q_len=16", unified.unified_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
            dict(GROUP=16, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=16,
                 BLOCK_N=cfg.BLOCK_N, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=0, TIMELINE=False,
                 PACK=1, ORDER_B=0, TABLE_REGS=0),
            cfg.num_warps)
-    f32 = ["*fp32"] * 3 + ["*i64", "*fp32", "*fp32", "*i32", "*i32", "*i32"]
+    f32 = ["*fp32"] * 3 + ["*i64", "*fp32", "*fp32", "*i32", "*i32", "*i32"] + NO_SCALES
     for group, q_len in ((3, 1), (3, 5)):
         BG3, BD80 = block_sizes(group * q_len, 80)
         yield (f"stage1 fp32 D=80 group {group}" + (f" q_len={q_len}" if q_len > 1 else ""), stage1.stage1_kernel,
