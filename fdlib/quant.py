@@ -40,6 +40,8 @@ SCALE_CODES = {None: 0, "tensor": 1, "head": 2, "token": 3}
 """The kernels' K_SCALE / V_SCALE constexprs (:data:`fdlib.kernels.tile.SCALE_TENSOR` ...); 0: a 16-bit cache."""
 SCALE_BYTES = 4
 """Bytes of one float32 scale."""
+SCALE_FORMS = ("a float (per tensor), a float32 tensor [H_kv] (per KV head) or a float32 tensor of the cache's shape "
+               "without D (per token and KV head)")
 
 
 def _dtype_name(dtype) -> str:
@@ -96,13 +98,13 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
     return stored, scale.contiguous()
 
 
-def dequantize_kv(stored: torch.Tensor, scale) -> torch.Tensor:
-    """``stored.float() * scale`` as float32, the scale broadcast over D (and over tokens, for a per-head scale
-    ``[H_kv]``): the cache an 8-bit cache stands for."""
+def dequantize_kv(stored: torch.Tensor, scale, dtype=torch.float32) -> torch.Tensor:
+    """``stored.float() * scale``, the scale broadcast over D (and over tokens, for a per-head scale ``[H_kv]``): the
+    cache an 8-bit cache stands for, in ``dtype`` (float32; float64 gives the exact products, for references)."""
     s = scale
     if isinstance(s, torch.Tensor):
-        s = s[:, None] if s.dim() == 1 else s[..., None]
-    return stored.float() * s
+        s = (s[:, None] if s.dim() == 1 else s[..., None]).to(dtype)
+    return stored.to(dtype) * s
 
 
 # ------------------------------------------------------------------------------------------------ checking
@@ -202,8 +204,7 @@ def check_cache(q, k_cache, v_cache, k_scale, v_scale, paged: bool = False) -> K
     for name, s, cache in (("k_scale", k_scale, k_cache), ("v_scale", v_scale, v_cache)):
         if s is None:
             raise ValueError(f"{name}: {name[0]}_cache is {_dtype_name(cache.dtype)}, an 8-bit cache: pass its scale, "
-                             f"a float (per tensor), a float32 tensor [H_kv] (per KV head) or the cache's shape "
-                             f"without D (per token and KV head); fdlib.quantize_kv returns it")
+                             f"{SCALE_FORMS}; fdlib.quantize_kv returns it")
         kinds.append(granularity_of(name, s, cache, paged))
     return KVQuant(k_cache.dtype, *kinds)
 
@@ -245,7 +246,8 @@ def check_run(kv: KVQuant | None, k_cache, v_cache, k_scale, v_scale, paged: boo
         return
     for name, s, cache, want in (("k_scale", k_scale, k_cache, kv.k), ("v_scale", v_scale, v_cache, kv.v)):
         if s is None:
-            raise ValueError(f"{name}: this plan reads an 8-bit cache ({kv}); pass its scale")
+            raise ValueError(f"{name}: {name[0]}_cache is {_dtype_name(kv.dtype)}, an 8-bit cache ({kv}): pass its "
+                             f"scale, {SCALE_FORMS}")
         got = granularity_of(name, s, cache, paged)
         if got != want:
             raise ValueError(f"{name}: this plan was made for scales per {want}, got one per {got}; make a plan "
