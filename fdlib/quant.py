@@ -78,21 +78,22 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
         raise ValueError(f"dtype: expected torch.float8_e4m3fn or torch.int8, got {dtype}")
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity: expected one of {', '.join(map(repr, GRANULARITIES))}, got {granularity!r}")
-    xf = x.float()
-    a = xf.abs()
+    a = x.abs()                 # the maxima in x's own dtype (exact), one float32 copy of x below
     if granularity == "tensor":
         amax = a.amax()
     elif granularity == "head":
         amax = a.transpose(-2, 0).reshape(x.shape[-2], -1).amax(1)        # [H_kv]
     else:
         amax = a.amax(-1)                                                 # x.shape[:-1]
-    scale = torch.where(amax > 0, amax / QMAX[dtype], torch.ones_like(amax))
-    y = xf / (scale[..., None] if granularity == "token" else scale[:, None] if granularity == "head" else scale)
+    del a
+    amax = amax.float()
     qmax = QMAX[dtype]
+    scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+    y = x.to(torch.float32, copy=True)   # never x itself (a float32 x is divided in place below)
+    y /= scale[..., None] if granularity == "token" else scale[:, None] if granularity == "head" else scale
     if dtype == torch.int8:
-        stored = torch.round(y).clamp_(-qmax, qmax).to(torch.int8)
-    else:
-        stored = y.clamp_(-qmax, qmax).to(dtype)
+        y.round_()
+    stored = y.clamp_(-qmax, qmax).to(dtype)
     if granularity == "tensor":
         return stored, float(scale)
     return stored, scale.contiguous()

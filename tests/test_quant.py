@@ -310,3 +310,46 @@ def test_quant_error_results_are_reproducible():
     again = quant_error.measure(row["data"], torch.int8, "head", **res["settings"])
     for key in ("cache_rel_err", "out_rel_err", "out_max_row_err"):
         assert math.isclose(again[key], row[key], rel_tol=1e-9), (key, again[key], row[key])
+
+
+def test_batch_invariant_8bit_rows_do_not_depend_on_their_batchmates():
+    """batch_invariant=True over an e4m3 cache with per-token scales: a sequence's out and lse are bitwise the same
+    alone and in a batch (its scales are its own rows')."""
+    B, H_q, H_kv, D, L = 3, 4, 2, 16, 40
+    q, k8, v8, ks, vs, _, _, lens, _ = kv8_problem(9, B, 1, H_q, H_kv, D, L, [40, 33, 7], torch.float8_e4m3fn,
+                                                   "token", "token")
+    out, lse = fdlib.decode_attention(q, k8, v8, lens, k_scale=ks, v_scale=vs, batch_invariant=True, return_lse=True)
+    for b in range(B):
+        o1, l1 = fdlib.decode_attention(q[b:b + 1], k8[b:b + 1], v8[b:b + 1], lens[b:b + 1], k_scale=ks[b:b + 1],
+                                        v_scale=vs[b:b + 1], batch_invariant=True, return_lse=True)
+        assert torch.equal(o1[0], out[b]) and torch.equal(l1[0], lse[b]), b
+
+
+# ------------------------------------------------------------------------------------------ the bench option
+def test_bench_kv8_dense_and_ragged_quick_runs():
+    """``python -m fdlib.bench --kv-dtype ... --kv-scale ...`` on a tiny dense grid and a tiny ragged one over pages:
+    fdlib's records are right (against the 16-bit cache the 8-bit one stands for) and carry the cache's format; the
+    bytes are what fdlib reads (1 byte an element, 4 a key and head for each per-token scale), the peers' the 16-bit
+    cache's."""
+    from fdlib.bench import harness, ragged
+    from fdlib.bench.__main__ import main
+    res = harness.run_benchmark(quick=True, L=(40,), methods=("unified", "fa2"), kv_dtype="float8_e4m3fn",
+                                kv_scale="token", ceiling=False, progress=False)
+    assert res["settings"]["kv_cache"].startswith("float8_e4m3fn cache, scales per token")
+    for r in res["records"]:
+        assert r["kv_dtype"] == "float8_e4m3fn" and r["kv_scale"] == "token"
+        per_key = 2 * r["D"] * 2 if r["kind"] == "peer" else 2 * r["D"] + 8
+        assert r["kv_bytes"] == r["B"] * r["H_kv"] * r["L"] * per_key, r
+    uni = next(r for r in res["records"] if r["method"] == "unified")
+    assert uni["status"] == "ok" and uni["rel_err"] < 1e-2, uni
+    assert uni["eager_tbs"] == pytest.approx(uni["kv_bytes"] / uni["eager_us"] / 1e6)
+    rg = ragged.run_ragged(quick=True, methods=("auto",), dists=("uniform",), page_size=16, kv_dtype="int8",
+                           kv_scale="head", ceiling=False, progress=False)
+    (r,) = rg["records"]
+    assert r["status"] == "ok" and r["rel_err"] < 1e-2 and r["kv_dtype"] == "int8" and r["kv_scale"] == "head", r
+    lens = ragged.draw_lengths("uniform", r["B"], r["mean"], 0)
+    assert r["kv_mb"] == pytest.approx(r["H_kv"] * 2 * r["D"] * sum(lens) / 1e6)
+    assert main(["--kv-scale", "head"]) == 2
+    assert main(["--qlen", "--kv-dtype", "int8"]) == 2
+    with pytest.raises(ValueError, match="--kv-dtype: expected one of float8_e4m3fn, int8, got 'fp8'"):
+        harness.run_benchmark(quick=True, kv_dtype="fp8")
