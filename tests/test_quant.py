@@ -12,6 +12,7 @@ from hypothesis import given, strategies as st
 
 import fdlib
 from fdlib import costmodel, quant
+from fdlib.exact import unified_max_attention
 from helpers import BLOCK_N, DEVICE, counters_zero, hyp_settings
 from test_qlen import assert_close_qlen
 
@@ -115,6 +116,23 @@ def test_plan_run_with_new_scales_and_values():
         ks = ks * amp   # the same stored values standing for a cache amp times larger
         out, lse = p.run(q, k8, v8, lens_t, k_scale=ks, v_scale=vs, return_lse=True)
         assert_close_qlen(out, lse, q, kd * amp, vd, lens_t, what=f"plan.run, K scale x{amp}")
+
+
+def test_strided_caches_and_scales():
+    """8-bit caches stored head-major and read as [B, L, H_kv, D] views, with per-token scales that are views of a
+    larger tensor (every stride unusual) and per-head scales of stride 2: the strides are the kernels' arguments."""
+    B, H_q, H_kv, D, L = 2, 6, 2, 32, 40
+    q, k8, v8, ks, vs, kd, vd, lens, _ = kv8_problem(4, B, 1, H_q, H_kv, D, L, [40, 19], torch.int8, "token", "head")
+    k8p = k8.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    big = torch.full((B, L + 3, H_kv + 1), float("nan"), device=DEVICE)
+    big[:, 1:L + 1, 1:] = ks
+    ks_view = big[:, 1:L + 1, 1:]
+    vs_view = torch.stack([vs, torch.full_like(vs, float("nan"))], 1).reshape(-1)[::2]
+    assert ks_view.stride() != ks.stride() and vs_view.stride() == (2,)
+    for method in ("unified", "split", "persistent", "naive"):
+        out, lse = fdlib.decode_attention(q, k8p, v8, lens, k_scale=ks_view, v_scale=vs_view, method=method,
+                                          return_lse=True)
+        assert_close_qlen(out, lse, q, kd, vd, lens, what=f"strided {method}")
 
 
 def test_per_token_scales_are_read_at_each_key_and_head():
@@ -256,6 +274,8 @@ def test_cache_and_scale_mismatches_are_named():
         fdlib.decode_attention(q.float(), k8, v8, lens, k_scale=ks, v_scale=vs)
     with pytest.raises(NotImplementedError, match="method: 'unified_max' does not read 8-bit caches yet"):
         fdlib.decode_attention(q, k8, v8, lens, k_scale=ks, v_scale=vs, method="unified_max")
+    with pytest.raises(NotImplementedError, match="k_cache/v_cache: unified_max_attention does not read 8-bit caches"):
+        unified_max_attention(q, k8, v8, lens)
     p = fdlib.plan(2, 4, 2, 16, 8, dtype=torch.float16, device=DEVICE, kv_dtype=torch.int8, k_scale="token",
                    v_scale="head")
     with pytest.raises(ValueError, match=r"k_scale: this plan was made for scales per token, got one per head; make a "
