@@ -118,6 +118,27 @@ def test_plan_run_with_new_scales_and_values():
         assert_close_qlen(out, lse, q, kd * amp, vd, lens_t, what=f"plan.run, K scale x{amp}")
 
 
+def test_packed_heads_and_longest_first_over_8bit_caches():
+    """The plans auto takes on a GPU for some shapes, forced here: adjacent KV heads read as one (per-tensor scales,
+    the only ones packed heads can share), and sequences launched longest first over pages (per-token scales)."""
+    B, H_q, H_kv, D, L = 3, 8, 4, 32, 48
+    lens = [48, 5, 31]
+    q, k8, v8, ks, vs, kd, vd, lens_t, _ = kv8_problem(12, B, 1, H_q, H_kv, D, L, lens, torch.float8_e4m3fn,
+                                                       "tensor", "tensor")
+    p = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float16, device=DEVICE, method="unified", pack_heads=True,
+                   kv_dtype=torch.float8_e4m3fn)
+    assert p.decision.pack > 1, str(p)
+    assert_close_qlen(*p.run(q, k8, v8, lens_t, k_scale=ks, v_scale=vs, return_lse=True), q, kd, vd, lens_t,
+                      what="packed heads")
+    q, k8, v8, ks, vs, kd, vd, lens_t, bt = kv8_problem(13, B, 1, H_q, H_kv, D, L, lens, torch.int8, "token", "token",
+                                                        page=16)
+    p = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float16, device=DEVICE, method="unified", longest_first=True,
+                   page_size=16, lengths=lens, kv_dtype=torch.int8, k_scale="token", v_scale="token")
+    assert p.decision.order > 0, str(p)
+    assert_close_qlen(*p.run(q, k8, v8, lens_t, block_table=bt, k_scale=ks, v_scale=vs, return_lse=True), q, kd, vd,
+                      lens_t, what="longest first")
+
+
 def test_strided_caches_and_scales():
     """8-bit caches stored head-major and read as [B, L, H_kv, D] views, with per-token scales that are views of a
     larger tensor (every stride unusual) and per-head scales of stride 2: the strides are the kernels' arguments."""
