@@ -1,7 +1,9 @@
 """``fdlib.decode_attention``: the one entry point that reaches every method.
 
 Data flow: plan (once per shape, cached: :mod:`fdlib.plan`) -> run (launch only) -> out (, lse).
-Under ``torch.compile`` the call goes through the registered op ``torch.ops.fdlib.decode_attention``.
+Under ``torch.compile`` the call goes through the registered op ``torch.ops.fdlib.decode_attention``, which runs
+the eager call with every option (``block_table``, ``batch_invariant``, ``check_lengths``, every method): a
+model step compiles with ``fullgraph=True``, paged or not, and gives the eager call's bits.
 """
 from __future__ import annotations
 
@@ -11,13 +13,41 @@ import torch
 
 from . import quant
 from .kernels.launch import heads_adjacent
-from .plan import DecodePlan, host_lengths, plan
-from .validate import check_inputs
+from .plan import DecodePlan, check_lengths_and_table, plan
+from .validate import check_inputs, check_method, check_num_splits, check_scale
 
 PLAN_CACHE_SIZE = 32
 """Plans decode_attention keeps (least recently used dropped first); each holds its workspace."""
 
 _PLANS: OrderedDict = OrderedDict()
+_FLAGS: dict = {}
+"""device -> int32 [1]: the clamp flag that every plan of decode_attention on that device shares (:func:`clamped`)."""
+
+
+def _flag(device) -> torch.Tensor:
+    flag = _FLAGS.get(device)
+    if flag is None:
+        flag = _FLAGS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return flag
+
+
+def clamped(reset: bool = True) -> bool:
+    """Whether a :func:`decode_attention` call (any method, compiled or not) clamped something on the device since
+    the last check: a device length outside 0..L_max, or a block-table entry outside the page pool that a
+    sequence's length reaches (entries past a length are never read and never flagged). The calls record it in
+    one flag a device, shared by all their plans, so it outlives the plan cache; reading it is one
+    device-to-host copy a device (a sync): call it outside the hot loop and outside CUDA-graph capture.
+    ``reset``: set the flags back to 0 after reading. A plan of your own (:func:`fdlib.plan`) keeps its flag:
+    :meth:`fdlib.plan.DecodePlan.clamped`. To raise instead, pass ``check_lengths=True``."""
+    if not isinstance(reset, bool):
+        raise TypeError(f"reset: expected a bool, got {type(reset).__name__}")
+    seen = False
+    for flag in _FLAGS.values():
+        if flag.item():
+            seen = True
+            if reset:
+                flag.zero_()
+    return seen
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
@@ -41,10 +71,13 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         block_table: int32 ``[B, max_pages]``: page j of sequence b holds its keys j·page_size ...
             (j+1)·page_size - 1, so L_max = max_pages·page_size; page_size a power of two from 1 to 256. Pages
             may be shared between sequences and listed in any order; entries past a sequence's length are
-            never read. An index outside the pool is clamped on the device (never read outside it) and
-            recorded in the plan's flag, like a clamped length.
+            never read (-1 is fine there). An index outside the pool that a length reaches is clamped on the
+            device (never read outside it) and recorded in the flag that :func:`fdlib.clamped` reads, like a
+            clamped length; ``check_lengths=True`` raises instead.
         cache_seqlens: the valid length of each sequence: int32/int64 ``[B]`` on q's device, or on the host
-            (a CPU tensor or a list of ints); default: all L_max.
+            (a CPU tensor or a list of ints); default: all L_max. Host lengths are checked on every call
+            (``ValueError`` outside 0..L_max; reading them costs no device sync); on the CPU runtime (Triton's
+            interpreter) q's device is the host, so there a CPU tensor is checked exactly as a list is.
         scale: multiplies q·k (default 1/√D).
         method: ``"auto"`` (splits from the cost model; the unified kernel, or the persistent one when every
             row is one split of a short cache and there are many rows: :func:`fdlib.splits.choose_kernel`),
@@ -57,15 +90,19 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             recomputation of rows whose logits leave the safe window: :func:`fdlib.exact.unified_max_attention`,
             φ estimated from each row's first keys; one query token, planned per call, not batch-invariant).
         num_splits: force the number of KV splits (1..256) instead of letting fdlib choose; at most one split
-            per tile of keys is launched (:func:`fdlib.kernels.config.chunk_for`).
+            per tile of keys is launched (:func:`fdlib.kernels.config.chunk_for`). ``"persistent"`` and
+            ``"streamk"`` do not cut rows into splits and take only None or 1; ``"naive"`` only None.
         return_lse: also return lse ``q.shape[:-1]`` float32 (natural log): ``[B, H_q]``, or ``[B, q_len, H_q]``
             for a 4-D q.
-        max_seqlen: a host bound on the lengths: splits are chosen as if every sequence were this long
-            (default: the cache's capacity L_max). Only speed depends on it; longer rows are still right.
-        check_lengths: read device lengths back and raise ``ValueError`` if one lies outside 0..L_max (one
-            device-to-host copy: a sync, not allowed in CUDA-graph capture). By default nothing is read:
-            such a length is clamped on the device and recorded (see :meth:`fdlib.plan.DecodePlan.clamped`;
-            :func:`plan_for` gives the plan a call uses). Host lengths are always checked, for free.
+        max_seqlen: a host bound on the lengths, a Python int in 0..L_max: splits are chosen as if every
+            sequence were this long (default: the cache's capacity L_max). Only speed depends on it; longer rows
+            are still right.
+        check_lengths: read device lengths and the block table back and raise ``ValueError`` if a length lies
+            outside 0..L_max (naming ``cache_seqlens``) or a table entry that a length reaches lies outside the
+            pool (naming ``block_table``, with the sequence, the entry, its value and the pool's size); both are
+            reduced on the device and read together: one device-to-host copy, a sync, not allowed in CUDA-graph
+            capture. By default nothing is read: such a length or page index is clamped on the device and
+            recorded in a flag that :func:`fdlib.clamped` reads. Host lengths are always checked, for free.
         batch_invariant: a sequence's out and lse are bitwise the same whatever its batchmates, the batch size,
             its place in the batch and the run (:func:`fdlib.plan.invariant_decision`: fixed tiles, chunks set
             by each row's own length, one fixed merge order: :mod:`fdlib.kernels.invariant`). The default mode is deterministic run to run for the same batch.
@@ -86,26 +123,25 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         raise TypeError("validate: this argument is gone. Calls never read lengths back now (graph-safe by "
                         "default); pass check_lengths=True to check device lengths on the host, and max_seqlen= "
                         "to choose splits for a known bound")
+    if torch.compiler.is_compiling():
+        if k_scale is not None or v_scale is not None:
+            raise NotImplementedError("k_scale/v_scale: the torch.compile op takes 16-bit caches only (for now)")
+        return _compiled_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits,
+                              return_lse, max_seqlen, check_lengths, batch_invariant)
     if method == "unified_max":
         if k_scale is not None or v_scale is not None or getattr(k_cache, "dtype", None) in quant.KV_DTYPES:
             raise NotImplementedError("method: 'unified_max' does not read 8-bit caches yet; pass another method "
                                       "(every other one takes k_scale/v_scale)")
         return _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, return_lse,
                             max_seqlen, check_lengths, batch_invariant)
-    if torch.compiler.is_compiling():
-        if block_table is not None:
-            raise NotImplementedError("block_table: the torch.compile op takes contiguous caches only (for now)")
-        if k_scale is not None or v_scale is not None:
-            raise NotImplementedError("k_scale/v_scale: the torch.compile op takes 16-bit caches only (for now)")
-        return _compiled_call(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, max_seqlen)
     p = plan_for(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, method=method,
                  num_splits=num_splits, return_lse=return_lse, max_seqlen=max_seqlen, batch_invariant=batch_invariant,
                  k_scale=k_scale, v_scale=v_scale)
     if check_lengths is not False:
         if check_lengths is not True:
             raise TypeError(f"check_lengths: expected a bool, got {type(check_lengths).__name__}")
-        if isinstance(cache_seqlens, torch.Tensor):
-            host_lengths(cache_seqlens.cpu(), p.B, p.L_max, p.device)   # the one device-to-host read
+        check_lengths_and_table(cache_seqlens, block_table, q.shape[0], p.L_max, p.page_size,
+                                k_cache.shape[0], p.device)   # the one device-to-host read
         quant.check_values("k_scale", k_scale)
         quant.check_values("v_scale", v_scale)
     try:
@@ -132,7 +168,8 @@ def _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spl
         raise ValueError(f"q: method='unified_max' takes one query token ([B, H_q, D] or [B, 1, H_q, D]), got "
                          f"{list(q.shape)}")
     return unified_max_attention(q, k_cache, v_cache, cache_seqlens, scale=scale, num_splits=num_splits,
-                                 block_table=block_table, return_lse=return_lse)
+                                 block_table=block_table, return_lse=return_lse,
+                                 clamp_flag=_flag(q.device) if isinstance(q, torch.Tensor) else None)
 
 
 def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
@@ -141,10 +178,12 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
     """The cached plan :func:`decode_attention` runs for these arguments (made and checked on first use)."""
     try:
         adjacent = heads_adjacent(k_cache, k_cache.shape[-1]) and heads_adjacent(v_cache, v_cache.shape[-1])
-        key = (q.shape, k_cache.shape, q.dtype, q.device, scale, method, num_splits, max_seqlen,
-               None if block_table is None else block_table.shape, batch_invariant,
-               q.shape[1] if q.dim() == 4 else 1, k_cache.dtype, quant.scale_key(k_scale), quant.scale_key(v_scale),
-               adjacent)
+        # the options' types too: True == 1 == 1.0 hash alike, and a cached plan must not accept what a fresh
+        # one refuses (scale=True, num_splits=True, max_seqlen=5.0 or numpy's int64(5))
+        key = (q.shape, k_cache.shape, q.dtype, q.device, scale, type(scale), method, num_splits, type(num_splits),
+               max_seqlen, type(max_seqlen), None if block_table is None else block_table.shape, batch_invariant,
+               type(batch_invariant), q.shape[1] if q.dim() == 4 else 1, k_cache.dtype,
+               quant.scale_key(k_scale), quant.scale_key(v_scale), adjacent)
         p = _PLANS.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: the checks say which
         key, p = None, None
@@ -160,7 +199,7 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
              scale=scale, method=method, num_splits=num_splits, page_size=pr.page_size or None,
              batch_invariant=batch_invariant, q_len=pr.q_len,
              pack_heads=None if key is None or key[-1] else False,   # packed heads need them side by side
-             kv_dtype=kv and kv.dtype, k_scale=kv and kv.k, v_scale=kv and kv.v)
+             clamp_flag=_flag(q.device), kv_dtype=kv and kv.dtype, k_scale=kv and kv.k, v_scale=kv and kv.v)
     _PLANS[key] = p
     while len(_PLANS) > PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)
@@ -170,23 +209,42 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
 # ------------------------------------------------------------------------------------------ torch.compile
 @torch.library.custom_op("fdlib::decode_attention", mutates_args=())
 def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
-               scale: float | None, method: str, num_splits: int | None,
-               max_seqlen: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.ops.fdlib.decode_attention``: (out, lse) of :func:`decode_attention`, as an opaque op."""
-    return decode_attention(q, k_cache, v_cache, cache_seqlens, scale=scale, method=method, num_splits=num_splits,
-                            return_lse=True, max_seqlen=max_seqlen)
+               scale: float | None, method: str, num_splits: int | None, max_seqlen: int | None,
+               block_table: torch.Tensor | None = None, batch_invariant: bool = False,
+               check_lengths: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.fdlib.decode_attention``: (out, lse) of :func:`decode_attention` with these options, as an
+    opaque op: it runs the eager call itself, so every option, the checks (``check_lengths``: its one read, and
+    its ValueError raised when the compiled code runs) and the clamp flag (:func:`fdlib.clamped`) are the eager
+    call's."""
+    return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, method=method,
+                            num_splits=num_splits, return_lse=True, max_seqlen=max_seqlen,
+                            check_lengths=check_lengths, batch_invariant=batch_invariant)
 
 
 @_decode_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, max_seqlen):
+def _(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, max_seqlen, block_table=None,
+      batch_invariant=False, check_lengths=False):
     """Shapes only: out like q, lse q.shape[:-1] float32 ([B, H_q], or [B, q_len, H_q] for a 4-D q)."""
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-def _compiled_call(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, max_seqlen):
+def _compiled_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits, return_lse,
+                   max_seqlen, check_lengths, batch_invariant):
+    """:func:`decode_attention` under ``torch.compile``: the options the op's schema would coerce (True for an
+    int, an int for a float) are checked here, as the eager call checks them; the rest is the op's."""
+    for name, flag in (("return_lse", return_lse), ("check_lengths", check_lengths),
+                       ("batch_invariant", batch_invariant)):
+        if flag is not True and flag is not False:
+            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    if method != "unified_max":
+        check_method(method)
+        check_num_splits(num_splits, method)
+    if scale is not None:
+        scale = check_scale(scale, 1)
+    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int)):
+        raise TypeError(f"max_seqlen: expected an int or None, got {type(max_seqlen).__name__}")
     if isinstance(cache_seqlens, (list, tuple)):
         cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32)
-    out, lse = torch.ops.fdlib.decode_attention(q, k_cache, v_cache, cache_seqlens,
-                                                None if scale is None else float(scale), method, num_splits,
-                                                max_seqlen)
+    out, lse = torch.ops.fdlib.decode_attention(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits,
+                                                max_seqlen, block_table, batch_invariant, check_lengths)
     return (out, lse) if return_lse else out

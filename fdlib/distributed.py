@@ -81,13 +81,20 @@ lengths must be a device tensor; and, as NCCL documents, capture and every repla
 of the group capture the same step and replay their graphs together. ``tools/cp_decode_case.py`` tries it
 on real GPUs. With gloo (CPU tensors) there is no stream and no graph: the calls block until done.
 
-What one rank cannot check: that every rank passes the same B, H_q, D and dtype. The collectives' sizes
-must match across the group; a mismatch is an error or a hang of the backend, which only another
-collective could detect.
+**The ranks agree on the shapes** (``check_shapes``). The collectives' sizes must match across the group: with a
+batch of 3 on one rank and 2 on another, gloo may return wrong numbers on one rank while the other fails. One
+rank cannot see another's shapes, so the check is one more, small collective: every rank all-gathers
+(B, q_len, H_q, D, dtype, merge) and compares them, and on a mismatch **every** rank raises the same
+``ValueError`` naming each rank's shapes, before any collective of the merge (the group stays usable). It
+reads the gathered shapes back (a sync, not allowed in CUDA-graph capture), so by default
+(``check_shapes=None``) it runs on a group's first call in each process only (the eager step that comes before
+any capture; all ranks make their first call together, so they all check it); ``True`` checks every call,
+``False`` never. A call made while a CUDA graph is being captured skips the default check (and leaves it due).
 """
 from __future__ import annotations
 
 import re
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -101,6 +108,58 @@ NEG_INF = float("-inf")
 MERGES = ("allgather", "allreduce")
 DEFAULT_MERGE = "allgather"
 """One collective instead of two (module docstring); ``tools/cp_decode_case.py`` measures both on 2 GPUs."""
+
+
+# ---------------------------------------------------------------------------------- the ranks' shapes
+_CHECKED: weakref.WeakSet = weakref.WeakSet()
+"""Process groups whose ranks have compared their shapes (``check_shapes=None`` checks a group's first call)."""
+_SIGNATURE = ("B", "q_len", "H_q", "D", "dtype", "merge")
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _signature(t: torch.Tensor, merge: str) -> list[int]:
+    """(B, q_len, H_q, D, dtype, merge) of a ``[B, H_q, D]`` or ``[B, q_len, H_q, D]`` tensor, as ints (a tensor
+    of another rank: (-its rank, 0, 0, 0, ...), so the ranks still gather together and it is named)."""
+    dtype = _DTYPES.index(t.dtype) + 1 if t.dtype in _DTYPES else 0
+    if t.dim() not in (3, 4):
+        return [-t.dim(), 0, 0, 0, dtype, MERGES.index(merge)]
+    return [t.shape[0], t.shape[1] if t.dim() == 4 else 1, t.shape[-2], t.shape[-1], dtype, MERGES.index(merge)]
+
+
+def _describe(sig) -> str:
+    B, q_len, H_q, D, dtype, merge = sig
+    name = str(_DTYPES[dtype - 1])[6:] if 0 < dtype <= len(_DTYPES) else "another dtype"
+    shape = f"a {-B}-D tensor" if B < 0 else f"B={B}, q_len={q_len}, H_q={H_q}, D={D}"
+    return f"{shape}, {name}, merge={MERGES[merge]!r}"
+
+
+def _check_ranks_agree(t: torch.Tensor, merge: str, group, check_shapes, name: str, caller: str) -> None:
+    """``check_shapes`` (module docstring): all-gather every rank's (B, q_len, H_q, D, dtype, merge) and raise
+    the same ``ValueError`` on every rank if they differ. None: on the group's first call in this process."""
+    if check_shapes is not None and not isinstance(check_shapes, bool):
+        raise TypeError(f"check_shapes: expected None, True or False, got {type(check_shapes).__name__}")
+    if check_shapes is False:
+        return
+    key = group if group is not None else dist.group.WORLD
+    if check_shapes is None and key in _CHECKED:
+        return
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        if check_shapes:
+            raise RuntimeError("check_shapes: True reads the ranks' shapes back, which CUDA-graph capture does not "
+                               "allow; check in an eager step before capture (the default, None, does)")
+        return
+    mine = torch.tensor(_signature(t, merge), dtype=torch.int64, device=t.device)
+    world = dist.get_world_size(group)
+    every = torch.empty(world * mine.numel(), dtype=torch.int64, device=t.device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # renamed in torch 2.10
+    gather(every, mine, group=group)
+    rows = every.view(world, mine.numel()).tolist()                                     # the one read
+    if any(row != rows[0] for row in rows):
+        ranks = [dist.get_global_rank(group, i) if group is not None else i for i in range(world)]
+        said = "; ".join(f"rank {r}: {_describe(row)}" for r, row in zip(ranks, rows))
+        raise ValueError(f"{name}: the ranks of the group called {caller} with different shapes ({said}); every "
+                         f"rank must pass the same {', '.join(_SIGNATURE)}, each holding its own keys")
+    _CHECKED.add(key)
 
 
 # ----------------------------------------------------------------------------------------- the merge
@@ -181,7 +240,8 @@ def merge_stacked(o: torch.Tensor, lse: torch.Tensor):
     return out.squeeze(0).to(o.dtype), lse_out.squeeze(0).reshape(lse_shape[1:])
 
 
-def merge_partials(o: torch.Tensor, lse: torch.Tensor, group=None, *, merge: str = DEFAULT_MERGE):
+def merge_partials(o: torch.Tensor, lse: torch.Tensor, group=None, *, merge: str = DEFAULT_MERGE,
+                   check_shapes: bool | None = None):
     r"""Merge the partials (O_r, lse_r) of every rank of ``group`` (default: the default process group).
 
     Math (module docstring): :math:`m = \max_r \text{lse}_r`, :math:`w_r = e^{\text{lse}_r - m}` (0 where
@@ -198,6 +258,9 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor, group=None, *, merge: str
         merge: ``"allgather"``: one all-gather of the packed ``[B, …, H_q, D + 1]`` partials, then the merge
             on every rank over all of them; ``"allreduce"``: ``all_reduce(MAX)`` of lse, then one
             ``all_reduce(SUM)`` of the weighted outputs and weights packed together. In float32 either way.
+        check_shapes: compare every rank's (B, q_len, H_q, D, dtype, merge) first, one small all-gather, and
+            raise ``ValueError`` on every rank if they differ (module docstring): None (default) on the group's
+            first call in this process, True on every call, False never; the same on every rank.
 
     Returns ``(out, lse)``: out like o (shape and dtype), lse float32 (float64 if o is float64) shaped like the
     lse given, identical on every rank. o and lse are not modified.
@@ -206,6 +269,7 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor, group=None, *, merge: str
         raise ValueError(f"merge: expected one of {', '.join(map(repr, MERGES))}, got {merge!r}")
     o, lse3, lse_shape = _check_partials(o, lse, stacked=False)
     _check_group(group)
+    _check_ranks_agree(o, merge, group, check_shapes, "o", "merge_partials")
     if merge == "allgather":
         out, lse_out = _gather_merge(o, lse3, group)
     else:
@@ -356,7 +420,8 @@ def decode_slice(q, k_slice, v_slice, slice_seqlens=None, *, cache_seqlens=None,
 
 
 def decode_attention_cp(q, k_slice, v_slice, slice_seqlens=None, *, cache_seqlens=None, slice_start=None,
-                        group=None, merge: str = DEFAULT_MERGE, return_lse=False, **kwargs):
+                        group=None, merge: str = DEFAULT_MERGE, return_lse=False, check_shapes: bool | None = None,
+                        **kwargs):
     r"""Decode attention with each sequence's KV cache spread over the ranks of ``group`` (context parallel).
 
     Rank r decodes its slice, :math:`(O_r, \text{lse}_r)` = :func:`decode_slice` (for one query token
@@ -383,20 +448,27 @@ def decode_attention_cp(q, k_slice, v_slice, slice_seqlens=None, *, cache_seqlen
         merge: ``"allgather"`` or ``"allreduce"`` (:func:`merge_partials`); the same on every rank.
         return_lse: also return lse (``[B, H_q]``; ``[B, q_len, H_q]`` for a q with q_len > 1) float32,
             log Σ over all ranks' keys.
+        check_shapes: before anything else, compare every rank's (B, q_len, H_q, D, dtype, merge), one small
+            all-gather read back, and raise ``ValueError`` on every rank, naming each rank's shapes, if they
+            differ (module docstring): None (default) on the group's first call in this process (the eager step
+            before any CUDA-graph capture), True on every call, False never; the same on every rank.
         **kwargs: passed to :func:`fdlib.decode_attention` (scale, method, num_splits, max_seqlen,
             block_table, check_lengths); ``scale`` defaults to 1/√D on every rank alike.
 
     Returns out like q (and lse), identical on every rank; a row that sees no key on any rank gives 0
-    (lse −∞). Every rank must call it (the merge is collective) with the same B, q_len, H_q, D, dtype and merge.
+    (lse −∞). Every rank must call it (the merge is collective) with the same B, q_len, H_q, D, dtype and merge;
+    ``check_shapes`` checks that.
     """
     if return_lse is not True and return_lse is not False:
         raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
     if merge not in MERGES:
         raise ValueError(f"merge: expected one of {', '.join(map(repr, MERGES))}, got {merge!r}")
     _check_group(group)
+    if isinstance(q, torch.Tensor):   # else decode_slice names what is wrong, locally
+        _check_ranks_agree(q, merge, group, check_shapes, "q", "decode_attention_cp")
     o_r, lse_r = decode_slice(q, k_slice, v_slice, slice_seqlens, cache_seqlens=cache_seqlens,
                               slice_start=slice_start, **kwargs)
-    out, lse = merge_partials(o_r, lse_r, group, merge=merge)
+    out, lse = merge_partials(o_r, lse_r, group, merge=merge, check_shapes=False)
     out = out.to(q.dtype)
     return (out, lse) if return_lse else out
 

@@ -47,6 +47,7 @@ point and :func:`run_unified_max` the launch-only one a plan calls.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -263,7 +264,7 @@ def run_unified_max(q, k, v, lens, *, scale, phi, window, out, lse, num_splits, 
 
 def unified_max_attention(q, k_cache, v_cache, cache_seqlens=None, *, phi=None, scale=None, window=None,
                           num_splits=None, block_table=None, return_lse: bool = False, return_stats: bool = False,
-                          reduce: str = "ticket"):
+                          reduce: str = "ticket", clamp_flag=None):
     r"""Decode attention with FlashDecoding++'s unified-max softmax, exact on every row.
 
     .. math:: O_{b,h} = \frac{\sum_{j<L_b} e^{s_j-\varphi}\,v_j}{\sum_{j<L_b} e^{s_j-\varphi}},\qquad
@@ -283,8 +284,11 @@ def unified_max_attention(q, k_cache, v_cache, cache_seqlens=None, *, phi=None, 
             ``marked`` (bool ``[B, H_q]`` on the CPU: the rows recomputed), ``recompute_rate`` (marked / rows
             with at least one key), ``phi``, ``window``, ``splits``, ``reduce`` (reads the marks: a sync).
         reduce: ``"ticket"`` (deterministic) or ``"atomic"`` (:mod:`fdlib.kernels.unified_max`).
+        clamp_flag: an int32 ``[1]`` tensor on q's device that the call sets to 1 when it clamps a device length
+            or a used page index (default: the call's own, dropped with it); :func:`fdlib.decode_attention` passes
+            the flag that :func:`fdlib.clamped` reads.
     """
-    from .plan import decide, host_lengths
+    from .plan import check_length_values, decide, host_lengths
     from .quant import is_8bit
     from .validate import check_inputs
     if is_8bit(k_cache) or is_8bit(v_cache):
@@ -301,6 +305,8 @@ def unified_max_attention(q, k_cache, v_cache, cache_seqlens=None, *, phi=None, 
     if cache_seqlens is None:
         lens = torch.full((B,), L_max, dtype=torch.int32, device=device)
     elif isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.device == device:
+        if device.type == "cpu":   # on the host (Triton's interpreter): checked as a list is, as plan.run does
+            check_length_values(cache_seqlens, L_max)
         lens = cache_seqlens.contiguous()
     else:
         host = host_lengths(cache_seqlens, B, L_max, device)
@@ -322,6 +328,11 @@ def unified_max_attention(q, k_cache, v_cache, cache_seqlens=None, *, phi=None, 
     d = decide(B, H_q, H_kv, D, L_max, q.dtype, method="unified", num_splits=num_splits,
                lengths=None if host is None else tuple(host.tolist()))
     ws = make_workspace(B, H_q, H_kv, D, d.splits, device, reduce)
+    if clamp_flag is not None:
+        if (not isinstance(clamp_flag, torch.Tensor) or clamp_flag.dtype != torch.int32
+                or tuple(clamp_flag.shape) != (1,) or clamp_flag.device != device):
+            raise ValueError(f"clamp_flag: expected an int32 tensor [1] on {device}")
+        ws = dataclasses.replace(ws, flag=clamp_flag)
     out3 = torch.empty_like(q3)
     lse = torch.empty((B, H_q), dtype=torch.float32, device=device)
     launch = _launchers(q.dtype, H_q // H_kv, D, d.splits, d.tile, pr.page_size, reduce)

@@ -51,6 +51,8 @@ _BUSY = "#1b7837"
 
 
 _TILE_PX = 6
+_MAP_TITLE = dict(fontsize=9, pad=9)
+"""A wave's title: clear of its squares (pad in points) and of the subtitle above."""
 
 
 def _tiles(a: np.ndarray) -> np.ndarray:
@@ -64,7 +66,7 @@ def _tiles(a: np.ndarray) -> np.ndarray:
 class _Canvas:
     """One figure and its artists; :meth:`update` changes data, colours and text in place."""
 
-    FIGSIZE = (10.0, 6.4)
+    FIGSIZE = (10.0, 6.8)
 
     def __init__(self, figure=None, dpi=80):
         import matplotlib
@@ -76,7 +78,7 @@ class _Canvas:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             FigureCanvasAgg(self.fig)
         gs = self.fig.add_gridspec(2, 3, height_ratios=[1.0, 1.15], hspace=0.45, wspace=0.12,
-                                   left=0.08, right=0.97, top=0.86, bottom=0.09)
+                                   left=0.08, right=0.97, top=0.85, bottom=0.085)
         curve_gs = gs[1, :].subgridspec(1, 2, width_ratios=[2.3, 1.0], wspace=0.02)  # curve | its legend
         self.cmap = LinearSegmentedColormap.from_list("sm", [_IDLE, "#a6dba0", _BUSY]).with_extremes(bad="white")
         self.maps, self.images = [], []
@@ -87,7 +89,7 @@ class _Canvas:
             ax.set_axis_off()     # no ticks to lay out: tiles are separated by white pixels in the image itself
             self.maps.append(ax)
             self.images.append(im)
-        self.maps[0].text(-0.04, 0.5, f"SMs ({COLUMNS} per row)", rotation=90, ha="right", va="center",
+        self.map_label = self.maps[0].text(-0.04, 0.5, f"SMs ({COLUMNS} per row)", rotation=90, ha="right", va="center",
                           transform=self.maps[0].transAxes, fontsize=9)
         self.empty = [ax.text(0.5, 0.5, "", ha="center", va="center", transform=ax.transAxes, fontsize=10,
                               color="0.4") for ax in self.maps]
@@ -119,7 +121,7 @@ class _Canvas:
         (self.recorded_pts,) = ax.plot([], [], "s", color="#762a83", ms=6, mfc="none", mew=1.5, label="recorded")
         self.legend = None
         self.suptitle = self.fig.suptitle("", fontsize=11)
-        self.subtitle = self.fig.text(0.5, 0.905, "", ha="center", fontsize=9, color="0.25")
+        self.subtitle = self.fig.text(0.5, 0.925, "", ha="center", fontsize=9, color="0.25")
 
     def _set_grid_shape(self, sms: int):
         rows = -(-sms // COLUMNS)
@@ -152,22 +154,23 @@ class _Canvas:
                 im.set_visible(True)
                 busy = int((grids[i] > 0).sum())
                 tail = " (tail)" if w == sched.waves - 1 and sched.waves > 1 else ""
-                ax.set_title(f"wave {w + 1} of {sched.waves}{tail}: {busy}/{sms} SMs busy", fontsize=9)
+                ax.set_title(f"wave {w + 1} of {sched.waves}{tail}: {busy}/{sms} SMs busy", **_MAP_TITLE)
                 self.empty[i].set_text("")
             else:
                 im.set_visible(False)
-                ax.set_title("", fontsize=9)
+                ax.set_title("", **_MAP_TITLE)
                 self.empty[i].set_text(f"no wave {i + 1}\n(the launch has {sched.waves})")
         self.cbar.set_ticks(sorted({0, r} | ({r // 2} if r > 3 else set(range(r + 1)))))
         if len(waves) < sched.waves:
-            self.maps[1].set_title(self.maps[1].get_title() + f"  …  {sched.waves - 3} more", fontsize=9)
+            self.maps[1].set_title(self.maps[1].get_title() + f"  …  {sched.waves - 3} more", **_MAP_TITLE)
 
         xs = [int(c.splits) for c in ex.candidates]
         ts = [float(c.time_us) for c in ex.candidates]
         self.model_line.set_data(xs, ts)
         self.model_line.set_label("predicted (cost model)")
         self.chosen_pt.set_data([summ.chosen_splits], [summ.chosen_us])
-        self.chosen_pt.set_label(f"cost model's choice: {summ.chosen_splits} splits, {summ.chosen_us:.1f} µs")
+        self.chosen_pt.set_label(f"cost model's choice: {summ.chosen_splits} split{'s' if summ.chosen_splits != 1 else ''}, "
+                                 f"{summ.chosen_us:.1f} µs")
         self.current_pt.set_data([summ.splits_used], [summ.predicted_us])
         self.current_pt.set_label(f"this setting: {summ.splits_used} split{'s' if summ.splits_used != 1 else ''}, "
                                   f"{summ.predicted_us:.1f} µs")
@@ -283,9 +286,9 @@ def _make_explorer_class():
             check_shape(B, H_q, H_kv, L, splits, D, dtype_bytes)
             ragged_lengths(dist, 1, 1)          # ValueError naming dist unless it is one of the histograms
             grp = H_q // H_kv
-            style = {"description_width": "110px"}
-            lay = W.Layout(width="420px")
-            tstyle = {"description_width": "110px", "button_width": "auto"}
+            style = {"description_width": "135px"}    # the longest label, "query tokens q_len", whole
+            lay = W.Layout(width="405px")
+            tstyle = {"description_width": "135px", "button_width": "auto"}
             c = self.controls = {
                 "B": W.SelectionSlider(options=_with(B_OPTIONS, B), value=B, description="batch B", style=style,
                                        layout=lay),
@@ -309,7 +312,7 @@ def _make_explorer_class():
                                            description="kernel", style=tstyle),
             }
             self._gpu_obj = {g.name: g}
-            self.readout = W.HTML(layout=W.Layout(width="480px"))
+            self.readout = W.HTML(layout=W.Layout(width="425px"))
             self.image = W.Image(format="png", layout=W.Layout(width="800px"))
             self.image.add_class("fdlib-explorer-image")
             self.readout.add_class("fdlib-explorer-readout")
@@ -329,8 +332,9 @@ def _make_explorer_class():
                                      "so recorded results are shown instead</i>")
             for w in c.values():
                 w.observe(self._on_change, names="value")
-            left = W.VBox([*c.values(), self.button, self.status], layout=W.Layout(width="440px"))
-            super().__init__([W.HBox([left, self.readout]), self.image])
+            left = W.VBox([*c.values(), self.button, self.status], layout=W.Layout(width="420px"))
+            # in a narrow window the readout goes under the controls instead of squeezing them
+            super().__init__([W.HBox([left, self.readout], layout=W.Layout(flex_flow="row wrap")), self.image])
             self.add_class("fdlib-explorer")
             self.update()
 

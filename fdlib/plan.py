@@ -32,7 +32,9 @@ The lengths a plan is made for are a performance hint, never a correctness condi
 A row longer than the plan's L_cap is still covered (the last split runs to the row's end; it is only
 slower). Lengths on the device outside 0..L_max are clamped there, so no kernel reads outside the cache,
 and the plan's flag records it: :meth:`DecodePlan.clamped` reads the flag (one device-to-host copy, done
-only when the caller asks). Host lengths out of range raise ``ValueError`` at once.
+only when the caller asks). Host lengths (a list, or a tensor in CPU memory) out of range raise ``ValueError``
+at once, on every call: reading them costs no device sync. On the CPU runtime (Triton's interpreter) q's device
+is the host, so there a CPU tensor of lengths is checked exactly as a list is (and read in place by the kernels).
 
 Several query tokens per sequence (speculative decoding): ``plan(..., q_len=k)`` takes q ``[B, k, H_q, D]``;
 query t of sequence b sees keys 0 … L_b − k + t (the k new tokens are already in the cache, causal among
@@ -65,7 +67,7 @@ from .reference import naive_attention
 from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
                      one_wave_suits, order_hint, persistent_per_sm, sm_count)
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits,
-                       check_page_size, check_page_strides, check_q_len, check_scale, shape_str)
+                       check_page_size, check_page_strides, check_pool, check_q_len, check_scale, shape_str)
 
 KERNELS = ("unified", "split", "persistent", "balanced", "streamk", "invariant", "naive")
 
@@ -355,7 +357,7 @@ class Workspace:
     o_part: torch.Tensor | None      # [B, q_len, H_q, splits, D] float32 (balanced: [items, q_len, H_q, D])
     lse_part: torch.Tensor | None    # [B, q_len, H_q, splits] float32 (balanced: [q_len, H_q, items])
     counters: torch.Tensor | None    # [B·H_kv] int32, zero between calls (the unified kernel resets them)
-    flag: torch.Tensor               # [1] int32: 1 once a device length was clamped to 0..L_max
+    flag: torch.Tensor               # [1] int32: 1 once a device length or a page index was clamped (may be shared)
     lse: torch.Tensor                # [B, q_len, H_q] float32, for calls that do not ask for lse
     full_lengths: torch.Tensor       # [B] int32, all L_max: calls that pass no cache_seqlens
     order: torch.Tensor | None = None   # [ORDER_B] int32 right before counters, in their buffer: the order to check
@@ -451,20 +453,22 @@ class DecodePlan:
                 f"{self.workspace.nbytes()} bytes")
 
     # ------------------------------------------------------------------------------------------- run
-    def run(self, q, k_cache, v_cache, cache_seqlens=None, out=None, lse=None, *, block_table=None,
+    def run(self, q, k_cache, v_cache, cache_seqlens=None, *, out=None, lse=None, block_table=None,
             return_lse: bool = False, timeline=None, k_scale=None, v_scale=None):
         """Attention of ``q`` ``[B', H_q, D]`` (or ``[B', q_len, H_q, D]`` with the plan's q_len, which may be 1;
         B' <= the planned B) against
         ``k_cache``/``v_cache`` ``[B', L_max, H_kv, D]`` (a paged plan: pages ``[n_pages, page_size, H_kv, D]``
         and ``block_table`` int32 ``[B', L_max / page_size]``) with ``cache_seqlens`` (int32/int64 ``[B']`` on
-        the device, or host lengths: a list or a CPU tensor; None: all L_max). Writes ``out`` (q's shape and dtype)
+        the device, or host lengths: a list or a CPU tensor, checked on every call, on the CPU runtime too; None:
+        all L_max). Writes ``out`` (q's shape and dtype)
         and ``lse`` (``q.shape[:-1]`` float32: ``[B', H_q]`` or ``[B', q_len, H_q]``) when given, else returns new
         ones. Query t of sequence b sees keys 0 … L_b − q_len + t (the new tokens are already in the cache).
         Returns ``out``, or
         ``(out, lse)`` when ``return_lse`` or ``lse`` is given. Launches only (see the module doc).
         ``timeline``: a buffer from :meth:`timeline_buffer` (GPU only): the launch records each program's SM and
-        start and end times in it (see the class doc). ``k_scale``, ``v_scale``: an 8-bit plan's scales
-        (:mod:`fdlib.quant`), of the granularities it was made for.
+        start and end times in it (see the class doc). Everything after ``cache_seqlens`` is keyword-only
+        (``out=``, ``lse=``, ``block_table=``, ...), so a table can never land in ``out`` by position.
+        ``k_scale``, ``v_scale``: an 8-bit plan's scales (:mod:`fdlib.quant`), of the granularities it was made for.
 
         A call laid out like an earlier checked one (the same shapes, strides, dtypes and devices of every
         tensor argument, and the same arguments left out) replays that call's launches with the new tensors'
@@ -479,10 +483,13 @@ class DecodePlan:
                 pass
             steps = self._replays.get(key)
             if steps is not None:
+                if cache_seqlens is not None and self.device.type == "cpu":   # on the host: checked every call
+                    check_length_values(cache_seqlens, self.L_max)
                 want_lse = return_lse or lse is not None
                 out_t, lse_t = self._outputs(q, out, lse, want_lse)
                 lens = self.workspace.full_lengths if cache_seqlens is None else cache_seqlens
-                if replay(steps, (q, k_cache, v_cache, lens, out_t, lse_t, block_table, *quant.tensors(k_scale, v_scale))):
+                if replay(steps, (q, k_cache, v_cache, lens, out_t, lse_t, block_table,
+                                  *quant.tensors(k_scale, v_scale))):
                     return (out_t, lse_t) if want_lse else out_t
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             if not isinstance(t, torch.Tensor):
@@ -501,6 +508,8 @@ class DecodePlan:
             for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
                 if (t.dim() != 4 or t.shape[1:] != kv_shape or t.shape[0] < 1 or t.dtype != self._kv_dtype
                         or t.device != self.device or t.stride(-1) != 1 and self.D > 1):
+                    if isinstance(t, torch.Tensor) and t.dim() == 4:
+                        check_pool(name, t)
                     self._mismatch(name, t, B)
                 check_page_strides(name, t, self.page_size)
                 self._check_pack(name, t)
@@ -531,7 +540,8 @@ class DecodePlan:
         self._launch(q, k_cache, v_cache, lens, out, lse, block_table, times, calls, k_scale, v_scale)
         if calls and lens is (self.workspace.full_lengths if cache_seqlens is None else cache_seqlens):
             ws = self.workspace
-            steps = record(calls, (q, k_cache, v_cache, lens, out, lse, block_table, *quant.tensors(k_scale, v_scale)),
+            steps = record(calls, (q, k_cache, v_cache, lens, out, lse, block_table,
+                                   *quant.tensors(k_scale, v_scale)),
                            tuple(t for t in vars(ws).values() if t is not None))
             if steps is not None:
                 if len(self._replays) >= 64:   # layouts seen: a bound, not a cache of lengths or pointers
@@ -580,8 +590,8 @@ class DecodePlan:
             compiled = go[0](*unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse,
                                            ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times, d.pack, scales))
             if compiled is not None:
-                remember_resources(compiled, self.kv or self.dtype, self.D * d.pack, self.H_q // self.H_kv * self.q_len * d.pack,
-                                   d.tile)
+                remember_resources(compiled, self.kv or self.dtype, self.D * d.pack,
+                                   self.H_q // self.H_kv * self.q_len * d.pack, d.tile)
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.per_program, d.splits, out,
                                                lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times,
@@ -615,7 +625,8 @@ class DecodePlan:
             if bt is not None:   # gather the pages into [B, L_max, H_kv, D]; indices clamped to the pool
                 n = k_cache.shape[0]
                 idx = bt.long().clamp(0, n - 1)
-                ws.flag.copy_(torch.maximum(ws.flag, (idx != bt).any().to(torch.int32)))
+                used = torch.arange(bt.shape[1], device=bt.device) * self.page_size < clamped[:, None]
+                ws.flag.copy_(torch.maximum(ws.flag, ((idx != bt) & used).any().to(torch.int32)))   # as the kernels
                 k_cache = k_cache[idx].reshape(q.shape[0], self.L_max, self.H_kv, self.D)
                 v_cache = v_cache[idx].reshape(q.shape[0], self.L_max, self.H_kv, self.D)
             o, l = naive_attention(q, k_cache, v_cache, clamped, self.scale)
@@ -671,13 +682,18 @@ class DecodePlan:
         return self._timeline["go"]
 
     def _lengths(self, cache_seqlens, B):
-        """The lengths as the kernels read them: a dense int32/int64 tensor on the plan's device."""
+        """The lengths as the kernels read them: a dense int32/int64 tensor on the plan's device. Lengths on the
+        host (a list, or a CPU tensor) are checked, ``ValueError`` for one outside 0..L_max: reading them costs no
+        device sync. A CPU plan's (Triton's interpreter) device is the host, so there a tensor is both: the kernels
+        read it where it is, and it is checked as a list is."""
         if cache_seqlens is None:
             return self.workspace.full_lengths
         if isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.device == self.device:
             if cache_seqlens.dtype not in (torch.int32, torch.int64) or cache_seqlens.shape != (B,):
                 raise ValueError(f"cache_seqlens: expected an int32 or int64 tensor of shape [{B}], got "
                                  f"{cache_seqlens.dtype} {list(cache_seqlens.shape)}")
+            if self.device.type == "cpu":
+                check_length_values(cache_seqlens, self.L_max)
             # the kernels read LENS + b: a strided view costs one copy (a kernel launch, captured in a graph)
             return cache_seqlens if cache_seqlens.stride(0) == 1 or B == 1 else cache_seqlens.contiguous()
         host = host_lengths(cache_seqlens, B, self.L_max, self.device)
@@ -720,8 +736,11 @@ class DecodePlan:
 
     # ----------------------------------------------------------------------------------------- checks
     def clamped(self, reset: bool = True) -> bool:
-        """Whether a device length outside 0..L_max was clamped since the last check (reads the flag: one
-        device-to-host copy, so call it outside the hot loop and outside graph capture)."""
+        """Whether a device length outside 0..L_max, or a block-table entry outside the pool that a length
+        reaches, was clamped since the last check (reads the flag: one device-to-host copy, so call it outside
+        the hot loop and outside graph capture); ``reset``: set the flag back to 0. Entries past a sequence's
+        length are never read and never flagged. A flag given to several plans (``clamp_flag=``) is theirs
+        together: :func:`fdlib.decode_attention`'s plans share one a device, read by :func:`fdlib.clamped`."""
         seen = bool(self.workspace.flag.item())
         if reset and seen:
             self.workspace.flag.zero_()
@@ -755,46 +774,94 @@ class _Noted:
         return self.go(*args)
 
 
-def host_lengths(cache_seqlens, B: int, L_max: int, device) -> torch.Tensor:
+def host_lengths(cache_seqlens, B: int, L_max: int, device, name: str = "cache_seqlens") -> torch.Tensor:
     """Lengths the caller has on the host (a list, tuple or CPU tensor) as an int32 CPU tensor, checked:
-    ``ValueError`` naming cache_seqlens when the count or a value is wrong. Reads no GPU memory."""
+    ``ValueError`` naming ``name`` when the count or a value is wrong. Reads no GPU memory."""
     if isinstance(cache_seqlens, torch.Tensor):
         if cache_seqlens.device.type != "cpu":
-            raise ValueError(f"cache_seqlens: must be on q's device ({device}) or on the host (CPU), got "
-                             f"{cache_seqlens.device}")
+            where = "on q's device ({device}) or on the host (CPU)" if name == "cache_seqlens" else "on the host (CPU)"
+            raise ValueError(f"{name}: must be {where.format(device=device)}, got {cache_seqlens.device}")
         if cache_seqlens.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"cache_seqlens: dtype must be torch.int32 or torch.int64, got {cache_seqlens.dtype}")
+            raise TypeError(f"{name}: dtype must be torch.int32 or torch.int64, got {cache_seqlens.dtype}")
         t = cache_seqlens.to(torch.int32)
     elif isinstance(cache_seqlens, (list, tuple)):
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
-            raise TypeError("cache_seqlens: a host list of lengths must hold ints")
+            raise TypeError(f"{name}: a host list of lengths must hold ints")
         t = torch.tensor(cache_seqlens, dtype=torch.int32)
     else:
-        raise TypeError(f"cache_seqlens: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
+        raise TypeError(f"{name}: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
     if tuple(t.shape) != (B,):
-        raise ValueError(f"cache_seqlens: expected {B} lengths (one per sequence), got shape {list(t.shape)}")
-    if B:
-        lo, hi = int(t.min()), int(t.max())
-        if lo < 0:
-            raise ValueError(f"cache_seqlens: lengths must be >= 0, got a minimum of {lo}")
-        if hi > L_max:
-            raise ValueError(f"cache_seqlens: lengths must be <= the cache's L_max={L_max}, got a maximum of {hi}")
+        raise ValueError(f"{name}: expected {B} lengths (one per sequence), got shape {list(t.shape)}")
+    check_length_values(t, L_max, name)
     return t
+
+
+def check_length_values(t: torch.Tensor, L_max: int, name: str = "cache_seqlens") -> None:
+    """``ValueError`` naming ``name`` unless every length of the host tensor ``t`` lies in 0..L_max."""
+    if t.numel():
+        _length_range(int(t.min()), int(t.max()), L_max, name)
+
+
+def _length_range(lo: int, hi: int, L_max: int, name: str = "cache_seqlens") -> None:
+    if lo < 0:
+        raise ValueError(f"{name}: lengths must be >= 0, got a minimum of {lo}")
+    if hi > L_max:
+        raise ValueError(f"{name}: lengths must be <= the cache's L_max={L_max}, got a maximum of {hi}")
+
+
+def check_lengths_and_table(cache_seqlens, block_table, B: int, L_max: int, page_size: int, n_pages: int,
+                            device) -> None:
+    r"""``check_lengths=True`` (:func:`fdlib.decode_attention`): the lengths lie in 0..L_max, and every block-table
+    entry a length reaches lies in the pool: entry j of sequence b, read when :math:`j \cdot 	ext{page\_size} < L_b`,
+    in 0..n_pages − 1 (entries past a length are never read and may hold anything, −1 say). What is on the device
+    (the lengths, the table) is reduced there and read back together: one device-to-host copy, a sync, whatever
+    is checked. ``ValueError`` naming ``cache_seqlens``, or ``block_table`` with the sequence, the entry, its
+    value and the pool's size. Lengths on the host are checked without a read; no lengths: all L_max."""
+    on_device = isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.device.type != "cpu"
+    if cache_seqlens is not None and not on_device:
+        cache_seqlens = host_lengths(cache_seqlens, B, L_max, device)
+    if block_table is None:
+        if on_device:
+            lo, hi = torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist()   # the one read
+            _length_range(lo, hi, L_max)
+        return
+    bt = block_table
+    pages = bt.shape[1]
+    lens = (torch.full((B,), L_max, dtype=torch.int64, device=bt.device) if cache_seqlens is None
+            else cache_seqlens.to(device=bt.device, dtype=torch.int64))
+    reached = torch.arange(pages, device=bt.device) * page_size < lens[:, None]
+    bad = (reached & ((bt < 0) | (bt >= n_pages))).flatten()
+    first = bad.to(torch.int32).argmax()                       # the first bad entry (0 when none is)
+    row = first // pages
+    lo, hi, any_bad, at, value, length = torch.stack([
+        lens.min(), lens.max(), bad.any().to(torch.int64), first.to(torch.int64), bt.flatten()[first].to(torch.int64),
+        lens[row]]).tolist()                                   # the one read
+    if on_device:
+        _length_range(lo, hi, L_max)
+    if any_bad:
+        b, j = divmod(at, pages)
+        raise ValueError(f"block_table: sequence {b} reads entry [{b}, {j}] = {value}, outside the pool of {n_pages} "
+                         f"pages (indices 0..{n_pages - 1}); its length {length} reaches entries 0.."
+                         f"{(length - 1) // page_size} (pages of {page_size}). Entries past a sequence's length are "
+                         f"never read and may hold anything (-1, say).")
 
 
 def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16, device=None, lengths=None,
          max_seqlen: int | None = None, scale: float | None = None, method: str = "auto",
          num_splits: int | None = None, page_size: int | None = None, batch_invariant: bool = False,
-         q_len: int = 1, pack_heads: bool | None = None, longest_first: bool | None = None, kv_dtype=None,
-         k_scale: str | None = None, v_scale: str | None = None) -> DecodePlan:
+         q_len: int = 1, pack_heads: bool | None = None, longest_first: bool | None = None,
+         clamp_flag: torch.Tensor | None = None, kv_dtype=None, k_scale: str | None = None,
+         v_scale: str | None = None) -> DecodePlan:
     """Decide everything for decode attention over a batch of these sizes, and allocate its workspace.
 
     Args:
         B, H_q, H_kv, D, L_max: batch, query heads, KV heads (H_q a multiple), head dim, cache capacity.
-        dtype: of q, K and V (float16, bfloat16, float32). device: where they live (default: fdlib's).
-        lengths: the sequences' lengths if the caller has them on the host (a list or a CPU tensor); read
-            without any device sync, they make the cost model see the real mix of lengths.
-        max_seqlen: else, a host bound on the lengths (splits are chosen for it); default: L_max.
+        dtype: of q, K and V (float16, bfloat16, float32). device: where they live (default: fdlib's;
+            ``"cuda"`` is the current GPU, and raises ``ValueError`` where torch sees none).
+        lengths: the sequences' lengths if the caller has them on the host (a list or a CPU tensor, each in
+            0..L_max); read without any device sync, they make the cost model see the real mix of lengths.
+        max_seqlen: else, a host bound on the lengths, a Python int in 0..L_max (splits are chosen for it);
+            default: L_max.
         scale: multiplies q·k (default 1/√D). method, num_splits: as in :func:`fdlib.decode_attention`.
         page_size: for a paged cache (pages ``[n_pages, page_size, H_kv, D]`` behind a block table of
             L_max / page_size entries per sequence): a power of two from 1 to 256 dividing L_max.
@@ -813,6 +880,10 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
             (the unified kernel's ``ORDER_B``, :func:`longest_first_order`): None (default) where ``auto``
             takes it (ragged host lengths over pages, :func:`fdlib.splits.longest_first_suits`), True always
             (with ``method="unified"``, B <= LONGEST_FIRST_MAX_BATCH), False never.
+        clamp_flag: the int32 ``[1]`` tensor on ``device`` where the plan's launches record a clamp (set to 1
+            when a device length outside 0..L_max or a used block-table entry outside the pool was clamped;
+            :meth:`DecodePlan.clamped` reads it): default a new one, the plan's own; plans given the same
+            tensor share it (:func:`fdlib.decode_attention`'s plans share one a device, :func:`fdlib.clamped`).
         kv_dtype: an 8-bit cache (``torch.float8_e4m3fn`` or ``torch.int8``, :mod:`fdlib.quant`) with q of
             ``dtype`` float16 or bfloat16; None (default): K and V in q's dtype. k_scale, v_scale: the granularity
             of its scales, ``"tensor"`` (default), ``"head"`` or ``"token"``; :meth:`DecodePlan.run` then takes the
@@ -837,14 +908,14 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         if L_max % page_size or L_max == 0:
             raise ValueError(f"page_size: L_max={L_max} must be a positive multiple of page_size={page_size}")
     scale = check_scale(scale, D)
-    device = torch.device(runtime.DEVICE if device is None else device)
-    if device.type == "cuda" and device.index is None:   # "cuda" means the current device, as for tensors
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = check_device(device)
     if lengths is not None:
-        lengths = tuple(host_lengths(lengths, B, L_max, device).tolist())
-    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int)
-                                   or not 0 <= max_seqlen <= L_max):
-        raise ValueError(f"max_seqlen: expected an int in 0..L_max={L_max}, got {max_seqlen!r}")
+        lengths = tuple(host_lengths(lengths, B, L_max, device, name="lengths").tolist())
+    if max_seqlen is not None:
+        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+            raise TypeError(f"max_seqlen: expected an int or None, got {type(max_seqlen).__name__}")
+        if not 0 <= max_seqlen <= L_max:
+            raise ValueError(f"max_seqlen: expected an int in 0..L_max={L_max}, got {max_seqlen!r}")
     if method != "naive":
         runtime.smoke_check()
     if not isinstance(batch_invariant, bool):
@@ -853,6 +924,11 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
     for name, flag in (("pack_heads", pack_heads), ("longest_first", longest_first)):
         if flag is not None and not isinstance(flag, bool):
             raise TypeError(f"{name}: expected None, True or False, got {type(flag).__name__}")
+    if clamp_flag is not None and (not isinstance(clamp_flag, torch.Tensor) or clamp_flag.dtype != torch.int32
+                                   or tuple(clamp_flag.shape) != (1,) or clamp_flag.device != device):
+        got = (f"{clamp_flag.dtype} {shape_str(clamp_flag)} on {clamp_flag.device}"
+               if isinstance(clamp_flag, torch.Tensor) else type(clamp_flag).__name__)
+        raise ValueError(f"clamp_flag: expected an int32 tensor [1] on {device}, got {got}")
     kv = quant.plan_format(kv_dtype, k_scale, v_scale, dtype)
     if kv is not None and (kv.k != "tensor" or kv.v != "tensor"):
         if pack_heads:
@@ -864,9 +940,30 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
                pack_heads=pack_heads, longest_first=longest_first)
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
-                      _workspace(B, H_q, H_kv, D * d.pack, L_max, d, device, q_len, lengths),
+                      _workspace(B, H_q, H_kv, D * d.pack, L_max, d, device, q_len, lengths, clamp_flag),
                       torch.empty(B, dtype=torch.int32, device=device),
                       _launchers(d, dtype, H_q // H_kv, D, page, B, q_len, kv=kv), q_len, kv=kv)
+
+
+def check_device(device) -> torch.device:
+    """The plan's device: fdlib's for None; ``"cuda"`` means the current CUDA device, as for tensors. A device
+    torch does not know, or CUDA where no GPU is visible, raises ``ValueError`` naming ``device``."""
+    try:
+        device = torch.device(runtime.DEVICE if device is None else device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: expected a torch.device or a device string such as 'cpu' or 'cuda', got "
+                         f"{device!r}") from e
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {str(device)!r} asked, but no CUDA GPU is visible to torch here (fdlib's "
+                             f"runtime: {runtime.MODE}, device {runtime.DEVICE!r}); pass device=None or "
+                             f"{runtime.DEVICE!r}")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif device.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {str(device)!r} asked, but torch sees {torch.cuda.device_count()} CUDA "
+                             f"device(s)")
+    return device
 
 
 def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len: int = 1,
@@ -902,7 +999,8 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
     return ()
 
 
-def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, lengths=None) -> Workspace:
+def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, lengths=None,
+               flag: torch.Tensor | None = None) -> Workspace:
     """Allocate what the decided kernel needs; out of memory says how much and what needs less. A plan that
     launches its sequences longest first also keeps its order, from ``lengths`` (:func:`order_hint`), right before
     the ticket counters, where the kernel checks it before sorting (:func:`fdlib.kernels.tile.longest_first`)."""
@@ -932,7 +1030,7 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, leng
             lse_part=lse_part,
             counters=counters,
             order=order,
-            flag=torch.zeros(1, dtype=torch.int32, device=device),
+            flag=torch.zeros(1, dtype=torch.int32, device=device) if flag is None else flag,
             lse=torch.empty((B, q_len, H_q), **f32),
             full_lengths=torch.full((B,), L_max, dtype=torch.int32, device=device))
     except _OOM as e:
@@ -951,4 +1049,5 @@ def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:
 
 
 __all__ = ["plan", "DecodePlan", "Decision", "Workspace", "decide", "pack_decision", "packs_by_default",
-           "launched_splits", "host_lengths", "longest_first_order", "order_hint", "KERNELS"]
+           "launched_splits", "host_lengths", "check_length_values", "check_lengths_and_table", "check_device",
+           "longest_first_order", "order_hint", "KERNELS"]

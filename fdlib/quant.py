@@ -263,9 +263,11 @@ def scale_modes(kv: KVQuant | None) -> tuple:
 def layout(k_scale, v_scale) -> tuple:
     """What a call's launch depends on in its scales besides their addresses (:meth:`~fdlib.plan.DecodePlan.run`'s
     replay key): a float's value (it is a launch argument), a tensor's shape, strides, dtype and device."""
-    return tuple((s.shape, s.stride(), s.dtype, s.device) if isinstance(s, torch.Tensor)
-                 else s if s is None or isinstance(s, (int, float)) and not isinstance(s, bool) else ("unchecked", id(s))
-                 for s in (k_scale, v_scale))
+    def one(s):
+        if isinstance(s, torch.Tensor):
+            return s.shape, s.stride(), s.dtype, s.device
+        return s if s is None or isinstance(s, (int, float)) and not isinstance(s, bool) else ("unchecked", id(s))
+    return one(k_scale), one(v_scale)
 
 
 def scale_key(s):

@@ -35,9 +35,13 @@ The **recorded timeline** (:func:`from_buffer`) reads what ``plan.run(..., timel
 row (SM id, start ns, end ns) per program (``tools/record_timeline.py`` saves them with provenance;
 :func:`load_recorded` reads those files).
 
-:func:`draw_gantt` draws either kind (one lane per slot of each SM, µs on the x axis); :attr:`Timeline.makespan`
-and :attr:`Timeline.idle_fraction` are the numbers to compare: the time from the first program's start to the last
-one's end, and the share of SM time in it with no program of the launch running on the SM.
+:func:`draw_gantt` draws either kind (one lane per slot of each SM, µs on the x axis; for a model timeline each
+program's start-up, the slices of its sequences it streams and its merge; idle SM time and merges in colours of
+their own). A chart of 132 SMs is unreadable, so the lessons draw a **pretend GPU** of a few SMs
+(:func:`pretend_gpu`): an H200's SMs, per-program rate ρ and latencies, with the whole-GPU bandwidth cut in
+proportion to the SMs. :attr:`Timeline.makespan` and :attr:`Timeline.idle_fraction` are the numbers to compare:
+the time from the first program's start to the last one's end, and the share of SM time in it with no program of
+the launch running on the SM.
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from . import costmodel, gpus
+from .costmodel import Calibration
 from .kernels.config import chunk_for, tile_config_for
 from .schedule import balanced
 from .splits import order_hint
@@ -58,18 +63,41 @@ from .splits import order_hint
 SCHEDULES = ("split", "unified", "longest-first", "balanced", "stream-k")
 SCHEMA = "fdlib.timeline/1"
 BATCH = dict(B=32, H_q=32, H_kv=8, D=128, dtype="float16")
-"""The ragged batch of issue 13 (measured at 68% of the read ceiling with ``auto``): B=32, H 32:8, D=128, fp16."""
+"""Lab 06's ragged batch: B=32, H 32:8, D=128, fp16 (lengths from :func:`batch_lengths`)."""
+MEANS = {"uniform": 16384, "zipf": 8192}
+"""The default mean length of each of Lab 06's length mixes."""
 
 
-def batch_lengths(dist: str = "uniform", seed: int = 0, B: int = 32) -> list[int]:
-    """Lengths of the lab's ragged batches (:func:`fdlib.bench.ragged.draw_lengths`): ``"uniform"`` in 1..32768
-    (mean 16k, the issue's batch), ``"zipf"`` Zipf-like of mean 8192 (most short, a few long)."""
+def batch_lengths(dist: str = "uniform", seed: int = 0, B: int = 32, mean: int | None = None) -> list[int]:
+    """Lengths of the lab's ragged batches (:func:`fdlib.bench.ragged.draw_lengths`): ``"uniform"`` in
+    1..2·mean (default mean 16384: 1..32768), ``"zipf"`` Zipf-like (default mean 8192: most short, a few long)."""
     from .bench.ragged import draw_lengths
-    if dist == "uniform":
-        return draw_lengths("uniform", B, 16384, seed)
-    if dist == "zipf":
-        return draw_lengths("zipf", B, 8192, seed)
-    raise ValueError(f"dist: expected 'uniform' or 'zipf', got {dist!r}")
+    if dist not in MEANS:
+        raise ValueError(f"dist: expected 'uniform' or 'zipf', got {dist!r}")
+    return draw_lengths(dist, B, MEANS[dist] if mean is None else int(mean), seed)
+
+
+_PRETEND: dict[str, Calibration] = {}
+
+
+def pretend_gpu(sms: int = 8, like: str = "H200") -> gpus.GPU:
+    r"""A pretend GPU of ``sms`` SMs cut from ``like`` (a preset name), for timelines a reader can follow.
+
+    Each SM is ``like``'s: the same registers and shared memory (so the same programs per SM r), the same rate ρ
+    of one program and the same start-up, merge and launch costs. The whole-GPU bandwidth, the datasheet's and the
+    model's BW, is scaled by sms / SMs(like), so the number of streaming programs that saturates it per SM,
+    :math:`BW / (\rho\,S)`, is ``like``'s. :func:`model_timeline` uses that calibration for it."""
+    base = gpus.resolve(like)
+    if not isinstance(sms, int) or not 1 <= sms <= base.sms:
+        raise ValueError(f"sms: expected an integer from 1 to {base.sms} (the SMs of {base.name}), got {sms!r}")
+    from dataclasses import replace
+    from .calibration import calibration_for
+    f = sms / base.sms
+    g = replace(base, name=f"pretend {base.name} with {sms} SMs", sms=sms, bandwidth_tbs=base.bandwidth_tbs * f)
+    cal = calibration_for(base)
+    _PRETEND[g.name] = replace(cal, bw_tbs=cal.bw_tbs * f,
+                               source=f"{cal.source}; bandwidth scaled to {sms} of {base.sms} SMs")
+    return g
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -79,7 +107,8 @@ class Timeline:
 
     ``sm``, ``start_us``, ``end_us``, ``row`` (the sequence b a program works on; -1 when it spans several or is
     unknown) are arrays with one entry per program that did work. ``bands``: (label, start µs, end µs) spans that
-    involve every SM (the two-stage path's kernel boundary and stage 2)."""
+    involve every SM (the two-stage path's kernel boundary and stage 2). ``parts``: what each program does when
+    (model timelines only)."""
     sm: np.ndarray
     start_us: np.ndarray
     end_us: np.ndarray
@@ -91,6 +120,9 @@ class Timeline:
     bands: list = field(default_factory=list)
     kv_mb: float | None = None        # bytes the launch must read (for the effective bandwidth)
     info: dict = field(default_factory=dict)
+    parts: list = field(default_factory=list)
+    """Model timelines: (program, kind, b, start µs, end µs) of each program's ``"start-up"``, the ``"stream"`` of
+    each sequence b it reads, and its ``"merge"`` (:func:`simulate`); empty for a recorded timeline."""
 
     @property
     def programs(self) -> int:
@@ -177,11 +209,15 @@ class _Program:
     row: int                 # b, or -1 for a slice over several sequences
 
 
-def simulate(progs: list, sms: int, r: int, bw_tbs: float, rho_tbs: float, merge_us: dict) -> tuple:
+def simulate(progs: list, sms: int, r: int, bw_tbs: float, rho_tbs: float, merge_us: dict,
+             parts: bool = False) -> tuple:
     r"""Play a launch out: programs dispatched in list order to the first free slot (slots start round-robin over
     the SMs), each paying its start-up, streaming its pieces at :math:`\min(\rho, BW/n)` with n programs
-    streaming (processor sharing, tracked in "virtual bytes" so each event costs O(log P)), then the merge of
-    every row (key of ``merge_us``) whose last piece it finished. Returns (sm, start µs, end µs) arrays."""
+    streaming (processor sharing, tracked in "virtual bytes" V so each event costs O(log P)), then the merge of
+    every row (key of ``merge_us``) whose last piece it finished. Returns (sm, start µs, end µs) arrays, and with
+    ``parts=True`` a fourth item: the list of (program, kind, key, t0 µs, t1 µs), kind ``"start-up"``,
+    ``"stream"`` (one per piece, key the piece's row key) or ``"merge"``. A piece ends when V has grown by the
+    MB of the pieces up to it; V is linear in time between events, so that time is exact."""
     n = len(progs)
     sm = np.zeros(n, dtype=np.int64)
     start = np.zeros(n)
@@ -197,8 +233,13 @@ def simulate(progs: list, sms: int, r: int, bw_tbs: float, rho_tbs: float, merge
     stream: list = []            # (virtual finish, pid)
     V, t, nxt, active = 0.0, 0.0, 0, 0
     mb_of = [sum(mb for _, mb in p.pieces) for p in progs]
+    hist_t, hist_V = [0.0], [0.0]                # V(t) at every event (piecewise linear in between)
+    stream_from = np.full(n, np.nan)             # t and V when a program's streaming begins, when it ends
+    stream_V0 = np.zeros(n)
+    stream_to = np.full(n, np.nan)
 
     def finish_stream(pid, now):
+        stream_to[pid] = now
         extra = 0.0
         for key, _ in progs[pid].pieces:
             left[key] -= 1
@@ -233,19 +274,45 @@ def simulate(progs: list, sms: int, r: int, bw_tbs: float, rho_tbs: float, merge
             break
         V += rate * (t_new - t)
         t = t_new
+        hist_t.append(t)
+        hist_V.append(V)
         while stream and stream[0][0] <= V + 1e-9:
             _, pid = heapq.heappop(stream)
             finish_stream(pid, t)
         while fixed and fixed[0][0] <= t + 1e-12:
             _, pid, phase = heapq.heappop(fixed)
             if phase == "startup":
+                stream_from[pid], stream_V0[pid] = t, V
                 if mb_of[pid] > 0:
                     heapq.heappush(stream, (V + mb_of[pid], pid))
                 else:
                     finish_stream(pid, t)
             else:
                 done(pid, t)
-    return sm, start, end
+    if not parts:
+        return sm, start, end
+    # V never falls, and it rises strictly while any program streams. A piece boundary is reached while its program
+    # streams, so on a rising stretch: keep the points that start or end one (a flat stretch keeps only its ends,
+    # which no boundary falls between) and interpolate
+    ht, hv = np.asarray(hist_t), np.asarray(hist_V)
+    up = hv[1:] > hv[:-1]
+    edge = np.append(up, False) | np.insert(up, 0, False)
+    ht, hv = ht[edge], hv[edge]
+    inner = [stream_V0[pid] + c for pid, p in enumerate(progs) if len(p.pieces) > 1
+             for c in np.cumsum([mb for _, mb in p.pieces[:-1]])]
+    t_inner = iter(np.interp(inner, hv, ht).tolist() if inner else [])
+    out = []
+    for pid, p in enumerate(progs):
+        t_s, t_e = float(stream_from[pid]), float(stream_to[pid])
+        if t_s > start[pid]:
+            out.append((pid, "start-up", p.pieces[0][0] if p.pieces else None, float(start[pid]), t_s))
+        if not p.pieces:
+            continue
+        bounds = [t_s] + [min(max(next(t_inner), t_s), t_e) for _ in p.pieces[:-1]] + [t_e]
+        out += [(pid, "stream", key, a, b) for (key, _), a, b in zip(p.pieces, bounds, bounds[1:]) if b > a]
+        if end[pid] > t_e + 1e-12:
+            out.append((pid, "merge", None, t_e, float(end[pid])))
+    return sm, start, end, out
 
 
 def model_inputs(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int = 2, gpu="H200", cal=None):
@@ -254,7 +321,7 @@ def model_inputs(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int = 
     g = gpus.resolve(gpu)
     if cal is None:
         from .calibration import calibration_for
-        cal = calibration_for(g)
+        cal = _PRETEND.get(g.name) or calibration_for(g)
     L_cap = max(max(lengths, default=0), 1)
     tile = tile_config_for(D, L_cap, compiled_mode=True, elem_bytes=dtype_bytes, rows=len(lengths) * H_kv)
     r = costmodel.kernel_programs_per_sm(g, D, dtype_bytes, tile.BLOCK_N, tile.num_warps, tile.num_stages)
@@ -364,8 +431,11 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
         merge = {key: _merge_cost(cal, n, group, D) for key, n in parts.items()}
         info.update(programs=P, tiles=T * H_kv, tiles_per_program=T / P_h)
         mode = f"stream-K schedule, {P} programs ({P_h} a KV head) of ~{T / P_h:.1f} tiles"
-    sm, start, end = simulate(progs, g.sms, r, cal.bw_tbs, cal.rho_tbs, merge)
+    sm, start, end, raw = simulate(progs, g.sms, r, cal.bw_tbs, cal.rho_tbs, merge, parts=True)
     work = np.array([bool(p.pieces) for p in progs], dtype=bool)
+    kept = np.cumsum(work) - 1                               # a working program's index in the Timeline's arrays
+    parts = [(int(kept[pid]), kind, key[0] if key is not None else -1, a, b) for pid, kind, key, a, b in raw
+             if work[pid]]
     if schedule == "split":
         t1 = float(end.max()) if len(end) else 0.0
         per_split = cal.t_split_us * (D + 1) / (costmodel.CAL_GROUP * (costmodel.CAL_D + 1))
@@ -375,7 +445,7 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
     source = "stream-K model" if schedule == "stream-k" else "cost model"
     return Timeline(sm[work], start[work], end[work], np.array([p.row for p in progs])[work], g.sms, g.name, mode,
                     source, bands, kv_mb, dict(info, B=B, H_q=H_q, H_kv=H_kv, D=D, dtype_bytes=dtype_bytes,
-                                               calibration=cal.source))
+                                               calibration=cal.source), parts)
 
 
 # ----------------------------------------------------------------------------------------------- recorded
@@ -452,44 +522,141 @@ def lanes(tl: Timeline) -> np.ndarray:
     return lane
 
 
-def draw_gantt(tl: Timeline, ax=None, max_sms: int | None = None, title: str | None = None):
-    """The per-SM timeline: one horizontal band per SM (a thin lane per slot in use), a bar per program
-    coloured by its sequence b (grey: spans several), µs on the x axis; the makespan, idle fraction and the
-    source in the title. ``max_sms``: draw only the first SMs (the numbers still count all)."""
+SEQUENCE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+"""A program's colour is its sequence b's (cycling): matplotlib's tab10 without its red and grey, which mean
+the merge and idle time here."""
+MERGE_COLOR = "#d62728"
+IDLE_STYLE = dict(facecolor="#f4f4f4", edgecolor="#c4c4c4", hatch="////", linewidth=0.0)
+RECORDED_COLOR = "#5b7fa6"
+"""Recorded programs: the files do not say which sequence a program served."""
+MIN_MERGE_WIDTH = 0.004
+"""A merge takes a fraction of a µs: it is drawn at least this share of the x axis wide, so it shows."""
+
+
+def idle_spans(tl: Timeline, sm: int) -> list[tuple[float, float]]:
+    """(start µs, end µs) spans within the makespan during which SM ``sm`` runs no program of the launch and no
+    merge band (the two-stage path's kernel boundary is idle time): the complement of what :meth:`Timeline.busy_us`
+    counts, so their lengths add up to the SM's share of :attr:`Timeline.idle_fraction`."""
+    t0 = float(tl.start_us.min()) if tl.programs else 0.0
+    span_end = t0 + tl.makespan
+    sel = tl.sm == sm
+    busy = sorted(zip(tl.start_us[sel].tolist(), tl.end_us[sel].tolist()))
+    busy += [(a, b) for label, a, b in tl.bands if "merge" in label]
+    busy.sort()
+    out, at = [], t0
+    for a, b in busy:
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if span_end > at:
+        out.append((at, span_end))
+    return [(a, b) for a, b in out if b - a > 1e-9]
+
+
+def _legend_handles(tl_list, sequences: bool):
+    from matplotlib.patches import Patch
+    handles = []
+    rows = sorted({int(b) for tl in tl_list for _, kind, b, _, _ in tl.parts if b >= 0})
+    modelled = any(tl.parts for tl in tl_list)
+    if modelled and sequences and len(rows) <= len(SEQUENCE_COLORS):
+        handles += [Patch(facecolor=SEQUENCE_COLORS[b % len(SEQUENCE_COLORS)], label=f"sequence {b}") for b in rows]
+    elif modelled:
+        handles.append(Patch(facecolor=SEQUENCE_COLORS[0], label="streaming (colour: sequence)"))
+    if modelled:
+        handles.append(Patch(facecolor=SEQUENCE_COLORS[0], alpha=0.4, label="start-up (pale)"))
+    if any(not tl.parts for tl in tl_list):
+        handles.append(Patch(facecolor=RECORDED_COLOR, label="program"))
+    if any(kind == "merge" for tl in tl_list for _, kind, *_ in tl.parts) or any(
+            "merge" in label for tl in tl_list for label, *_ in tl.bands):
+        handles.append(Patch(facecolor=MERGE_COLOR, label="merge"))
+    handles.append(Patch(**{**IDLE_STYLE, "linewidth": 0.5}, label="idle SM"))
+    return handles
+
+
+def draw_gantt(tl: Timeline, ax=None, max_sms: int | None = None, title: str | None = None, legend: bool = True,
+               xmax: float | None = None):
+    """The per-SM timeline: one band per SM (a lane per program running on it at once), time in µs on the x axis.
+
+    A model timeline (:attr:`Timeline.parts`) shows each program's start-up (pale), the slice of each sequence b
+    it streams (b's colour, :data:`SEQUENCE_COLORS`) and its merge (:data:`MERGE_COLOR`, at least
+    :data:`MIN_MERGE_WIDTH` of the axis wide); a recorded one a bar per program. Idle SM time (:func:`idle_spans`)
+    is hatched; the two-stage path's stage 2 is a merge band over every SM. The title gives the schedule, the GPU,
+    the source (model or recording), the makespan and the idle share. ``max_sms``: draw only the first SMs (the
+    numbers still count all); ``xmax``: the axis' end (µs), to compare panels."""
     import matplotlib.pyplot as plt
-    from matplotlib import colormaps
 
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 4.6))
     lane = lanes(tl)
     width = max(int(lane.max()) + 1 if tl.programs else 1, 1)
     shown = tl.sms if max_sms is None else min(max_sms, tl.sms)
-    cmap = colormaps["tab20"]
-    bars: dict = {}
-    for i in range(tl.programs):
-        if tl.sm[i] >= shown:
-            continue
-        y = tl.sm[i] + lane[i] / width
-        color = "0.55" if tl.row[i] < 0 else cmap(int(tl.row[i]) % 20)
-        bars.setdefault(color, []).append(((tl.start_us[i], tl.end_us[i] - tl.start_us[i]), y))
-    for color, items in bars.items():
-        for (x, w), y in items:
-            ax.broken_barh([(x, w)], (y, 0.9 / width), facecolors=color, edgecolor="white", linewidth=0.3)
+    x_end = xmax if xmax is not None else max(tl.makespan, 1e-3) * 1.02
+    min_w = MIN_MERGE_WIDTH * x_end
+    h = 0.9 / width
+
+    for k in range(shown):
+        spans = idle_spans(tl, k)
+        if spans:
+            ax.broken_barh([(a, b - a) for a, b in spans], (k, 0.9), **IDLE_STYLE)
+    if tl.parts:
+        for i, kind, b, a, e in tl.parts:
+            if tl.sm[i] >= shown:
+                continue
+            y = tl.sm[i] + lane[i] / width
+            if kind == "merge":
+                ax.broken_barh([(a, max(e - a, min_w))], (y, h), facecolors=MERGE_COLOR, linewidth=0)
+                continue
+            color = SEQUENCE_COLORS[b % len(SEQUENCE_COLORS)] if b >= 0 else "0.5"
+            ax.broken_barh([(a, e - a)], (y, h), facecolors=color, alpha=0.4 if kind == "start-up" else 1.0,
+                           edgecolor="white", linewidth=0.4)
+    else:
+        for i in range(tl.programs):
+            if tl.sm[i] < shown:
+                ax.broken_barh([(tl.start_us[i], tl.end_us[i] - tl.start_us[i])], (tl.sm[i] + lane[i] / width, h),
+                               facecolors=RECORDED_COLOR, edgecolor="white", linewidth=0.3)
     for label, a, b in tl.bands:
-        ax.axvspan(a, b, color="tab:red" if "merge" in label else "0.85", alpha=0.35, lw=0,
-                   label=label)
+        if "merge" in label:
+            ax.broken_barh([(a, max(b - a, min_w))], (0, shown), facecolors=MERGE_COLOR, linewidth=0)
+        else:   # the kernel boundary: idle (hatched above); name it
+            ax.annotate(label, xy=((a + b) / 2, 0), xytext=(0, 3), textcoords="offset points", ha="right",
+                        va="bottom", fontsize=7.5, color="0.35", annotation_clip=False)
     ax.set_ylim(shown, 0)
-    ax.set_xlim(0, max(tl.makespan, 1e-3) * 1.02)
+    ax.set_xlim(0, x_end)
+    if shown <= 32:
+        ax.set_yticks([k + 0.45 for k in range(shown)], [str(k) for k in range(shown)])
     ax.set_xlabel("time since the first program started (µs)")
     ax.set_ylabel(f"SM id ({shown} of {tl.sms} shown)" if shown < tl.sms else f"SM id ({tl.sms} SMs)")
     ax.grid(False)
     ax.set_title(title or f"{tl.mode}\n{tl.device}, {tl.source}: makespan {tl.makespan:.1f} µs, "
                           f"SMs idle {tl.idle_fraction:.0%}", fontsize=9.5)
-    if tl.bands:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)   # beside the bars, not over them
+    if legend:
+        ax.legend(handles=_legend_handles([tl], sequences=True), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0, fontsize=8)   # beside the bars, not over them
     return ax
 
 
-__all__ = ["BATCH", "batch_lengths", "Timeline", "model_timeline", "model_splits", "simulate", "from_buffer", "load_recorded", "save_recorded",
-           "draw_gantt",
+def draw_gantts(tls: list, max_sms: int | None = None, suptitle: str | None = None, height: float = 2.3):
+    """Several timelines stacked on one time axis (the longest makespan), one legend beside the top panel: the
+    same colours mean the same sequence in every panel. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    if not tls:
+        raise ValueError("tls: expected at least one Timeline, got none")
+    shown = [tl.sms if max_sms is None else min(max_sms, tl.sms) for tl in tls]
+    fig, axes = plt.subplots(len(tls), 1, figsize=(9.5, sum(0.9 + height * min(n, 16) / 8 for n in shown)),
+                             sharex=True, squeeze=False)
+    x_end = max(tl.makespan for tl in tls) * 1.02
+    for ax, tl in zip(axes[:, 0], tls):
+        draw_gantt(tl, ax=ax, max_sms=max_sms, legend=False, xmax=x_end)
+        if ax is not axes[-1, 0]:
+            ax.set_xlabel("")
+    axes[0, 0].legend(handles=_legend_handles(tls, sequences=True), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                      borderaxespad=0.0, fontsize=8)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10.5)
+    return fig
+
+
+__all__ = ["BATCH", "MEANS", "batch_lengths", "pretend_gpu", "Timeline", "model_timeline", "model_splits", "simulate",
+           "from_buffer", "load_recorded", "save_recorded", "lanes", "idle_spans", "draw_gantt", "draw_gantts",
            "SCHEDULES"]

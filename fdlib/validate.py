@@ -64,6 +64,9 @@ def check_num_splits(num_splits, method) -> None:
     if method == "persistent" and num_splits != 1:
         raise ValueError(f"num_splits: method='persistent' runs each row whole (one split); pass num_splits=None "
                          f"or 1, got {num_splits}")
+    if method == "streamk" and num_splits != 1:
+        raise ValueError(f"num_splits: method='streamk' cuts each KV head's tiles into equal shares, not rows into "
+                         f"splits; pass num_splits=None or 1, got {num_splits}")
 
 
 def check_scale(scale, D: int) -> float:
@@ -120,6 +123,13 @@ def check_page_strides(name: str, t, page_size: int) -> None:
                          f"as [n_pages, page_size, H_kv, D] (.contiguous())")
 
 
+def check_pool(name: str, t) -> None:
+    """A paged pool ``t`` [n_pages, page_size, H_kv, D] holds at least one page (an index is clamped into it)."""
+    if t.shape[0] < 1:
+        raise ValueError(f"{name}: the page pool holds no page (shape {shape_str(t)}); a paged cache needs at least "
+                         f"one page, [n_pages >= 1, page_size, H_kv, D]")
+
+
 def check_page_size(page_size) -> None:
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1 \
             or page_size > MAX_PAGE_SIZE or page_size & (page_size - 1):
@@ -163,6 +173,7 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
         page_size = L_max
         check_page_size(page_size)
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            check_pool(name, t)
             check_page_strides(name, t, page_size)
         L_max = block_table.shape[1] * page_size
     elif Bk != B:

@@ -1,14 +1,17 @@
-"""The course in a real JupyterLab, driven by headless Chromium: the SM-occupancy explorer, and the
-reveal / reload / restore round trip of an exercise cell (``fdlib.grading.live``).
+"""The course in a real JupyterLab, driven by headless Chromium: the SM-occupancy explorer, the reveal / reload /
+restore round trip of an exercise cell (``fdlib.grading.live``), and the URL ``./course lab`` prints (it opens
+notebooks/00_welcome.ipynb; run only where ./course test made .venv).
 
-Both start JupyterLab on 127.0.0.1 (free port, random token, and the flag ``./course lab`` adds:
-``--LabApp.expose_app_in_browser=True``) over a temporary root.
+The first two start JupyterLab on 127.0.0.1 (free port, random token, and the flags ``./course lab`` adds:
+``--LabApp.expose_app_in_browser=True`` and the course's settings, ``.jupyter/settings``) over a temporary root.
 
 The explorer test's root holds a one-cell notebook
 (the explorer at B=1, H_q=32, H_kv=8, L=131072 on the H200 model, splits=1); it runs the cell with
 Shift+Enter, reads the utilization text and the picture, moves the splits slider with the keyboard, and
 checks that both change: 1 split keeps 8 of 132 SMs busy; the cost model's choice, and 256 splits, keep
-nearly all of them busy.
+nearly all of them busy. Every control's label is shown whole. Then it saves the notebook, shuts the kernel
+down and opens the notebook again: the explorer is shown as last drawn (the course's settings save widget
+state with the notebook), not "Error displaying widget: model not found".
 The round-trip test's root holds the shipped ``notebooks/01_naive_decode.ipynb``: it types into the exercise
 cell without saving, reveals the solution, reloads the notebook from disk, restores the backup, saves, and
 opens the backup from the file browser (see :func:`test_reveal_reload_restore_round_trip`).
@@ -38,9 +41,10 @@ from fdlib.grading import core
 from fdlib.grading.live import LAB_FLAG
 from shipped import shipped_copy
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 ARTIFACTS = Path(__file__).resolve().parent / "_artifacts"
+REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
@@ -76,14 +80,14 @@ def _need_browser():
 
 @pytest.fixture
 def lab(tmp_path):
-    """A running JupyterLab: yields (url of the notebook with the token, path of its log)."""
+    """A running JupyterLab: yields (url of the notebook with the token, path of its log, path of the notebook)."""
     _need_browser()
     pytest.importorskip("jupyterlab_widgets", reason="jupyterlab_widgets (ipywidgets' lab extension) is not installed")
     root = tmp_path / "root"
     root.mkdir()
     (root / "explorer_test.ipynb").write_text(json.dumps(_notebook()))
     with _jupyterlab(tmp_path, root) as (base, log_path):
-        yield base.replace("/lab?", "/lab/tree/explorer_test.ipynb?"), log_path
+        yield base.replace("/lab?", "/lab/tree/explorer_test.ipynb?"), log_path, root / "explorer_test.ipynb"
 
 
 @contextmanager
@@ -107,7 +111,7 @@ def _jupyterlab(tmp_path, root):
     port, token = _free_port(), secrets.token_hex(24)
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
-           LAB_FLAG]
+           LAB_FLAG, f"--LabApp.app_settings_dir={REPO / '.jupyter' / 'settings'}"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     log_path = tmp_path / "jupyterlab.log"
@@ -157,7 +161,7 @@ def _wait_text_change(page, old: str, timeout_s: float = 30) -> str:
 def test_explorer_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
-    url, log_path = lab
+    url, log_path, nb_path = lab
     t_start = time.monotonic()
     shots = []
     with sync_playwright() as pw:
@@ -222,6 +226,26 @@ def test_explorer_in_jupyterlab(lab):
             assert util3 != util2 and _util_percent(util3) >= 90, util3
             readout = page.inner_text(".fdlib-explorer-readout")
             assert "splits: 256" in readout, readout
+            cut = page.evaluate("() => Array.from(document.querySelectorAll('.fdlib-explorer .widget-label'))"
+                                ".filter(e => e.scrollWidth > e.clientWidth).map(e => e.textContent)")
+            assert cut == [], f"labels cut off: {cut}"
+
+            # save, shut the kernel down, open the notebook again: the explorer as last drawn, not an error
+            page.keyboard.press("Control+s")
+            deadline = time.monotonic() + 30
+            while "widget-state" not in nb_path.read_text() and time.monotonic() < deadline:
+                page.wait_for_timeout(300)
+            assert "application/vnd.jupyter.widget-state+json" in nb_path.read_text()
+            page.evaluate("async () => { const s = window.jupyterapp.serviceManager.sessions;"
+                          " for (const m of Array.from(s.running())) await s.shutdown(m.id); }")
+            page.close()
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(url)
+            page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content")
+            page.wait_for_function(f"document.querySelector('{IMAGE}') && "
+                                   f"document.querySelector('{IMAGE}').naturalWidth > 0", timeout=60_000)
+            reopened = page.inner_text(".jp-Notebook .jp-Cell >> nth=0")
+            assert "model not found" not in reopened and "splits: 256" in reopened, reopened[:2000]
         except BaseException:
             shot("failure")
             ARTIFACTS.mkdir(exist_ok=True)
@@ -234,6 +258,53 @@ def test_explorer_in_jupyterlab(lab):
             browser.close()
     print(f"browser test: {time.monotonic() - t_start:.1f} s in the browser; "
           f"utilization {util1.split(' — ')[0]!r} -> {util2.split(' — ')[0]!r} -> {util3.split(' — ')[0]!r}")
+
+
+# ---------------------------------------------------------------------------------------------- ./course lab
+def test_course_lab_url_opens_the_welcome_notebook(tmp_path):
+    """``./course lab`` prints a URL (with its token) that opens notebooks/00_welcome.ipynb, not the Launcher."""
+    _need_browser()
+    if not (REPO / ".venv" / "bin" / "jupyter").exists():
+        pytest.skip("no .venv: ./course lab would create it (./course test makes it)")
+    from playwright.sync_api import sync_playwright
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}
+    env.update(JUPYTER_PORT=str(port), JUPYTER_PORT_RETRIES="0", JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"))
+    log_path = tmp_path / "course_lab.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(["bash", str(REPO / "course"), "lab"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline, url = time.monotonic() + 120, None
+        while url is None:
+            found = re.findall(rf"http://127\.0\.0\.1:{port}/\S*\?token=[0-9a-f]+", log_path.read_text())
+            url = found[0] if found else None
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"./course lab printed no URL with a token:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        assert f"127.0.0.1:{port}/lab/tree/notebooks/00_welcome.ipynb?token=" in url, url
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=60_000)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.set_default_timeout(60_000)
+            try:
+                page.goto(url)
+                page.wait_for_selector(".lm-TabBar-tab.lm-mod-current:has-text('00_welcome.ipynb')")
+                page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell:has-text('Welcome')")
+            except BaseException:
+                ARTIFACTS.mkdir(exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "browser_course_lab_failure.png"))
+                raise
+            finally:
+                browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
 
 
 # ---------------------------------------------------------------------------------------------- reveal, reload, restore

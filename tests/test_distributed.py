@@ -364,6 +364,59 @@ def test_three_ranks_gloo(tmp_path):
     _run(3, "gloo", cases, tmp_path)
 
 
+def _mismatch_worker(rank, world, init, out_dir):
+    """Two ranks, each holding 16 of 32 keys: calls whose shapes differ across the ranks (B=3 against B=2, then
+    the merges), each recorded as its error's message or its result, between calls that agree."""
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    try:
+        q, k, v, lens = make_problem(3, 32, 4, 2, 16, torch.float32, seed=41, lens=[32, 20, 9])
+        a, b = shard_bounds(32, world, rank)
+        sl = local_seqlens(lens, a, b)
+        mine = 3 if rank == 0 else 2                       # rank 0 has B=3, rank 1 B=2
+
+        def attempt(**kw):
+            n = kw.pop("B")
+            try:
+                return decode_attention_cp(q[:n], k[:n, a:b], v[:n, a:b], sl[:n], return_lse=True, **kw)
+            except ValueError as e:
+                return str(e)
+
+        res = {"first": attempt(B=mine),                      # the group's first call: checked by default
+               "agreed": attempt(B=2),                        # checked again (the first did not pass), and right
+               "every call": attempt(B=5 - mine, check_shapes=True),
+               "merges": attempt(B=2, check_shapes=True, merge=MERGES[rank])}
+        o, l = decode_attention_cp(q[:2], k[:2, a:b], v[:2, a:b], sl[:2], return_lse=True)
+        try:
+            merge_partials(o[:mine - 1], l[:mine - 1], check_shapes=True)    # B=2 against B=1
+        except ValueError as e:
+            res["merge_partials"] = str(e)
+        torch.save(res, f"{out_dir}/mismatch_rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_gloo
+@pytest.mark.timeout(180)
+def test_ranks_with_different_shapes_all_raise_gloo(tmp_path):
+    """B=3 on rank 0 and B=2 on rank 1 (16 of 32 keys each): every rank raises the same ValueError naming both
+    ranks' shapes, on the group's first call by default and on every call with check_shapes=True; different
+    merges too; merge_partials as well. Calls that agree go on working, and give attention over all 32 keys."""
+    mp.spawn(_mismatch_worker, args=(2, f"tcp://127.0.0.1:{_free_port()}", str(tmp_path)), nprocs=2, join=True)
+    res = [torch.load(tmp_path / f"mismatch_rank{r}.pt") for r in range(2)]
+    q, k, v, lens = make_problem(3, 32, 4, 2, 16, torch.float32, seed=41, lens=[32, 20, 9])
+    for r in res:
+        assert r["first"] == res[0]["first"] and isinstance(r["first"], str), r["first"]
+        assert r["first"].startswith("q: the ranks of the group called decode_attention_cp with different shapes")
+        assert "rank 0: B=3, q_len=1, H_q=4, D=16, float32" in r["first"] and "rank 1: B=2," in r["first"]
+        assert r["every call"] == r["first"].replace("B=3", "B=@").replace("B=2", "B=3").replace("B=@", "B=2")
+        assert "merge='allgather'" in r["merges"] and "merge='allreduce'" in r["merges"], r["merges"]
+        assert r["merge_partials"].startswith("o: the ranks of the group called merge_partials with different"), r
+        assert "rank 0: B=2" in r["merge_partials"] and "rank 1: B=1" in r["merge_partials"]
+        out, lse = r["agreed"]
+        assert_attention_close(out, lse, q[:2], k[:2], v[:2], lens[:2], what="the call after a refused one")
+    assert torch.equal(res[0]["agreed"][0], res[1]["agreed"][0])
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(runtime.INTERPRET or not torch.cuda.is_available() or torch.cuda.device_count() < 2

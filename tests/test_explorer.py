@@ -319,3 +319,40 @@ def test_one_token_timings_are_not_drawn_beside_several_tokens():
     assert comparable(summary(B=1, H_q=32, H_kv=8, L=131072, splits=16))
     assert not comparable(summary(B=1, H_q=32, H_kv=8, L=131072, splits=16, q_len=4))
     assert not comparable(summary(B=1, H_q=32, H_kv=8, L=131072, splits=16, dist="zipf"))
+
+
+# ---------------------------------------------------------------------------------------------- the picture's layout
+LAYOUTS = [dict(B=1, L=131072, splits=1, gpu="H200"),                       # one wave: two empty panels
+           dict(B=1, L=131072, splits=34, gpu="H200"),                      # three waves, a tail
+           dict(B=256, L=1048576, splits=256, gpu="L4"),                    # thousands of waves: "… N more"
+           dict(B=32, L=16384, splits=6, gpu="A100 SXM4 80GB", dist="zipf", unified=False),
+           dict(B=4, L=4096, splits=4, gpu="RTX 4090", gqa=False, q_len=4)]
+
+
+@pytest.mark.parametrize("setting", LAYOUTS, ids=lambda s: f"{s['gpu']}-B{s['B']}-splits{s['splits']}")
+def test_text_stays_off_the_sm_squares(no_results, setting):
+    """In the drawn picture (pixels of the PNG the widget shows) every line of text is clear of every SM map:
+    a wave's title sits well above its squares, the subtitle well above the titles, and no two texts overlap."""
+    from fdlib.explorer_model import summary_and_curve
+    summ, sched, ex = summary_and_curve(H_q=32, H_kv=8, **setting)
+    canvas = E._Canvas(dpi=80)
+    canvas.update(summ, sched, ex)
+    canvas.png()
+    r = canvas.fig.canvas.get_renderer()
+    squares = [im.get_window_extent(r) for im in canvas.images if im.get_visible()]
+    texts = {t.get_text(): t.get_window_extent(r)
+             for t in [canvas.suptitle, canvas.subtitle, canvas.map_label, *(ax.title for ax in canvas.maps),
+                       *canvas.empty] if t.get_text()}
+    assert squares and len(texts) >= 4, texts
+    margin = 3                                                               # pixels
+    for text, box in texts.items():
+        for sq in squares:
+            assert not box.expanded(1, 1).padded(margin).overlaps(sq), (text, box, sq)
+    for i, (a, box_a) in enumerate(texts.items()):
+        for b, box_b in list(texts.items())[i + 1:]:
+            assert not box_a.overlaps(box_b), (a, b)
+    sub = texts[canvas.subtitle.get_text()]
+    for ax, im in zip(canvas.maps, canvas.images):     # clear gaps, not touching lines: 6 px and a 12-px band
+        if im.get_visible():
+            title, sq = ax.title.get_window_extent(r), im.get_window_extent(r)
+            assert title.y0 - sq.y1 >= 6 and sub.y0 - title.y1 >= 12, (ax.title.get_text(), title, sq, sub)

@@ -63,6 +63,10 @@ def test_untouched_labs_are_not_started(notebooks):
     total = sum(c.points for n in core.exercises() for c in core.load_checks(n))
     assert card[-2] == f"  total  0/{total:g} points" and card[-1].startswith("  graded in ")   # it ends there
     assert "❌" not in out and "\\u" not in out
+    # a stub says so; an untouched bug-zoo cell holds buggy code, not a stub, and the line says that instead
+    assert "  📝 TODO lab01.naive_attention: not started (its cell is still the stub)" in out
+    zoo = [x for x in out.splitlines() if x.startswith("  📝 TODO lab07.bug_")]
+    assert zoo and all("the cell still holds the buggy code as shipped" in x and "stub" not in x for x in zoo), zoo
     assert time.perf_counter() - t0 < 60
 
 

@@ -66,9 +66,30 @@ def test_wrong_merge_fails(wrong):
 
 
 def test_arrival_order_message():
-    res = run_checks(MERGE, WRONG_MERGE["sums in arrival order"], quiet=True)
-    line = next(o.line() for o in res.outcomes if o.status == "fail")
-    assert "different bits" in line and "arrival" in line
+    """The report shows the bits and the distance in ulps, and says which of O and lse differ (an lse printed
+    twice in decimal looked like "values that differ" when only O did)."""
+    for wrong in ("sums in arrival order", "running pairwise merge in arrival order"):
+        res = run_checks(MERGE, WRONG_MERGE[wrong], quiet=True)
+        line = next(o.line() for o in res.outcomes if o.status == "fail" and "arrival orders" in o.name)
+        assert "different bits" in line and "arrival" in line, line
+        assert "[bits 0x" in line and "O values differ, by up to" in line and "ulp" in line, line
+
+
+def test_bit_difference_shows_bits_and_ulps():
+    one = torch.tensor(2.98306561)
+    nxt = torch.nextafter(one, torch.tensor(3.0))
+    o = torch.randn(8)
+    o2 = o.clone()
+    o2[3] = torch.nextafter(o[3], torch.tensor(1e9))
+    msg = lab07.bit_difference(o, one, o2, nxt)
+    bits = [f"0x{int(x.view(torch.int32)):08x}" for x in (one, nxt)]
+    assert bits[0] != bits[1] and all(b in msg for b in bits) and "1 ulp apart" in msg, msg
+    assert "1 of 8 O values differ, by up to 1 ulp" in msg, msg
+    assert "lse bitwise equal" in lab07.bit_difference(o, one, o2, one)
+    f = torch.tensor
+    assert int(lab07.ulps(f(-0.0), f(0.0))) == 0
+    tiny = f(1e-45)                                              # the smallest float32 denormal
+    assert int(lab07.ulps(-tiny, tiny)) == 2 and int(lab07.ulps(f(1.0), f(2.0))) == 2 ** 23
 
 
 # ---------------------------------------------------------------------------------------------- unified_max_partial
@@ -240,6 +261,27 @@ WRONG_FP16 = {
                                                                     o_dtype=torch.bfloat16),
 }
 
+def test_fp16_messages_name_the_accumulator_dtype():
+    """Every failure of a 16-bit accumulator says which sum is accumulated in which dtype, and that it should be
+    float32."""
+    cases = {"ℓ": WRONG_FP16["Õ in float32, ℓ still in float16"], "Õ": WRONG_FP16["ℓ in float32, Õ still in float16"]}
+    for what, fn in cases.items():
+        for o in run_checks(lab07.FP16, fn, quiet=True).outcomes:
+            assert o.status == "fail" and f"summing {what} in float16" in o.message, o.line()
+            assert "accumulated in float16 and should be float32" in o.message, o.line()
+    for o in run_checks(lab07.FP16, WRONG_FP16["bfloat16 accumulators (range, not precision)"], quiet=True).outcomes:
+        assert o.status == "fail" and "accumulated in bfloat16 and should be float32" in o.message, o.line()
+    fn = _shipped(lab07.FP16)
+    try:
+        outcomes = lab07.checks_as_is(lab07.FP16, fn)
+    finally:
+        core._LEARNER.pop(lab07.FP16, None)
+    assert outcomes and all("accumulated in float16 and should be float32" in o.message for o in outcomes)
+    # another bug (a dropped tile) is not blamed on the dtype
+    res = run_checks(lab07.FP16, lambda s, v, block: _fp16(s[:-1], v[:-1], block), quiet=True)
+    assert res.failed > 0 and not any("accumulated in" in o.message for o in res.outcomes)
+
+
 WRONG_BUGS = {lab07.NAN: WRONG_NAN, lab07.BASE2: WRONG_BASE2, lab07.STRIDED: WRONG_STRIDED, lab07.EMPTY: WRONG_EMPTY,
               lab07.FP16: WRONG_FP16}
 BUG_CASES = [(name, w) for name, ws in WRONG_BUGS.items() for w in ws]
@@ -281,7 +323,10 @@ def test_untouched_bug_cell_is_a_todo_and_an_edited_one_is_graded(name, capsys):
     fn = _shipped(name)
     try:
         res = run_checks(name, fn)
-        assert_one_todo_line(res, capsys.readouterr().out, name)
+        out = capsys.readouterr().out
+        assert res.todo and not res.ok and res.passed == 0
+        assert out == f"📝 TODO: {lab07.untouched_line(name)}\n" and "Traceback" not in out, out
+        assert out.startswith(f"📝 TODO: fix {name}: the cell still holds the buggy code") and "stub" not in out
         # a comment added to the cell still counts as untouched; a change of code is graded (and still fails)
         src = core.stub_source(name)
         commented = src.replace('"""\n', '"""\n    # looking for the bug...\n', 1)

@@ -1,5 +1,6 @@
 """tools/ncu_sass.py on the committed Nsight Compute profiles (results/h200/ncu-sass/): the numbers that
-results/h200/ncu-sass/README.md and Lab 06 cite come out of the files as committed."""
+results/h200/ncu-sass/README.md and the Lab 06 notes (results/notes/06_paged_ragged.md) cite come out of the files as
+committed."""
 from __future__ import annotations
 
 import importlib.util

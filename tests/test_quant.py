@@ -224,7 +224,8 @@ def test_quantize_kv_errors():
         quant.quantize_kv(x, torch.float16)
     with pytest.raises(ValueError, match="granularity: expected one of 'tensor', 'head', 'token', got 'row'"):
         quant.quantize_kv(x, torch.int8, "row")
-    with pytest.raises(TypeError, match="x: expected a float16, bfloat16 or float32 tensor to quantize, got torch.int8"):
+    with pytest.raises(TypeError, match="x: expected a float16, bfloat16 or float32 tensor to quantize, got "
+                                        "torch.int8"):
         quant.quantize_kv(x.to(torch.int8))
     with pytest.raises(ValueError, match=r"x: expected \[..., H_kv, D\]"):
         quant.quantize_kv(torch.randn(5))

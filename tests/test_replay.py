@@ -105,6 +105,24 @@ def test_out_lse_and_default_lengths_are_roles_and_their_absence_is_part_of_the_
     assert len(p._replays) == 3
 
 
+def test_a_replayed_call_on_the_cpu_still_checks_its_lengths(direct):
+    """On the CPU a tensor of lengths is on the host and checked on every call as a list is: a call replayed from
+    a checked one checks it too, so a length changed in place to one outside 0..L_max raises, not clamps."""
+    p = fdlib.plan(3, 4, 2, 32, 40, dtype=torch.float32, device=DEVICE, method="unified", num_splits=2)
+    q, k, v, lens = problem(0)
+    p.run(q, k, v, lens)
+    p.run(q, k, v, lens)
+    n = len(direct)
+    assert n == 1 and len(p._replays) == 1
+    lens[1] = 41
+    with pytest.raises(ValueError, match="cache_seqlens: lengths must be <= the cache's L_max=40, got a maximum of 41"):
+        p.run(q, k, v, lens)
+    lens[1] = -1
+    with pytest.raises(ValueError, match="cache_seqlens: lengths must be >= 0, got a minimum of -1"):
+        p.run(q, k, v, lens)
+    assert len(direct) == n
+
+
 def test_a_new_layout_is_checked_first(direct):
     p = fdlib.plan(3, 4, 2, 32, 40, dtype=torch.float32, device=DEVICE, method="unified", num_splits=2)
     q, k, v, lens = problem(0)

@@ -182,3 +182,117 @@ def test_record_tool_needs_a_gpu(tmp_path, capsys):
     assert mod.case_name("128:32:8:uniform:1024:16") == "B128-32x8-uniform-1024-page16"
     with pytest.raises(SystemExit, match="B:H_q:H_kv:dist:mean:page"):
         mod.record_case("128:32:8:uniform", 0, 1, ["auto"])
+
+
+# ----------------------------------------------------------------------------------------------- pretend GPU, parts
+def test_pretend_gpu_keeps_an_sms_rates_and_scales_the_bandwidth():
+    g = T.pretend_gpu(8)
+    h200 = T.gpus.PRESETS["H200"]
+    assert g.sms == 8 and "8 SMs" in g.name and "H200" in g.name
+    assert g.bandwidth_tbs == pytest.approx(h200.bandwidth_tbs * 8 / 132)
+    assert g.smem_per_sm_kb == h200.smem_per_sm_kb and g.regs_per_sm == h200.regs_per_sm
+    _, cal, _, r = T.model_inputs([4096] * 8, 4, 1, gpu=g)
+    _, cal_h, _, r_h = T.model_inputs([4096] * 8, 4, 1, gpu="H200")
+    assert cal.bw_tbs == pytest.approx(cal_h.bw_tbs * 8 / 132) and cal.rho_tbs == cal_h.rho_tbs
+    assert cal.t_wave_us == cal_h.t_wave_us and r == r_h
+    tl = T.model_timeline(T.batch_lengths("uniform", B=8, mean=4096), 4, 1, gpu=g)
+    assert tl.sms == 8 and set(tl.sm.tolist()) <= set(range(8)) and tl.device == g.name
+    assert tl.kv_mb / tl.makespan <= cal.bw_tbs * (1 + 1e-9)      # never faster than the pretend GPU's BW
+    with pytest.raises(ValueError, match="sms"):
+        T.pretend_gpu(0)
+    with pytest.raises(ValueError, match="sms"):
+        T.pretend_gpu(200)
+
+
+def test_batch_lengths_take_a_mean():
+    assert T.batch_lengths("uniform") == T.batch_lengths("uniform", mean=16384)
+    lens = T.batch_lengths("uniform", B=8, mean=4096)
+    assert len(lens) == 8 and max(lens) <= 2 * 4096 and lens != T.batch_lengths("uniform", B=8)
+
+
+def test_a_piece_ends_when_its_bytes_are_streamed_at_the_shared_rate():
+    """P0 streams 2 MB of row a then 2 MB of row b, P1 starts up for 0.5 µs then streams 1 MB of row c; 2 SMs,
+    BW 1 TB/s, ρ 1: P0 alone at 1 MB/µs until 0.5, both at 0.5 until P1 ends at 2.5 (P0 has streamed 1.5 MB),
+    P0 alone again: a ends at 3, b at 5, and b's merge (P0 finished its last piece) at 5.25."""
+    progs = [T._Program(((("a", 0), 2.0), (("b", 0), 2.0)), 0.0, -1), T._Program(((("c", 0), 1.0),), 0.5, 0)]
+    sm, s, e, parts = T.simulate(progs, sms=2, r=1, bw_tbs=1.0, rho_tbs=1.0, merge_us={("b", 0): 0.25}, parts=True)
+    p0 = [(kind, key, a, b) for pid, kind, key, a, b in parts if pid == 0]
+    assert [(k, key) for k, key, _, _ in p0] == [("stream", ("a", 0)), ("stream", ("b", 0)), ("merge", None)]
+    assert [x for _, _, a, b in p0 for x in (a, b)] == pytest.approx([0.0, 3.0, 3.0, 5.0, 5.0, 5.25])
+    p1 = [(kind, a, b) for pid, kind, _, a, b in parts if pid == 1]
+    assert p1 == [("start-up", 0.0, 0.5), ("stream", 0.5, pytest.approx(2.5))]
+    assert e.tolist() == pytest.approx([5.25, 2.5])
+    assert T.simulate(progs, sms=2, r=1, bw_tbs=1.0, rho_tbs=1.0, merge_us={})[2].tolist() == pytest.approx([5.0, 2.5])
+
+
+@pytest.mark.parametrize("schedule", T.SCHEDULES)
+def test_parts_tile_every_program_from_start_to_end(schedule):
+    lens = [0, 1, 127, 700, 3000, 5000]
+    tl = T.model_timeline(lens, 4, 1, schedule=schedule, gpu=T.pretend_gpu(4))
+    by = {}
+    for i, kind, b, a, e in tl.parts:
+        by.setdefault(i, []).append((kind, b, a, e))
+    assert set(by) == set(range(tl.programs))
+    for i, ps in by.items():
+        assert ps[0][2] == pytest.approx(tl.start_us[i]) and ps[-1][3] == pytest.approx(tl.end_us[i])
+        for (_, _, _, e0), (_, _, a1, _) in zip(ps, ps[1:]):
+            assert a1 == pytest.approx(e0)                       # no gap inside a program
+        kinds = [k for k, *_ in ps]
+        assert kinds[0] in ("start-up", "stream") and kinds.count("merge") <= 1 and "merge" not in kinds[:-1]
+        assert all(lens[b] > 0 for kind, b, _, _ in ps if kind == "stream")
+    rows = {b for _, kind, b, _, _ in tl.parts if kind == "stream"}
+    assert rows == {b for b, L in enumerate(lens) if L > 0}          # every row with keys is streamed by someone
+
+
+def test_idle_spans_add_up_to_the_idle_fraction():
+    g = T.pretend_gpu(8)
+    lens = T.batch_lengths("uniform", B=8, mean=4096)
+    for schedule in ("split", "balanced", "stream-k"):
+        tl = T.model_timeline(lens, 4, 1, schedule=schedule, gpu=g)
+        idle = sum(b - a for k in range(tl.sms) for a, b in T.idle_spans(tl, k))
+        assert idle / (tl.sms * tl.makespan) == pytest.approx(tl.idle_fraction, abs=1e-9), schedule
+    # the two-stage path's kernel boundary is idle on every SM; its stage-2 merge is not
+    split = T.model_timeline(lens, 4, 1, schedule="split", gpu=g)
+    (_, a, b), (_, m0, m1) = split.bands
+    for k in range(split.sms):
+        spans = T.idle_spans(split, k)
+        assert any(s <= a + 1e-9 and e >= b - 1e-9 for s, e in spans)
+        assert not any(s < m1 - 1e-9 and e > m0 + 1e-9 for s, e in spans)
+
+
+def test_gantt_colours_merge_and_idle_apart_from_the_sequences():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+    g = T.pretend_gpu(8)
+    lens = T.batch_lengths("uniform", B=8, mean=4096)
+    tls = [T.model_timeline(lens, 4, 1, schedule=s, gpu=g) for s in ("split", "balanced", "stream-k")]
+    ax = T.draw_gantt(tls[1])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert [f"sequence {b}" for b in range(8)] == labels[:8]
+    assert "merge" in labels and "idle SM" in labels and "start-up (pale)" in labels
+    assert T.MERGE_COLOR not in T.SEQUENCE_COLORS and len(set(T.SEQUENCE_COLORS)) == len(T.SEQUENCE_COLORS)
+    faces = {to_hex(c) for coll in ax.collections for c in coll.get_facecolor()}
+    assert T.MERGE_COLOR in faces and to_hex(T.IDLE_STYLE["facecolor"]) in faces
+    assert "pretend H200 with 8 SMs" in ax.get_title() and "cost model" in ax.get_title()
+    assert ax.get_ylabel() == "SM id (8 SMs)" and "(µs)" in ax.get_xlabel()
+    fig = T.draw_gantts(tls, suptitle="three schedules")
+    axes = fig.get_axes()
+    assert len(axes) == 3 and len({a.get_xlim() for a in axes}) == 1
+    assert axes[0].get_legend() is not None and all(a.get_legend() is None for a in axes[1:])
+    assert axes[-1].get_xlabel().endswith("(µs)")
+    with pytest.raises(ValueError, match="tls"):
+        T.draw_gantts([])
+    plt.close("all")
+
+
+def test_piece_boundaries_after_a_stretch_with_nothing_streaming():
+    """One slot: P0 streams rows a and b (1 MB each at 1 MB/µs), then P1 starts up for 1 µs (nothing streams:
+    the virtual clock stands still) and streams rows c and d."""
+    progs = [T._Program(((("a", 0), 1.0), (("b", 0), 1.0)), 0.0, -1),
+             T._Program(((("c", 0), 1.0), (("d", 0), 1.0)), 1.0, -1)]
+    *_, parts = T.simulate(progs, sms=1, r=1, bw_tbs=5.0, rho_tbs=1.0, merge_us={}, parts=True)
+    assert [(pid, kind, key[0] if key else None) for pid, kind, key, _, _ in parts] == [
+        (0, "stream", "a"), (0, "stream", "b"), (1, "start-up", "c"), (1, "stream", "c"), (1, "stream", "d")]
+    assert [x for *_, a, b in parts for x in (a, b)] == pytest.approx([0, 1, 1, 2, 2, 3, 3, 4, 4, 5])

@@ -12,7 +12,7 @@ import fdlib
 import fdlib.api
 import fdlib.validate
 from fdlib.kernels.config import chunk_for, tile_config
-from helpers import DEVICE, assert_attention_close, counters_zero, make_problem
+from helpers import DEVICE, assert_attention_close, counters_zero, make_problem, run_device_lengths
 
 B, L, H_Q, H_KV, D = 2, 20, 4, 2, 32
 
@@ -195,22 +195,33 @@ class _NoHostCopy:
 
 @pytest.mark.parametrize("method", ["naive", "split", "unified", "persistent", "auto"])
 def test_default_call_reads_nothing_back_and_clamps_bad_lengths(monkeypatch, method):
-    """A default call never reads tensor values on the host (the plan is made from shapes alone); device
+    """A default call never reads device tensor values on the host (the plan is made from shapes alone); device
     lengths outside 0..L_max are clamped on the device (the result is that of the clamped lengths) and the
-    plan's flag records it; check_lengths=True reads them and raises instead."""
+    plan's flag records it; check_lengths=True reads them and raises instead. On the CPU, q's device is the host:
+    there a tensor of lengths is read and checked like a list (ValueError, no device to sync with), so the trapped
+    calls pass no lengths (all L_max) and the kernels' clamp is reached through the plan's launch."""
     args = base()
     q, k, v = args["q"], args["k_cache"], args["v_cache"]
     fdlib.api._PLANS.clear()
     trap = _NoHostCopy(monkeypatch)
     bad = torch.tensor([-4, L + 5], dtype=torch.int32, device=DEVICE)
+    on_host = bad.device.type == "cpu"
     trap.on = True
-    out, lse = fdlib.decode_attention(q, k, v, bad, method=method, return_lse=True)   # plan made and run
-    out2 = fdlib.decode_attention(q, k, v, args["cache_seqlens"], method=method)     # the cached plan
+    out, lse = fdlib.decode_attention(q, k, v, None if on_host else bad, method=method, return_lse=True)   # made, run
+    out2 = fdlib.decode_attention(q, k, v, None if on_host else args["cache_seqlens"], method=method)   # cached plan
     trap.on = False
+    p = fdlib.api.plan_for(q, k, v, method=method)
+    if on_host:
+        full = torch.full((B,), L, dtype=torch.int32, device=DEVICE)
+        assert_attention_close(out, lse, q, k, v, full, what=f"{method} plan made under the trap")
+        assert_attention_close(out2, None, q, k, v, full, what=f"{method} cached plan")
+        with pytest.raises(ValueError, match="cache_seqlens: lengths must be >= 0"):
+            fdlib.decode_attention(q, k, v, bad, method=method)
+        out, lse = run_device_lengths(p, q, k, v, bad, return_lse=True)
+    else:
+        assert_attention_close(out2, None, q, k, v, args["cache_seqlens"], what=f"{method} cached plan")
     clamped = torch.tensor([0, L], dtype=torch.int32, device=DEVICE)
     assert_attention_close(out, lse, q, k, v, clamped, what=f"{method} with clamped lengths")
-    assert_attention_close(out2, None, q, k, v, args["cache_seqlens"], what=f"{method} cached plan")
-    p = fdlib.api.plan_for(q, k, v, method=method)
     assert p.clamped() is True and p.clamped() is False     # read, then reset
     with pytest.raises(ValueError, match="cache_seqlens"):
         fdlib.decode_attention(q, k, v, bad, method=method, check_lengths=True)

@@ -1,4 +1,5 @@
-"""Record per-program timelines of the split, balanced and stream-K plans on a GPU, for Lab 06's Gantt charts.
+"""Record per-program timelines of the split, balanced and stream-K plans on a GPU (results/notes/06_paged_ragged.md
+reads them; Lab 06 draws the model's timelines).
 
     python tools/record_timeline.py --out OUT_DIR [--seed 0] [--repeats 5]
     python tools/record_timeline.py --out OUT_DIR --cases B:H_q:H_kv:dist:mean:page,... \

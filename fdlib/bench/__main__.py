@@ -10,6 +10,8 @@ Examples::
     python -m fdlib.bench --heads-sweep                     # groups 1..16, D 64..256: auto vs every kernel
     python -m fdlib.bench --ragged --page-size 16           # ragged batches on a paged cache (--L: mean lengths)
     python -m fdlib.bench --qlen                            # q_len 1,2,4,8 query tokens: fdlib vs cuDNN, FA2
+    python -m fdlib.bench --generate                        # a Llama-3-8B decode step: HF's caches vs fdlib.hf
+    python -m fdlib.bench --generate --quick                # the same code path on a tiny model (CPU numbers)
     python -m fdlib.bench --kv-dtype float8_e4m3fn --kv-scale head   # the grid over an 8-bit KV cache (also --ragged)
 """
 from __future__ import annotations
@@ -83,6 +85,17 @@ def parser() -> argparse.ArgumentParser:
                         "FlashAttention with the bottom-right causal mask, q_len 1,2,4,8 on (B, L) = (1, 128k), "
                         "(16, 8k), (1|4, 8k|32k), 32:8, D=128, fp16; --B/--L give the product of their lists instead")
     m.add_argument("--q-lens", type=_ints, help="with --qlen: the q_len values (default 1,2,4,8)")
+    m.add_argument("--generate", action="store_true",
+                   help="one decode step of the Llama-3-8B shape (random weights, bf16): HF's DynamicCache and "
+                        "StaticCache (+ torch.compile) with sdpa against fdlib.hf eager and as a CUDA graph; ms per "
+                        "step, tokens/s, the bandwidth bound (needs a GPU; --quick: a tiny model, CPU allowed)")
+    m.add_argument("--batches", type=_ints, help="with --generate: batch sizes (default 1,8)")
+    m.add_argument("--contexts", type=_ints, help="with --generate: keys per sequence (default 8192,32768,131072)")
+    m.add_argument("--variants", type=_names,
+                   help="with --generate: hf_dynamic,hf_static,hf_static_compiled,fdlib_eager,fdlib_graph (default) "
+                        "and fdlib_compiled")
+    m.add_argument("--steps", type=int, help="with --generate: timed decode steps per variant (default 10)")
+    m.add_argument("--warmup-steps", type=int, help="with --generate: untimed steps first (default 3)")
     m.add_argument("--quick", action="store_true",
                    help="tiny shapes, few methods, no graphs (runs on a CPU in the Triton interpreter)")
     t = ap.add_argument_group("timing")
@@ -128,9 +141,9 @@ def main(argv=None) -> int:
     if args.kv_scale and not args.kv_dtype:
         print("--kv-scale: scales are for an 8-bit cache; give --kv-dtype too", file=sys.stderr)
         return 2
-    if args.kv_dtype and (args.host_overhead or args.qlen or args.sweep_splits):
+    if args.kv_dtype and (args.host_overhead or args.qlen or args.sweep_splits or args.generate):
         print("--kv-dtype: the dense grid (and --heads-sweep) and --ragged take an 8-bit cache; not --host-overhead, "
-              "--qlen or --sweep-splits", file=sys.stderr)
+              "--qlen, --sweep-splits or --generate", file=sys.stderr)
         return 2
     kv = dict(kv_dtype=args.kv_dtype, kv_scale=args.kv_scale)
     if args.host_overhead:
@@ -175,6 +188,24 @@ def main(argv=None) -> int:
         print(format_qlen_table(results), flush=True)
         try:
             paths = write_qlen(results, args.out, args.name, force=args.force)
+        except FileExistsError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 3
+        print("\nwrote " + ", ".join(paths.values()), flush=True)
+        return 0
+    if args.generate:
+        from .generate import format_generate_table, run_generate, write_generate
+        try:
+            results = run_generate(batches=args.batches, contexts=args.contexts, variants=args.variants,
+                                   quick=args.quick, steps=args.steps, warmup=args.warmup_steps, seed=args.seed,
+                                   ceiling=not args.no_ceiling, ceiling_gib=args.ceiling_gib,
+                                   progress=not args.no_progress, command=command)
+        except (ValueError, RuntimeError, ImportError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(format_generate_table(results), flush=True)
+        try:
+            paths = write_generate(results, args.out, args.name, force=args.force)
         except FileExistsError as e:
             print(f"error: {e}", file=sys.stderr)
             return 3

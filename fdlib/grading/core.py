@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 import sys
 import threading
 import traceback
@@ -43,7 +44,13 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 class TodoError(NotImplementedError):
-    """Raised by :func:`todo` in an exercise stub."""
+    """Raised by :func:`todo` in an exercise stub. ``line``, if given, is the TODO line's text in place of
+    "implement NAME (its body is still the stub), then run this cell again" (a bug-zoo cell is shipped with buggy
+    code to fix, not with a stub)."""
+
+    def __init__(self, message: str = "", line: str = ""):
+        super().__init__(message)
+        self.line = line
 
 
 class CheckFailure(AssertionError):
@@ -322,6 +329,23 @@ def randn(gen: torch.Generator, *shape, dtype=torch.float32, scale: float = 1.0)
     return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(dtype)
 
 
+# ---------------------------------------------------------------------------------------------- exercise cells
+EXERCISE_TAG = "exercise"
+_NAME_RE = re.compile(r"""@exercise\(\s*["']([^"']+)["']""")
+
+
+def exercise_name(cell) -> str | None:
+    """The exercise a notebook cell defines (a code cell tagged ``exercise`` whose metadata ``fdlib.exercise`` or
+    ``@exercise("labNN.name")`` decorator names it), or None if it is not an exercise cell."""
+    if cell.get("cell_type") != "code" or EXERCISE_TAG not in cell.get("metadata", {}).get("tags", []):
+        return None
+    name = cell.get("metadata", {}).get("fdlib", {}).get("exercise")
+    if name:
+        return name
+    found = _NAME_RE.search(cell.get("source", ""))
+    return found.group(1) if found else None
+
+
 # ---------------------------------------------------------------------------------------------- running checks
 @dataclass
 class CheckOutcome:
@@ -329,6 +353,7 @@ class CheckOutcome:
     status: str          # "pass", "fail", "todo"
     message: str = ""
     worth: float = 0     # the check's points (earned if status == "pass")
+    todo_line: str = ""  # a TODO's own line text (TodoError.line), if it gave one
 
     def line(self) -> str:
         if self.status == "pass":
@@ -395,7 +420,8 @@ def run_one(chk: Check, impl: Callable, timeout_s: float | None = None) -> Check
             chk.fn(impl, gen)
             box["outcome"] = CheckOutcome(chk.name, "pass")
         except (TodoError, NotImplementedError) as e:
-            box["outcome"] = CheckOutcome(chk.name, "todo", str(e) or f"implement {chk.exercise}")
+            box["outcome"] = CheckOutcome(chk.name, "todo", str(e) or f"implement {chk.exercise}",
+                                          todo_line=getattr(e, "line", ""))
         except CheckFailure as e:
             box["outcome"] = CheckOutcome(chk.name, "fail", str(e))
         except BaseException as e:  # noqa: BLE001 - grader bugs must not break the notebook either
@@ -421,8 +447,8 @@ def run_checks(name: str, impl: Callable, quiet: bool = False, timeout_s: float 
         out = run_one(chk, impl, timeout_s)
         if out.status == "todo" and i == 0:
             res.todo = True
-            res.outcomes = [CheckOutcome(chk.name, "todo", f"implement {name} (its body is still the stub), "
-                                         f"then run this cell again", chk.points)]
+            res.outcomes = [CheckOutcome(chk.name, "todo", out.todo_line or f"implement {name} (its body is still "
+                                         f"the stub), then run this cell again", chk.points, out.todo_line)]
             if not quiet:
                 print(res.outcomes[0].line())
             return res

@@ -18,7 +18,8 @@ Graded exercises (the learner writes the function):
 
 The bug zoo: each exercise is shipped as a small merge function carrying one real class of bug from public
 decode-attention code; the learner finds and fixes it. The shipped (buggy) version fails its checks
-(:func:`checks_as_is` runs them on it; the check cell shows a TODO line for the untouched cell instead):
+(:func:`checks_as_is` runs them on it; the check cell shows a TODO line for the untouched cell instead, saying
+that the cell still holds the buggy code to fix):
 
 * ``lab07.bug_nan_merge(o_a, lse_a, o_b, lse_b) -> (o, lse)``: two partials whose lse are both −inf merged into NaN.
 * ``lab07.bug_lse_base2(o, lse2) -> (o, lse)``: an lse kept in base 2 (exp2 kernels) merged as if in base e.
@@ -75,12 +76,18 @@ def unified_max_partial(s, v, phi, a, b):
     todo("lab07.unified_max_partial")
 ''')
 
+def untouched_line(name: str) -> str:
+    """The TODO line of a bug-zoo cell that still holds the code it was shipped with."""
+    return f"fix {name}: the cell still holds the buggy code as shipped; find the bug, fix it, then run this cell again"
+
+
 def _bug_stub(name: str, source: str) -> str:
     """Register a bug-zoo stub: the buggy function as shipped. Its untouched cell is "not started" (one TODO
-    line, like every other stub; recognised by its code, comments and docstring aside); any edit is graded."""
+    line, like every other stub, saying that the buggy code is still there; recognised by its code, comments and
+    docstring aside); any edit is graded."""
     def guard(impl):
         if is_untouched(impl, source):
-            raise TodoError(f"implement {name}")
+            raise TodoError(f"fix {name}", line=untouched_line(name))
     return exercise_stub(name, source, guard=guard)
 
 
@@ -266,6 +273,43 @@ def _shuffled(gen, S):
     return torch.randperm(S, generator=gen).tolist()
 
 
+def _ordered_bits(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> int64 that counts float32 steps: adjacent float32 numbers map to adjacent integers (±0 to 0)."""
+    bits = x.detach().float().cpu().contiguous().view(torch.int32).to(torch.int64)
+    return torch.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many float32 steps (units in the last place, ulps) lie between a and b, elementwise (finite values)."""
+    return (_ordered_bits(a) - _ordered_bits(b)).abs()
+
+
+def bits_of(x) -> str:
+    """A float32 number with its bit pattern: '2.98306561 [bits 0x403ee952]'."""
+    t = torch.as_tensor(x, dtype=torch.float32).reshape(())
+    return f"{float(t):.9g} [bits 0x{int(t.view(torch.int32)) & 0xFFFFFFFF:08x}]"
+
+
+def _n_ulps(n: int) -> str:
+    return f"{n} ulp" if n == 1 else f"{n} ulps"
+
+
+def bit_difference(o1, lse1, o2, lse2) -> str:
+    """Where two merge results differ, in bits: the lse's bit patterns and how many O values differ, by how
+    many ulps."""
+    parts = []
+    if torch.equal(lse1, lse2):
+        parts.append(f"lse bitwise equal, {bits_of(lse1)}")
+    else:
+        parts.append(f"lse {bits_of(lse1)} vs {bits_of(lse2)}, {_n_ulps(int(ulps(lse1, lse2)))} apart")
+    diff = o1 != o2
+    if bool(diff.any()):
+        parts.append(f"{int(diff.sum())} of {o1.numel()} O values differ, by up to {_n_ulps(int(ulps(o1, o2).max()))}")
+    else:
+        parts.append("O bitwise equal")
+    return "; ".join(parts)
+
+
 @check_case(MERGE, "random partials (S = 1, 2, 3, 7, 16; D = 80, 96; lse spread up to ±40) vs float64", points=2)
 def _m_values(impl, gen):
     for S, D, spread in ((1, 80, 4.0), (2, 96, 4.0), (3, 80, 1.0), (7, 96, 10.0), (16, 80, 40.0)):
@@ -298,10 +342,10 @@ def _m_order(impl, gen):
                 _compare(*got, ref_o, ref_lse, f"S={S}")
                 continue
             if not (torch.equal(got[0], first[1][0]) and torch.equal(got[1], first[1][1])):
-                n = int((got[0] != first[1][0]).sum())
                 raise CheckFailure(f"S={S}: arrival {first[0]} and arrival {arrival} give different bits "
-                                   f"({n} of {o.shape[1]} O values differ, lse {float(first[1][1]):.9g} vs "
-                                   f"{float(got[1]):.9g}): the merge order must not follow the arrival order")
+                                   f"({bit_difference(first[1][0], first[1][1], got[0], got[1])}; an ulp is the "
+                                   f"gap between two adjacent float32 numbers): the merge order must not follow "
+                                   f"the arrival order")
 
 
 @check_case(MERGE, "empty partials: some lse = -inf weigh 0; all -inf gives O = 0, lse = -inf, no NaN")
@@ -562,6 +606,31 @@ def _e_zero(impl, gen):
 
 
 # ---------------------------------------------------------------------------------------------- bug zoo: fp16 sums
+def _accumulated_in(dtype, s, v, block):
+    """(ℓ, Õ) of one split summed tile by tile into accumulators of ``dtype`` (what the shipped bug does)."""
+    m = s.max() if len(s) else torch.tensor(NEG_INF)
+    p_all = torch.exp(s - (m if torch.isfinite(m) else torch.zeros_like(m)))
+    l, o = torch.zeros((), dtype=dtype), torch.zeros(v.shape[1], dtype=dtype)
+    for lo in range(0, len(s), block):
+        p = p_all[lo:lo + block]
+        l = l + p.sum().to(dtype)
+        o = o + (p @ v[lo:lo + block].float()).to(dtype)
+    return l.float(), o.float()
+
+
+def _accumulator_hint(got, which: int, s, v, block) -> str:
+    """'. That is ... accumulated in float16 ...' when ``got`` (ℓ for which=0, Õ for 1) is what a 16-bit accumulator
+    gives on these inputs, else ''."""
+    for dtype in (torch.float16, torch.bfloat16):
+        sim = _accumulated_in(dtype, s, v, block)[which]
+        if torch.equal(torch.nan_to_num(got.reshape(sim.shape)), torch.nan_to_num(sim)):
+            name = str(dtype).split(".")[1]
+            what = "ℓ" if which == 0 else "Õ"
+            return (f". That is exactly what summing {what} in {name} gives: the sum is accumulated in {name} and "
+                    f"should be float32 (start {what} as a float32 zero and drop the .to({name}) cast on each add)")
+    return ""
+
+
 def _fp16_case(impl, s, v, block, what, rtol=2e-5):
     got = call(impl, {"s": s, "v": v, "block": block})
     m, l, o = expect_tuple(got, what, 3, "m, ℓ, Õ")
@@ -578,10 +647,14 @@ def _fp16_case(impl, s, v, block, what, rtol=2e-5):
     ref_l, ref_o = p.sum(), (p @ v.double() if n else torch.zeros(v.shape[1], dtype=torch.float64))
     assert_close(m.reshape(()), ref_m, f"{what}: m", 0, 0)
     if bool(torch.isinf(l)) and not bool(torch.isinf(ref_l)):
-        raise CheckFailure(f"{what}: ℓ overflowed to inf (the true ℓ is {float(ref_l):.6g}; float16 stops at 65504)")
-    assert_close(l.reshape(()), ref_l, f"{what}: ℓ", 1e-30, rtol)
+        raise CheckFailure(f"{what}: ℓ overflowed to inf (the true ℓ is {float(ref_l):.6g}; float16 stops at 65504)"
+                           + _accumulator_hint(l, 0, s, v, block))
     scale = max(float(ref_o.abs().max()) if n else 1.0, 1e-30)
-    assert_close(o, ref_o, f"{what}: Õ", rtol * scale, rtol)
+    for got, ref, which, atol in ((l.reshape(()), ref_l, 0, 1e-30), (o, ref_o, 1, rtol * scale)):
+        try:
+            assert_close(got, ref, f"{what}: {'ℓ' if which == 0 else 'Õ'}", atol, rtol)
+        except CheckFailure as e:
+            raise CheckFailure(str(e) + _accumulator_hint(got, which, s, v, block)) from None
 
 
 @check_case(FP16, "a split of 300 keys (normal logits), tiles of 32: m, ℓ, Õ vs float64", points=2)

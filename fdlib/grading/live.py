@@ -179,11 +179,10 @@ def _source(cell: dict) -> str:
 
 def exercise_sources(nb: dict) -> dict[str, str]:
     """``{exercise name: source}`` of the exercise cells of a notebook read as JSON."""
-    from .notebook_tools import exercise_name   # notebook_tools imports this module: read when called
     out = {}
     for cell in nb.get("cells", []):
         cell = {**cell, "source": _source(cell)}
-        name = exercise_name(cell)
+        name = core.exercise_name(cell)
         if name:
             out[name] = cell["source"]
     return out

@@ -10,7 +10,6 @@ resetting an exercise and restoring a backup happen in the notebook open in Jupy
 from __future__ import annotations
 
 import linecache
-import re
 from pathlib import Path
 
 import nbformat
@@ -18,21 +17,10 @@ import nbformat
 from . import core
 from .live import reset_exercise, reveal_solution  # noqa: F401 - notebook 00 imports them from here
 
-TAG = "exercise"
+TAG = core.EXERCISE_TAG
 PREAMBLE = ("import math\nimport torch\nimport triton\nimport triton.language as tl\nimport fdlib\n"
             "from fdlib.online_softmax import State\nfrom fdlib.grading import *\n")
-_NAME_RE = re.compile(r"""@exercise\(\s*["']([^"']+)["']""")
-
-
-def exercise_name(cell) -> str | None:
-    """The exercise a cell defines, or None if it is not an exercise cell."""
-    if cell.get("cell_type") != "code" or TAG not in cell.get("metadata", {}).get("tags", []):
-        return None
-    name = cell.get("metadata", {}).get("fdlib", {}).get("exercise")
-    if name:
-        return name
-    found = _NAME_RE.search(cell.get("source", ""))
-    return found.group(1) if found else None
+exercise_name = core.exercise_name
 
 
 def exercise_cells(nb) -> dict[str, int]:

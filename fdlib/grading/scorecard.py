@@ -146,7 +146,8 @@ def exercise_lines(g: ExerciseGrade, sym: dict, verbose: bool = False) -> list[s
         return [f"  {sym['fail']} {g.name}: 0/{_num(g.max_points)} points: {g.error}"]
     r = g.result
     if r.todo:
-        return [f"  {sym['todo']} {g.name}: not started (its cell is still the stub), 0/{_num(g.max_points)} points"]
+        why = r.outcomes[0].todo_line if r.outcomes and r.outcomes[0].todo_line else "its cell is still the stub"
+        return [f"  {sym['todo']} {g.name}: not started ({why}), 0/{_num(g.max_points)} points"]
     head = (f"  {sym['pass' if r.ok else 'fail']} {g.name}: {r.passed}/{r.total} checks, "
             f"{_num(r.points)}/{_num(g.max_points)} points")
     lines = [head]

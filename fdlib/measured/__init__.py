@@ -12,7 +12,10 @@ module of its lab (``fdlib/measured/labNN.py``); the parsing of result files liv
 from __future__ import annotations
 
 import importlib
+import json
+import math
 import pkgutil
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -29,6 +32,35 @@ class Shown:
     table: list[list[str]]
     caption: str
     sources: list[str] = field(default_factory=list)
+
+
+def gmean(xs) -> float:
+    """exp(mean(log x)): the average of ratios."""
+    xs = list(xs)
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def load(path: Path) -> dict:
+    """A recorded results file (JSON), or FileNotFoundError naming it."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such results file (python -m fdlib.bench writes it)")
+    return json.loads(path.read_text())
+
+
+def provenance(prov: dict) -> str:
+    """'NVIDIA H200, 2026-12-01 00:51 UTC, `python -m fdlib.bench ...`' from a file's ``provenance`` (the output
+    folder left out of the command)."""
+    cmd = re.sub(r"\s--out\s+\S+", "", prov["command"])
+    return f"{prov['device']}, {prov['date_utc'][:16].replace('T', ' ')} UTC, `{cmd}`"
+
+
+def shown_path(path: Path) -> str:
+    """A results file named from the repository root (results/h200/...) where it lies inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(RESULTS.parents[1]))
+    except ValueError:
+        return str(path)
 
 
 def view(name: str):

@@ -1,0 +1,401 @@
+r"""``DecodeCache``: a Hugging Face ``Cache`` laid out for fdlib, written in place, with lengths on the device.
+
+Each layer's K and V are allocated once, in fdlib's token-major layout ``[B_max, L_max, H_kv, D]`` (or pages
+``[n_pages, page_size, H_kv, D]`` behind a block table), and every step writes its new keys where they belong
+with ``index_copy_``: nothing is concatenated and nothing is allocated per step (``DynamicCache`` concatenates,
+so it copies the whole cache at every step).
+
+**The padding rule.** Sequence b's cache holds only its real tokens, from position 0: keys
+:math:`0 \ldots L_b - 1`, with :math:`L_b` its own length (``lengths[b]``, int32 on the device). A left-padded
+prompt (``attention_mask`` zeros on the left, as tokenizers pad for generation) is stored without its padding:
+token t of a chunk of T tokens with :math:`p_b` pad tokens goes to position :math:`L_b + ((t - p_b) \bmod T)`,
+so the real tokens come first and the (zeroed) pad tokens land after them, where the next tokens overwrite
+them; then :math:`L_b \mathrel{+}= T - p_b`. A decode step appends at :math:`L_b` and attends keys
+:math:`0 \ldots L_b` (fdlib's ``cache_seqlens``): exactly the keys HF's mask leaves visible, so no mask is read
+after the prefill. Padding is allowed in a sequence's first chunk only.
+
+HF's own bookkeeping counts *columns* (tokens fed, padding included): :meth:`DecodeCache.get_seq_length`
+returns that count as a 0-d device tensor, like ``StaticCache``, so positions HF derives from it stay HF's.
+
+A step is a *prefill chunk* when it has more than :data:`DECODE_MAX_Q_LEN` tokens a sequence, or when it is the
+first chunk of an empty cache in eager mode (a short prompt may be padded too). Prefill chunks are written by
+the ``"fdlib"`` attention function, which sees the padding mask (:mod:`fdlib.hf.attention`). Every other step
+is a *decode step*, written here by :meth:`DecodeCache.update` with no host sync and no branch on a device
+value, so it compiles with ``torch.compile`` and captures as a CUDA graph.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .. import runtime
+from ..plan import plan as make_plan
+from ..validate import DTYPES, MAX_Q_LEN, check_page_size
+
+DECODE_MAX_Q_LEN = MAX_Q_LEN
+"""Steps with at most this many new tokens a sequence (decode, speculative verify) run fdlib's plan."""
+
+CACHES: "weakref.WeakValueDictionary[int, DecodeCache]" = weakref.WeakValueDictionary()
+"""Live caches by key: the compiled decode op names its cache by this int (:mod:`fdlib.hf.ops`)."""
+
+
+class _Active:
+    """The cache whose ``update`` ran last: the ``"fdlib"`` attention function reads it (HF hands the cache to
+    ``update``, not to the attention function)."""
+    cache = None
+
+
+ACTIVE = _Active()
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if get is not None else config
+
+
+def _dtype_of(config, dtype):
+    if dtype is None:
+        name = "dtype" if hasattr(config, "dtype") else "torch_dtype"   # the old name warns in 5.x
+        dtype = getattr(config, name, None) or torch.get_default_dtype()
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype, None)
+    if dtype not in DTYPES:
+        raise TypeError(f"dtype: DecodeCache holds float16, bfloat16 or float32, got {dtype}")
+    return dtype
+
+
+def _positive_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    return v
+
+
+class DecodeLayer(CacheLayerMixin):
+    """One model layer's K and V, preallocated: ``keys``/``values`` ``[B_max, L_max, H_kv, D]`` or pages
+    ``[n_pages, page_size, H_kv, D]``. Lengths and write positions are its cache's (every layer of a step writes
+    the same positions)."""
+
+    is_compileable = True
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, owner: "DecodeCache", keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self._owner = weakref.ref(owner)
+        self.keys, self.values = keys, values
+        self.device, self.dtype = keys.device, keys.dtype
+        self.batch_size, self.max_cache_len = owner.max_batch_size, owner.max_cache_len
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:   # allocated up front
+        return None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise RuntimeError("DecodeLayer.update: write through DecodeCache.update(key_states, value_states, layer_idx)")
+
+    def get_mask_sizes(self, query_length, *args, **kwargs) -> tuple[int, int]:
+        return self._owner().get_mask_sizes(query_length)
+
+    def get_seq_length(self, *args, **kwargs):
+        return self._owner().columns
+
+    def get_max_length(self) -> int:
+        return self.max_cache_len
+
+    def get_max_cache_shape(self) -> int:
+        return self.max_cache_len
+
+    def reset(self) -> None:
+        self._owner().reset()
+
+
+class DecodeCache(Cache):
+    r"""A transformers ``Cache`` that a model takes as ``past_key_values`` with ``attn_implementation="fdlib"``
+    (:func:`fdlib.hf.register` first).
+
+    Args:
+        config: the model's config (a multimodal model's text config is taken): layers, heads, head dim, dtype.
+        max_batch_size: the most sequences a call may hold (B_max); a call may hold fewer (the first B rows).
+        max_cache_len: the most tokens a sequence may hold (L_max), its prompt's padding included.
+        device: where K/V live (default: fdlib's device, ``cuda`` on a GPU). dtype: of K/V (default: the
+            config's dtype, else torch's default dtype).
+        page_size: store K/V in pages of this many tokens (a power of two from 1 to 256 dividing L_max) behind a
+            block table ``[B_max, L_max / page_size]``; default: token-major ``[B_max, L_max, H_kv, D]``.
+
+    Attributes: ``lengths`` (int32 ``[B_max]`` on the device: the keys each sequence holds), ``columns`` (0-d
+    int64: the tokens HF has fed, padding included), ``block_table`` (int32, paged only; page j of sequence b is
+    pool page j·B_max + b), ``layers[i].keys/values``.
+
+    The padding rule is in the module doc (:mod:`fdlib.hf.cache`). One fdlib plan per (q_len, scale) is made
+    once: q_len = 1 at construction, others on their first eager step (run one before capturing a CUDA graph of
+    it). Plans are made for the capacity L_max, so growing lengths never re-plan.
+    """
+
+    def __init__(self, config, max_batch_size: int, max_cache_len: int, device=None, dtype=None,
+                 page_size: int | None = None):
+        text = _text_config(config)
+        self._B_max = _positive_int("max_batch_size", max_batch_size)
+        self._L_max = _positive_int("max_cache_len", max_cache_len)
+        types = getattr(text, "layer_types", None)
+        if types is not None and any(t != "full_attention" for t in types):
+            raise NotImplementedError(f"config: DecodeCache holds full-attention layers only, got layer_types "
+                                      f"{sorted(set(types))}")
+        if getattr(text, "sliding_window", None) is not None:
+            raise NotImplementedError(f"config: DecodeCache does not implement sliding windows (sliding_window="
+                                      f"{text.sliding_window})")
+        self.H_q = int(text.num_attention_heads)
+        self.H_kv = int(getattr(text, "num_key_value_heads", None) or self.H_q)
+        self.D = int(getattr(text, "head_dim", None) or text.hidden_size // self.H_q)
+        self.scale = self.D ** -0.5   # HF's attention scaling (module.scaling): the plan made below is the one used
+        self.dtype = _dtype_of(text, dtype)
+        self.device = torch.device(runtime.DEVICE if device is None else device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if page_size is not None:
+            check_page_size(page_size)
+            if self.max_cache_len % page_size:
+                raise ValueError(f"page_size: max_cache_len={self.max_cache_len} must be a multiple of "
+                                 f"page_size={page_size}")
+        self.page_size = page_size
+        B, L, dev = self.max_batch_size, self.max_cache_len, self.device
+        if page_size is None:
+            shape, self.block_table = (B, L, self.H_kv, self.D), None
+        else:
+            pages = L // page_size
+            shape = (B * pages, page_size, self.H_kv, self.D)
+            self.block_table = (torch.arange(pages, dtype=torch.int32, device=dev)[None, :] * B
+                                + torch.arange(B, dtype=torch.int32, device=dev)[:, None]).contiguous()
+        kv = dict(dtype=self.dtype, device=dev)
+        layers = [DecodeLayer(self, torch.zeros(shape, **kv), torch.zeros(shape, **kv))
+                  for _ in range(int(text.num_hidden_layers))]
+        super().__init__(layers=layers)
+        self.lengths = torch.zeros(B, dtype=torch.int32, device=dev)
+        self.columns = torch.zeros((), dtype=torch.int64, device=dev)
+        self._rows = torch.arange(B, dtype=torch.int64, device=dev)
+        self._steps = torch.arange(DECODE_MAX_Q_LEN, dtype=torch.int64, device=dev)
+        self._slots = None          # [B·T] rows of the flattened K/V this step writes (made at layer 0)
+        self._awaiting = None       # the layer whose attention has not run yet (the attention function clears it)
+        self._seen = 0              # host copy of `columns` (eager bounds checks); None when not known
+        self._prefill = None        # the layer-0 facts of a prefill chunk, shared by its layers
+        self.prefilling = False     # whether the current step is a prefill chunk (decided at layer 0)
+        self._plans = {}
+        self.key = id(self)
+        CACHES[self.key] = self
+        statics = [t for layer in layers for t in (layer.keys, layer.values)] + [self.lengths, self.columns]
+        for t in statics + ([self.block_table] if self.block_table is not None else []):
+            torch._dynamo.mark_static_address(t)   # a compiled step's CUDA graph reads them where they are
+        self.plan(1, self.scale)
+
+    # ------------------------------------------------------------------------------------------ HF's API
+    @property
+    def max_batch_size(self) -> int:
+        return self._B_max
+
+    @property
+    def max_cache_len(self) -> int:
+        return self._L_max
+
+    @property
+    def batch_size(self) -> int:
+        return self._B_max
+
+    def get_seq_length(self, layer_idx: int = 0):
+        """Columns HF has fed (padding included), as a 0-d device tensor (no sync), like ``StaticCache``."""
+        return self.columns
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return self.max_cache_len
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return self.max_cache_len
+
+    def get_mask_sizes(self, query_length, *args, **kwargs) -> tuple[int, int]:
+        """(query_length, 0): :meth:`update` returns only the step's new keys (the fdlib attention reads the cache
+        itself and builds no mask from these sizes). transformers < 5.1x passes the step's ``cache_position``
+        tensor instead of its length."""
+        if isinstance(query_length, torch.Tensor):
+            query_length = query_length.shape[0]
+        return query_length, 0
+
+    def reset(self) -> None:
+        """Empty every sequence (K/V stay as they are: nothing past a length is read)."""
+        self.lengths.zero_()
+        self.columns.zero_()
+        self._seen, self._slots, self._prefill, self._awaiting, self.prefilling = 0, None, None, None, False
+
+    def crop(self, *args, **kwargs):
+        raise NotImplementedError("DecodeCache.crop: not supported (assisted decoding needs a cache whose rows can be "
+                                  "cut back; use HF's caches for it)")
+
+    def reorder_cache(self, *args, **kwargs):
+        raise NotImplementedError("DecodeCache: beam search (reordering or repeating rows) is not supported")
+
+    batch_repeat_interleave = batch_select_indices = reorder_cache
+
+    # ------------------------------------------------------------------------------------------ fdlib
+    def plan(self, q_len: int, scale: float | None = None):
+        """The fdlib plan of steps of ``q_len`` new tokens (made once, then reused; never re-planned per step)."""
+        key = (q_len, self.scale if scale is None else scale)
+        p = self._plans.get(key)
+        if p is None:
+            p = make_plan(self.max_batch_size, self.H_q, self.H_kv, self.D, self.max_cache_len, dtype=self.dtype,
+                          device=self.device, scale=key[1], q_len=q_len, page_size=self.page_size)
+            self._plans[key] = p
+        return p
+
+    def set_lengths(self, lengths) -> None:
+        """Declare that sequence b holds ``lengths[b]`` keys, already written in ``layers[i].keys/values``
+        (host ints; rows past the list are emptied), and that HF has fed max(lengths) columns: for tests and
+        benchmarks that fill the cache directly instead of running a prefill."""
+        lengths = [int(x) for x in lengths]
+        if not 1 <= len(lengths) <= self.max_batch_size or any(not 0 <= x <= self.max_cache_len for x in lengths):
+            raise ValueError(f"lengths: expected 1..{self.max_batch_size} values in 0..{self.max_cache_len}, got "
+                             f"{lengths}")
+        full = lengths + [0] * (self.max_batch_size - len(lengths))
+        self.lengths.copy_(torch.tensor(full, dtype=torch.int32))
+        self.columns.fill_(max(lengths))
+        self._seen = max(lengths)
+
+    def token_view(self, layer_idx: int, which: str = "keys", B: int | None = None) -> torch.Tensor:
+        """Layer ``layer_idx``'s keys or values as ``[B, L_max, H_kv, D]`` (a view; a gathered copy when paged)."""
+        t = getattr(self.layers[layer_idx], which)
+        B = self.max_batch_size if B is None else B
+        if self.page_size is None:
+            return t[:B]
+        return t[self.block_table[:B].long()].reshape(B, self.max_cache_len, self.H_kv, self.D)
+
+    # ------------------------------------------------------------------------------------------ writes
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Note the new K/V of ``layer_idx`` (HF's ``[B, H_kv, T, D]``) and return them. Layer 0 decides whether
+        the step is a decode step or a prefill chunk (module doc); a decode step's K/V are written in place now,
+        at each sequence's length (layer 0 first advances the lengths for every layer)."""
+        if layer_idx != 0 and self._awaiting is not None:
+            raise RuntimeError(f"DecodeCache: layer {self._awaiting} ran its attention without fdlib; load the model "
+                               "with attn_implementation='fdlib' (call fdlib.hf.register() first) or call "
+                               "model.set_attn_implementation('fdlib')")
+        self._check_states(key_states, value_states, layer_idx)
+        B, _, T, _ = key_states.shape
+        if layer_idx == 0:
+            self.prefilling = T > DECODE_MAX_Q_LEN or (not self._traced() and self._host_columns() == 0)
+            if self.prefilling and torch.compiler.is_compiling():
+                raise NotImplementedError(f"DecodeCache: a prefill chunk ({T} tokens a sequence, more than "
+                                          f"{DECODE_MAX_Q_LEN}) runs eagerly; compile the decode step only")
+            if not self.prefilling:
+                self._begin_decode(B, T)
+        if not self.prefilling:
+            self._write(layer_idx, key_states, value_states)
+        self._awaiting = layer_idx
+        ACTIVE.cache = self
+        return key_states, value_states
+
+    def _traced(self) -> bool:
+        """Under torch.compile or CUDA-graph capture, where the host can neither read nor count device state."""
+        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return torch.compiler.is_compiling() or capturing
+
+    def _host_columns(self) -> int:
+        """HF's columns on the host (eager only): counted by eager steps, re-read (one sync) after traced ones."""
+        if self._seen is None:
+            self._seen = int(self.columns)
+        return self._seen
+
+    def _check_states(self, k, v, layer_idx):
+        """Shapes, dtype and device of a step's new K/V (host metadata only: free under torch.compile)."""
+        if not 0 <= layer_idx < len(self.layers):
+            raise ValueError(f"layer_idx: this cache holds {len(self.layers)} layers, got {layer_idx}")
+        for name, t in (("key_states", k), ("value_states", v)):
+            if t.dim() != 4 or t.shape[1] != self.H_kv or t.shape[3] != self.D:
+                raise ValueError(f"{name}: expected [B, H_kv={self.H_kv}, T, D={self.D}], got {list(t.shape)}")
+            if t.dtype != self.dtype:
+                raise TypeError(f"{name}: the cache holds {self.dtype}, got {t.dtype}; make it with "
+                                f"DecodeCache(..., dtype={t.dtype})")
+            if t.device != self.device:
+                raise ValueError(f"{name}: the cache lives on {self.device}, got a tensor on {t.device}; make it "
+                                 f"with DecodeCache(..., device='{t.device}')")
+        if k.shape != v.shape:
+            raise ValueError(f"value_states: expected the keys' shape {list(k.shape)}, got {list(v.shape)}")
+        if k.shape[0] > self.max_batch_size:
+            raise ValueError(f"max_batch_size: this cache holds at most {self.max_batch_size} sequences, the batch "
+                             f"has {k.shape[0]}")
+
+    def _reserve(self, T: int) -> None:
+        """Eager bounds check: HF's columns + T must fit L_max (a sequence holds at most the columns). Traced
+        steps cannot check (the count is re-read at the next eager step); a length past L_max is then clamped
+        on the device and flagged by fdlib (``plan.clamped()``)."""
+        if self._traced():
+            self._seen = None
+            return
+        if self._host_columns() + T > self.max_cache_len:
+            raise ValueError(f"max_cache_len: {T} new tokens after {self._seen} do not fit the cache's "
+                             f"{self.max_cache_len} (make the DecodeCache with a larger max_cache_len)")
+        self._seen += T
+
+    def _begin_decode(self, B: int, T: int) -> None:
+        """Layer 0 of a decode step: the slots of the T new tokens of each sequence (at its length), then
+        lengths += T and columns += T. Device ops only."""
+        self._reserve(T)
+        lens = self.lengths[:B]
+        self._slots = self._flat_slots(B, lens[:, None].long() + self._steps[:T][None, :])
+        lens.add_(T)
+        self.columns.add_(T)
+
+    def _flat_slots(self, B: int, pos: torch.Tensor) -> torch.Tensor:
+        """Rows of the flattened K/V (``keys.view(-1, H_kv, D)``) that positions ``pos`` [B, T] of sequences
+        0..B-1 go to; a position past L_max is clamped to the last one (its length is then flagged by fdlib)."""
+        pos = pos.clamp(max=self.max_cache_len - 1)
+        if self.page_size is None:
+            return (self._rows[:B, None] * self.max_cache_len + pos).reshape(-1)
+        page = self.block_table[:B].long().gather(1, torch.div(pos, self.page_size, rounding_mode="floor"))
+        return (page * self.page_size + pos % self.page_size).reshape(-1)
+
+    def _write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Copy new K/V ``[B, H_kv, T, D]`` into this step's slots, in place."""
+        layer = self.layers[layer_idx]
+        for buf, new in ((layer.keys, k), (layer.values, v)):
+            rows = new.transpose(1, 2).reshape(-1, self.H_kv, self.D)
+            buf.view(-1, self.H_kv, self.D).index_copy_(0, self._slots, rows)
+
+    def begin_prefill(self, B: int, T: int, padding_mask: torch.Tensor | None) -> dict:
+        """Layer 0 of a prefill chunk of T tokens (eager): the pad tokens p_b of each sequence from HF's 2D
+        ``padding_mask`` (left padding, in a first chunk only), the slots :math:`L_b + ((t - p_b) \\bmod T)`,
+        then lengths += T - p_b and columns += T. Returns the facts every layer of the chunk uses: ``real``
+        (bool [B, T], None without padding), ``before`` (the lengths before it), ``first`` (an empty cache),
+        ``longest`` (max length after it; None for a first chunk)."""
+        seen = self._host_columns()
+        self._reserve(T)
+        dev, real = self.device, None
+        if padding_mask is not None:
+            if padding_mask.dim() != 2 or padding_mask.shape[0] != B or padding_mask.shape[1] < T:
+                raise ValueError(f"attention_mask: expected a 2D padding mask [B={B}, >= {T} columns], got "
+                                 f"{list(padding_mask.shape)}")
+            chunk = padding_mask[:, -T:].to(device=dev, dtype=torch.bool)
+            if not bool(chunk.all()):
+                if seen > 0 or not bool((chunk[:, 1:] >= chunk[:, :-1]).all()):
+                    raise ValueError("attention_mask: DecodeCache takes left padding in a sequence's first chunk "
+                                     f"only (zeros, then ones); got a zero after a one, or padding after {seen} "
+                                     "tokens")
+                real = chunk
+        before = self.lengths[:B].clone()
+        t = torch.arange(T, device=dev)
+        if real is None:
+            pos, kept = before[:, None].long() + t[None, :], T
+        else:
+            pads = T - real.sum(-1)
+            pos = before[:, None].long() + torch.remainder(t[None, :] - pads[:, None], T)
+            kept = (T - pads).to(torch.int32)
+        self._slots = self._flat_slots(B, pos)
+        self.lengths[:B].add_(kept)
+        self.columns.add_(T)
+        longest = None if seen == 0 else int(self.lengths[:B].max())
+        self._prefill = dict(real=real, before=before, first=seen == 0, longest=longest)
+        return self._prefill
+
+    def write_prefill(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write a prefill chunk's K/V at the slots of :meth:`begin_prefill` (pad tokens zeroed first)."""
+        real = self._prefill["real"]
+        if real is not None:
+            pad = ~real[:, None, :, None]
+            k, v = k.masked_fill(pad, 0), v.masked_fill(pad, 0)
+        self._write(layer_idx, k, v)

@@ -1,0 +1,178 @@
+r"""Lab 06's "what the GPU shows": ``auto`` on the ragged grid of an H200, from a contiguous cache and from pages.
+
+The grid is ``python -m fdlib.bench --ragged``: B = 8, 32, 128 sequences, H_q:H_kv = 32:8 and 32:32, D = 128, fp16,
+lengths constant, uniform or Zipf-like of mean 1024, 8192 or 32768 keys. Every batch is planned from its lengths
+(``fdlib.plan(..., lengths=...)``) and timed as a CUDA graph (one recorded launch replayed, so the host adds almost
+nothing); a batch's effective bandwidth is
+
+.. math:: \frac{\text{K/V bytes of its rows}}{\text{time}} \Big/ \text{read ceiling},
+
+the ceiling being the fastest plain read of a large buffer measured in the same run (Lab 01). The view
+(:func:`ragged`, registered as ``"ragged"``) plots that share against the bytes read, coloured by the schedule
+``auto`` ran, and tabulates it per length mix and cache.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import Shown, gmean, view
+
+CONTIGUOUS = "ragged-fp16-auto-bf0d81e.json"
+PAGED = "ragged-fp16-page16-auto-bf0d81e.json"
+"""The runs the view reads: ``auto`` alone, contiguous and in pages of 16 keys (shuffled), one device call."""
+LARGE_MB = 512
+"""Batches of at least this many MB of K/V are large enough that fixed costs should not matter."""
+TARGET_PCT = 90
+CAPTION_WIDTH = 110
+"""The caption is printed as text: wrapped to fit a notebook's output area."""
+DISTS = ("constant", "uniform", "zipf")
+DIST_NAMES = {"constant": "constant", "uniform": "uniform", "zipf": "Zipf-like"}
+MARKERS = {"constant": "s", "uniform": "o", "zipf": "^"}
+SCHEDULES = {
+    "unified": ("unified, rows in grid order", "unified", "#1f77b4"),
+    "longest-first": ("unified, longest rows first", "longest first", "#17becf"),
+    "persistent": ("persistent", "persistent", "#2ca02c"),
+    "streamk": ("stream-K", "stream-K", "#ff7f0e"),
+    "balanced": ("balanced (chunked)", "balanced", "#9467bd"),
+    "split": ("two-stage split", "split", "#8c564b"),
+}
+"""Each schedule ``auto`` can run: (legend label, table name, colour)."""
+
+
+@dataclass
+class Grid:
+    """One recorded ``--ragged`` run: its ``auto`` records by (B, H_q, H_kv, dist, mean), its ceiling and
+    provenance."""
+    name: str
+    page_size: int
+    ceiling_tbs: float
+    device: str
+    date: str
+    records: dict
+    skipped: list
+
+    @property
+    def cache(self) -> str:
+        return f"pages of {self.page_size}" if self.page_size else "contiguous"
+
+
+def load_grid(path) -> Grid:
+    """The ``auto`` records of one ``results/.../ragged-*.json`` file (status ok, CUDA-graph time present)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"results_dir: expected the recorded run {path.name} in {path.parent}, found none")
+    data = json.loads(path.read_text())
+    if data.get("kind") != "ragged":
+        raise ValueError(f"{path.name}: expected a --ragged run (kind 'ragged'), got kind {data.get('kind')!r}")
+    prov = data["provenance"]
+    recs = {(r["B"], r["H_q"], r["H_kv"], r["dist"], r["mean"]): r for r in data["records"]
+            if r["method"] == "auto" and r["status"] == "ok" and r.get("graph_us")}
+    return Grid(path.name, int(data["settings"].get("page_size") or 0), float(data["ceiling"]["tbs"]),
+                prov["device"], prov["date_utc"][:10], recs, [s["reason"] for s in data.get("skipped", [])])
+
+
+def skipped_text(g: Grid) -> str:
+    """Why a run has fewer batches than the grid: '' or ', N skipped: <the one reason>' (reasons as recorded)."""
+    if not g.skipped:
+        return ""
+    why = {r.split(">")[-1].strip() for r in g.skipped}
+    reason = f"their cache above {why.pop()}" if len(why) == 1 else "reasons in the file"
+    return f", {len(g.skipped)} skipped: {reason}"
+
+
+def schedule_of(record: dict) -> str:
+    """The key of :data:`SCHEDULES` for what ``auto`` ran on a batch."""
+    kernel = record["kernel"]
+    if kernel == "unified" and record.get("longest_first"):
+        return "longest-first"
+    if kernel not in SCHEDULES:
+        raise ValueError(f"record: unknown kernel {kernel!r} (expected one of {sorted(SCHEDULES)})")
+    return kernel
+
+
+
+def table_rows(grids) -> list[list[str]]:
+    """Header, then one row per cache and length mix: the geometric mean share of the read ceiling, how many of
+    the batches of at least :data:`LARGE_MB` MB reach :data:`TARGET_PCT`, and the schedules ``auto`` ran with the
+    number of batches of each (most used first; together, every batch of the row)."""
+    rows = [["cache", "lengths", "% ceiling", f">= {TARGET_PCT}% (>= {LARGE_MB} MB)", "schedules auto ran (batches)"]]
+    for g in grids:
+        for dist in DISTS:
+            recs = [r for k, r in g.records.items() if k[3] == dist]
+            large = [r for r in recs if r["kv_mb"] >= LARGE_MB]
+            used: dict = {}
+            for r in recs:
+                used[schedule_of(r)] = used.get(schedule_of(r), 0) + 1
+            ran = ", ".join(f"{SCHEDULES[s][1]} {n}" for s, n in sorted(used.items(), key=lambda kv: (-kv[1], kv[0])))
+            rows.append([g.cache, DIST_NAMES[dist], f"{gmean(r['pct_ceiling'] for r in recs):.1f}",
+                         f"{sum(r['pct_ceiling'] >= TARGET_PCT for r in large)} of {len(large)}", ran])
+    return rows
+
+
+def paged_over_contiguous(contiguous: Grid, paged: Grid) -> dict:
+    """time(pages) / time(contiguous) on the batches of equal lengths both runs timed (the same lengths: ragged
+    draws differ between a paged and a contiguous grid, equal lengths do not)."""
+    keys = sorted(k for k in contiguous.records if k[3] == "constant" and k in paged.records)
+    return {k: paged.records[k]["graph_us"] / contiguous.records[k]["graph_us"] for k in keys}
+
+
+def draw(grids):
+    """Two panels (one per cache): share of the read ceiling against K/V MB, colour the schedule, marker the
+    length mix. Returns the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    from ..figures import plain_ticks
+
+    fig, axes = plt.subplots(1, len(grids), figsize=(11, 4.2), sharey=True, squeeze=False)
+    seen = set()
+    for ax, g in zip(axes[0], grids):
+        for r in g.records.values():
+            s = schedule_of(r)
+            seen.add(s)
+            ax.scatter(r["kv_mb"], r["pct_ceiling"], marker=MARKERS[r["dist"]], s=42, color=SCHEDULES[s][2],
+                       edgecolor="black", linewidth=0.4, zorder=3)
+        ax.axhline(TARGET_PCT, color="0.35", ls=":", lw=1)
+        ax.axvline(LARGE_MB, color="0.35", ls="--", lw=0.8)
+        ax.set_xscale("log")
+        plain_ticks(ax, "x")
+        ax.set_xlabel("K/V bytes the batch reads (MB, log scale)")
+        ax.set_title(f"{g.cache} cache" if not g.page_size else f"{g.cache} keys (shuffled in the pool)")
+    axes[0, 0].set_ylabel("auto: % of the read ceiling")
+    handles = [Line2D([], [], ls="", marker="o", color=SCHEDULES[s][2], markeredgecolor="black", label=SCHEDULES[s][0])
+               for s in SCHEDULES if s in seen]
+    handles += [Line2D([], [], ls="", marker=MARKERS[d], color="0.6", markeredgecolor="black",
+                       label=f"{DIST_NAMES[d]} lengths") for d in DISTS]
+    handles += [Line2D([], [], color="0.35", ls=":", label=f"{TARGET_PCT}% of the ceiling"),
+                Line2D([], [], color="0.35", ls="--", lw=0.8, label=f"{LARGE_MB} MB")]
+    axes[0, -1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    g = grids[0]
+    fig.suptitle(f"fdlib auto on ragged batches: fp16, D=128, CUDA graphs, each batch planned from its lengths\n"
+                 f"recorded on {g.device} {g.date}")
+    return fig
+
+
+@view("ragged")
+def ragged(results_dir) -> Shown:
+    """``auto`` on the ragged grid, contiguous and in pages of 16 (:data:`CONTIGUOUS`, :data:`PAGED`)."""
+    results_dir = Path(results_dir)
+    contiguous, paged = load_grid(results_dir / CONTIGUOUS), load_grid(results_dir / PAGED)
+    grids = [contiguous, paged]
+    fig = draw(grids)
+    ratio = paged_over_contiguous(contiguous, paged)
+    worst = max(ratio, key=ratio.get)
+    caption = (
+        f"Figure and table: fdlib's auto alone on the --ragged grid, recorded on {contiguous.device} "
+        f"{contiguous.date} (read ceilings {contiguous.ceiling_tbs:.2f} and {paged.ceiling_tbs:.2f} TB/s): "
+        f"results/h200/{CONTIGUOUS} ({len(contiguous.records)} batches{skipped_text(contiguous)}) and "
+        f"results/h200/{PAGED} ({len(paged.records)} batches{skipped_text(paged)}).\n"
+        f"Pages of {paged.page_size} against the contiguous cache on the {len(ratio)} batches of equal lengths: "
+        f"time ratio {gmean(ratio.values()):.3f} in geometric mean, worst {ratio[worst]:.3f} "
+        f"(B={worst[0]} {worst[1]}:{worst[2]}, {worst[4]} keys, {paged.records[worst]['kv_mb']:.0f} MB).\n"
+        f"% ceiling: the geometric mean over a row's batches of (K/V bytes / time) / read ceiling; >= {TARGET_PCT}%: "
+        f"how many of its batches of at least {LARGE_MB} MB read {TARGET_PCT}% of the ceiling or more.")
+    caption = "\n".join(textwrap.fill(line, CAPTION_WIDTH) for line in caption.splitlines())
+    return Shown(fig, table_rows(grids), caption, [f"results/h200/{CONTIGUOUS}", f"results/h200/{PAGED}"])
