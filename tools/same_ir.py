@@ -1,8 +1,8 @@
 """Do two checkouts compile fdlib's 16-bit kernels to the same code? For every case of each tree's
 ``tools/compile_check.py`` (8-bit caches left out: the older tree may have none), built for sm_90 on the CPU with the
 alignment facts of a GPU launch, compare the TTGIR (Triton's GPU IR after its optimisations, before LLVM) with SSA
-value names dropped (they follow Python variable names and argument positions) and without the kernel's signature
-line (a tree may have added parameters the case does not use). The PTX differs in instruction order and register
+values renumbered in the order they are defined (their names follow Python variable names and argument positions)
+and without the kernel's signature line (a tree may have added parameters the case does not use). The PTX differs in instruction order and register
 numbers whenever the parameter list does, so it is not compared.
 
     python tools/same_ir.py /path/to/other/checkout          # exit 0: every shared case the same
@@ -29,8 +29,20 @@ for name, kernel, ptrs, meta, *warps in cc.cases():
     if meta.get("K_SCALE", 0) or meta.get("V_SCALE", 0) or (only and not any(o in name for o in only)):
         continue
     ir = cc.compile_kernel(kernel, ptrs, meta, *warps, aligned=True).asm["ttgir"]
-    lines = [l for l in ir.split("\n") if "tt.func public" not in l and not l.startswith("#loc")]
-    res[name] = [re.sub(r"%[A-Za-z_0-9]+(:\d+)?|\^bb\d+|\s*loc\([^)]*\)", "%", l) for l in lines]
+    ids, count, lines = {}, [0], []
+
+    def rename(m):   # a definition (a name before "=") gets a fresh number; a use, its latest definition's
+        name, define = m.group(1), m.group(2) or ""
+        if define or name not in ids:
+            ids[name] = "%v" + str(count[0])
+            count[0] += 1
+        return ids[name] + define
+    for l in ir.split("\n"):
+        if "tt.func public" in l or l.startswith("#loc"):
+            continue
+        l = re.sub(r"\s*loc\([^()]*(\([^()]*\)[^()]*)*\)", "", l)
+        lines.append(re.sub(r"(%[A-Za-z_0-9]+)((?::\d+)?\s*=(?!=))?", rename, l))
+    res[name] = lines
     print(name, flush=True)
 json.dump(res, open(out, "w"))
 '''
