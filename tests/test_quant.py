@@ -395,3 +395,47 @@ def test_bench_kv8_dense_and_ragged_quick_runs():
     assert main(["--qlen", "--kv-dtype", "int8"]) == 2
     with pytest.raises(ValueError, match="--kv-dtype: expected one of float8_e4m3fn, int8, got 'fp8'"):
         harness.run_benchmark(quick=True, kv_dtype="fp8")
+
+
+# ------------------------------------------------------------------------------------------ replayed launches
+from test_replay import direct  # noqa: E402,F401  (the stand-in for Triton's C launcher)
+
+
+def test_replayed_8bit_calls_take_the_new_tensors_and_scales(direct):   # noqa: F811
+    """plan.run's replay (stood in for on the CPU, as test_replay.py does): a call laid out like a checked one
+    launches with the new tensors' addresses, its per-token scale tensor among them; a per-tensor scale is a launch
+    argument, so a new value is a new layout, checked (and computed) first, then replayed with that value."""
+    from fdlib.kernels.unified import unified_args
+    if not fdlib.runtime.INTERPRET:
+        pytest.skip("stands in for the C launcher; on a GPU the real direct launches run")
+    B, H_q, H_kv, D, L = 3, 8, 2, 32, 40
+    p = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float16, device=DEVICE, method="unified", num_splits=2,
+                   kv_dtype=torch.int8, k_scale="token", v_scale="tensor")
+
+    def expected(q, k8, v8, ks, vs, lens, out, lse):
+        d, ws = p.decision, p.workspace
+        k_mul, *scales, _ = quant.launch_args(p.kv, ks, vs, ws.flag)
+        grid, ptrs, scalars = unified_args(q, k8, v8, lens, p.scale * k_mul, d.chunk, d.splits, out, lse, ws.o_part,
+                                           ws.lse_part, ws.counters, ws.flag, scales=scales)
+        go = p._launchers[0]
+        names = go.kernel.arg_names[len(ptrs) + len(scalars):]
+        return tuple(grid), (*[t.data_ptr() for t in ptrs], *scalars, *[go.meta[n] for n in names])
+
+    args = kv8_problem(0, B, 1, H_q, H_kv, D, L, [40, 17, 1], torch.int8, "token", "tensor")
+    q, k8, v8, ks, vs, kd, vd, lens, _ = args
+    assert_close_qlen(*p.run(q, k8, v8, lens, k_scale=ks, v_scale=vs, return_lse=True), q, kd, vd, lens,
+                      what="checked")
+    assert not direct and len(p._replays) == 1
+    for seed in (1, 2):
+        q, k8, v8, ks, vs, kd, vd, lens, _ = kv8_problem(seed, B, 1, H_q, H_kv, D, L, [40, 17, 1], torch.int8,
+                                                         "token", "tensor")
+        vs = args[4]   # the same per-tensor V scale: the same layout
+        out, lse = p.run(q, k8, v8, lens, k_scale=ks, v_scale=vs, return_lse=True)
+        assert direct[-1] == expected(q, k8, v8, ks, vs, lens, out, lse)
+    assert len(direct) == 2
+    out, lse = p.run(q, k8, v8, lens, k_scale=ks, v_scale=vs * 2, return_lse=True)   # a new value: checked first
+    assert len(direct) == 2 and len(p._replays) == 2
+    assert_close_qlen(out, lse, q, kd, quant.dequantize_kv(v8, vs * 2, torch.float64), lens,
+                      what="new per-tensor V scale")
+    out, lse = p.run(q, k8, v8, lens, k_scale=ks, v_scale=vs * 2, return_lse=True)
+    assert len(direct) == 3 and direct[-1] == expected(q, k8, v8, ks, vs * 2, lens, out, lse)
