@@ -33,9 +33,11 @@ from .api import clamped, decode_attention  # noqa: F401
 from . import distributed  # noqa: F401  (context-parallel decode: fdlib.distributed)
 from .plan import DecodePlan, plan  # noqa: F401
 from .reference import reference_attention  # noqa: F401
+from .quant import dequantize_kv, quantize_kv  # noqa: F401  (8-bit KV caches: fdlib.quant)
 
 __version__ = "0.1.0"
-__all__ = ["decode_attention", "clamped", "plan", "DecodePlan", "reference_attention", "describe", "runtime", "distributed"]
+__all__ = ["decode_attention", "clamped", "plan", "DecodePlan", "reference_attention", "describe", "runtime", "distributed",
+           "quantize_kv", "dequantize_kv"]
 
 
 def __getattr__(name):

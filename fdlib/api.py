@@ -11,6 +11,7 @@ from collections import OrderedDict
 
 import torch
 
+from . import quant
 from .kernels.launch import heads_adjacent
 from .plan import DecodePlan, check_lengths_and_table, plan
 from .validate import check_inputs, check_method, check_num_splits, check_scale
@@ -51,7 +52,7 @@ def clamped(reset: bool = True) -> bool:
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
                      num_splits=None, return_lse=False, max_seqlen=None, check_lengths=False, batch_invariant=False,
-                     validate=None):
+                     validate=None, k_scale=None, v_scale=None):
     r"""Attention of one query token (or a few) per sequence against its KV cache.
 
     .. math::  O_{b,h} = \sum_{j < L_b} \operatorname{softmax}_j(\text{scale}\; q_{b,h}\cdot k_{b,j,h_{kv}})\; v_{b,j,h_{kv}},
@@ -105,6 +106,11 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         batch_invariant: a sequence's out and lse are bitwise the same whatever its batchmates, the batch size,
             its place in the batch and the run (:func:`fdlib.plan.invariant_decision`: fixed tiles, chunks set
             by each row's own length, one fixed merge order: :mod:`fdlib.kernels.invariant`). The default mode is deterministic run to run for the same batch.
+        k_scale, v_scale: the scales of an 8-bit cache (k_cache/v_cache ``torch.float8_e4m3fn`` or ``torch.int8``,
+            q float16 or bfloat16; :mod:`fdlib.quant`, :func:`fdlib.quantize_kv`): each a float (per tensor), a float32
+            tensor ``[H_kv]`` (per KV head) or one of the cache's shape without D (per token and KV head); the
+            cache stands for ``stored.float() * scale``. None for a 16-bit cache. Every method but
+            ``"unified_max"`` takes them (with ``check_lengths=True`` a per-head tensor's values are read too).
 
     Every call is :func:`fdlib.plan` (made once per shape, dtype, device, method, splits and max_seqlen,
     and cached; never keyed by length values) followed by :meth:`DecodePlan.run`: no device-to-host copy,
@@ -118,24 +124,34 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
                         "default); pass check_lengths=True to check device lengths on the host, and max_seqlen= "
                         "to choose splits for a known bound")
     if torch.compiler.is_compiling():
+        if k_scale is not None or v_scale is not None:
+            raise NotImplementedError("k_scale/v_scale: the torch.compile op takes 16-bit caches only (for now)")
         return _compiled_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits,
                               return_lse, max_seqlen, check_lengths, batch_invariant)
     if method == "unified_max":
+        if k_scale is not None or v_scale is not None or getattr(k_cache, "dtype", None) in quant.KV_DTYPES:
+            raise NotImplementedError("method: 'unified_max' does not read 8-bit caches yet; pass another method "
+                                      "(every other one takes k_scale/v_scale)")
         return _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, return_lse,
                             max_seqlen, check_lengths, batch_invariant)
     p = plan_for(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, method=method,
-                 num_splits=num_splits, return_lse=return_lse, max_seqlen=max_seqlen, batch_invariant=batch_invariant)
+                 num_splits=num_splits, return_lse=return_lse, max_seqlen=max_seqlen, batch_invariant=batch_invariant,
+                 k_scale=k_scale, v_scale=v_scale)
     if check_lengths is not False:
         if check_lengths is not True:
             raise TypeError(f"check_lengths: expected a bool, got {type(check_lengths).__name__}")
         check_lengths_and_table(cache_seqlens, block_table, q.shape[0], p.L_max, p.page_size,
                                 k_cache.shape[0], p.device)   # the one device-to-host read
+        quant.check_values("k_scale", k_scale)
+        quant.check_values("v_scale", v_scale)
     try:
-        return p.run(q, k_cache, v_cache, cache_seqlens, block_table=block_table, return_lse=return_lse)
+        return p.run(q, k_cache, v_cache, cache_seqlens, block_table=block_table, return_lse=return_lse,
+                     k_scale=k_scale, v_scale=v_scale)
     except (ValueError, TypeError, AttributeError):
         # arguments that do not fit the cached plan: the full checks name what is wrong, in the same words
         # for every call; if they find nothing, the plan's own error stands
-        check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table)
+        check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table,
+                     k_scale, v_scale)
         raise
 
 
@@ -157,7 +173,8 @@ def _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_spl
 
 
 def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale=None, method="auto",
-             num_splits=None, return_lse=False, max_seqlen=None, batch_invariant=False) -> DecodePlan:
+             num_splits=None, return_lse=False, max_seqlen=None, batch_invariant=False, k_scale=None,
+             v_scale=None) -> DecodePlan:
     """The cached plan :func:`decode_attention` runs for these arguments (made and checked on first use)."""
     try:
         adjacent = heads_adjacent(k_cache, k_cache.shape[-1]) and heads_adjacent(v_cache, v_cache.shape[-1])
@@ -165,7 +182,8 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
         # one refuses (scale=True, num_splits=True, max_seqlen=5.0 or numpy's int64(5))
         key = (q.shape, k_cache.shape, q.dtype, q.device, scale, type(scale), method, num_splits, type(num_splits),
                max_seqlen, type(max_seqlen), None if block_table is None else block_table.shape, batch_invariant,
-               type(batch_invariant), q.shape[1] if q.dim() == 4 else 1, adjacent)
+               type(batch_invariant), q.shape[1] if q.dim() == 4 else 1, k_cache.dtype,
+               quant.scale_key(k_scale), quant.scale_key(v_scale), adjacent)
         p = _PLANS.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: the checks say which
         key, p = None, None
@@ -174,12 +192,14 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
         if return_lse is not True and return_lse is not False:
             raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
         return p
-    pr = check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table)
+    pr = check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table,
+                      k_scale, v_scale)
+    kv = pr.kv   # an 8-bit cache's dtype and scale granularities (None: K/V in q's dtype)
     p = plan(pr.B, pr.H_q, pr.H_kv, pr.D, pr.L_max, dtype=q.dtype, device=q.device, max_seqlen=max_seqlen,
              scale=scale, method=method, num_splits=num_splits, page_size=pr.page_size or None,
              batch_invariant=batch_invariant, q_len=pr.q_len,
              pack_heads=None if key is None or key[-1] else False,   # packed heads need them side by side
-             clamp_flag=_flag(q.device))
+             clamp_flag=_flag(q.device), kv_dtype=kv and kv.dtype, k_scale=kv and kv.k, v_scale=kv and kv.v)
     _PLANS[key] = p
     while len(_PLANS) > PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)

@@ -7,7 +7,9 @@ For a launch that cuts each sequence into chunks of ``chunk`` keys (``splits`` p
 * waves :math:`W = \lceil P / (r\cdot\text{SMs}) \rceil`, r = programs that fit on one SM at once
   (from the compiled kernel's shared memory, registers and warps: :func:`fdlib.occupancy.programs_per_sm`),
 * bytes per program :math:`c = 2\cdot\text{chunk}\cdot D\cdot\text{elem}` (its K and V slice), all bytes
-  :math:`K = 2\sum_b L_b H_{kv} D\,\text{elem}`.
+  :math:`K = 2\sum_b L_b H_{kv} D\,\text{elem}`; an 8-bit cache with per-token scales also reads ``scale_bytes``
+  (4 for each of K and V scaled per token) a key and KV head: :math:`c = \text{chunk}(2D\,\text{elem} +
+  \text{scale\_bytes})`, :math:`K = \sum_b L_b H_{kv}(2D\,\text{elem} + \text{scale\_bytes})`.
 
 .. math::
     T(\text{splits}) = n_{\text{launch}}\,t_{\text{launch}} + \frac{P}{r\cdot\text{SMs}}\,t_{\text{wave}}
@@ -169,16 +171,16 @@ def sm_load(k):
 
 
 def _predict_many(lengths: np.ndarray, H_kv: int, D: int, dtype_bytes: int, chunks: np.ndarray, effs: np.ndarray,
-                  gpu: GPU, cal: Calibration, r: int, method: str, group: int | None = None):
+                  gpu: GPU, cal: Calibration, r: int, method: str, group: int | None = None, scale_bytes: int = 0):
     """The model's terms for several chunk sizes at once (arrays over candidates); the formula of the module
     docstring, written once for :func:`predict` and :func:`explain`. ``group`` None: the merge costs as at the
     calibration points (the lab's formula: two-stage = one more launch); else the epilogue model of the module
-    docstring for that group and D."""
+    docstring for that group and D. ``scale_bytes``: bytes of per-token scales a key and KV head (module doc)."""
     programs = H_kv * np.maximum(1, -(-lengths[:, None] // chunks[None, :])).sum(axis=0)
     w = waves(programs, r, gpu.sms)
     per_sm = sm_load(np.minimum(-(-programs // gpu.sms), r))   # n: the busiest SM's load
-    kv_mb = 2 * float(lengths.sum()) * H_kv * D * dtype_bytes / 1e6
-    prog_mb = 2 * chunks * D * dtype_bytes / 1e6
+    kv_mb = float(lengths.sum()) * H_kv * (2 * D * dtype_bytes + scale_bytes) / 1e6
+    prog_mb = chunks * (2 * D * dtype_bytes + scale_bytes) / 1e6
     t_bw = kv_mb / cal.bw_tbs
     t_prog = w * per_sm * prog_mb / cal.rho_tbs
     if group is None:
@@ -221,7 +223,7 @@ def predict(lengths, H_kv: int, D: int, dtype_bytes: int, splits: int, gpu: GPU,
 
 def explain(B: int, H_q: int, H_kv: int, L, D: int = 128, dtype_bytes: int = 2, gpu: GPU | str | None = None,
             method: str = "unified", cal: Calibration | None = None, compiled: dict | None = None,
-            epilogue: bool = True, paged: int = 0) -> Explanation:
+            epilogue: bool = True, paged: int = 0, scale_bytes: int = 0) -> Explanation:
     """Every candidate split count with its programs, waves, wave efficiency and predicted µs; ``chosen`` is
     the fastest (the smallest count within 1% of it, since fewer splits mean less merging).
     ``L`` is one length for all B sequences or a list of B lengths. ``epilogue=False``: the merge as at the
@@ -229,18 +231,20 @@ def explain(B: int, H_q: int, H_kv: int, L, D: int = 128, dtype_bytes: int = 2, 
     :func:`fdlib.gpus.resolve` takes (None: the live GPU, else the H200 preset); ``cal`` None: the GPU's
     calibration (:func:`fdlib.calibration.calibration_for`: measured once and cached for the live GPU, the
     defaults for a preset); ``paged``: the page size of a paged cache (0: contiguous), whose tiles
-    (:func:`fdlib.kernels.config.tile_config_for`) the candidates and r are counted in."""
+    (:func:`fdlib.kernels.config.tile_config_for`) the candidates and r are counted in; ``scale_bytes``: an 8-bit
+    cache's per-token scale bytes a key and KV head (:attr:`fdlib.quant.KVQuant.scale_bytes`), read besides K and V."""
     gpu = resolve(gpu)
     lengths = (int(L),) * B if isinstance(L, (int, float)) else tuple(int(x) for x in L)
     if cal is None:
         from .calibration import calibration_for   # measuring needs the kernels; the formulas do not
         cal = calibration_for(gpu)
     key = tuple(sorted(compiled.items())) if compiled else None
-    return _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, key, epilogue, paged)
+    return _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, key, epilogue, paged, scale_bytes)
 
 
 @functools.lru_cache(maxsize=4096)
-def _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, compiled_key, epilogue, paged) -> Explanation:
+def _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, compiled_key, epilogue, paged,
+             scale_bytes=0) -> Explanation:
     """explain(), cached: a decode loop asks again and again for the same shapes."""
     from .kernels.config import tile_config_for
     compiled = dict(compiled_key) if compiled_key else None
@@ -250,7 +254,7 @@ def _explain(B, H_q, H_kv, lengths, D, dtype_bytes, gpu, method, cal, compiled_k
     r = kernel_programs_per_sm(gpu, D, dtype_bytes, cfg.BLOCK_N, cfg.num_warps, cfg.num_stages, compiled, paged)
     chunks, effs = _candidates(lengths, cfg.BLOCK_N)
     terms = _predict_many(lengths, H_kv, D, dtype_bytes, chunks, effs, gpu, cal, r, method,
-                          H_q // H_kv if epilogue else None)
+                          H_q // H_kv if epilogue else None, scale_bytes)
     cands = [_candidate(i, chunks, effs, *terms, r, gpu.sms) for i in range(len(chunks))]
     best = min(c.time_us for c in cands)
     chosen = min(c.splits for c in cands if c.time_us <= best * 1.01)

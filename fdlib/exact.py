@@ -289,7 +289,11 @@ def unified_max_attention(q, k_cache, v_cache, cache_seqlens=None, *, phi=None, 
             the flag that :func:`fdlib.clamped` reads.
     """
     from .plan import check_length_values, decide, host_lengths
+    from .quant import is_8bit
     from .validate import check_inputs
+    if is_8bit(k_cache) or is_8bit(v_cache):
+        raise NotImplementedError("k_cache/v_cache: unified_max_attention does not read 8-bit caches yet; "
+                                  "fdlib.decode_attention's other methods take them with k_scale/v_scale")
     pr = check_inputs(q, k_cache, v_cache, cache_seqlens, scale, "unified", num_splits, return_lse, block_table)
     if not isinstance(return_stats, bool):
         raise TypeError(f"return_stats: expected a bool, got {type(return_stats).__name__}")

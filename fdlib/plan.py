@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from . import runtime
+from . import quant, runtime
 from .kernels import launch as _launch_mod
 from .kernels.launch import heads_adjacent, pack_for, record, replay, rows4
 from .kernels.config import (MAX_SPLITS, ONE_WAVE_TILE, TileConfig, chunk_for, persistent_config, tile_config,
@@ -407,6 +407,7 @@ class DecodePlan:
     q_len: int = 1          # query tokens per sequence: q is [B', q_len, H_q, D] (or [B', H_q, D] when 1)
     _timeline: dict = field(default_factory=dict, repr=False, compare=False)   # TIMELINE launchers, made on first use
     _replays: dict = field(default_factory=dict, repr=False, compare=False)    # layout of a call -> its launches
+    kv: quant.KVQuant | None = None   # an 8-bit cache's dtype and scale granularities; None: K/V in q's dtype
 
     @property
     def kernel(self) -> str:
@@ -428,6 +429,7 @@ class DecodePlan:
         extra = f", {d.programs} programs" if d.kernel in ("persistent", "streamk") else ""
         paged = f", pages of {self.page_size}" if self.page_size else ""
         paged += f", q_len={self.q_len}" if self.q_len > 1 else ""
+        paged += f", {self.kv}" if self.kv else ""
         if d.kernel == "streamk":
             return (f"DecodePlan: streamk kernel, {d.programs} programs ({d.programs // self.H_kv} a KV head) taking "
                     f"equal shares of each head's tiles{tile}; "
@@ -452,7 +454,7 @@ class DecodePlan:
 
     # ------------------------------------------------------------------------------------------- run
     def run(self, q, k_cache, v_cache, cache_seqlens=None, *, out=None, lse=None, block_table=None,
-            return_lse: bool = False, timeline=None):
+            return_lse: bool = False, timeline=None, k_scale=None, v_scale=None):
         """Attention of ``q`` ``[B', H_q, D]`` (or ``[B', q_len, H_q, D]`` with the plan's q_len, which may be 1;
         B' <= the planned B) against
         ``k_cache``/``v_cache`` ``[B', L_max, H_kv, D]`` (a paged plan: pages ``[n_pages, page_size, H_kv, D]``
@@ -466,6 +468,7 @@ class DecodePlan:
         ``timeline``: a buffer from :meth:`timeline_buffer` (GPU only): the launch records each program's SM and
         start and end times in it (see the class doc). Everything after ``cache_seqlens`` is keyword-only
         (``out=``, ``lse=``, ``block_table=``, ...), so a table can never land in ``out`` by position.
+        ``k_scale``, ``v_scale``: an 8-bit plan's scales (:mod:`fdlib.quant`), of the granularities it was made for.
 
         A call laid out like an earlier checked one (the same shapes, strides, dtypes and devices of every
         tensor argument, and the same arguments left out) replays that call's launches with the new tensors'
@@ -474,7 +477,8 @@ class DecodePlan:
         key = None
         if timeline is None and _launch_mod.FAST_LAUNCH:
             try:
-                key = _layout(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse)
+                key = (_layout(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse),
+                       quant.layout(k_scale, v_scale))
             except AttributeError:   # not a tensor: the checks below say what was expected
                 pass
             steps = self._replays.get(key)
@@ -484,7 +488,8 @@ class DecodePlan:
                 want_lse = return_lse or lse is not None
                 out_t, lse_t = self._outputs(q, out, lse, want_lse)
                 lens = self.workspace.full_lengths if cache_seqlens is None else cache_seqlens
-                if replay(steps, (q, k_cache, v_cache, lens, out_t, lse_t, block_table)):
+                if replay(steps, (q, k_cache, v_cache, lens, out_t, lse_t, block_table,
+                                  *quant.tensors(k_scale, v_scale))):
                     return (out_t, lse_t) if want_lse else out_t
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             if not isinstance(t, torch.Tensor):
@@ -501,7 +506,7 @@ class DecodePlan:
                 self._table_mismatch(block_table, B)
             kv_shape = (self.page_size, self.H_kv, self.D)
             for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-                if (t.dim() != 4 or t.shape[1:] != kv_shape or t.shape[0] < 1 or t.dtype != self.dtype
+                if (t.dim() != 4 or t.shape[1:] != kv_shape or t.shape[0] < 1 or t.dtype != self._kv_dtype
                         or t.device != self.device or t.stride(-1) != 1 and self.D > 1):
                     if isinstance(t, torch.Tensor) and t.dim() == 4:
                         check_pool(name, t)
@@ -514,10 +519,11 @@ class DecodePlan:
                                  "paged plan with fdlib.plan(..., page_size=...)")
             kv_shape = (B, self.L_max, self.H_kv, self.D)
             for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-                if (t.shape != kv_shape or t.dtype != self.dtype or t.device != self.device
+                if (t.shape != kv_shape or t.dtype != self._kv_dtype or t.device != self.device
                         or t.stride(-1) != 1 and self.D > 1):
                     self._mismatch(name, t, B)
                 self._check_pack(name, t)
+        quant.check_run(self.kv, k_cache, v_cache, k_scale, v_scale, bool(self.page_size))
         lens = self._lengths(cache_seqlens, B)
         if out is not None and (out.shape != q.shape or out.dtype != self.dtype or out.device != self.device
                                 or out.stride(-1) != 1 and self.D > 1):
@@ -531,10 +537,11 @@ class DecodePlan:
         out, lse = self._outputs(q, out, lse, want_lse)
         times = None if timeline is None else self._check_timeline(timeline, B)
         calls = [] if key is not None else None
-        self._launch(q, k_cache, v_cache, lens, out, lse, block_table, times, calls)
+        self._launch(q, k_cache, v_cache, lens, out, lse, block_table, times, calls, k_scale, v_scale)
         if calls and lens is (self.workspace.full_lengths if cache_seqlens is None else cache_seqlens):
             ws = self.workspace
-            steps = record(calls, (q, k_cache, v_cache, lens, out, lse, block_table),
+            steps = record(calls, (q, k_cache, v_cache, lens, out, lse, block_table,
+                                   *quant.tensors(k_scale, v_scale)),
                            tuple(t for t in vars(ws).values() if t is not None))
             if steps is not None:
                 if len(self._replays) >= 64:   # layouts seen: a bound, not a cache of lengths or pointers
@@ -560,29 +567,39 @@ class DecodePlan:
                    else self.workspace.lse)
         return out, lse
 
-    def _launch(self, q, k_cache, v_cache, lens, out, lse, bt, times=None, calls=None):
+    @property
+    def _kv_dtype(self):
+        """The dtype of the K/V caches this plan reads: q's, or the 8-bit one of :attr:`kv`."""
+        return self.dtype if self.kv is None else self.kv.dtype
+
+    def _launch(self, q, k_cache, v_cache, lens, out, lse, bt, times=None, calls=None, k_scale=None, v_scale=None):
         """Launch the decided kernel(s): q, out ``[B', q_len, H_q, D]``, lse ``[B', q_len, H_q]``, or the
         one-token form ``[B', H_q, D]``, ``[B', H_q]`` as the caller gave them (the launches read the strides of
         the query-token axis without making views: :func:`~fdlib.kernels.launch.strides4`);
         ``times``: a checked timeline buffer (the TIMELINE variant of the kernel), or None; ``calls``: a list
-        that gets each launch as ``(launcher, (grid, ptrs, scalars))``, for :func:`~fdlib.kernels.launch.record`."""
+        that gets each launch as ``(launcher, (grid, ptrs, scalars))``, for :func:`~fdlib.kernels.launch.record`;
+        ``k_scale``/``v_scale``: an 8-bit cache's (:func:`fdlib.quant.launch_args`: a per-tensor K scale multiplies the
+        softmax scale)."""
         d, ws = self.decision, self.workspace
+        k_mul, *scales, _ = quant.launch_args(self.kv, k_scale, v_scale, ws.flag)
+        scale = self.scale * k_mul
         go = self._launchers if times is None else self._timeline_launchers()
         if calls is not None:
             go = tuple(_Noted(g, calls) for g in go)
         if d.kernel == "unified":
-            compiled = go[0](*unified_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, out, lse,
-                                           ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times, d.pack))
+            compiled = go[0](*unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse,
+                                           ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times, d.pack, scales))
             if compiled is not None:
-                remember_resources(compiled, self.dtype, self.D * d.pack, self.H_q // self.H_kv * self.q_len * d.pack,
-                                   d.tile)
+                remember_resources(compiled, self.kv or self.dtype, self.D * d.pack,
+                                   self.H_q // self.H_kv * self.q_len * d.pack, d.tile)
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
-            grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, self.scale, d.per_program, d.splits, out,
-                                               lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times)
+            grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.per_program, d.splits, out,
+                                               lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times,
+                                               scales=scales)
             go[0]((grid[1], grid[0], -(-d.splits // d.per_program)), ptrs, scalars)   # programs per row
         elif d.kernel == "split":
-            go[0](*stage1_args(q, k_cache, v_cache, lens, self.scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
-                               ws.flag, bt, times, d.pack))
+            go[0](*stage1_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
+                               ws.flag, bt, times, d.pack, scales))
             out, lse = rows4(out), rows4(lse, 3)   # stage 2 merges (t, h) rows: views with the token axis
             if flat_rows(out) is None or flat_rows(lse) is None:   # stage 2 merges (t, h) rows of flat strides
                 o_tmp, l_tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device), lse.contiguous()
@@ -592,14 +609,17 @@ class DecodePlan:
             else:
                 go[1](*stage2_args(ws.o_part, ws.lse_part, out, lse))
         elif d.kernel == "persistent":
-            go[0](*persistent_args(q, k_cache, v_cache, lens, self.scale, out, lse, d.programs, ws.flag, bt, times))
+            go[0](*persistent_args(q, k_cache, v_cache, lens, scale, out, lse, d.programs, ws.flag, bt, times,
+                                   scales))
         elif d.kernel == "streamk":
-            go[0](*streamk_args(q, k_cache, v_cache, lens, self.scale, d.programs, out, lse, ws.o_part, ws.lse_part,
-                                ws.counters, ws.flag, bt, times))
+            go[0](*streamk_args(q, k_cache, v_cache, lens, scale, d.programs, out, lse, ws.o_part, ws.lse_part,
+                                ws.counters, ws.flag, bt, times, scales))
         elif d.kernel == "balanced":
-            go[0](*balanced_args(q, k_cache, v_cache, lens, self.scale, d.budget, out, lse, ws.o_part, ws.lse_part,
-                                 ws.counters, ws.flag, bt, times))
+            go[0](*balanced_args(q, k_cache, v_cache, lens, scale, d.budget, out, lse, ws.o_part, ws.lse_part,
+                                 ws.counters, ws.flag, bt, times, scales))
         else:
+            if self.kv is not None:   # the cache it stands for, in float32
+                k_cache, v_cache = quant.dequantize_kv(k_cache, k_scale), quant.dequantize_kv(v_cache, v_scale)
             clamped = lens.clamp(0, self.L_max)
             ws.flag.copy_(torch.maximum(ws.flag, (clamped != lens).any().to(torch.int32)))
             if bt is not None:   # gather the pages into [B, L_max, H_kv, D]; indices clamped to the pool
@@ -658,7 +678,7 @@ class DecodePlan:
         """The plan's kernels compiled with TIMELINE=True, made on first use."""
         if "go" not in self._timeline:
             self._timeline["go"] = _launchers(self.decision, self.dtype, self.H_q // self.H_kv, self.D,
-                                              self.page_size, self.B, self.q_len, timeline=True)
+                                              self.page_size, self.B, self.q_len, timeline=True, kv=self.kv)
         return self._timeline["go"]
 
     def _lengths(self, cache_seqlens, B):
@@ -703,8 +723,9 @@ class DecodePlan:
             shape = f"[n_pages, {self.page_size}, {self.H_kv}, {self.D}]"
         else:
             shape = f"[{B}, {self.L_max}, {self.H_kv}, {self.D}]"
-        if t.dtype != self.dtype:
-            raise TypeError(f"{name}: this plan runs {str(self.dtype)[6:]}, got {str(t.dtype)[6:]}")
+        want_dtype = self._kv_dtype if name in ("k_cache", "v_cache") else self.dtype
+        if t.dtype != want_dtype:
+            raise TypeError(f"{name}: this plan runs {str(want_dtype)[6:]}, got {str(t.dtype)[6:]}")
         if t.device != self.device:
             raise ValueError(f"{name}: this plan runs on device {self.device}, got a tensor on device {t.device}")
         if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
@@ -829,7 +850,8 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
          max_seqlen: int | None = None, scale: float | None = None, method: str = "auto",
          num_splits: int | None = None, page_size: int | None = None, batch_invariant: bool = False,
          q_len: int = 1, pack_heads: bool | None = None, longest_first: bool | None = None,
-         clamp_flag: torch.Tensor | None = None) -> DecodePlan:
+         clamp_flag: torch.Tensor | None = None, kv_dtype=None, k_scale: str | None = None,
+         v_scale: str | None = None) -> DecodePlan:
     """Decide everything for decode attention over a batch of these sizes, and allocate its workspace.
 
     Args:
@@ -862,6 +884,11 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
             when a device length outside 0..L_max or a used block-table entry outside the pool was clamped;
             :meth:`DecodePlan.clamped` reads it): default a new one, the plan's own; plans given the same
             tensor share it (:func:`fdlib.decode_attention`'s plans share one a device, :func:`fdlib.clamped`).
+        kv_dtype: an 8-bit cache (``torch.float8_e4m3fn`` or ``torch.int8``, :mod:`fdlib.quant`) with q of
+            ``dtype`` float16 or bfloat16; None (default): K and V in q's dtype. k_scale, v_scale: the granularity
+            of its scales, ``"tensor"`` (default), ``"head"`` or ``"token"``; :meth:`DecodePlan.run` then takes the
+            scales themselves. Tiles and the cost model count the cache's bytes (1 an element, plus 4 a key and KV
+            head for per-token scales). Heads are packed (``pack_heads``) only with per-tensor scales.
     """
     for name, v in (("B", B), ("H_q", H_q), ("H_kv", H_kv), ("D", D), ("L_max", L_max)):
         if isinstance(v, bool) or not isinstance(v, int):
@@ -902,14 +929,20 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
         got = (f"{clamp_flag.dtype} {shape_str(clamp_flag)} on {clamp_flag.device}"
                if isinstance(clamp_flag, torch.Tensor) else type(clamp_flag).__name__)
         raise ValueError(f"clamp_flag: expected an int32 tensor [1] on {device}, got {got}")
-    d = decide(B, H_q, H_kv, D, L_max, dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
+    kv = quant.plan_format(kv_dtype, k_scale, v_scale, dtype)
+    if kv is not None and (kv.k != "tensor" or kv.v != "tensor"):
+        if pack_heads:
+            raise ValueError(f"pack_heads: KV heads read as one share their scales; {kv} has scales per head or "
+                             f"token, so pass pack_heads=None or False")
+        pack_heads = False
+    d = decide(B, H_q, H_kv, D, L_max, kv or dtype, lengths=lengths, max_seqlen=max_seqlen, method=method,
                num_splits=num_splits, batch_invariant=batch_invariant, q_len=q_len, paged=page_size or 0,
                pack_heads=pack_heads, longest_first=longest_first)
     page = page_size or 0
     return DecodePlan(B, H_q, H_kv, D, L_max, dtype, device, scale, method, page, d,
                       _workspace(B, H_q, H_kv, D * d.pack, L_max, d, device, q_len, lengths, clamp_flag),
                       torch.empty(B, dtype=torch.int32, device=device),
-                      _launchers(d, dtype, H_q // H_kv, D, page, B, q_len), q_len)
+                      _launchers(d, dtype, H_q // H_kv, D, page, B, q_len, kv=kv), q_len, kv=kv)
 
 
 def check_device(device) -> torch.device:
@@ -934,32 +967,35 @@ def check_device(device) -> torch.device:
 
 
 def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len: int = 1,
-               timeline: bool = False) -> tuple:
+               timeline: bool = False, kv: quant.KVQuant | None = None) -> tuple:
     """The kernels a decision launches, each with its constexprs fixed (:class:`fdlib.kernels.launch.Launcher`);
-    only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan."""
+    only the lengths (pointer 3) may change dtype between runs: run checks the others against the plan. ``kv``: an
+    8-bit cache's format (the kernels' K_SCALE and V_SCALE)."""
+    modes = quant.scale_modes(kv)
     if d.pack > 1:   # the pack's group and width (pack_decision)
         group, D = group * d.pack, D * d.pack
     if d.kernel == "unified":
         return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
-                                 timeline=timeline, pack=d.pack, order=d.order, table_regs=d.table_regs),)
+                                 timeline=timeline, pack=d.pack, order=d.order, table_regs=d.table_regs,
+                                 scale_modes=modes),)
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                    timeline=timeline, one_chunk=d.per_program == 1,
-                                   alone=d.per_program >= d.splits, max_row_chunks=d.splits),)
+                                   alone=d.per_program >= d.splits, max_row_chunks=d.splits, scale_modes=modes),)
     if d.kernel == "split":
         return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len, timeline=timeline,
-                                pack=d.pack),
+                                pack=d.pack, scale_modes=modes),
                 stage2_launcher(D, d.splits, dtype_slots=(), pack=d.pack, group=group // d.pack))
     if d.kernel == "balanced":
         return (balanced_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
-                                  timeline=timeline),)
+                                  timeline=timeline, scale_modes=modes),)
     if d.kernel == "streamk":
         return (streamk_launcher(dtype, group, D, B, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
-                                 timeline=timeline),)
+                                 timeline=timeline, scale_modes=modes),)
     if d.kernel == "persistent":
         return (persistent_launcher(dtype, group, D, d.tile, d.rows_per_program, dtype_slots=(3,), page=page,
                                     invariant=d.invariant,
-                                    q_len=q_len, timeline=timeline),)
+                                    q_len=q_len, timeline=timeline, scale_modes=modes),)
     return ()
 
 

@@ -372,6 +372,7 @@ def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method, paged=0):
     from . import calibration, costmodel
     from .gpus import live_gpu
     from .kernels.unified import compiled_resources
+    from .quant import scale_bytes   # an 8-bit cache's format (fdlib.quant.KVQuant) reads its scales too
     gpu = live_gpu()
     block_n = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv, paged=paged).BLOCK_N
     lengths = tuple(lengths) if lengths is not None else (L_cap,) * B
@@ -379,7 +380,8 @@ def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method, paged=0):
     if torch.cuda.is_current_stream_capturing():   # never calibrate (launch timing kernels) inside a capture
         cal = calibration.calibration_cached(gpu) or costmodel.default_calibration(gpu)
     return costmodel.explain(B, H_q, H_kv, lengths, D, dtype.itemsize, gpu, method, cal=cal,
-                             compiled=compiled_resources(dtype, D, H_q // H_kv, block_n), paged=paged)
+                             compiled=compiled_resources(dtype, D, H_q // H_kv, block_n), paged=paged,
+                             scale_bytes=scale_bytes(dtype))
 
 
 PERSISTENT_MIN_WAVES = 2

@@ -28,6 +28,8 @@ class Problem(NamedTuple):
     """0: K/V are ``[B, L_max, H_kv, D]``; else pages ``[n_pages, page_size, H_kv, D]`` behind a block table."""
     q_len: int = 1
     """Query tokens per sequence (q ``[B, q_len, H_q, D]``)."""
+    kv: object = None
+    """An 8-bit cache's format (:class:`fdlib.quant.KVQuant`); None: K and V in q's dtype."""
 
 
 def shape_str(t) -> str:
@@ -135,7 +137,7 @@ def check_page_size(page_size) -> None:
 
 
 def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse,
-                 block_table=None) -> Problem:
+                 block_table=None, k_scale=None, v_scale=None) -> Problem:
     """Check the arguments of a :func:`fdlib.decode_attention` call (types, shapes, dtypes, devices, strides;
     the lengths' dtype, shape and device, not their values; the block table's, not its page indices) and
     return the sizes."""
@@ -190,10 +192,12 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
         raise ValueError(f"q: the {q_len} query tokens of q {shape_str(q)} must already be in the cache (its last "
                          f"q_len keys), so q_len <= L_max; got L_max={L_max}")
 
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+    from .quant import check_cache   # 8-bit caches and their scales (None: K/V in q's dtype, no scales)
+    kv = check_cache(q, k_cache, v_cache, k_scale, v_scale, block_table is not None)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))[:1 if kv else 3]:
         if t.dtype not in DTYPES:
             raise TypeError(f"{name}: dtype must be float16, bfloat16 or float32, got {t.dtype}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+    if kv is None and (k_cache.dtype != q.dtype or v_cache.dtype != q.dtype):
         raise TypeError(f"k_cache/v_cache: dtype must match q ({q.dtype}), got k_cache {k_cache.dtype}, "
                         f"v_cache {v_cache.dtype}")
     if k_cache.device != q.device or v_cache.device != q.device:
@@ -217,4 +221,4 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
         raise TypeError(f"cache_seqlens: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
 
     check_num_splits(num_splits, method)
-    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, check_scale(scale, D), q_was_4d, page_size, q_len)
+    return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, check_scale(scale, D), q_was_4d, page_size, q_len, kv)

@@ -77,16 +77,17 @@ def cases():
     common = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_D=BD, FP32_DOT=False, TILE_UPDATE=tile.tile_update, Q_LEN=1,
                   TIMELINE=False, BLOCK_N=64)
     bh, bs = tile.combine_blocks(g, 16, BD)
+    uni, per = h16 + cc.UNIFIED + ["*i32"] + cc.NO_SCALES, h16 + cc.PERSISTENT + ["*i32"] + cc.NO_SCALES
     for page in (0, 16):
         unified_meta = dict(common, BLOCK_H=bh, BLOCK_S=bs, TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1,
                             ORDER_B=0, TABLE_REGS=0)
-        yield f"unified PAGE={page}", unified.unified_kernel, h16 + cc.UNIFIED + ["*i32"], unified_meta
+        yield f"unified PAGE={page}", unified.unified_kernel, uni, unified_meta
         if page:   # a split's block table held in registers (fdlib.plan.table_regs_for)
-            yield (f"unified PAGE={page} TABLE_REGS=64", unified.unified_kernel, h16 + cc.UNIFIED + ["*i32"],
+            yield (f"unified PAGE={page} TABLE_REGS=64", unified.unified_kernel, uni,
                    dict(unified_meta, TABLE_REGS=64))
-        yield (f"streamk PAGE={page}", streamk.streamk_kernel, h16 + cc.UNIFIED + ["*i32"],
+        yield (f"streamk PAGE={page}", streamk.streamk_kernel, uni,
                dict(common, BLOCK_H=bh, BLOCK_S=bs, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW, PAGE=page))
-        yield (f"persistent PAGE={page}", persistent.persistent_kernel, h16 + cc.PERSISTENT + ["*i32"],
+        yield (f"persistent PAGE={page}", persistent.persistent_kernel, per,
                dict(common, ROWS=2, PAGE=page, CHUNKS=0, MIN_TILES=1))
 
 

@@ -12,6 +12,7 @@ Examples::
     python -m fdlib.bench --qlen                            # q_len 1,2,4,8 query tokens: fdlib vs cuDNN, FA2
     python -m fdlib.bench --generate                        # a Llama-3-8B decode step: HF's caches vs fdlib.hf
     python -m fdlib.bench --generate --quick                # the same code path on a tiny model (CPU numbers)
+    python -m fdlib.bench --kv-dtype float8_e4m3fn --kv-scale head   # the grid over an 8-bit KV cache (also --ragged)
 """
 from __future__ import annotations
 
@@ -53,6 +54,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--D", type=_ints, help="head dims (default 128)")
     g.add_argument("--dtype", type=_names, help="float16,bfloat16,float32 (default float16,bfloat16)")
     g.add_argument("--max-kv-gb", type=float, default=20.0, help="skip shapes whose K+V exceed this (GB, default 20)")
+    g.add_argument("--kv-dtype", choices=("float8_e4m3fn", "int8"),
+                   help="fdlib's methods read an 8-bit KV cache of this dtype, quantized from each shape's 16-bit one "
+                        "(fdlib.quantize_kv; the reference and SDPA's peers read the 16-bit cache it stands for); "
+                        "the dense grid and --ragged")
+    g.add_argument("--kv-scale", choices=("tensor", "head", "token"),
+                   help="with --kv-dtype: one scale per tensor (default), per KV head, or per token and KV head")
     m = ap.add_argument_group("what to run")
     m.add_argument("--methods", type=_names,
                    help="naive,split1,split,unified,auto,cudnn,fa2 (default) and memeff; 'unified@8' forces splits")
@@ -131,6 +138,14 @@ def main(argv=None) -> int:
             print(f"refusing to overwrite {clash} in {out_dir}: pick another --name/--out or pass --force",
                   file=sys.stderr)
             return 2
+    if args.kv_scale and not args.kv_dtype:
+        print("--kv-scale: scales are for an 8-bit cache; give --kv-dtype too", file=sys.stderr)
+        return 2
+    if args.kv_dtype and (args.host_overhead or args.qlen or args.sweep_splits or args.generate):
+        print("--kv-dtype: the dense grid (and --heads-sweep) and --ragged take an 8-bit cache; not --host-overhead, "
+              "--qlen, --sweep-splits or --generate", file=sys.stderr)
+        return 2
+    kv = dict(kv_dtype=args.kv_dtype, kv_scale=args.kv_scale)
     if args.host_overhead:
         first = lambda xs, d: xs[0] if xs else d   # noqa: E731
         hq, hkv = first(args.heads, (32, 8))
@@ -149,7 +164,7 @@ def main(argv=None) -> int:
                              quick=args.quick, graphs=False if args.no_graphs else None, warmup_ms=args.warmup,
                              rep_ms=args.rep, graph_rep_ms=args.graph_rep, seed=args.seed,
                              ceiling=not args.no_ceiling, ceiling_gib=args.ceiling_gib,
-                             progress=not args.no_progress, command=command)
+                             progress=not args.no_progress, command=command, **kv)
         print(report.format_table(results), flush=True)
         paths = report.write_results(results, args.out, args.name, force=args.force, plot=False)
         print("\nwrote " + ", ".join(paths.values()), flush=True)
@@ -207,7 +222,7 @@ def main(argv=None) -> int:
         else:
             expand_methods(args.methods or ("split",), args.splits)   # unknown names fail before any work
             results = harness.run_benchmark(methods=args.methods, splits=args.splits, ceiling=not args.no_ceiling,
-                                            ceiling_gib=args.ceiling_gib, **common)
+                                            ceiling_gib=args.ceiling_gib, **common, **kv)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -29,6 +29,7 @@ from .. import costmodel, runtime
 from ..gpus import live_gpu
 from ..kernels.config import MAX_SPLITS, chunk_for
 from ..reference import reference_attention
+from . import kv8
 from . import methods as M
 from .ceiling import measure_ceiling
 from .timing import (L2_FACTOR, Rotating, copies_for_l2, free_memory, l2_bytes, synchronize, time_eager,
@@ -55,19 +56,28 @@ def elem_bytes(shape: dict) -> int:
 
 
 def kv_bytes(shape: dict) -> int:
+    """Bytes of K and V fdlib reads in one step: every key of every row, 1 byte an element and the per-token scales for
+    an 8-bit cache (:func:`fdlib.bench.kv8.bytes_per_key`)."""
+    return shape["B"] * shape["H_kv"] * shape["L"] * kv8.bytes_per_key(shape, elem_bytes(shape))
+
+
+def kv16_bytes(shape: dict) -> int:
+    """Bytes of the 16-bit cache (what SDPA's peers read, and what a shape allocates besides an 8-bit cache)."""
     return 2 * shape["B"] * shape["H_kv"] * shape["L"] * shape["D"] * elem_bytes(shape)
 
 
-def shape_grid(B, L, heads, D, dtypes, max_kv_gb=20.0):
-    """(shapes to run, shapes skipped with the reason); order: dtype, heads, B, L."""
+def shape_grid(B, L, heads, D, dtypes, max_kv_gb=20.0, kv=None):
+    """(shapes to run, shapes skipped with the reason); order: dtype, heads, B, L. ``kv``: the fields of an 8-bit
+    cache (:func:`fdlib.bench.kv8.shape_fields`), given to every shape; the limit counts its 16-bit cache."""
     shapes, skipped = [], []
     for dt in dtypes:
         for (hq, hkv) in heads:
             for d in D:
                 for b in B:
                     for l in L:
-                        s = {"dtype": dt, "B": int(b), "H_q": int(hq), "H_kv": int(hkv), "L": int(l), "D": int(d)}
-                        nb = kv_bytes(s)
+                        s = {"dtype": dt, "B": int(b), "H_q": int(hq), "H_kv": int(hkv), "L": int(l), "D": int(d),
+                             **(kv or {})}
+                        nb = kv16_bytes(s)
                         if nb > max_kv_gb * 1e9:
                             skipped.append(dict(s, kv_mb=nb / 1e6, reason=f"KV {nb / 1e9:.1f} GB > --max-kv-gb {max_kv_gb}"))
                         else:
@@ -254,8 +264,18 @@ def _copies(base: M.Inputs, n: int, layout: str) -> list[M.Inputs]:
     out = [first]
     for _ in range(n - 1):
         out.append(M.Inputs(first.q.clone(), first.k.clone(), first.v.clone(),
-                            None if first.lens is None else first.lens.clone()))
+                            None if first.lens is None else first.lens.clone(), kv8.clone(first.k_scale),
+                            kv8.clone(first.v_scale)))
     return out
+
+
+def quantized_inputs(base: M.Inputs, shape: dict) -> tuple[M.Inputs, M.Inputs]:
+    """(fdlib's inputs, the 16-bit ones for the reference and the peers) of a shape: the same for a 16-bit cache; for
+    an 8-bit one (:mod:`fdlib.bench.kv8`) the stored cache with its scales, and the 16-bit cache it stands for."""
+    if kv8.fmt(shape) is None:
+        return base, base
+    k8, v8, ks, vs, kd, vd = kv8.quantize(base.k, base.v, shape)
+    return M.Inputs(base.q, k8, v8, base.lens, ks, vs), M.Inputs(base.q, kd, vd, base.lens)
 
 
 def _run_methods(shape, built, settings, seed):
@@ -263,7 +283,7 @@ def _run_methods(shape, built, settings, seed):
     nb = kv_bytes(shape)
     tol = tolerance(shape["dtype"])
     n_copies = copies_for_l2(nb) if settings["graphs"] else 1
-    base = make_inputs(shape, seed)
+    fd_base, base = quantized_inputs(make_inputs(shape, seed), shape)
     ref = reference(base)
     records = []
     for layout in ("fdlib", "bhld"):
@@ -271,7 +291,7 @@ def _run_methods(shape, built, settings, seed):
         if not todo:
             continue
         try:
-            copies = _copies(base, n_copies, layout)
+            copies = _copies(fd_base if layout == "fdlib" else base, n_copies, layout)
         except Exception as e:  # noqa: BLE001 - e.g. no memory for the peers' copy of a huge cache
             for name, m in todo:
                 records.append({"method": name, "kind": m.kind, "status": "unavailable",
@@ -282,8 +302,9 @@ def _run_methods(shape, built, settings, seed):
             try:
                 rec = _measure(m, copies, ref, tol, settings)
                 if m.kind == "fdlib":
-                    rec.update(M.fdlib_splits(base.q, base.k, base.v, m.info["fdlib_method"], m.info["num_splits"],
-                                               m.info.get("batch_invariant", False)))
+                    rec.update(M.fdlib_splits(fd_base.q, fd_base.k, fd_base.v, m.info["fdlib_method"],
+                                               m.info["num_splits"], m.info.get("batch_invariant", False),
+                                               fd_base.k_scale, fd_base.v_scale))
             except Exception as e:  # noqa: BLE001 - a method that raises is recorded, the run goes on
                 status = "unavailable" if (m.kind == "peer" or _is_oom(e)) else "error"
                 rec = {"method": name, "kind": m.kind, **m.info, "status": status, "reason": _short(e)}
@@ -296,11 +317,11 @@ def _run_methods(shape, built, settings, seed):
         if isinstance(m, str):   # could not even be built (e.g. torch without torch.nn.attention)
             records.append({"method": name, "kind": "peer", "status": "unavailable", "reason": m})
             settings["progress"].update(name)
-    del base, ref
+    del base, fd_base, ref
     free_memory()
     for rec in records:
         rec.update(shape)
-        rec["kv_bytes"] = nb
+        rec["kv_bytes"] = nb if rec.get("kind") != "peer" else kv16_bytes(shape)   # the bytes each one reads
         rec["kv_mb"] = nb / 1e6
         rec["l2_copies"] = n_copies
     return records
@@ -354,19 +375,24 @@ def _settings(gpu, quick, graphs, warmup_ms, rep_ms, graph_rep_ms, cpu_runs, def
 
 def run_benchmark(B=None, L=None, heads=None, D=None, dtypes=None, methods=None, splits=None, max_kv_gb=20.0,
                   quick=False, graphs=None, warmup_ms=None, rep_ms=None, graph_rep_ms=None, cpu_runs=None,
-                  ceiling_gib=None, ceiling=True, seed=0, progress=True, command=None) -> dict:
+                  ceiling_gib=None, ceiling=True, seed=0, progress=True, command=None, kv_dtype=None,
+                  kv_scale=None) -> dict:
     """Run the benchmark and return the results dict (the JSON file's content; see :func:`write_results`).
 
     ``quick=True`` picks interpreter-sized defaults (B=2, H 4:2, L 64/200, D 32, fp16, a few methods, no
     graphs, tiny repetitions); any argument given explicitly wins over the defaults.
     ``splits`` (a list) forces fdlib's split counts: ``split`` and ``unified`` run once per value.
-    ``graphs=None`` means: CUDA graphs on a GPU unless ``quick``.
+    ``graphs=None`` means: CUDA graphs on a GPU unless ``quick``. ``kv_dtype`` (``"float8_e4m3fn"`` or ``"int8"``)
+    and ``kv_scale`` (``"tensor"``, ``"head"``, ``"token"``): fdlib's methods read an 8-bit cache
+    (:mod:`fdlib.bench.kv8`; its bytes are the bandwidth's).
     """
+    kv8.check(kv_dtype, kv_scale)
+    kv = kv8.shape_fields(kv_dtype, kv_scale)
     B, L, heads, D, dtypes = _grid(quick, B, L, heads, D, dtypes)
     names = M.expand_methods(methods or (M.QUICK_METHODS if quick else M.DEFAULT_METHODS), splits)
     gpu = runtime.MODE == "gpu"
     settings = _settings(gpu, quick, graphs, warmup_ms, rep_ms, graph_rep_ms, cpu_runs, default_cpu_runs=2)
-    shapes, skipped = shape_grid(B, L, heads, D, dtypes, max_kv_gb)
+    shapes, skipped = shape_grid(B, L, heads, D, dtypes, max_kv_gb, kv)
     built = _build_methods(names)
     prov = provenance(command)
     ceil = measure_ceiling_or_none(ceiling, ceiling_gib if ceiling_gib is not None else (0.001 if quick else 4.0),
@@ -398,8 +424,11 @@ def run_benchmark(B=None, L=None, heads=None, D=None, dtypes=None, methods=None,
                          splits=list(splits) if splits else None, tolerance={d: tolerance(d) for d in dtypes},
                          l2_handling=l2_note(settings["graphs"]),
                          fdlib_call="decode_attention(q, k_cache, v_cache, cache_seqlens=<int32, all L>, "
-                                    "method=..., num_splits=..., validate=False)",
-                         kv_bytes="2*B*H_kv*L*D*elem_size"),
+                                    "method=..., num_splits=...)" + (", k_scale=..., v_scale=..." if kv else ""),
+                         kv_bytes="2*B*H_kv*L*D*elem_size" + (" with elem_size 1, plus 4*B*H_kv*L for each of K and V "
+                                                                "scaled per token (fdlib's methods; SDPA's peers read "
+                                                                "the 16-bit cache, 2*B*H_kv*L*D*2)" if kv else ""),
+                         kv_cache=kv8.describe(kv) if kv else None),
         "shapes": shapes,
         "skipped": skipped,
         "records": records,

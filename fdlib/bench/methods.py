@@ -77,6 +77,8 @@ class Inputs:
     k: torch.Tensor
     v: torch.Tensor
     lens: torch.Tensor | None = None
+    k_scale: object = None          # an 8-bit cache's scales (fdlib.bench.kv8); None for a 16-bit cache
+    v_scale: object = None
 
 
 @dataclass
@@ -99,8 +101,11 @@ def _fdlib_method(name: str, fd_method: str, num_splits: int | None, layout: str
         if layout == "bhld":
             q, k, v = q[:, :, 0], k.transpose(1, 2), v.transpose(1, 2)
 
+        ks, vs = (inp.k_scale, inp.v_scale) if layout == "fdlib" else (None, None)
+
         def call():
-            return decode_attention(q, k, v, lens, method=fd_method, num_splits=num_splits, batch_invariant=invariant)
+            return decode_attention(q, k, v, lens, method=fd_method, num_splits=num_splits, batch_invariant=invariant,
+                                    k_scale=ks, v_scale=vs)
         return call
     info = {"fdlib_method": fd_method, "num_splits": num_splits}
     if invariant:
@@ -182,13 +187,15 @@ def to_layout(inp: Inputs, layout: str) -> Inputs:
     return Inputs(inp.q.unsqueeze(2), inp.k.transpose(1, 2).contiguous(), inp.v.transpose(1, 2).contiguous())
 
 
-def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None, batch_invariant: bool = False) -> dict:
+def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None, batch_invariant: bool = False, k_scale=None,
+                 v_scale=None) -> dict:
     """The split count fdlib asks for and the one it launches for a full-length cache, and auto's kernel:
     the plan ``decode_attention`` runs for these inputs (None if unknowable)."""
     if fd_method == "naive":
         return {"splits_requested": None, "splits": None}
     try:
-        d = plan_for(q, k, v, method=fd_method, num_splits=num_splits, batch_invariant=batch_invariant).decision
+        d = plan_for(q, k, v, method=fd_method, num_splits=num_splits, batch_invariant=batch_invariant,
+                     k_scale=k_scale, v_scale=v_scale).decision
         rec = {"splits_requested": num_splits if num_splits is not None else d.splits, "splits": d.splits}
         if fd_method == "auto":
             rec["kernel"] = d.kernel

@@ -18,6 +18,8 @@ the peers are fdlib's own methods. Each method is planned per batch from the bat
 knows its lengths when it builds a step, as FlashInfer's ``plan()`` outside a graph and ``run()`` inside it do. With
 lengths, ``auto`` may take the stream-K or balanced kernel (:func:`fdlib.splits.choose_auto`). Timings as in the
 dense bench (:mod:`fdlib.bench.timing`: eager with the L2 flushed, CUDA graphs rotating over copies of the inputs).
+An 8-bit cache (``--kv-dtype``, ``--kv-scale``: :mod:`fdlib.bench.kv8`): the pool quantized as it is stored, per-token
+scales ``[n_pages, page_size, H_kv]``; the bytes a step reads are then its own (:func:`fdlib.bench.kv8.bytes_per_key`).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import math
 import torch
 
 from .. import runtime
+from . import kv8
 from .harness import DTYPES, Progress, measure_ceiling_or_none, provenance, reference_rows, rel_error
 from .timing import Rotating, copies_for_l2, free_memory, synchronize, time_eager, time_graph
 
@@ -107,8 +110,12 @@ def _inputs(shape, lens, page_size, seed, page_order="shuffled"):
 
 def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, methods=None, page_size=None,
                page_order="shuffled", max_kv_gb=20.0, quick=False, graphs=None, warmup_ms=None, rep_ms=None,
-               graph_rep_ms=None, seed=0, ceiling=True, ceiling_gib=None, progress=True, command=None) -> dict:
-    """Time fdlib's methods on the ragged grid (see the module doc); a results dict of kind ``"ragged"``."""
+               graph_rep_ms=None, seed=0, ceiling=True, ceiling_gib=None, progress=True, command=None, kv_dtype=None,
+               kv_scale=None) -> dict:
+    """Time fdlib's methods on the ragged grid (see the module doc); a results dict of kind ``"ragged"``.
+    ``kv_dtype``/``kv_scale``: an 8-bit cache (:mod:`fdlib.bench.kv8`)."""
+    kv8.check(kv_dtype, kv_scale)
+    kv = kv8.shape_fields(kv_dtype, kv_scale)
     if page_order not in PAGE_ORDERS:
         raise ValueError(f"page_order: expected one of {', '.join(PAGE_ORDERS)}, got {page_order!r}")
     grid = dict(QUICK_RAGGED if quick else RAGGED_GRID)
@@ -119,10 +126,11 @@ def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, 
     settings = {"graphs": gpu and graphs is not False, "warmup_ms": warmup_ms or 25, "rep_ms": rep_ms or 100,
                 "graph_rep_ms": graph_rep_ms or 20, "cpu_runs": 1, "page_size": page_size or 0,
                 "page_order": page_order if page_size else None,
-                "l2_handling": "eager: 256 MB zero-fill before each call; graphs: rotate over copies holding >= 4x L2"}
+                "l2_handling": "eager: 256 MB zero-fill before each call; graphs: rotate over copies holding >= 4x L2",
+                "kv_cache": kv8.describe(kv) if kv else None}
     ceil = measure_ceiling_or_none(ceiling and gpu, ceiling_gib or 4, settings)
     methods = tuple(methods or RAGGED_METHODS)
-    shapes = [dict(dtype=dt, B=b, H_q=hq, H_kv=hkv, D=d, mean=m, dist=dist)
+    shapes = [dict(dtype=dt, B=b, H_q=hq, H_kv=hkv, D=d, mean=m, dist=dist, **kv)
               for dt in grid["dtypes"] for (hq, hkv) in grid["heads"] for d in grid["D"] for b in grid["B"]
               for m in grid["means"] for dist in grid["dists"]]
     records, skipped = [], []
@@ -147,22 +155,30 @@ def run_ragged(B=None, heads=None, D=None, dtypes=None, means=None, dists=None, 
 
 def case_record(shape, lens, page_size):
     """(the record fields of one ragged batch, the bytes its cache stores): ``shape`` with the lengths' mean
-    and maximum, the page size and the MB a step reads (every row's keys and values)."""
-    need = 2 * shape["H_kv"] * shape["D"] * DTYPES[shape["dtype"]].itemsize
+    and maximum, the page size and the MB a step reads (every row's keys and values, and an 8-bit cache's per-token
+    scales: :func:`fdlib.bench.kv8.bytes_per_key`). The bytes stored are its 16-bit cache's (an 8-bit run makes it
+    first)."""
+    elem = DTYPES[shape["dtype"]].itemsize
+    need = 2 * shape["H_kv"] * shape["D"] * elem
     stored = need * (shape["B"] * max(lens) if not page_size else sum(-(-L // page_size) * page_size for L in lens))
     base = dict(shape, L_mean=sum(lens) / len(lens), L_max=max(lens), page_size=page_size or 0,
-                kv_mb=need * sum(lens) / 1e6)
+                kv_mb=shape["H_kv"] * kv8.bytes_per_key(shape, elem) * sum(lens) / 1e6)
     return base, stored
 
 
 def case_inputs(shape, lens, page_size, seed, page_order, stored, graphs):
     """(copies of the batch's (q, K, V, lengths, table) to rotate over, enough to hold >= 4x the L2 under CUDA
-    graphs, else one; the reference rows)."""
+    graphs, else one; the reference rows). An 8-bit cache's copies are (q, K, V, lengths, table, K's scale, V's
+    scale), its reference over the 16-bit cache it stands for."""
     inp = _inputs(shape, lens, page_size, seed, page_order)
     q, k, v, lens_t, bt = inp
+    if kv8.fmt(shape) is not None:
+        k8, v8, ks, vs, k, v = kv8.quantize(k, v, shape)
+        inp = (q, k8, v8, lens_t, bt, ks, vs)
     ref = reference_rows(q, k, v, lens_t.tolist(), bt)
+    del k, v
     n = copies_for_l2(int(stored)) if graphs else 1
-    return [inp] + [tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in inp) for _ in range(n - 1)], ref
+    return [inp] + [tuple(kv8.clone(t) for t in inp) for _ in range(n - 1)], ref
 
 
 def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=None):
@@ -174,12 +190,15 @@ def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=N
 
     def make(c):
         """A serving step: plan once for this batch from its host lengths (outside any graph), run every call."""
-        q, k, v, lens, bt = c
-        shape = check_inputs(q, k, v, lens, None, name, None, False, bt)   # the checked sizes of these tensors
+        q, k, v, lens, bt, *scales = c
+        ks, vs = scales or (None, None)
+        shape = check_inputs(q, k, v, lens, None, name, None, False, bt, ks, vs)   # the checked sizes of these tensors
+        kv = shape.kv
         p = fdlib.plan(shape.B, shape.H_q, shape.H_kv, shape.D, shape.L_max, dtype=q.dtype, device=q.device,
                        lengths=lens.tolist(), method=name, page_size=shape.page_size or None,
-                       num_splits=num_splits, **(plan_kw or {}))
-        return p, (lambda: p.run(q, k, v, lens, block_table=bt))
+                       num_splits=num_splits, kv_dtype=kv and kv.dtype, k_scale=kv and kv.k, v_scale=kv and kv.v,
+                       **(plan_kw or {}))
+        return p, (lambda: p.run(q, k, v, lens, block_table=bt, k_scale=ks, v_scale=vs))
     plans, calls = zip(*(make(c) for c in copies))
     try:
         out = calls[0]()
@@ -206,7 +225,10 @@ def format_ragged_table(results) -> str:
     lines = [f"device: {prov['device']} | mode: {prov['mode']} | torch {prov['torch']} | triton {prov['triton']} | "
              f"{prov['date_utc']}", f"command: {prov['command']}",
              f"read ceiling: {ceil['tbs']:.2f} TB/s" if ceil.get("tbs") else "read ceiling: not measured",
-             f"page size: {results['settings']['page_size'] or 'contiguous cache'}", "",
+             f"page size: {results['settings']['page_size'] or 'contiguous cache'}"]
+    if results["settings"].get("kv_cache"):
+        lines.append(f"KV cache: {results['settings']['kv_cache']}")
+    lines += ["",
              "| dtype | B | H_q:H_kv | dist | mean L | max L | KV MB | method | kernel | µs (eager / graph) | TB/s | "
              "% ceiling |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["records"]:

@@ -99,6 +99,8 @@ def _header_lines(results) -> list[str]:
         lines.append(f"read ceiling: {ceil['tbs']:.2f} TB/s (Triton read-and-sum of {ceil['buffer_bytes'] / 2**30:.3g}"
                      f" GiB, tile {ceil['best_tile']})")
     lines.append(f"L2: {results['settings'].get('l2_handling')}")
+    if results["settings"].get("kv_cache"):
+        lines.append(f"KV cache: {results['settings']['kv_cache']}")
     return lines
 
 

@@ -49,9 +49,9 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher
-from .tile import (attend_tile, causal_limit, empty_state, fold_partial, fold_result, fold_where, group_queries,
-                   kv_base, kv_start, load_lengths, restart_where, row_offset, state_to_partial, store_out,
-                   store_partial, take_ticket, tile_update, timeline_record, timeline_start)
+from .tile import (attend_tile, causal_limit, empty_state, finish_state, fold_partial, fold_result, fold_where,
+                   group_queries, k_scaled, kv_base, kv_start, load_lengths, restart_where, row_offset, scale_row,
+                   store_out, store_partial, take_ticket, tile_update, timeline_record, timeline_start)
 
 CHUNKS = 16
 """Most chunks a row is cut into."""
@@ -133,7 +133,7 @@ def fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt, stride_
 
 
 @triton.jit
-def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
+def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES, KS, VS,
                      stride_qb, stride_qt, stride_qh,
                      stride_kb, stride_kl, stride_kh,
                      stride_vb, stride_vl, stride_vh,
@@ -141,12 +141,14 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                      stride_lb, stride_lt, stride_lh,
                      stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
                      qk_scale, per_program, H_KV, L_MAX, stride_bt, n_pages,
+                     stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul,
                      GROUP: tl.constexpr, D: tl.constexpr,
                      BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
                      TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False,
                      CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1, ONE_CHUNK: tl.constexpr = False,
-                     ALONE: tl.constexpr = False, FOLD_G: tl.constexpr = 16, FOLD_C: tl.constexpr = 16):
+                     ALONE: tl.constexpr = False, FOLD_G: tl.constexpr = 16, FOLD_C: tl.constexpr = 16,
+                     K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
     b = tl.program_id(0)
@@ -173,26 +175,31 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
         offs_n = tl.arange(0, BLOCK_N)
         k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
         k_ptrs, v_ptrs = kv_start(k_ptrs, v_ptrs, start, offs_n, stride_kl, stride_vl, PAGE)
+        # an 8-bit cache's scales at this row (tile.scale_row): a row's own, so the results stay batch-invariant
+        SC = scale_row((KS, VS, stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul), b,
+                       h_kv, PAGE, K_SCALE, V_SCALE)
+        qk = k_scaled(qk_scale, SC, K_SCALE)
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
         f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)         # the fold (m, den, acc) starts empty alike
         for n0 in range(start, end, BLOCK_N):
             m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
-                                                    qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
-                                                    n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
+                                                    qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                    n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, SC,
+                                                    K_SCALE, V_SCALE)
             # a chunk that ends here, before the program's last: its partial is folded into the row's merge (an
             # ALONE plan) or stored for the merging program; the next chunk starts afresh
             # (predicated, not branched, so that the loop stays one software-pipelined loop). A plan whose
             # programs compute one chunk each (ONE_CHUNK) never ends a chunk inside the loop: it has none of it.
             if not ONE_CHUNK:
                 emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
-                o_c, lse_c = state_to_partial(m, l, acc)
+                o_c, lse_c = finish_state(m, l, acc, SC, V_SCALE)
                 if ALONE:    # every program is alone on its row: folded here, nothing stored
                     f_m, f_den, f_acc = fold_where(emit, f_m, f_den, f_acc, o_c, lse_c)
                 else:        # stored for the merging program (also by a program alone on its row: see below)
                     store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph,
                                   stride_ps, LSE_ROW, stride_lt, stride_lh, emit, GROUP, Q_LEN, BLOCK_D)
                 m, l, acc = restart_where(emit, m, l, acc)
-        o, lse = state_to_partial(m, l, acc)                     # the program's last chunk
+        o, lse = finish_state(m, l, acc, SC, V_SCALE)            # the program's last chunk
         OUT_ROW = OUT + b * stride_ob
         LSE_OUT_ROW = LSE + b * stride_sb
         # ALONE (decided at compile time): no ticket code at all. Otherwise a row of one chunk finishes here
@@ -216,12 +223,13 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
 
 def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
                        timeline: bool = False, one_chunk: bool = False, alone: bool = False,
-                       max_row_chunks: int = CHUNKS) -> Launcher:
+                       max_row_chunks: int = CHUNKS, scale_modes: tuple = (0, 0)) -> Launcher:
     """The batch-invariant kernel with its constexprs fixed for q's dtype, the group, D, the tiles (the plan's
     fixed ones), the page size and q_len. It takes :func:`~fdlib.kernels.unified.unified_args` with ``chunk`` =
     chunks per program. ``one_chunk``: every program computes one chunk (ONE_CHUNK); ``alone``: every program
     computes all its row's chunks (ALONE: no partial is stored, no ticket taken); ``max_row_chunks``: the most
-    chunks a row of the plan can have (:func:`max_chunks` of its L_max), which the merge unrolls."""
+    chunks a row of the plan can have (:func:`max_chunks` of its L_max), which the merge unrolls; ``scale_modes``:
+    (K_SCALE, V_SCALE) of an 8-bit cache, (0, 0) for a 16-bit one."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     return Launcher(invariant_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                            FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, TAKE_TICKET=take_ticket,
@@ -229,5 +237,6 @@ def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: i
                                            MIN_TILES=MIN_TILES, ONE_CHUNK=one_chunk, ALONE=alone,
                                            FOLD_G=triton.next_power_of_2(group * q_len),
                                            FOLD_C=triton.next_power_of_2(max_row_chunks),
+                                           K_SCALE=scale_modes[0], V_SCALE=scale_modes[1],
                                            num_warps=cfg.num_warps, num_stages=cfg.num_stages),
                     dtype_slots)

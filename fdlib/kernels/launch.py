@@ -174,6 +174,17 @@ def _direct(compiled) -> tuple:
     return run, compiled.function, (compiled.packed_metadata, None, None, None)
 
 
+NO_SCALES = (0, 0, 0, 0, 0, 0, 1.0)
+"""The scale scalars of a 16-bit cache's launch (strides of no scale tensor, v_mul = 1)."""
+
+
+def scale_args(scales, flag) -> tuple:
+    """(pointers KS and VS, scalars: K's batch-or-page, slot and head scale strides, V's, v_mul) of a launch: an
+    8-bit cache's (``scales`` = (pointers, scalars) of :func:`fdlib.quant.launch_args`), or a 16-bit cache's
+    (None: the flag stands in for the pointers, which are never read)."""
+    return ((flag, flag), NO_SCALES) if scales is None else scales
+
+
 def paging(k_cache, block_table, flag):
     """(block-table pointer, its row stride, pages in the pool, L_max) of a launch: a contiguous cache
     [B, L_max, H_kv, D] has no table (the flag stands in for the unused pointer); a paged one

@@ -31,11 +31,11 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, paging, q_len_of, strides4
+from .launch import Launcher, paging, q_len_of, scale_args, strides4
 from .invariant import CHUNKS, MIN_TILES, chunk_of
-from .tile import (LOG2E, TABLE_AHEAD_PAGE, empty_state, fold_result, fold_where, load_lengths, paged_tile_rows,
-                   restart_where, row_tile_update, row_walk_offsets, state_to_partial, store_out, tile_update,
-                   timeline_record, timeline_start)
+from .tile import (LOG2E, TABLE_AHEAD_PAGE, empty_state, finish_state, fold_result, fold_where, k_scaled,
+                   load_lengths, paged_tile_rows, restart_where, row_tile_update, row_walk_offsets, scale_row, store_out,
+                   tile_update, timeline_record, timeline_start)
 
 
 @triton.jit
@@ -51,17 +51,18 @@ def tile_of(t, slots, ends, lens, tiles, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
+def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES, KS, VS,
                       stride_qb, stride_qt, stride_qh,
                       stride_kb, stride_kl, stride_kh,
                       stride_vb, stride_vl, stride_vh,
                       stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
                       qk_scale, n_rows, H_KV, L_MAX, stride_bt, n_pages,
+                      stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul,
                       GROUP: tl.constexpr, D: tl.constexpr,
                       BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       ROWS: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr,
                       Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, CHUNKS: tl.constexpr = 0,
-                      MIN_TILES: tl.constexpr = 1):
+                      MIN_TILES: tl.constexpr = 1, K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
     pid = tl.program_id(0)
@@ -78,32 +79,35 @@ def persistent_kernel(Q, K, V, LENS, OUT, LSE, FLAG, BT, TIMES,
         stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)      # CHUNKS > 0: the row's merge of its chunks
+    SC = (KS, VS, stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul)   # 8-bit caches
     if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.paged_tile_rows)
         j_n, end_n, L_n, n0_n = tile_of(0, slots, ends, lens, tiles, BLOCK_N)
-        k_rows, v_rows = paged_tile_rows(BT, (pid + j_n * P) // H_KV, n0_n, L_n, offs_n, stride_bt, n_pages, FLAG,
-                                         stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
+        ahead_n = paged_tile_rows(BT, (pid + j_n * P) // H_KV, n0_n, L_n, offs_n, stride_bt, n_pages, FLAG, stride_kb,
+                                 stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
     for t in range(0, total):
         if PAGE >= TABLE_AHEAD_PAGE:
-            j, end_j, L, n0, kr, vr = j_n, end_n, L_n, n0_n, k_rows, v_rows
+            j, end_j, L, n0, ahead = j_n, end_n, L_n, n0_n, ahead_n
             j_n, end_n, L_n, n0_n = tile_of(t + 1, slots, ends, lens, tiles, BLOCK_N)
-            k_rows, v_rows = paged_tile_rows(BT, (pid + j_n * P) // H_KV, n0_n, L_n, offs_n, stride_bt, n_pages,
-                                             FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
+            ahead_n = paged_tile_rows(BT, (pid + j_n * P) // H_KV, n0_n, L_n, offs_n, stride_bt, n_pages, FLAG,
+                                     stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
         else:
             j, end_j, L, n0 = tile_of(t, slots, ends, lens, tiles, BLOCK_N)
-            kr, vr = None, None
+            ahead = None
         row = pid + j * P
         b = row // H_KV
         h_kv = row % H_KV
+        SC_row = scale_row(SC, b, h_kv, PAGE, K_SCALE, V_SCALE)
         m, l, acc = row_tile_update(Q, K, V, b, h_kv, n0, L, m, l, acc, offs_g, offs_n, offs_d, mask_d, k_offs,
-                                    v_offs, qk_scale, stride_qb, stride_qt, stride_qh, stride_kb, stride_kl,
-                                    stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG,
-                                    GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, kr, vr)
+                                    v_offs, k_scaled(qk_scale, SC_row, K_SCALE), stride_qb, stride_qt, stride_qh,
+                                    stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt,
+                                    n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE,
+                                    ahead, None, SC_row, K_SCALE, V_SCALE)
         # Tile t ends its row: one scalar flag, uniform over the program, selected into the masks with
         # tl.where (boolean in the compiled kernel and in the interpreter; a scalar compare `&`-ed into a mask
         # is int32 in Triton's interpreter, which Triton 3.9's tl.store refuses). A [BLOCK_G] block compare
         # instead made the persistent kernel ~5% slower on the H200.
         last = t + 1 == end_j
-        o, lse = state_to_partial(m, l, acc)
+        o, lse = finish_state(m, l, acc, SC_row, V_SCALE)
         if CHUNKS > 0:   # a chunk (or the row) ends here: its partial folded into the row's merge, in order
             emit = ((n0 + BLOCK_N) % chunk_of(L, BLOCK_N, CHUNKS, MIN_TILES)[0] == 0) | last
             f_m, f_den, f_acc = fold_where(emit, f_m, f_den, f_acc, o, lse)
@@ -136,33 +140,38 @@ def programs_for(n_rows: int, sms: int, per_sm: int) -> int:
 
 def persistent_launcher(dtype, group: int, D: int, cfg, rows_per_program: int, tile_update_fn=None,
                         dtype_slots=None, page: int = 0, q_len: int = 1, timeline: bool = False,
-                        invariant: bool = False) -> Launcher:
+                        invariant: bool = False, scale_modes: tuple = (0, 0)) -> Launcher:
     """The persistent kernel with its constexprs fixed; ``rows_per_program`` (a power of two) is its ROWS;
     ``page`` the page size of a paged cache (0: contiguous); ``q_len`` the query tokens per sequence;
     ``timeline``: the variant that records each program's (SM, start, end); ``invariant``: the batch-invariant
-    rows (CHUNKS, MIN_TILES of :mod:`fdlib.kernels.invariant`; ``cfg`` must then be the invariant plan's tiles)."""
+    rows (CHUNKS, MIN_TILES of :mod:`fdlib.kernels.invariant`; ``cfg`` must then be the invariant plan's tiles);
+    ``scale_modes``: (K_SCALE, V_SCALE) of an 8-bit cache, (0, 0) for a 16-bit one."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     return Launcher(persistent_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                             ROWS=rows_per_program, FP32_DOT=fp32_dot(dtype),
                                             TILE_UPDATE=tile_update_fn or tile_update, PAGE=page, Q_LEN=q_len,
                                             TIMELINE=timeline, CHUNKS=CHUNKS if invariant else 0,
-                                            MIN_TILES=MIN_TILES, num_warps=cfg.num_warps,
+                                            MIN_TILES=MIN_TILES, K_SCALE=scale_modes[0], V_SCALE=scale_modes[1],
+                                            num_warps=cfg.num_warps,
                                             num_stages=cfg.num_stages), dtype_slots)
 
 
-def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, flag, block_table=None, times=None):
+def persistent_args(q, k_cache, v_cache, lens, scale, out, lse, programs: int, flag, block_table=None, times=None,
+                    scales=None):
     """(grid, pointers, scalars) of one launch over all B·H_kv rows (at most one program per row); with a
     ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]. q, out ``[B, H_q, D]``
     and lse ``[B, H_q]``, or ``[B, q_len, H_q, D]`` and ``[B, q_len, H_q]``. ``times``: the timeline buffer of a
-    TIMELINE launch (else the flag stands in for the unused pointer)."""
+    TIMELINE launch (else the flag stands in for the unused pointer). ``scales``: an 8-bit cache's scale pointers
+    and scalars (:func:`~fdlib.kernels.launch.scale_args`)."""
+    sp, sc = scale_args(scales, flag)
     H_kv = k_cache.shape[2]
     n_rows = q.shape[0] * H_kv
     qs, ks, vs, os_, ls = strides4(q), k_cache.stride(), v_cache.stride(), strides4(out), strides4(lse, 3)
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((max(1, min(programs, n_rows)),),
-            (q, k_cache, v_cache, lens, out, lse, flag, bt, flag if times is None else times),
+            (q, k_cache, v_cache, lens, out, lse, flag, bt, flag if times is None else times, *sp),
             (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2], ls[0], ls[1],
-             ls[2], scale * LOG2E, n_rows, H_kv, L_max, bt_stride, n_pages))
+             ls[2], scale * LOG2E, n_rows, H_kv, L_max, bt_stride, n_pages, *sc))
 
 
 def rows_for(n_rows: int, programs: int) -> int:

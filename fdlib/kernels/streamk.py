@@ -36,10 +36,11 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, paging, strides4
-from .tile import (LOG2E, TABLE_AHEAD_PAGE, batch_tiles, combine_blocks, combine_heads, empty_state, group_queries,
-                   load_lengths, paged_tile_rows, restart_where, row_tile_update, row_walk_offsets, state_to_partial,
-                   store_out, store_partial, take_ticket, tile_update, timeline_record, timeline_start)
+from .launch import Launcher, paging, scale_args, strides4
+from .tile import (LOG2E, TABLE_AHEAD_PAGE, batch_tiles, combine_blocks, combine_heads, empty_state, finish_state,
+                   group_queries, head_row, k_scaled, load_lengths, paged_tile_rows, restart_where, row_tile_update,
+                   row_walk_offsets, scale_row, store_out, store_partial, take_ticket, tile_update, timeline_record,
+                   timeline_start)
 
 MAX_BATCH = 4096
 """Every program keeps all B lengths in registers; larger batches use the other kernels."""
@@ -90,12 +91,13 @@ def hand_off(b, h, s0, n, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slo
 @triton.jit
 def end_row(m, l, acc, last, whole, piece, offs_g, mask_gd, h, b, slot_f, O_PART, LSE_PART, OUT, LSE, stride_pp,
             n_slots, stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP: tl.constexpr,
-            Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr):
+            Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, SC=None, V_SCALE: tl.constexpr = 0):
     """The end of row (b, h) at a tile: its (O, lse) from (m, ℓ, Õ), stored as the output where the scalar
     ``whole`` holds (the row ends here and began in this share), as the share's first piece at slot ``slot_f``
     where ``piece`` does (it began in an earlier share); the state is emptied where ``last`` holds (the tile
-    ends its row), else kept (masked stores and selects, no branch)."""
-    o, lse = state_to_partial(m, l, acc)
+    ends its row), else kept (masked stores and selects, no branch). An 8-bit cache's per-tensor or per-head V
+    scale (SC at head h) goes into the output (:func:`~fdlib.kernels.tile.finish_state`)."""
+    o, lse = finish_state(m, l, acc, SC, V_SCALE)
     store_out(o, lse, offs_g, mask_gd, h * GROUP, OUT + b * stride_ob, stride_ot, stride_oh, LSE + b * stride_sb,
               stride_st, stride_sh, whole, GROUP, Q_LEN, BLOCK_D)
     store_partial(o, lse, offs_g, mask_gd, 0, slot_f, O_PART, GROUP * D, D, stride_pp, LSE_PART, GROUP * n_slots,
@@ -104,18 +106,20 @@ def end_row(m, l, acc, last, whole, piece, offs_g, mask_gd, h, b, slot_f, O_PART
 
 
 @triton.jit
-def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
+def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES, KS, VS,
                    stride_qb, stride_qt, stride_qh,
                    stride_kb, stride_kl, stride_kh,
                    stride_vb, stride_vl, stride_vh,
                    stride_pp, n_slots,
                    stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
                    qk_scale, n_batch, H_KV, L_MAX, stride_bt, n_pages,
+                   stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul,
                    GROUP: tl.constexpr, D: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr, FP32_DOT: tl.constexpr,
                    TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr = 1,
-                   TIMELINE: tl.constexpr = False, BLOCK_W: tl.constexpr = ROW_WINDOW):
+                   TIMELINE: tl.constexpr = False, BLOCK_W: tl.constexpr = ROW_WINDOW, K_SCALE: tl.constexpr = 0,
+                   V_SCALE: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
     P_h = tl.num_programs(0) // H_KV                       # shares a head (the launch is H_kv·P_h programs)
@@ -136,6 +140,10 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         offs_g, offs_n, offs_d, mask_d, mask_g, mask_gd, k_offs, v_offs = row_walk_offsets(
             stride_kl, stride_vl, GROUP, Q_LEN, D, BLOCK_G, BLOCK_N, BLOCK_D)
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+        # an 8-bit cache's scales (tile.head_row): every tile of the program is of head h
+        SC = (KS, VS, stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul)
+        SC_h = head_row(SC, h, K_SCALE, V_SCALE)
+        qk = k_scaled(qk_scale, SC_h, K_SCALE)
         if PAGE == 0:   # the queries of each tile's row, loaded with the tile (row_tile_update)
             q_b, q_n = None, None
         else:           # the queries of the row being streamed (q_b) and of the next row (q_n), a row ahead, so
@@ -160,23 +168,24 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
             t_lo = tl.maximum(t0, e0)
             if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.paged_tile_rows)
                 b_n, T_n, j_n, L_n = tile_row(t_lo, offs_w, ends_w, tiles_w, lens_w)
-                k_rows, v_rows = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages, FLAG,
-                                                 stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
+                ahead_n = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages, FLAG,
+                                          stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
             for t in range(t_lo, tl.minimum(t1, e0 + tl.sum(tiles_w, 0))):
                 if PAGE >= TABLE_AHEAD_PAGE:
-                    b, T_b, j, L, kr, vr = b_n + w0, T_n, j_n, L_n, k_rows, v_rows
+                    b, T_b, j, L, ahead = b_n + w0, T_n, j_n, L_n, ahead_n
                     b_n, T_n, j_n, L_n = tile_row(t + 1, offs_w, ends_w, tiles_w, lens_w)
-                    k_rows, v_rows = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages,
-                                                     FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE)
+                    ahead_n = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages, FLAG,
+                                              stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
                 else:
                     b, T_b, j, L = tile_row(t, offs_w, ends_w, tiles_w, lens_w)
                     b += w0
-                    kr, vr = None, None
+                    ahead = None
                 m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d, mask_d,
-                                            k_offs, v_offs, qk_scale, stride_qb, stride_qt, stride_qh, stride_kb,
+                                            k_offs, v_offs, qk, stride_qb, stride_qt, stride_qh, stride_kb,
                                             stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt,
                                             n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE,
-                                            PAGE, kr, vr, q_b)
+                                            PAGE, ahead, q_b, scale_row(SC, b, h, PAGE, K_SCALE, V_SCALE), K_SCALE,
+                                            V_SCALE)
                 # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
                 # earlier) goes to its slot; either way the next row starts from the empty state. Over pages
                 # that is a branch taken once a row, and the next row's queries are loaded there: normalising,
@@ -189,11 +198,12 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                 if PAGE == 0:
                     m, l, acc = end_row(m, l, acc, last, last & (t - j >= t0), last & (t - j < t0), offs_g, mask_gd,
                                         h, b, slot_f, O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob,
-                                        stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D)
+                                        stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D,
+                                        SC_h, V_SCALE)
                 elif last:
                     m, l, acc = end_row(m, l, acc, True, t - j >= t0, t - j < t0, offs_g, mask_gd, h, b, slot_f,
                                         O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot, stride_oh,
-                                        stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D)
+                                        stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D, SC_h, V_SCALE)
                     q_b = q_n
                     q_n = group_queries(Q, tl.minimum(b + 2, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP,
                                         Q_LEN, D, BLOCK_G, BLOCK_D)[0]
@@ -202,7 +212,7 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         q_al = program_of(t1 - 1 - j_l, T, P)
         cont = t1 - 1 - j_l + T_l > t1                                    # the row's last tile lies past t1 - 1
         if cont:
-            o, lse = state_to_partial(m, l, acc)
+            o, lse = finish_state(m, l, acc, SC_h, V_SCALE)
             store_partial(o, lse, offs_g, mask_gd, 0, base + q_al + q, O_PART, GROUP * D, D, stride_pp, LSE_PART,
                           GROUP * n_slots, n_slots, True, GROUP, Q_LEN, BLOCK_D)
         if (j_f > 0) & (t0 - j_f + T_f <= t1):                           # the first row ended here, begun earlier
@@ -248,9 +258,10 @@ def streamk_programs(H_kv: int, sms: int, per_sm: int) -> int:
 
 
 def streamk_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
-                     timeline: bool = False) -> Launcher:
+                     timeline: bool = False, scale_modes: tuple = (0, 0)) -> Launcher:
     """The stream-K kernel with its constexprs fixed (BLOCK_B covers the planned batch B; group × q_len query
-    rows a program; ``timeline``: the variant that records each program's (SM, start, end))."""
+    rows a program; ``timeline``: the variant that records each program's (SM, start, end); ``scale_modes``:
+    (K_SCALE, V_SCALE) of an 8-bit cache)."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     block_h, block_s = combine_blocks(group * q_len, 16, BLOCK_D)
     block_b = max(MIN_BLOCK_B, triton.next_power_of_2(B))
@@ -259,18 +270,21 @@ def streamk_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, p
                                          BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=block_b,
                                          BLOCK_W=min(ROW_WINDOW, block_b),
                                          FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, PAGE=page, Q_LEN=q_len,
-                                         TIMELINE=timeline, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                         TIMELINE=timeline, K_SCALE=scale_modes[0], V_SCALE=scale_modes[1],
+                                         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                                          **caps),
                     dtype_slots)
 
 
 def streamk_args(q, k_cache, v_cache, lens, scale, programs, out, lse, o_part, lse_part, counters, flag,
-                 block_table=None, times=None):
+                 block_table=None, times=None, scales=None):
     """(grid, pointers, scalars) of one launch of ``programs`` programs (a multiple of H_kv,
     :func:`streamk_programs`); ``o_part`` [slots, q_len·group, D] and
     ``lse_part`` [q_len·group, slots] float32 (slots >= :func:`slots_for`), ``counters`` zeroed int32 [B·H_kv].
     q and out ``[B, H_q, D]`` or ``[B, q_len, H_q, D]``, lse ``q.shape[:-1]``. ``times``: the timeline buffer
-    of a TIMELINE launch (else the flag stands in)."""
+    of a TIMELINE launch (else the flag stands in). ``scales``: an 8-bit cache's scale pointers and scalars
+    (:func:`~fdlib.kernels.launch.scale_args`)."""
+    sp, sc = scale_args(scales, flag)
     B, H_kv = q.shape[0], k_cache.shape[2]
     if programs % H_kv:
         raise ValueError(f"programs: stream-K launches the same number of shares for every KV head, a multiple of "
@@ -279,7 +293,7 @@ def streamk_args(q, k_cache, v_cache, lens, scale, programs, out, lse, o_part, l
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((programs,),
             (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt,
-             flag if times is None else times),
+             flag if times is None else times, *sp),
             (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], o_part.stride(0), lse_part.shape[1],
              os_[0], os_[1], os_[2], ls[0], ls[1], ls[2], scale * LOG2E, B, H_kv, L_max,
-             bt_stride, n_pages))
+             bt_stride, n_pages, *sc))

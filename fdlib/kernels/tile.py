@@ -56,38 +56,166 @@ on the H200 with an illegal address (``results/h200/ab/README.md``, run 82), whe
 
 
 @triton.jit
-def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr):
-    """(m, ℓ, Õ) ← state after one more tile. q [G, D]; k, v [N, D]; m, ℓ [G]; Õ [G, D]; ``valid`` [N] (the
+def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr, k_scale=None, v_scale=None):
+    r"""(m, ℓ, Õ) ← state after one more tile. q [G, D]; k, v [N, D]; m, ℓ [G]; Õ [G, D]; ``valid`` [N] (the
     keys of the slice, the same for every row) or [G, N] (also a per-row causal limit, several query tokens).
 
     FP32_DOT: do both products in exact float32 (float32 inputs, and bfloat16 in the interpreter, whose
     NumPy has no bfloat16 matrix product). Otherwise the tensor cores multiply fp16/bf16 and accumulate fp32.
+
+    ``k_scale``, ``v_scale`` [N]: an 8-bit cache's per-token scales of the tile's keys (:mod:`fdlib.quant`; None:
+    none): :math:`s_{gj} \mathrel{*}= s_{K,j}` (column j of the logits), and :math:`p_{gj} s_{V,j}` enters Õ while
+    ℓ sums :math:`p_{gj}` (the P·V product's weights scaled before the product). k and v are then the stored
+    values in q's dtype (:func:`cache_update`).
     """
     if FP32_DOT:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
+    if k_scale is not None:
+        s = s * k_scale[None, :]
     s = tl.where(valid, s * qk_scale, float("-inf"))       # valid broadcasts from [N] to [G, N]
     m_new = tl.maximum(m, tl.max(s, 1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)        # whole tile masked: nothing to rescale
     alpha = tl.exp2(m - m_ref)
     p = tl.exp2(s - m_ref[:, None])
     l = l * alpha + tl.sum(p, 1)
+    w = p
+    if v_scale is not None:
+        w = p * v_scale[None, :]
     if FP32_DOT:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        pv = tl.dot(w, v.to(tl.float32), input_precision="ieee")
     else:
-        pv = tl.dot(p.to(v.dtype), v)
+        pv = tl.dot(w.to(v.dtype), v)
     acc = acc * alpha[:, None] + pv
     return m_new, l, acc
 
 
 @triton.jit
-def state_to_partial(m, l, acc):
-    """(m, ℓ, Õ) in base 2  ->  (O = Õ/ℓ, natural lse); an empty state gives (0, -inf)."""
+def state_to_partial(m, l, acc, v_fold=None):
+    """(m, ℓ, Õ) in base 2  ->  (O = Õ/ℓ, natural lse); an empty state gives (0, -inf). ``v_fold``: an 8-bit
+    cache's per-tensor or per-head V scale, O = Õ·(v_fold/ℓ) (one factor a row; :func:`finish_state`)."""
     empty = l == 0.0
-    o = acc / tl.where(empty, 1.0, l)[:, None]
+    if v_fold is None:
+        o = acc / tl.where(empty, 1.0, l)[:, None]
+    else:
+        o = acc * (v_fold / tl.where(empty, 1.0, l))[:, None]
     lse = tl.where(empty, float("-inf"), (m + tl.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
     return o, lse
+
+
+# ------------------------------------------------------------------------------------------ 8-bit caches
+SCALE_NONE = tl.constexpr(0)
+"""K_SCALE / V_SCALE of a 16-bit cache: no scale (the kernels compile to what they were without scales)."""
+SCALE_TENSOR = tl.constexpr(1)
+"""One scale per tensor (:mod:`fdlib.quant`): K's multiplies qk_scale on the host, V's is the argument v_mul."""
+SCALE_HEAD = tl.constexpr(2)
+"""One scale per KV head: K's folded into qk_scale (:func:`k_scaled`), V's into the output (:func:`finish_state`)."""
+SCALE_TOKEN = tl.constexpr(3)
+"""One scale per token and KV head: K's multiply the logits' columns, V's the weights' (:func:`tile_update`)."""
+
+
+@triton.jit
+def head_row(SC, h_kv, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr):
+    """A kernel's 8-bit scale arguments SC = (KS, VS, stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl,
+    stride_vsh, v_mul) with KS and VS moved to KV head h_kv (a per-head scale has strides (0, 0, stride_h), a
+    per-token one its tensor's [B or pages, L_max or page slots, H_kv]); SC itself for a 16-bit cache."""
+    r = SC
+    if K_SCALE != SCALE_NONE or V_SCALE != SCALE_NONE:
+        KS, VS, ksb, ksl, ksh, vsb, vsl, vsh, v_mul = SC
+        r = (KS + h_kv * ksh, VS + h_kv * vsh, ksb, ksl, ksh, vsb, vsl, vsh, v_mul)
+    return r
+
+
+@triton.jit
+def scale_row(SC, b, h_kv, PAGE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr):
+    """SC moved to row (b, h_kv) of a contiguous cache's scales (PAGE = 0), or to KV head h_kv of a page pool's
+    (:func:`head_row`; a key's page and slot are added per tile, :func:`scale_offsets`)."""
+    r = head_row(SC, h_kv, K_SCALE, V_SCALE)
+    if (K_SCALE != SCALE_NONE or V_SCALE != SCALE_NONE) and PAGE == 0:
+        KS, VS, ksb, ksl, ksh, vsb, vsl, vsh, v_mul = r
+        r = (KS + b.to(tl.int64) * ksb, VS + b.to(tl.int64) * vsb, ksb, ksl, ksh, vsb, vsl, vsh, v_mul)
+    return r
+
+
+@triton.jit
+def k_scaled(qk_scale, SC, K_SCALE: tl.constexpr):
+    r"""qk_scale with a per-head K scale folded in, :math:`\text{scale}\cdot\log_2 e\cdot s_{K,h}` (SC at the
+    row's head: :func:`head_row`); unchanged otherwise (a per-tensor one is folded on the host)."""
+    if K_SCALE == SCALE_HEAD:
+        qk_scale = qk_scale * tl.load(SC[0])
+    return qk_scale
+
+
+@triton.jit
+def finish_state(m, l, acc, SC, V_SCALE: tl.constexpr):
+    r""":func:`state_to_partial` with V's per-tensor or per-head scale folded into the output (SC at the row's
+    head), :math:`O = \tilde O\, s_V/\ell`; a per-token one is in Õ already (:func:`tile_update`)."""
+    if V_SCALE == SCALE_TENSOR or V_SCALE == SCALE_HEAD:
+        v_fold = SC[8]
+        if V_SCALE == SCALE_HEAD:
+            v_fold = v_fold * tl.load(SC[1])
+        o, lse = state_to_partial(m, l, acc, v_fold)
+    else:
+        o, lse = state_to_partial(m, l, acc)
+    return o, lse
+
+
+@triton.jit
+def scale_offsets(SC, pos, page, slot, PAGE: tl.constexpr):
+    """Where the per-token scales of keys ``pos`` lie from a row's scale pointers (:func:`scale_row`): pos·stride
+    over a contiguous cache; page·stride_page + slot·stride_slot over pages (64-bit, as :func:`pool_rows`; page
+    from :func:`page_rows`). Returns (K's, V's)."""
+    if PAGE == 0:
+        ks_off = pos * SC[3]
+        vs_off = pos * SC[6]
+    else:
+        ks_off = page * wide(SC[2]) + wide(slot * tl.cast(SC[3], tl.uint32))
+        vs_off = page * wide(SC[5]) + wide(slot * tl.cast(SC[6], tl.uint32))
+    return ks_off, vs_off
+
+
+@triton.jit
+def with_scales(k, v, SC, pos, page, slot, PAGE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr):
+    """A tile as loaded, for :func:`cache_update`: (k, v), and where K's or V's scales are per token the offsets
+    of its keys' scales (:func:`scale_offsets` of keys ``pos``, at ``page`` and ``slot`` over pages):
+    (k, v, ks_off, vs_off)."""
+    if K_SCALE == SCALE_TOKEN or V_SCALE == SCALE_TOKEN:
+        ks_off, vs_off = scale_offsets(SC, pos, page, slot, PAGE)
+        r = (k, v, ks_off, vs_off)
+    else:
+        r = (k, v)
+    return r
+
+
+@triton.jit
+def cache_update(TILE_UPDATE: tl.constexpr, q, tile, seen, m, l, acc, qk_scale, FP32_DOT: tl.constexpr, SC, valid,
+                 K_SCALE: tl.constexpr, V_SCALE: tl.constexpr):
+    """TILE_UPDATE on a tile as loaded from the cache (``tile`` = (k, v), or :func:`with_scales`'s four). A 16-bit
+    cache's tile goes in as it is. An 8-bit one is dequantized in registers first: converted to q's dtype (to
+    float32 where FP32_DOT), which is exact (every e4m3 and int8 value is an fp16 and a bf16 value), so the
+    products stay fp16/bf16; per-token scales are loaded for the ``valid`` keys from SC at the row
+    (:func:`scale_row`) and go in as the update's ``k_scale``/``v_scale``. Per-tensor and per-head scales are
+    folded in outside the loop (:func:`k_scaled`, :func:`finish_state`)."""
+    k = tile[0]
+    v = tile[1]
+    if K_SCALE == SCALE_NONE and V_SCALE == SCALE_NONE:
+        r = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+    else:
+        k = k.to(tl.float32 if FP32_DOT else q.dtype)
+        v = v.to(tl.float32 if FP32_DOT else q.dtype)
+        if K_SCALE == SCALE_TOKEN or V_SCALE == SCALE_TOKEN:
+            ks = valid.to(tl.float32)          # placeholders where a tensor is not scaled per token (never read)
+            vs = ks
+            if K_SCALE == SCALE_TOKEN:
+                ks = tl.load(SC[0] + tile[2], mask=valid, other=0.0)
+            if V_SCALE == SCALE_TOKEN:
+                vs = tl.load(SC[1] + tile[3], mask=valid, other=0.0)
+            r = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT, ks if K_SCALE == SCALE_TOKEN else None,
+                            vs if V_SCALE == SCALE_TOKEN else None)
+        else:
+            r = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+    return r
 
 
 @triton.jit
@@ -288,20 +416,23 @@ def kv_step(k_ptrs, v_ptrs, stride_kl, stride_vl, BLOCK_N: tl.constexpr, PAGE: t
 
 @triton.jit
 def load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
-            PAGE: tl.constexpr):
+            PAGE: tl.constexpr, SC=None, K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
     """One tile of keys and values at positions ``pos`` through :func:`kv_start`'s pointers: a contiguous cache
     (PAGE = 0; the pointers are the tile's), or pages behind the block table row ``BT_ROW`` (:func:`page_rows`;
-    64-bit page offsets); masked rows read 0."""
+    64-bit page offsets); masked rows read 0. Returns the tile as loaded, (k, v), with the offsets of its keys'
+    scales where an 8-bit cache's are per token (:func:`with_scales`; SC at the row, :func:`scale_row`)."""
     kv_mask = valid[:, None] & mask_d[None, :]
     if PAGE == 0:
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        tile = with_scales(k, v, SC, pos, 0, 0, PAGE, K_SCALE, V_SCALE)
     else:
-        k_rows, v_rows = page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
-                                      PAGE)
-        k = tl.load(k_ptrs + k_rows[:, None], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptrs + v_rows[:, None], mask=kv_mask, other=0.0)
-    return k, v
+        rows = page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC,
+                            K_SCALE, V_SCALE)
+        k = tl.load(k_ptrs + rows[0][:, None], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptrs + rows[1][:, None], mask=kv_mask, other=0.0)
+        tile = with_rows(k, v, rows, K_SCALE, V_SCALE)
+    return tile
 
 
 @triton.jit
@@ -314,16 +445,19 @@ def empty_state(BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
 @triton.jit
 def attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc, qk_scale, stride_kl, stride_vl,
                 BT_ROW, stride_kb, stride_vb, n_pages, FLAG, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
-                TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr):
+                TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr, SC=None,
+                K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
     """One step of a slice's loop: the tile of keys n0 + offs_n below ``end`` (:func:`load_kv`, then the
     pointers moved on by :func:`kv_step`), each query row also stopping at its ``limit`` when Q_LEN > 1, folded
-    into (m, ℓ, Õ) by TILE_UPDATE. Returns the new state and pointers."""
+    into (m, ℓ, Õ) by TILE_UPDATE (:func:`cache_update`: an 8-bit tile dequantized first; SC at the row,
+    :func:`scale_row`). Returns the new state and pointers."""
     pos = n0 + offs_n
     valid = pos < end
-    k, v = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb, n_pages,
-                   FLAG, PAGE)
+    tile = load_kv(k_ptrs, v_ptrs, pos, valid, mask_d, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb, n_pages,
+                   FLAG, PAGE, SC, K_SCALE, V_SCALE)
     k_ptrs, v_ptrs = kv_step(k_ptrs, v_ptrs, stride_kl, stride_vl, BLOCK_N, PAGE)
-    m, l, acc = TILE_UPDATE(q, k, v, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT)
+    m, l, acc = cache_update(TILE_UPDATE, q, tile, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT,
+                             SC, valid, K_SCALE, V_SCALE)
     return m, l, acc, k_ptrs, v_ptrs
 
 
@@ -367,13 +501,32 @@ def row_walk_offsets(stride_kl, stride_vl, GROUP: tl.constexpr, Q_LEN: tl.conste
 
 
 @triton.jit
-def page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE: tl.constexpr):
+def page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE: tl.constexpr,
+                 SC=None, K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
     """The 64-bit offsets page·stride + slot·stride of keys ``pos`` (where ``valid``) in the K and V page pools,
     through the block-table row ``BT_ROW`` (:func:`page_rows`): what a loop reads one tile ahead, so that its
-    K/V loads depend on no load of their own iteration."""
+    K/V loads depend on no load of their own iteration. (k_rows, v_rows), and where an 8-bit cache's scales are
+    per token those of the keys' scales too (:func:`scale_offsets`): (k_rows, v_rows, ks_off, vs_off)."""
     page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
     k_slot, v_slot = slot_offsets(slot, stride_kl, stride_vl)
-    return pool_rows(page, k_slot, v_slot, stride_kb, stride_vb)
+    k_rows, v_rows = pool_rows(page, k_slot, v_slot, stride_kb, stride_vb)
+    if K_SCALE == SCALE_TOKEN or V_SCALE == SCALE_TOKEN:
+        ks_off, vs_off = scale_offsets(SC, pos, page, slot, PAGE)
+        rows = (k_rows, v_rows, ks_off, vs_off)
+    else:
+        rows = (k_rows, v_rows)
+    return rows
+
+
+@triton.jit
+def with_rows(k, v, rows, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr):
+    """The tile as loaded (:func:`with_scales`) from K/V loaded through ``rows`` (:func:`page_offsets`, whose
+    scale offsets it keeps)."""
+    if K_SCALE == SCALE_TOKEN or V_SCALE == SCALE_TOKEN:
+        tile = (k, v, rows[2], rows[3])
+    else:
+        tile = (k, v)
+    return tile
 
 
 @triton.jit
@@ -391,34 +544,36 @@ def pool_rows(page, k_slot, v_slot, stride_kb, stride_vb):
 
 @triton.jit
 def paged_tile_rows(BT, b, n0, L, offs_n, stride_bt, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
-                    PAGE: tl.constexpr):
+                    PAGE: tl.constexpr, SC=None, K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
     """:func:`page_offsets` of keys n0 + offs_n (below L) of sequence b, for the row-walking loops."""
     pos = n0 + offs_n
     return page_offsets(BT + b.to(tl.int64) * stride_bt, pos, pos < L, n_pages, FLAG, stride_kb, stride_kl,
-                        stride_vb, stride_vl, PAGE)
+                        stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
 
 
 @triton.jit
 def row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl, stride_kh,
                 stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE: tl.constexpr,
-                k_rows=None, v_rows=None):
+                rows=None, SC=None, K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
     """The K/V tile of keys ``pos`` = n0 + offs_n of row (b, h_kv), for kernels whose loop jumps between rows
     (persistent, stream-K): a contiguous cache from a 64-bit scalar base plus the 32-bit in-tile offsets
     ``k_offs``/``v_offs`` = offs_n·stride + offs_d; pages gathered through the block table (:func:`page_rows`),
-    or through ``k_rows``/``v_rows`` read ahead by :func:`paged_tile_rows`."""
+    or through ``rows`` read ahead by :func:`paged_tile_rows`. Returns the tile as loaded (:func:`load_kv`)."""
     kv_mask = valid[:, None] & mask_d[None, :]
     if PAGE == 0:
         k = tl.load(K + (b.to(tl.int64) * stride_kb + h_kv * stride_kh + n0.to(tl.int64) * stride_kl) + k_offs,
                     mask=kv_mask, other=0.0)
         v = tl.load(V + (b.to(tl.int64) * stride_vb + h_kv * stride_vh + n0.to(tl.int64) * stride_vl) + v_offs,
                     mask=kv_mask, other=0.0)
+        tile = with_scales(k, v, SC, pos, 0, 0, PAGE, K_SCALE, V_SCALE)
     else:
-        if k_rows is None:
-            k_rows, v_rows = page_offsets(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, stride_kb,
-                                          stride_kl, stride_vb, stride_vl, PAGE)
-        k = tl.load(K + k_rows[:, None] + h_kv * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + v_rows[:, None] + h_kv * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-    return k, v
+        if rows is None:
+            rows = page_offsets(BT + b.to(tl.int64) * stride_bt, pos, valid, n_pages, FLAG, stride_kb, stride_kl,
+                                stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
+        k = tl.load(K + rows[0][:, None] + h_kv * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + rows[1][:, None] + h_kv * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        tile = with_rows(k, v, rows, K_SCALE, V_SCALE)
+    return tile
 
 
 @triton.jit
@@ -426,7 +581,7 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
                  BT_ROW, stride_kb, stride_vb, n_pages, FLAG,
                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
                  TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr, TABLE_REGS: tl.constexpr = 0,
-                 first=None):
+                 first=None, SC=None, K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
     """Stream keys [start, end) of one sequence and KV head through on-chip memory, one BLOCK_N tile at a
     time, and return the group's state (m, ℓ, Õ). ``k_ptrs``/``v_ptrs`` point at key 0, dims ``offs_d``
     (a contiguous cache, PAGE = 0), or at page 0's slot 0 of this KV head (a paged cache: PAGE keys a page,
@@ -440,7 +595,10 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     registers at a time (clamped as :func:`page_rows` clamps) and each tile's pages gathered from them, so no load
     of the tile loop feeds the K/V addresses; a slice longer than TABLE_REGS pages reloads them at each block's
     start, where the tile pipeline drains once a block (at most TABLE_REGS_LIMIT entries).
-    ``first`` (with TABLE_REGS > 0): the slice's first TABLE_REGS entries, loaded already (:func:`first_table`)."""
+    ``first`` (with TABLE_REGS > 0): the slice's first TABLE_REGS entries, loaded already (:func:`first_table`).
+    An 8-bit cache (K_SCALE, V_SCALE, SC at the row: :func:`scale_row`): each tile is dequantized right after its
+    load (:func:`cache_update`), its keys' per-token scales read beside it; qk_scale holds a per-head K scale
+    already (:func:`k_scaled`)."""
     m, l, acc = empty_state(BLOCK_G, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     if PAGE < TABLE_AHEAD_PAGE:   # a contiguous cache (PAGE = 0), or small pages looked up in each tile's iteration
@@ -448,7 +606,8 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
         for n0 in range(start, end, BLOCK_N):
             m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
                                                     qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
-                                                    n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN)
+                                                    n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, SC,
+                                                    K_SCALE, V_SCALE)
     elif TABLE_REGS > 0:
         tl.static_assert(TABLE_REGS <= TABLE_REGS_LIMIT, "TABLE_REGS: at most TABLE_REGS_LIMIT = 256 entries")
         # blocks of TABLE_REGS whole pages from the page of the slice's first key; a split starts on the
@@ -472,38 +631,45 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
             n_lo = tl.maximum(q0, start)
             upos0 = (n_lo + offs_n).to(tl.uint32)
             idx0 = (upos0 // PAGE - p_first).to(tl.int32)
-            k_slot0, v_slot0 = slot_offsets(upos0 % PAGE, stride_kl, stride_vl)
+            slot0 = upos0 % PAGE
+            k_slot0, v_slot0 = slot_offsets(slot0, stride_kl, stride_vl)
             for n0 in range(n_lo, tl.minimum(q0 + TABLE_REGS * PAGE, end), BLOCK_N):
                 pos = n0 + offs_n
                 valid = pos < end
                 if BLOCK_N % PAGE == 0:
                     page = wide(tl.gather(pages, idx0 + (n0 - n_lo) // PAGE, 0))
+                    slot = slot0
                     k_slot, v_slot = k_slot0, v_slot0
                 else:   # pages larger than a tile: the tile's slots move with it
                     upos = pos.to(tl.uint32)
                     page = wide(tl.gather(pages, (upos // PAGE - p_first).to(tl.int32), 0))
-                    k_slot, v_slot = slot_offsets(upos % PAGE, stride_kl, stride_vl)
+                    slot = upos % PAGE
+                    k_slot, v_slot = slot_offsets(slot, stride_kl, stride_vl)
                 k_row, v_row = pool_rows(page, k_slot, v_slot, stride_kb, stride_vb)
                 kv_mask = valid[:, None] & mask_d[None, :]
                 k = tl.load(k_ptrs + k_row[:, None], mask=kv_mask, other=0.0)
                 v = tl.load(v_ptrs + v_row[:, None], mask=kv_mask, other=0.0)
-                m, l, acc = TILE_UPDATE(q, k, v, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT)
+                m, l, acc = cache_update(TILE_UPDATE, q, with_scales(k, v, SC, pos, page, slot, PAGE, K_SCALE, V_SCALE),
+                                         keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT, SC, valid,
+                                         K_SCALE, V_SCALE)
     else:
         # pages: each tile's row offsets (page·stride + slot·stride) are read from the table one tile ahead and
         # carried, so the tile's K/V loads depend on no load of their own iteration
         pos = start + offs_n
-        k_rows, v_rows = page_offsets(BT_ROW, pos, pos < end, n_pages, FLAG, stride_kb, stride_kl, stride_vb,
-                                      stride_vl, PAGE)
+        rows = page_offsets(BT_ROW, pos, pos < end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE,
+                            SC, K_SCALE, V_SCALE)
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + offs_n
             valid = pos < end
             kv_mask = valid[:, None] & mask_d[None, :]
-            k = tl.load(k_ptrs + k_rows[:, None], mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs + v_rows[:, None], mask=kv_mask, other=0.0)
+            k = tl.load(k_ptrs + rows[0][:, None], mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs + rows[1][:, None], mask=kv_mask, other=0.0)
+            tile = with_rows(k, v, rows, K_SCALE, V_SCALE)
             nxt = pos + BLOCK_N
-            k_rows, v_rows = page_offsets(BT_ROW, nxt, nxt < end, n_pages, FLAG, stride_kb, stride_kl, stride_vb,
-                                          stride_vl, PAGE)
-            m, l, acc = TILE_UPDATE(q, k, v, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT)
+            rows = page_offsets(BT_ROW, nxt, nxt < end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
+                                PAGE, SC, K_SCALE, V_SCALE)
+            m, l, acc = cache_update(TILE_UPDATE, q, tile, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale,
+                                     FP32_DOT, SC, valid, K_SCALE, V_SCALE)
     return m, l, acc
 
 
@@ -635,22 +801,25 @@ def row_tile_update(Q, K, V, b, h_kv, n0, L, m, l, acc, offs_g, offs_n, offs_d, 
                     stride_qb, stride_qt, stride_qh, stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
                     BT, stride_bt, n_pages, FLAG, GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr,
                     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                    PAGE: tl.constexpr, k_rows=None, v_rows=None, q=None):
+                    PAGE: tl.constexpr, rows=None, q=None, SC=None, K_SCALE: tl.constexpr = 0,
+                    V_SCALE: tl.constexpr = 0):
     """One step of a loop that jumps between rows (persistent, stream-K): row (b, h_kv)'s queries ``q``
     (loaded here with :func:`group_queries` when None), its tile of keys n0 + offs_n below L
-    (:func:`row_tile_kv`; over pages through ``k_rows``/``v_rows`` when the loop read them ahead), each query row
-    also stopping at its causal limit when Q_LEN > 1, folded into (m, ℓ, Õ) by TILE_UPDATE."""
+    (:func:`row_tile_kv`; over pages through ``rows`` when the loop read them ahead), each query row
+    also stopping at its causal limit when Q_LEN > 1, folded into (m, ℓ, Õ) by TILE_UPDATE (an 8-bit tile
+    dequantized first, :func:`cache_update`: SC at the row, :func:`scale_row`, qk_scale with its per-head K scale
+    folded in, :func:`k_scaled`)."""
     if q is None:
         q = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
     pos = n0 + offs_n
     valid = pos < L
-    k, v = row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl,
-                       stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE, k_rows, v_rows)
+    tile = row_tile_kv(K, V, b, h_kv, n0, pos, valid, mask_d, offs_d, k_offs, v_offs, stride_kb, stride_kl, stride_kh,
+                       stride_vb, stride_vl, stride_vh, BT, stride_bt, n_pages, FLAG, PAGE, rows, SC, K_SCALE, V_SCALE)
     if Q_LEN == 1:
         seen = valid
     else:
         seen = valid[None, :] & (pos[None, :] < causal_limit(offs_g, L, GROUP, Q_LEN)[:, None])
-    return TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
+    return cache_update(TILE_UPDATE, q, tile, seen, m, l, acc, qk_scale, FP32_DOT, SC, valid, K_SCALE, V_SCALE)
 
 
 @triton.jit
@@ -713,14 +882,17 @@ def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_q
                  stride_vb, stride_vl, stride_vh, qk_scale, BT, stride_bt, n_pages, FLAG,
                  GROUP: tl.constexpr, Q_LEN: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                 PAGE: tl.constexpr, PACK: tl.constexpr = 1, TABLE_REGS: tl.constexpr = 0, first=None):
+                 PAGE: tl.constexpr, PACK: tl.constexpr = 1, TABLE_REGS: tl.constexpr = 0, first=None, SC=None,
+                 K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
     """The partial (O, lse) of KV head h_kv's GROUP·Q_LEN query rows r = t·GROUP + g (query token t, head
     h_kv·GROUP + g; :func:`row_offset`) of sequence b (L keys) over its keys [start, end): load the rows'
     queries once, stream the K/V slice (:func:`attend_slice`, each row stopping at its :func:`causal_limit`
     when Q_LEN > 1), normalise. Also returns the rows r and the [BLOCK_G, BLOCK_D] mask of real rows and dims,
     for the caller's stores. PAGE = 0: K/V are ``[B, L_max, H_kv, D]``; else pages ``[n_pages, PAGE, H_kv, D]``
     behind the block table BT. PACK > 1: h_kv is a pack of PACK adjacent KV heads read as one (:func:`own_dims`;
-    the caller passes the pack's strides and D = PACK × the head dim)."""
+    the caller passes the pack's strides and D = PACK × the head dim). An 8-bit cache: K_SCALE, V_SCALE and the
+    kernel's scale arguments SC (:func:`head_row`); a per-head K scale is folded into qk_scale (:func:`k_scaled`),
+    a per-tensor or per-head V scale into the output (:func:`finish_state`)."""
     q, offs_g, offs_d, mask_d, mask_gd = group_queries(Q, b, h_kv, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D,
                                                       BLOCK_G, BLOCK_D, PACK)
     k_ptrs, v_ptrs = kv_base(K, V, b, h_kv, stride_kb, stride_kh, stride_vb, stride_vh, offs_d, PAGE)
@@ -728,10 +900,13 @@ def attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_q
         limit = end
     else:
         limit = causal_limit(offs_g, L, GROUP, Q_LEN)
-    m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mask_d, qk_scale,
-                             BT + b.to(tl.int64) * stride_bt, stride_kb, stride_vb, n_pages, FLAG,
-                             BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, TABLE_REGS, first)
-    o, lse = state_to_partial(m, l, acc)
+    if K_SCALE != SCALE_NONE or V_SCALE != SCALE_NONE:
+        SC = scale_row(SC, b, h_kv, PAGE, K_SCALE, V_SCALE)
+    m, l, acc = attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mask_d,
+                             k_scaled(qk_scale, SC, K_SCALE), BT + b.to(tl.int64) * stride_bt, stride_kb, stride_vb,
+                             n_pages, FLAG, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, TABLE_REGS,
+                             first, SC, K_SCALE, V_SCALE)
+    o, lse = finish_state(m, l, acc, SC, V_SCALE)
     return o, lse, offs_g, mask_gd
 
 

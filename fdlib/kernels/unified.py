@@ -44,13 +44,13 @@ import triton
 import triton.language as tl
 
 from .config import block_sizes, fp32_dot
-from .launch import Launcher, check_pack, packed_kv, paging, q_len_of, strides4
+from .launch import Launcher, check_pack, packed_kv, paging, q_len_of, scale_args, strides4
 from .tile import (LOG2E, attend_group, combine_blocks, finish_row, first_table, load_lengths, longest_first,
                    split_range, take_ticket, tile_update, timeline_record, timeline_start)
 
 
 @triton.jit
-def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES,
+def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES, KS, VS,
                    stride_qb, stride_qt, stride_qh,
                    stride_kb, stride_kl, stride_kh,
                    stride_vb, stride_vl, stride_vh,
@@ -58,12 +58,14 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    stride_lb, stride_lt, stride_lh,
                    stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
                    qk_scale, chunk, H_KV, L_MAX, stride_bt, n_pages,
+                   stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul,
                    GROUP: tl.constexpr, D: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
                    TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                    Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, PACK: tl.constexpr = 1,
-                   ORDER_B: tl.constexpr = 0, TABLE_REGS: tl.constexpr = 0):
+                   ORDER_B: tl.constexpr = 0, TABLE_REGS: tl.constexpr = 0, K_SCALE: tl.constexpr = 0,
+                   V_SCALE: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
     h_kv = tl.program_id(0)   # the KV heads of a sequence are launched together (see the module doc)
@@ -87,7 +89,8 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                                              stride_kb, stride_kl, stride_kh, stride_vb, stride_vl, stride_vh,
                                              qk_scale, BT, stride_bt, n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G,
                                              BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE, PACK, TABLE_REGS,
-                                             first)
+                                             first, (KS, VS, stride_ksb, stride_ksl, stride_ksh, stride_vsb,
+                                                     stride_vsl, stride_vsh, v_mul), K_SCALE, V_SCALE)
         finish_row(o, lse, rows, mask_gd, h_kv * GROUP, split, n_splits, O_PART + b * stride_pb, stride_pt,
                    stride_ph, stride_ps, LSE_PART + b * stride_lb, stride_lt, stride_lh,
                    COUNTERS + b * H_KV + h_kv, OUT + b * stride_ob, stride_ot, stride_oh,
@@ -151,7 +154,8 @@ def scratch_flag(device) -> torch.Tensor:
 
 def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
                      dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1,
-                     timeline: bool = False, pack: int = 1, order: int = 0, table_regs: int = 0) -> Launcher:
+                     timeline: bool = False, pack: int = 1, order: int = 0, table_regs: int = 0,
+                     scale_modes: tuple = (0, 0)) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles,
     the page size (0: a contiguous cache) and the query tokens per sequence (group × q_len rows a program).
     ``merge_splits``: size the merge's blocks for this many splits instead of the launched ones
@@ -159,7 +163,8 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
     that records each program's (SM, start, end) (:meth:`fdlib.plan.DecodePlan.timeline_buffer`). ``pack``: KV heads
     read as one (:func:`~fdlib.kernels.tile.own_dims`); ``group`` and ``D`` are then the pack's. ``order``: 0, or
     ORDER_B, a power of two >= the batch: its sequences launched longest first. ``table_regs``: 0, or the block-table
-    entries a program holds in registers (:func:`fdlib.kernels.tile.attend_slice`'s TABLE_REGS)."""
+    entries a program holds in registers (:func:`fdlib.kernels.tile.attend_slice`'s TABLE_REGS). ``scale_modes``:
+    (K_SCALE, V_SCALE) of an 8-bit cache (:data:`fdlib.quant.SCALE_CODES`), (0, 0) for a 16-bit one."""
     check_pack(pack, D, q_len)
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     block_h, block_s = combine_blocks(group * q_len, merge_splits or splits, BLOCK_D)
@@ -167,18 +172,20 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
                                          BLOCK_H=block_h, BLOCK_S=block_s, FP32_DOT=fp32_dot(dtype),
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
                                          PAGE=page, Q_LEN=q_len, TIMELINE=timeline, PACK=pack, ORDER_B=order,
-                                         TABLE_REGS=table_regs,
+                                         TABLE_REGS=table_regs, K_SCALE=scale_modes[0], V_SCALE=scale_modes[1],
                                          num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
 def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag,
-                 block_table=None, times=None, pack: int = 1):
+                 block_table=None, times=None, pack: int = 1, scales=None):
     """(grid, pointers, scalars) of one launch (see :class:`~fdlib.kernels.launch.Launcher`); with a
     ``block_table`` [B, max_pages] the caches are pages [n_pages, page_size, H_kv, D]. q, out ``[B, H_q, D]``,
     lse ``[B, H_q]``, partials ``[B, H_q, splits, D]``/``[B, H_q, splits]``; or with the query-token axis:
     ``[B, q_len, H_q, D]``, ``[B, q_len, H_q]``, ``[B, q_len, H_q, splits, D]``/``[B, q_len, H_q, splits]``.
     ``times``: the timeline buffer of a TIMELINE launch (else the flag stands in for the unused pointer).
-    ``pack``: KV heads a program reads as one (:func:`~fdlib.kernels.launch.packed_kv`; partials ``pack·D`` wide)."""
+    ``pack``: KV heads a program reads as one (:func:`~fdlib.kernels.launch.packed_kv`; partials ``pack·D`` wide).
+    ``scales``: an 8-bit cache's scale pointers and scalars (:func:`~fdlib.kernels.launch.scale_args`)."""
+    sp, sc = scale_args(scales, flag)
     qs, os_, ss = strides4(q), strides4(out), strides4(lse, 3)
     if splits == 1:   # one split per row: the program writes out/lse itself and never touches the workspace
         o_part, lse_part = out, lse
@@ -189,10 +196,10 @@ def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_pa
     bt, bt_stride, n_pages, L_max = paging(k_cache, block_table, flag)
     return ((H_kv, q.shape[0], splits),
             (q, k_cache, v_cache, lens, o_part, lse_part, counters, out, lse, flag, bt,
-             flag if times is None else times),
+             flag if times is None else times, *sp),
             (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ps[0], ps[1], ps[2], ps[3],
              ls[0], ls[1], ls[2], os_[0], os_[1], os_[2], ss[0], ss[1], ss[2], scale * LOG2E, chunk,
-             H_kv, L_max, bt_stride, n_pages))
+             H_kv, L_max, bt_stride, n_pages, *sc))
 
 
 def remember_resources(compiled, dtype, D: int, group: int, cfg) -> None:
