@@ -149,92 +149,77 @@ def main(argv=None) -> int:
     if args.host_overhead:
         first = lambda xs, d: xs[0] if xs else d   # noqa: E731
         hq, hkv = first(args.heads, (32, 8))
-        results = run_host_overhead(B=first(args.B, 1), H_q=hq, H_kv=hkv, L=first(args.L, 2048), D=first(args.D, 128),
-                                    dtype=first(args.dtype, "float16"), command=command,
-                                    progress=not args.no_progress)
-        print(report.format_table(results), flush=True)
-        paths = report.write_results(results, args.out, args.name, force=args.force, plot=False)
-        print("\nwrote " + ", ".join(paths.values()), flush=True)
-        return 0
+        return _report(lambda: run_host_overhead(B=first(args.B, 1), H_q=hq, H_kv=hkv, L=first(args.L, 2048),
+                                                 D=first(args.D, 128), dtype=first(args.dtype, "float16"),
+                                                 command=command, progress=not args.no_progress),
+                       report.format_table, lambda r: report.write_results(r, args.out, args.name, force=args.force,
+                                                                           plot=False), errors=())
     if args.ragged:
         from .ragged import run_ragged
-        results = run_ragged(B=args.B, heads=args.heads, D=args.D, dtypes=args.dtype, means=args.L,
-                             methods=args.methods, page_size=args.page_size, page_order=args.page_order,
-                             max_kv_gb=args.max_kv_gb,
-                             quick=args.quick, graphs=False if args.no_graphs else None, warmup_ms=args.warmup,
-                             rep_ms=args.rep, graph_rep_ms=args.graph_rep, seed=args.seed,
-                             ceiling=not args.no_ceiling, ceiling_gib=args.ceiling_gib,
-                             progress=not args.no_progress, command=command, **kv)
-        print(report.format_table(results), flush=True)
-        paths = report.write_results(results, args.out, args.name, force=args.force, plot=False)
-        print("\nwrote " + ", ".join(paths.values()), flush=True)
-        return 0
+        return _report(lambda: run_ragged(B=args.B, heads=args.heads, D=args.D, dtypes=args.dtype, means=args.L,
+                                          methods=args.methods, page_size=args.page_size, page_order=args.page_order,
+                                          max_kv_gb=args.max_kv_gb,
+                                          quick=args.quick, graphs=False if args.no_graphs else None,
+                                          warmup_ms=args.warmup, rep_ms=args.rep, graph_rep_ms=args.graph_rep,
+                                          seed=args.seed, ceiling=not args.no_ceiling, ceiling_gib=args.ceiling_gib,
+                                          progress=not args.no_progress, command=command, **kv),
+                       report.format_table, lambda r: report.write_results(r, args.out, args.name, force=args.force,
+                                                                           plot=False), errors=())
     if args.qlen:
         from .qlen import format_qlen_table, run_qlen, write_qlen
         shapes = tuple((b, l) for b in args.B for l in args.L) if args.B and args.L else None
         if bool(args.B) != bool(args.L):
             print("--qlen: give both --B and --L (their product is the shape list) or neither", file=sys.stderr)
             return 2
-        try:
-            results = run_qlen(shapes=shapes, heads=args.heads[0] if args.heads else None,
-                               D=args.D[0] if args.D else None, dtype=args.dtype[0] if args.dtype else None,
-                               qlens=args.q_lens, methods=args.methods, quick=args.quick,
-                               graphs=False if args.no_graphs else None, warmup_ms=args.warmup, rep_ms=args.rep,
-                               graph_rep_ms=args.graph_rep, seed=args.seed, max_kv_gb=args.max_kv_gb,
-                               progress=not args.no_progress, command=command)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(format_qlen_table(results), flush=True)
-        try:
-            paths = write_qlen(results, args.out, args.name, force=args.force)
-        except FileExistsError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 3
-        print("\nwrote " + ", ".join(paths.values()), flush=True)
-        return 0
+        return _report(lambda: run_qlen(shapes=shapes, heads=args.heads[0] if args.heads else None,
+                                        D=args.D[0] if args.D else None, dtype=args.dtype[0] if args.dtype else None,
+                                        qlens=args.q_lens, methods=args.methods, quick=args.quick,
+                                        graphs=False if args.no_graphs else None, warmup_ms=args.warmup,
+                                        rep_ms=args.rep, graph_rep_ms=args.graph_rep, seed=args.seed,
+                                        max_kv_gb=args.max_kv_gb, progress=not args.no_progress, command=command),
+                       format_qlen_table, lambda r: write_qlen(r, args.out, args.name, force=args.force))
     if args.generate:
         from .generate import format_generate_table, run_generate, write_generate
-        try:
-            results = run_generate(batches=args.batches, contexts=args.contexts, variants=args.variants,
-                                   quick=args.quick, steps=args.steps, warmup=args.warmup_steps, seed=args.seed,
-                                   ceiling=not args.no_ceiling, ceiling_gib=args.ceiling_gib,
-                                   progress=not args.no_progress, command=command)
-        except (ValueError, RuntimeError, ImportError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(format_generate_table(results), flush=True)
-        try:
-            paths = write_generate(results, args.out, args.name, force=args.force)
-        except FileExistsError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 3
-        print("\nwrote " + ", ".join(paths.values()), flush=True)
-        return 0
+        return _report(lambda: run_generate(batches=args.batches, contexts=args.contexts, variants=args.variants,
+                                            quick=args.quick, steps=args.steps, warmup=args.warmup_steps,
+                                            seed=args.seed, ceiling=not args.no_ceiling,
+                                            ceiling_gib=args.ceiling_gib, progress=not args.no_progress,
+                                            command=command),
+                       format_generate_table, lambda r: write_generate(r, args.out, args.name, force=args.force),
+                       errors=(ValueError, RuntimeError, ImportError))
     if args.heads_sweep:
         for key, val in harness.HEADS_SWEEP.items():
             if common.get(key) is None:
                 common[key] = val
         args.methods = args.methods or ("split", "unified", "persistent", "auto", "cudnn")
-    try:
+
+    def grid():
         if args.sweep_splits:
-            results = harness.run_sweep(candidates=args.splits, **common)
-        else:
-            expand_methods(args.methods or ("split",), args.splits)   # unknown names fail before any work
-            results = harness.run_benchmark(methods=args.methods, splits=args.splits, ceiling=not args.no_ceiling,
-                                            ceiling_gib=args.ceiling_gib, **common, **kv)
-    except ValueError as e:
+            return harness.run_sweep(candidates=args.splits, **common)
+        expand_methods(args.methods or ("split",), args.splits)   # unknown names fail before any work
+        return harness.run_benchmark(methods=args.methods, splits=args.splits, ceiling=not args.no_ceiling,
+                                     ceiling_gib=args.ceiling_gib, **common, **kv)
+    return _report(grid, report.format_table,
+                   lambda r: report.write_results(r, args.out, args.name, force=args.force, plot=not args.no_plot))
+
+
+def _report(run, table, write, errors=(ValueError,)) -> int:
+    """One mode's tail: ``run()`` (an exception of ``errors``: its message, exit 2), print ``table(results)``,
+    ``write(results)`` (a file of that name already there, FileExistsError: its message, exit 3), name the files
+    written; 0."""
+    try:
+        results = run()
+    except errors as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(report.format_table(results), flush=True)
+    print(table(results), flush=True)
     try:
-        paths = report.write_results(results, args.out, args.name, force=args.force, plot=not args.no_plot)
+        paths = write(results)
     except FileExistsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
     print("\nwrote " + ", ".join(paths.values()), flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
