@@ -179,7 +179,7 @@ def scale_offsets(SC, pos, page, slot, PAGE: tl.constexpr):
 def with_scales(k, v, SC, pos, page, slot, PAGE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr):
     """A tile as loaded, for :func:`cache_update`: (k, v), and where K's or V's scales are per token the offsets
     of its keys' scales (:func:`scale_offsets` of keys ``pos``, at ``page`` and ``slot`` over pages):
-    (k, v, ks_off, vs_off)."""
+    (k, v, ks_off, vs_off). :func:`page_offsets` builds its (k_rows, v_rows[, ks_off, vs_off]) with it too."""
     if K_SCALE == SCALE_TOKEN or V_SCALE == SCALE_TOKEN:
         ks_off, vs_off = scale_offsets(SC, pos, page, slot, PAGE)
         r = (k, v, ks_off, vs_off)
@@ -510,12 +510,7 @@ def page_offsets(BT_ROW, pos, valid, n_pages, FLAG, stride_kb, stride_kl, stride
     page, slot = page_rows(BT_ROW, pos, valid, n_pages, FLAG, PAGE)
     k_slot, v_slot = slot_offsets(slot, stride_kl, stride_vl)
     k_rows, v_rows = pool_rows(page, k_slot, v_slot, stride_kb, stride_vb)
-    if K_SCALE == SCALE_TOKEN or V_SCALE == SCALE_TOKEN:
-        ks_off, vs_off = scale_offsets(SC, pos, page, slot, PAGE)
-        rows = (k_rows, v_rows, ks_off, vs_off)
-    else:
-        rows = (k_rows, v_rows)
-    return rows
+    return with_scales(k_rows, v_rows, SC, pos, page, slot, PAGE, K_SCALE, V_SCALE)
 
 
 @triton.jit
