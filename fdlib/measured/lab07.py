@@ -11,10 +11,9 @@ Every time is a CUDA-graph replay. The numbers in the caption are computed here 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from . import Shown, gmean, provenance, view
+from . import Shown, gmean, load, provenance, shown_path, view
 
 INVARIANT = "invariant-fp16.json"
 UNIFIED_MAX = "unified-max.json"
@@ -36,7 +35,7 @@ def _graph_times(records) -> dict[Shape, dict[str, float]]:
 
 def invariant_ratios(results_dir: Path) -> tuple[dict[Shape, float], dict, list[dict]]:
     """({shape: time(invariant) / time(auto)}, provenance, shapes skipped) of ``invariant-fp16.json``."""
-    data = json.loads((Path(results_dir) / INVARIANT).read_text())
+    data = load(Path(results_dir) / INVARIANT)
     if not str(data.get("schema", "")).startswith("fdlib.bench/"):
         raise ValueError(f"{INVARIANT}: expected an fdlib.bench results file, got schema {data.get('schema')!r}")
     times = _graph_times(data["records"])
@@ -46,7 +45,7 @@ def invariant_ratios(results_dir: Path) -> tuple[dict[Shape, float], dict, list[
 
 def unified_max_rows(results_dir: Path) -> tuple[list[dict], dict]:
     """([{shape, unified µs, full ratio, pass-1 ratio, recompute rate}], provenance) of ``unified-max.json``."""
-    data = json.loads((Path(results_dir) / UNIFIED_MAX).read_text())
+    data = load(Path(results_dir) / UNIFIED_MAX)
     if not str(data.get("schema", "")).startswith("fdlib.bench.unified_max/"):
         raise ValueError(f"{UNIFIED_MAX}: expected an fdlib.bench.unified_max file, got schema {data.get('schema')!r}")
     rates = {(r["B"], r["H_q"], r["H_kv"], r["L"]): r.get("recompute_rate", 0.0)
@@ -106,6 +105,7 @@ def exact(results_dir: Path) -> Shown:
     full_gm, pass1_gm = gmean(r["full"] for r in rows), gmean(r["pass1"] for r in rows)
     table.append(["geometric mean", "", f"{full_gm:.3f}", f"{pass1_gm:.3f}", ""])
 
+    inv_path, um_path = (shown_path(Path(results_dir) / f) for f in (INVARIANT, UNIFIED_MAX))
     worst = max(ratio, key=ratio.get)
     best = min(ratio, key=ratio.get)
     short = [x for k, x in ratio.items() if k[3] <= 2048]
@@ -114,12 +114,12 @@ def exact(results_dir: Path) -> Shown:
     not_run = (f" The grid's other {len(skipped)} shapes were not run "
                f"({'; '.join(sorted({s['reason'] for s in skipped}))}).") if skipped else ""
     caption = (
-        f"Figure: results/h200/{INVARIANT}, recorded on {provenance(prov)}. Over its {len(ratio)} shapes, "
+        f"Figure: {inv_path}, recorded on {provenance(prov)}. Over its {len(ratio)} shapes, "
         f"time(batch_invariant) / time(auto) has a geometric mean of {gmean(ratio.values()):.3f}, from {ratio[best]:.2f} "
         f"({_shape(best)}) to {ratio[worst]:.2f} ({_shape(worst)}); {gmean(short):.3f} over the {len(short)} "
         f"shapes with L <= 2048 and {gmean(long_):.3f} over the {len(long_)} with L >= 8192.{not_run}\n"
-        f"Table: results/h200/{UNIFIED_MAX}, recorded on {provenance(um_prov)}. Each time is divided by the "
+        f"Table: {um_path}, recorded on {provenance(um_prov)}. Each time is divided by the "
         f"unified kernel's (< 1: faster). The unified max is faster on {sum(r['full'] < 1 for r in rows)} of {len(rows)} shapes; "
         f"pass 1 alone on {sum(r['pass1'] < 1 for r in rows)}, most on {_shape(fast1['shape'])} "
         f"({fast1['pass1']:.2f}); the most rows recomputed in any call: {max(r['recompute'] for r in rows):.0%}.")
-    return Shown(fig, table, caption, [f"results/h200/{INVARIANT}", f"results/h200/{UNIFIED_MAX}"])
+    return Shown(fig, table, caption, [inv_path, um_path])
