@@ -90,6 +90,16 @@ def lab(tmp_path):
         yield base.replace("/lab?", "/lab/tree/explorer_test.ipynb?"), log_path, root / "explorer_test.ipynb"
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """End a server this test started: SIGTERM, then SIGKILL if it is still up 20 s later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 @contextmanager
 def _jupyterlab(tmp_path, root):
     """JupyterLab over ``root`` with the flags ``./course lab`` adds, the test kernel and a random token: yields
@@ -133,12 +143,7 @@ def _jupyterlab(tmp_path, root):
             time.sleep(0.5)
         yield f"http://127.0.0.1:{port}/lab?token={token}", log_path
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        _stop(proc)
         log.close()
 
 
@@ -299,12 +304,7 @@ def test_course_lab_url_opens_the_welcome_notebook(tmp_path):
             finally:
                 browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        _stop(proc)
 
 
 # ---------------------------------------------------------------------------------------------- reveal, reload, restore
