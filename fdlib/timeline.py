@@ -194,8 +194,8 @@ class Timeline:
                     sms_used=int(len(ks)))
 
     def lines(self) -> list[str]:
-        return [f"{self.mode} on {self.device} [{self.source}]: {self.programs} programs, makespan "
-                f"{self.makespan:.1f} µs, SMs idle {self.idle_fraction:.1%} of it"]
+        return [f"{self.mode} on {self.device} [{self.source}]:",
+                f"  {self.programs} programs, makespan {self.makespan:.1f} µs, SMs idle {self.idle_fraction:.1%} of it"]
 
     def __str__(self) -> str:
         return "\n".join(self.lines())

@@ -507,7 +507,7 @@ def use(name: str, quiet: bool = False) -> Callable:
     else:
         why = "is not defined"
     if not quiet:
-        print(f"ℹ️  your {name} {why}: using the reference solution so the rest of the notebook runs")
+        print(f"ℹ️  your {name} {why}: the reference solution runs in its place")
     return reference(name)
 
 
