@@ -56,7 +56,7 @@ def kv_loop(compiled) -> tuple[list[str], int]:
         target = re.search(r"BRA\s.*\.L_x_(\d+)", ins)
         if target and labels.get(target.group(1), addr) < addr:
             body = [(a, i) for a, i in code if labels[target.group(1)] <= a <= addr]
-            if any("HMMA" in i for _, i in body) and (best is None or len(body) < len(best)):
+            if any("MMA" in i for _, i in body) and (best is None or len(body) < len(best)):
                 best = body
     skipped, end = 0, best[-1][0]
     for a, ins in best:   # forward conditional branches over the rare work (stores at a row's end)
