@@ -76,9 +76,10 @@ ITEMS_STUB = exercise_stub(ITEMS, '''
 def work_items(lengths, budget, block_n):
     """The balanced work list of a ragged batch: a list of (b, start, end), row after row.
 
-    lengths: int64 tensor [B] of KV lengths L_b; budget: P, the items to aim for (>= 1); block_n: N keys per tile.
-    t_b = max(1, ceil(L_b / N)) tiles per row (an empty row still costs a program's start-up), c = ceil(sum t_b / P)
-    tiles per item, n_b = ceil(t_b / c) items of row b; item j of row b covers keys [j*c*N, min((j+1)*c*N, L_b)).
+    lengths: int64 tensor [B] of KV lengths L_b; budget: P, the items to aim for (>= 1); block_n: BLOCK_N, keys
+    per tile. t_b = max(1, ceil(L_b / BLOCK_N)) tiles per row (an empty row still costs a program's start-up),
+    c = ceil(sum t_b / P) tiles per item, n_b = ceil(t_b / c) items of row b; item j of row b covers keys
+    [j*c*BLOCK_N, min((j+1)*c*BLOCK_N, L_b)).
     """
     todo("lab06.work_items")
 ''')
