@@ -150,7 +150,8 @@ def test_the_order_check_catches_a_term_used_too_early():
     headed = [good[0], ("02_b", "## Waves\nPrograms run in **waves**.")]
     assert order_errors(headed, terms) == []
     before = [good[0], ("02_b", "Each wave is one round. Programs run in **waves**.")]
-    assert [e.split(" (")[0] for e in order_errors(before, terms)] == ["'wave' is used in Lab 02 before its bold definition"]
+    assert [e.split(" (")[0] for e in order_errors(before, terms)] == \
+        ["'wave' is used in Lab 02 before its bold definition"]
     never = [good[0], ("02_b", "Programs run in waves.")]
     assert order_errors(never, terms) == ["'wave': Lab 02 is its defining lab but never sets it in bold"]
     again = [good[0], good[1], ("03_c", "The **streaming multiprocessors** are busy.")]

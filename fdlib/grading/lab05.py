@@ -6,7 +6,8 @@ r"""Checks for Lab 05: the adaptive unified kernel.
 
   .. math::
       T = t_{\text{launch}} + \frac{P}{r\cdot\text{SMs}}\,t_{\text{wave}}
-          + \operatorname{smax}\!\Big(\frac{\text{bytes}_\text{kv}}{BW},\ W\,n\,\frac{\text{bytes}_\text{prog}}{\rho}\Big)
+          + \operatorname{smax}\!\Big(\frac{\text{bytes}_\text{kv}}{BW},\
+                                      W\,n\,\frac{\text{bytes}_\text{prog}}{\rho}\Big)
           + [\text{splits}>1]\,(t_{\text{merge}} + \text{splits}\cdot t_{\text{split}}),\qquad
           \operatorname{smax}(x,y)=(x^4+y^4)^{1/4}
 

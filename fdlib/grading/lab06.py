@@ -478,6 +478,6 @@ def _i_budget(impl, gen):
     lengths = [100, 37, 64, 1, 250]
     T = sum(max(1, -(-L // 16)) for L in lengths)
     for P in (1, 2, T, T + 1, 10 * T):
-        _compare_items(impl, lengths, P, 16, f"lengths {lengths}, 16-key tiles (T={T}), budget {P}")
+        _compare_items(impl, lengths, P, 16, f"lengths {lengths}, 16-key tiles (Σ t_b = {T}), budget {P}")
     _compare_items(impl, [12345], 7, 64, "one row of 12345, budget 7, 64-key tiles")
     _compare_items(impl, [99, 100, 101], 5, 33, "lengths [99, 100, 101], budget 5, 33-key tiles")
