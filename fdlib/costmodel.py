@@ -6,27 +6,29 @@ For a launch that cuts each sequence into chunks of ``chunk`` keys (``splits`` p
   group; a length-0 sequence still launches one),
 * waves :math:`W = \lceil P / (r\cdot\text{SMs}) \rceil`, r = programs that fit on one SM at once
   (from the compiled kernel's shared memory, registers and warps: :func:`fdlib.occupancy.programs_per_sm`),
-* bytes per program :math:`c = 2\cdot\text{chunk}\cdot D\cdot\text{elem}` (its K and V slice), all bytes
-  :math:`K = 2\sum_b L_b H_{kv} D\,\text{elem}`; an 8-bit cache with per-token scales also reads ``scale_bytes``
-  (4 for each of K and V scaled per token) a key and KV head: :math:`c = \text{chunk}(2D\,\text{elem} +
-  \text{scale\_bytes})`, :math:`K = \sum_b L_b H_{kv}(2D\,\text{elem} + \text{scale\_bytes})`.
+* bytes per program :math:`\text{bytes}_\text{prog} = 2\cdot\text{chunk}\cdot D\cdot\text{elem}` (its K and V
+  slice), all bytes :math:`\text{bytes}_\text{kv} = 2\sum_b L_b H_{kv} D\,\text{elem}`; an 8-bit cache with
+  per-token scales also reads ``scale_bytes`` (4 for each of K and V scaled per token) a key and KV head:
+  :math:`\text{bytes}_\text{prog} = \text{chunk}(2D\,\text{elem} + \text{scale\_bytes})`,
+  :math:`\text{bytes}_\text{kv} = \sum_b L_b H_{kv}(2D\,\text{elem} + \text{scale\_bytes})`.
 
 .. math::
     T(\text{splits}) = n_{\text{launch}}\,t_{\text{launch}} + \frac{P}{r\cdot\text{SMs}}\,t_{\text{wave}}
-                     + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,n\,\frac{c}{\rho}\Big)
+                     + \operatorname{smax}\!\Big(\frac{\text{bytes}_\text{kv}}{BW},\
+                                                 W\,n\,\frac{\text{bytes}_\text{prog}}{\rho}\Big)
                      + [\text{splits}>1]\,(t_{\text{merge}} + \text{splits}\cdot t_{\text{split}})
 
 with :math:`\operatorname{smax}(a, b) = (a^4 + b^4)^{1/4}`, a maximum with a soft corner (near the corner
 both limits slow the stream, as measured), and n the load of the busiest SM in a wave, which holds
 :math:`k = \min(\lceil P/\text{SMs}\rceil, r)` programs: :math:`n = 1` for k = 1, and
-:math:`n = k\,(1 + \varphi)/2` for k ≥ 2. One program streams its bytes per c/ρ; a second adds a fraction
-φ = ``SECOND_PROGRAM`` = 0.5 of that (it overlaps part of its stream with the first's), and beyond two the
-SM's stream is saturated: each program costs (1 + φ)/2 of a whole one, what it costs with two. Measured on an
+:math:`n = k\,(1 + \gamma)/2` for k ≥ 2. One program streams its bytes in bytes_prog/ρ; a second adds a
+fraction γ = ``SECOND_PROGRAM`` = 0.5 of that (it overlaps part of its stream with the first's), and beyond two the
+SM's stream is saturated: each program costs (1 + γ)/2 of a whole one, what it costs with two. Measured on an
 H200: the two-stage path at 148-152 programs was 10-25% slower than at 128 on four head layouts
 (``results/h200/ab/ab-heads-split-counts.md``), and the unified kernel at D = 64 and 256, B = 8, 2-13% faster
-at 256 programs than at 128; φ = 1 (every program on an SM costs a whole one) missed the second, φ = 0
-(programs beyond the first are free) the first. A first version with φ = 0.5 let every further program add φ
-(n = 1 + (k − 1)φ), so three programs an SM looked cheaper than they ran: it took 24 splits at B=1 16:16
+at 256 programs than at 128; γ = 1 (every program on an SM costs a whole one) missed the second, γ = 0
+(programs beyond the first are free) the first. A first version with γ = 0.5 let every further program add γ
+(n = 1 + (k − 1)γ), so three programs an SM looked cheaper than they ran: it took 24 splits at B=1 16:16
 D=64 L=262144 (254.2 µs, 1.055x cuDNN in ``results/h200/heads-sweep-256k-b1-1cd9273.json``) where the
 saturated load takes 16 (238.9 µs, 1.010x cuDNN in ``heads-sweep-256k-b1.json``, another run), and 3 instead
 of 2 at B=8 16:16. With the saturation ``auto`` was
@@ -87,7 +89,7 @@ H200_DEFAULT = Calibration(bw_tbs=5.16, rho_tbs=0.0482, t_launch_us=4.45, t_wave
 """t_stage2_us: two_stage - stage1 on an H200 under CUDA graphs was 1.9-2.3 µs at 2-32 splits
 (results/h200/explore/explore.json); the merge work in it is counted by the t_split term."""
 SECOND_PROGRAM = 0.5
-"""φ: what each program beyond the first on an SM adds to the busiest SM's streaming time, in programs' worth
+"""γ: what each program beyond the first on an SM adds to the busiest SM's streaming time, in programs' worth
 (see the module doc)."""
 CAL_GROUP, CAL_D = 4, 128
 """The heads per group and head dim of the calibration points (H 32:8, D=128): t_split is per split there."""
@@ -164,7 +166,7 @@ def kernel_programs_per_sm(gpu: GPU, D: int, dtype_bytes: int, block_n: int, num
 
 
 def sm_load(k):
-    """n, the streaming load of an SM holding k programs, in programs' worth: 1 for k = 1, k(1 + φ)/2 for k ≥ 2
+    """n, the streaming load of an SM holding k programs, in programs' worth: 1 for k = 1, k(1 + γ)/2 for k ≥ 2
     (the module doc; k an int or an array)."""
     k = np.asarray(k)
     return np.where(k >= 2, k * (1 + SECOND_PROGRAM) / 2, 1.0)

@@ -70,7 +70,7 @@ def test_pure_bandwidth_model_fails_the_recorded_sweep():
 def test_predict_mismatch_names_the_terms():
     res = run_checks(PREDICT, WRONG_PREDICT["no merge cost"], quiet=True)
     line = next(o.line() for o in res.outcomes if o.status == "fail")
-    assert "expected" in line and "merge" in line and "smax(K/BW=" in line
+    assert "expected" in line and "merge" in line and "smax(bytes_kv/BW=" in line
 
 
 # ---------------------------------------------------------------------------------------------- choose_splits

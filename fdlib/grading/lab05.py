@@ -6,14 +6,16 @@ r"""Checks for Lab 05: the adaptive unified kernel.
 
   .. math::
       T = t_{\text{launch}} + \frac{P}{r\cdot\text{SMs}}\,t_{\text{wave}}
-          + \operatorname{smax}\!\Big(\frac{K}{BW},\ W\,n\,\frac{c}{\rho}\Big)
-          + [s>1]\,(t_{\text{merge}} + s\cdot t_{\text{split}}),\qquad \operatorname{smax}(a,b)=(a^4+b^4)^{1/4}
+          + \operatorname{smax}\!\Big(\frac{\text{bytes}_\text{kv}}{BW},\
+                                      W\,n\,\frac{\text{bytes}_\text{prog}}{\rho}\Big)
+          + [\text{splits}>1]\,(t_{\text{merge}} + \text{splits}\cdot t_{\text{split}}),\qquad
+          \operatorname{smax}(x,y)=(x^4+y^4)^{1/4}
 
-  with chunk and s (the splits actually used) from :func:`fdlib.kernels.config.chunk_for`,
-  P = Σ_b H_kv·max(1, ⌈L_b/chunk⌉) programs, W = ⌈P/(r·SMs)⌉ waves, n = 1 + (min(⌈P/SMs⌉, r) − 1)·φ the busiest
-  SM's load (φ = :data:`fdlib.costmodel.SECOND_PROGRAM`; the library's :func:`fdlib.costmodel.sm_load`, equal
-  for the r ≤ 2 of the lab's cases), c = 2·chunk·D·elem bytes per program,
-  K = 2·Σ_b L_b·H_kv·D·elem bytes (MB and TB/s = MB/µs give µs).
+  with chunk and splits (the splits actually used) from :func:`fdlib.kernels.config.chunk_for`,
+  P = Σ_b H_kv·max(1, ⌈L_b/chunk⌉) programs, W = ⌈P/(r·SMs)⌉ waves, n = 1 + (min(⌈P/SMs⌉, r) − 1)·γ the busiest
+  SM's load (γ = :data:`fdlib.costmodel.SECOND_PROGRAM`; the library's :func:`fdlib.costmodel.sm_load`, equal
+  for the r ≤ 2 of the lab's cases), bytes_prog = 2·chunk·D·elem bytes per program,
+  bytes_kv = 2·Σ_b L_b·H_kv·D·elem bytes (MB and TB/s = MB/µs give µs).
 * ``lab05.choose_splits(lengths, H_kv, D, dtype_bytes, gpu, cal, block_n, r, predict) -> int``: call
   ``predict`` (same signature as predict_time) for every count in :data:`fdlib.costmodel.CANDIDATES`; return the
   smallest *used* split count whose time is within 1% of the fastest (:func:`fdlib.costmodel.explain`).
@@ -62,17 +64,17 @@ def predict_time(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r):
     Returns (time_us, splits_used).
     """
     # TODO: chunk, used = fdlib.kernels.config.chunk_for(max(max(lengths), 1), splits, block_n)
-    #       P programs, W = ceil(P / (r * SMs)) waves, n = 1 + (min(ceil(P / SMs), r) - 1) * phi the busiest
-    #       SM's load (phi = fdlib.costmodel.SECOND_PROGRAM), K/BW and W * n * c/rho in µs, their smax, the start-up
-    #       term, and the merge term when more than one split is used.
+    #       P programs, W = ceil(P / (r * SMs)) waves, n = 1 + (min(ceil(P / SMs), r) - 1) * gamma the busiest
+    #       SM's load (gamma = fdlib.costmodel.SECOND_PROGRAM), bytes_kv/BW and W * n * bytes_prog/rho in µs, their
+    #       smax, the start-up term, and the merge term when more than one split is used.
     todo("lab05.predict_time")
 ''')
 
 CHOOSE_STUB = exercise_stub(CHOOSE, '''
 @exercise("lab05.choose_splits")
 def choose_splits(lengths, H_kv, D, dtype_bytes, gpu, cal, block_n, r, predict):
-    """The split count to launch: call predict(lengths, H_kv, D, dtype_bytes, s, gpu, cal, block_n, r)
-    -> (time_us, splits_used) for every s in fdlib.costmodel.CANDIDATES, and return the smallest
+    """The split count to launch: call predict(lengths, H_kv, D, dtype_bytes, count, gpu, cal, block_n, r)
+    -> (time_us, splits_used) for every count in fdlib.costmodel.CANDIDATES, and return the smallest
     splits_used whose time is within 1% of the fastest."""
     todo("lab05.choose_splits")
 ''')
@@ -116,8 +118,8 @@ def _terms(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r) -> str:
     t_prog = W * n * 2 * chunk * D * dtype_bytes / 1e6 / cal.rho_tbs
     merge = cal.t_merge_us + s * cal.t_split_us if s > 1 else 0.0
     return (f"chunk={chunk}, splits used={s}, P={P} programs, W={W} wave(s), n={n:g}; terms: launch "
-            f"{cal.t_launch_us:.3g} + start-up {P / (r * gpu.sms) * cal.t_wave_us:.3g} + smax(K/BW={t_bw:.4g}, "
-            f"W·n·c/ρ={t_prog:.4g}) "
+            f"{cal.t_launch_us:.3g} + start-up {P / (r * gpu.sms) * cal.t_wave_us:.3g} + smax(bytes_kv/BW={t_bw:.4g}, "
+            f"W·n·bytes_prog/ρ={t_prog:.4g}) "
             f"= {(t_bw ** 4 + t_prog ** 4) ** 0.25:.4g} + merge {merge:.3g} µs")
 
 

@@ -76,9 +76,10 @@ ITEMS_STUB = exercise_stub(ITEMS, '''
 def work_items(lengths, budget, block_n):
     """The balanced work list of a ragged batch: a list of (b, start, end), row after row.
 
-    lengths: int64 tensor [B] of KV lengths L_b; budget: P, the items to aim for (>= 1); block_n: N keys per tile.
-    t_b = max(1, ceil(L_b / N)) tiles per row (an empty row still costs a program's start-up), c = ceil(sum t_b / P)
-    tiles per item, n_b = ceil(t_b / c) items of row b; item j of row b covers keys [j*c*N, min((j+1)*c*N, L_b)).
+    lengths: int64 tensor [B] of KV lengths L_b; budget: P, the items to aim for (>= 1); block_n: BLOCK_N, keys
+    per tile. t_b = max(1, ceil(L_b / BLOCK_N)) tiles per row (an empty row still costs a program's start-up),
+    c = ceil(sum t_b / P) tiles per item, n_b = ceil(t_b / c) items of row b; item j of row b covers keys
+    [j*c*BLOCK_N, min((j+1)*c*BLOCK_N, L_b)).
     """
     todo("lab06.work_items")
 ''')
@@ -477,6 +478,6 @@ def _i_budget(impl, gen):
     lengths = [100, 37, 64, 1, 250]
     T = sum(max(1, -(-L // 16)) for L in lengths)
     for P in (1, 2, T, T + 1, 10 * T):
-        _compare_items(impl, lengths, P, 16, f"lengths {lengths}, 16-key tiles (T={T}), budget {P}")
+        _compare_items(impl, lengths, P, 16, f"lengths {lengths}, 16-key tiles (Σ t_b = {T}), budget {P}")
     _compare_items(impl, [12345], 7, 64, "one row of 12345, budget 7, 64-key tiles")
     _compare_items(impl, [99, 100, 101], 5, 33, "lengths [99, 100, 101], budget 5, 33-key tiles")
