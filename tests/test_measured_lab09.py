@@ -47,6 +47,7 @@ def test_what_the_lesson_says_of_the_errors_holds():
     data = json.loads(ERRORS.read_text())
     f = view09.error_findings(data)
     assert f["e4m3_flat"] and f["int8_finer"] and f["int8_token_beats_e4m3"] and f["token_best_with_outliers"]
+    assert f["outliers_int8_above_e4m3"] and f["outliers_output_grows"]
     assert f["outliers_int8_cache"] > 3
     rows = {(r["data"], r["dtype"], r["granularity"]): r for r in data["rows"]}
     bad = dict(rows)

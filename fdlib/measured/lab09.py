@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from . import Shown, gmean, load, provenance, shown_path, view
+from . import RESULTS, Shown, gmean, load, provenance, shown_path, view
 
 KV16 = "kv16-bf16.json"
 KV_DTYPES = ("float8_e4m3fn", "int8")
@@ -48,8 +48,9 @@ def label(fmt) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- the error (CPU)
-def quant_error(results_root: Path) -> dict:
-    return load(Path(results_root) / QUANT_ERROR)
+def quant_error(results_root: Path | None = None) -> dict:
+    """The error file (``results/cpu/quant-error.json`` by default)."""
+    return load(Path(RESULTS.parent if results_root is None else results_root) / QUANT_ERROR)
 
 
 def error_of(data: dict, kind: str, dtype: str, granularity: str, field: str = "out_rel_err") -> float:
@@ -68,6 +69,8 @@ def error_findings(data: dict) -> dict:
     * ``int8_finer``: on N(0, 1) data int8's cache error falls from per tensor to per head to per token;
     * ``int8_token_beats_e4m3``: per token on N(0, 1) data, int8's output error is below e4m3's;
     * ``outliers_int8_cache``: int8's per-tensor cache error with outlier channels over that on N(0, 1);
+    * ``outliers_int8_above_e4m3``: with outlier channels, int8's per-tensor cache error is above e4m3's;
+    * ``outliers_output_grows``: every dtype and granularity has a larger output error with outlier channels;
     * ``token_best_with_outliers``: with outlier channels, per token gives each dtype its smallest output error.
     """
     n, o = "N(0,1)", "outlier channels"
@@ -79,6 +82,9 @@ def error_findings(data: dict) -> dict:
         "int8_finer": i8[0] > i8[1] > i8[2],
         "int8_token_beats_e4m3": e(n, "int8", "token", "out_rel_err") < e(n, "float8_e4m3fn", "token", "out_rel_err"),
         "outliers_int8_cache": e(o, "int8", "tensor") / e(n, "int8", "tensor"),
+        "outliers_int8_above_e4m3": e(o, "int8", "tensor") > e(o, "float8_e4m3fn", "tensor"),
+        "outliers_output_grows": all(e(o, d, g, "out_rel_err") > e(n, d, g, "out_rel_err") for d in KV_DTYPES
+                                     for g in SCALES),
         "token_best_with_outliers": all(min(SCALES, key=lambda g: e(o, d, g, "out_rel_err")) == "token"
                                         for d in KV_DTYPES),
     }
@@ -130,7 +136,7 @@ def find_run(results_dir: Path) -> Path:
     found = sorted(results_dir.parent.glob(f"*/{KV16}"), key=lambda p: (load(p)["provenance"]["date_utc"], str(p)))
     if found:
         return found[-1].parent
-    raise FileNotFoundError(f"no recorded GPU run yet: {shown_path(results_dir / KV16)} (python -m fdlib.bench "
+    raise FileNotFoundError(f"no recorded GPU run yet: {shown_path(results_dir / KV16)}\n(python -m fdlib.bench "
                             f"--dtype bfloat16 --name kv16-bf16, and --kv-dtype/--kv-scale runs named kv8-*)")
 
 
