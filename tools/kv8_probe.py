@@ -119,10 +119,9 @@ def main() -> int:
         o = torch.empty(P, G, D, device="cuda")
         nbytes = 2 * k.numel() * k.element_size()
         sixteen = k.element_size() == 2
-        grid = [(bn, w, s, 0, c) for bn, w, s, c in itertools.product((64, 128, 256), (4, 8), (3, 4),
-                                                                    (0,) if sixteen else (0, 1)) if not (sixteen and bn == 256)]
-        if not sixteen:
-            grid += [(bn, w, 3, 1, 1) for bn, w in itertools.product((128, 256), (4, 8))]
+        grid = [(bn, w, 3, 0, 0 if sixteen else 1) for bn, w in itertools.product((64, 128, 256), (4, 8))]
+        if not sixteen:   # Triton's own conversion, and the transposed products (wgmma), at the default tiles
+            grid += [(128, 4, 3, 0, 0), (128, 4, 3, 1, 1), (128, 8, 4, 0, 1), (256, 8, 4, 0, 1)]
         if args.quick:
             grid = [(128, 4, 3, 0, c) for c in ((0,) if sixteen else (0, 1))]
         for bn, w, s, tr, conv in grid:
