@@ -116,7 +116,7 @@ def test_what_the_lesson_says_about_the_schedules_holds():
         "ragged lengths run stream-K, except over pages on rows of about a thousand keys: there the unified kernel "
         "runs, whole rows longest first.",
         "The balanced schedule of section 3 runs only on small batches, left of the line.",
-        "right of the line, `auto` reads 90% of the ceiling or more on nearly every batch",
+        "right of the line, `auto` reads 90% of the ceiling or more on nearly every batch (the table above counts them)",
     ]
     for words in said:
         assert words in text, words

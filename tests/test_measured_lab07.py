@@ -50,13 +50,18 @@ def test_table_is_the_unified_max_file(shown):
     assert last[3] == f"{data['summary'][view07.PASS1]['graph_geomean_ratio']:.3f}"
 
 
-def test_figure_is_the_invariant_file(shown):
+def _invariant_ratios() -> dict:
+    """{(B, H_q, H_kv, L): time(invariant) / time(auto)}, read from the file's records here."""
     data = _records(view07.INVARIANT)
     t = {}
     for r in data["records"]:
         if r["status"] == "ok":
             t.setdefault((r["B"], r["H_q"], r["H_kv"], r["L"]), {})[r["method"]] = r["graph_us"]
-    ratios = {k: v["invariant"] / v["auto"] for k, v in t.items()}
+    return {k: v["invariant"] / v["auto"] for k, v in t.items()}
+
+
+def test_figure_is_the_invariant_file(shown):
+    ratios = _invariant_ratios()
     axes = shown.figure.axes
     assert [ax.get_title() for ax in axes] == ["H_q:H_kv = 32:8", "H_q:H_kv = 32:32"]
     drawn = 0
@@ -101,12 +106,7 @@ def test_what_the_lesson_says_about_the_figure_and_table_holds(shown):
                   "On average the unified max is slower than the unified kernel, even with no row recomputed",
                   "Pass 1 alone gains clearly only on the shortest step"):
         assert words in text, words
-    data = _records(view07.INVARIANT)
-    t = {}
-    for r in data["records"]:
-        if r["status"] == "ok":
-            t.setdefault((r["B"], r["H_q"], r["H_kv"], r["L"]), {})[r["method"]] = r["graph_us"]
-    ratio = {k: v["invariant"] / v["auto"] for k, v in t.items()}
+    ratio = _invariant_ratios()
 
     def gm(xs):
         xs = list(xs)
