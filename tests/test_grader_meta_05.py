@@ -2,7 +2,9 @@
 functions must fail their checks."""
 from __future__ import annotations
 
+import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -65,6 +67,72 @@ def test_pure_bandwidth_model_fails_the_recorded_sweep():
     chk = next(c for c in core.load_checks(PREDICT) if "recorded H200 sweep" in c.name)
     out = core.run_one(chk, WRONG_PREDICT["pure bandwidth model (no per-program limit)"])
     assert out.status == "fail" and "slower than the best measured split count" in out.message
+
+
+CAUSE = {                                   # each wrong time's message names its mistake
+    "max instead of smax": "where the formula has smax",
+    "no wave quantisation (P/(r·SMs) in the per-program term)": "without rounding up",
+    "pure bandwidth model (no per-program limit)": "the per-program limit W·n·bytes_prog/ρ is missing",
+    "no merge cost": "the merge term t_merge + s·t_split is missing",
+    "merge priced with the requested splits": "counts the 48 splits you asked for; s in [s>1](t_merge + s·t_split) "
+                                              "is the count chunk_for returns, the splits used (47 here)",
+    "no start-up (wave) term": "the start-up term P/(r·SMs)·t_wave is missing",
+    "every program streams at rho (no busiest-SM load n)": "n is missing from W·n·bytes_prog/ρ",
+    "a second program on an SM costs a whole program (phi = 1)": "counts a second program on an SM as a whole one",
+}
+
+
+@pytest.mark.parametrize("wrong", CAUSE, ids=list(CAUSE))
+def test_a_wrong_time_names_its_cause(wrong):
+    """Not two numbers only: the first failing check says which term is wrong and how."""
+    res = run_checks(PREDICT, WRONG_PREDICT[wrong], quiet=True)
+    line = next(o.line() for o in res.outcomes if o.status == "fail")
+    assert "Likely cause: " in line and CAUSE[wrong] in line.split("Likely cause: ")[1], line
+
+
+def test_an_unknown_mistake_gets_no_made_up_cause():
+    res = run_checks(PREDICT, lambda *a: (_predict(*a)[0] * 1.01, _predict(*a)[1]), quiet=True)
+    line = next(o.line() for o in res.outcomes if o.status == "fail")
+    assert "expected" in line and "Likely cause" not in line
+
+
+# ---------------------------------------------------------------------------------------------- the lesson's T(s)
+LESSON = Path(__file__).resolve().parents[1] / "notebooks" / "src" / "05_unified_kernel.md"
+
+
+def _as_written(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r):
+    """T(s) coded term by term from section 2 of Lab 05, in its symbols, as a learner reads it."""
+    chunk, s = chunk_for(max(max(lengths), 1), splits, block_n)     # "s below is the count it uses"
+    S, elem = gpu.sms, dtype_bytes
+    P = sum(H_kv * max(1, math.ceil(L_b / chunk)) for L_b in lengths)
+    W = math.ceil(P / (r * S))
+    n = 1 + (min(math.ceil(P / S), r) - 1) * costmodel.SECOND_PROGRAM
+    K = 2 * sum(L_b * H_kv * D * elem for L_b in lengths) / 1e6        # MB, and TB/s = MB/µs
+    c = 2 * chunk * D * elem / 1e6
+    BW, rho = cal.bw_tbs, cal.rho_tbs
+
+    def smax(a, b):
+        return (a ** 4 + b ** 4) ** (1 / 4)
+
+    T = (cal.t_launch_us + P / (r * S) * cal.t_wave_us + smax(K / BW, W * n * c / rho)
+         + (s > 1) * (cal.t_merge_us + s * cal.t_split_us))
+    return T, s
+
+
+def test_the_formula_as_the_lesson_writes_it_passes():
+    assert run_checks(PREDICT, _as_written, quiet=True).ok
+
+
+def test_the_lesson_writes_the_formula_coded_above():
+    """_as_written follows the lesson: the merge term's s is the split count chunk_for uses, not the one asked
+    for, and the lesson says so where it defines s and in the exercise."""
+    text = LESSON.read_text(encoding="utf-8")
+    formula = re.search(r"\$\$ T\(s\) = (.*?)\$\$", text, re.S).group(1)
+    flat = " ".join(formula.split())
+    assert r"[s>1]\,(t_{\text{merge}} + s\,t_{\text{split}})" in flat
+    assert r"\operatorname{smax}(x,y) = (x^4+y^4)^{1/4}" in flat
+    assert "may use fewer splits\nthan asked for: **s** below is the count it uses" in text
+    assert "the formula's s is `splits_used`, not the `splits` asked for" in " ".join(text.split())
 
 
 def test_predict_mismatch_names_the_terms():

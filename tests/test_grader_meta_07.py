@@ -179,11 +179,34 @@ def _base2(o, lse2, *, weights="exp2", out="e"):
     return res, lse
 
 
+def _base2_as_natural(o, lse2):
+    """The shipped bug, edited but not fixed: base-2 lse weighed with e^x and logged with ln."""
+    m = _finite(lse2.amax(0))
+    w = torch.exp(lse2 - m)
+    den = w.sum(0)
+    return (w[..., None] * o).sum(0) / torch.where(den == 0, torch.ones_like(den), den)[..., None], m + torch.log(den)
+
+
 WRONG_BASE2 = {
     "exp2 weights, lse returned in base 2": lambda *a: _base2(*a, out="2"),
     "converted to base e and weighted with exp2 (scaled twice)": lambda *a: _base2(*a, weights="twice"),
     "converted with log2(e) instead of ln(2)": lambda *a: _base2(*a, out="log2e"),
+    "e^x weights on base-2 values (the bug, edited)": _base2_as_natural,
 }
+BASE2_CAUSE = {                             # what each wrong fix's message names
+    "exp2 weights, lse returned in base 2": "still in base 2",
+    "converted to base e and weighted with exp2 (scaled twice)": "converted to base e (× ln 2) and then weighed with 2^x",
+    "converted with log2(e) instead of ln(2)": "converted with log2(e) = 1/ln 2",
+    "e^x weights on base-2 values (the bug, edited)": "read base-2 values as natural logs",
+}
+
+
+@pytest.mark.parametrize("wrong", BASE2_CAUSE, ids=list(BASE2_CAUSE))
+def test_a_wrong_base2_fix_names_its_cause(wrong):
+    """Not two numbers only: the first failing check names the base mix-up."""
+    res = run_checks(lab07.BASE2, WRONG_BASE2[wrong], quiet=True)
+    line = next(o.line() for o in res.outcomes if o.status == "fail")
+    assert "Likely cause: " in line and BASE2_CAUSE[wrong] in line.split("Likely cause: ")[1], line
 
 
 def _strided(o, lse, *, fix_o=True, fix_lse=True, reverse=False):

@@ -186,6 +186,34 @@ def test_wrong_merge_fails(wrong):
     assert res.failed > 0 and not res.todo, wrong
 
 
+MERGE_CAUSE = {                             # what each wrong merge's first failure names
+    "no collective (own partial)": "out is this rank's own partial: nothing combined the ranks",
+    "plain average of O": "out is the plain average of the ranks' partials",
+    "weights e^lse without the max": "rows that no rank saw (every lse_r = −inf) come out NaN",
+    "max not made finite (NaN on rows nobody saw)": "rows that no rank saw (every lse_r = −inf) come out NaN",
+    "lse = max of lse_r": "lse is the largest lse_r",
+    "right on rank 0 only": "out is this rank's own partial",
+}
+
+
+@needs_gloo
+@pytest.mark.parametrize("wrong", MERGE_CAUSE, ids=list(MERGE_CAUSE))
+def test_a_wrong_merge_names_its_cause(wrong):
+    """Not two numbers only ("192 of 192 values differ... expected -1.98665, got -0.466848"): the message says
+    which mistake gives those numbers."""
+    res = run_checks(MERGE, WRONG_MERGE[wrong], quiet=True)
+    line = next(o.line() for o in res.outcomes if o.status == "fail")
+    assert "Likely cause: " in line and MERGE_CAUSE[wrong] in line.split("Likely cause: ")[1], line
+
+
+@needs_gloo
+def test_the_overflow_of_unscaled_weights_is_named():
+    """Weights without the max fail twice: NaN on rows nobody saw (above), and an overflow at lse = +1000."""
+    res = run_checks(MERGE, _merge_no_max, quiet=True)
+    line = next(o.line() for o in res.outcomes if o.status == "fail" and "+1000" in o.line())
+    assert "Likely cause: the weights e^(lse_r) overflow float32" in line, line
+
+
 def _hangs(o, lse, group=None):
     if dist.get_rank(group) == 0:                             # only rank 0 enters the collective
         dist.all_reduce(lse.clone(), group=group)

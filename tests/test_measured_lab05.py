@@ -121,3 +121,28 @@ def test_wrap_caption_keeps_long_tokens_and_lines():
     assert all(len(x) <= 40 for x in wrapped.splitlines() if x != long_token)
     assert "" in wrapped.splitlines() and "third-line" in wrapped and "with-hyphens" in wrapped
     assert wrapped.split() == text.split()
+
+
+def test_what_the_lesson_says_about_the_table_holds():
+    """Lab 05 reads the table by its columns (shapes): in the first, split1 (8 programs) trails far behind cuDNN
+    while split, unified and auto, cut into the splits of the 'auto ran' row, match it; in the last, auto runs the
+    persistent kernel and beats cuDNN. The lesson says so in these words, and the file agrees."""
+    from pathlib import Path
+    text = " ".join((Path(__file__).resolve().parents[1] / "notebooks" / "src" / "05_unified_kernel.md")
+                    .read_text(encoding="utf-8").split())
+    for words in ("The table has four shapes as its columns. Read its first column first",
+                  "`split1` has 8 programs for 132 SMs and trails far behind cuDNN; `split`, `unified` and `auto` "
+                  "cut the sequence into the splits of the last row and match cuDNN",
+                  "In the last column, many rows of 512 keys, `auto` switches to the persistent kernel and beats cuDNN",
+                  "The figure shows every shape of the grid, one a row"):
+        assert words in text, words
+    _, us = _file()
+    table = _shown().table
+    assert table[0][1] == "B=1 32:8 L=131072" and table[0][len(TABLE_SHAPES)] == "B=64 32:8 L=512"
+    first, last = TABLE_SHAPES[0], TABLE_SHAPES[-1]
+    cudnn = us[(*first, "cudnn")]
+    assert us[(*first, "split1")] > 5 * cudnn
+    assert all(abs(us[(*first, m)] / cudnn - 1) < 0.03 for m in ("split", "unified", "auto"))
+    rows = {r[0]: r for r in table[1:]}
+    assert rows["auto ran"][len(TABLE_SHAPES)].startswith("persistent@")
+    assert us[(*last, "auto")] < us[(*last, "cudnn")]

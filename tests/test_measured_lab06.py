@@ -45,12 +45,34 @@ def test_the_table_is_what_the_files_hold(shown):
         pct = math.exp(sum(math.log(r["pct_ceiling"]) for r in recs) / len(recs))
         assert row[0] == cache and row[2] == f"{pct:.1f}"
         assert row[3] == f"{sum(r['pct_ceiling'] >= 90 for r in large)} of {len(large)}"
-        counts = dict(part.rsplit(" ", 1) for part in row[4].split(", "))
-        assert sum(map(int, counts.values())) == len(recs)
-        assert int(counts.get("stream-K", 0)) == sum(r["kernel"] == "streamk" for r in recs)
-        assert int(counts.get("longest first", 0)) == sum(bool(r["longest_first"]) for r in recs)
     text = format_rows(rows)
     assert text.splitlines()[1].startswith("---") and max(map(len, text.splitlines())) <= 110
+
+
+def _counts(cell):
+    return {k: int(n) for k, n in (part.rsplit(" ", 1) for part in cell.split(", "))} if cell else {}
+
+
+def test_the_schedules_table_is_what_the_files_hold():
+    """Every count of M.schedules() recomputed from the raw JSON: per side of the 512 MB line, cache, equal or
+    ragged lengths."""
+    text = M.schedules()
+    lines = text.splitlines()
+    assert lines[0].split() == ["batches", "cache", "equal", "lengths", "ragged", "lengths"] and len(lines) == 6
+    assert max(map(len, lines)) <= 100
+    rows = M.schedule_rows([M.load_grid(RESULTS / M.CONTIGUOUS), M.load_grid(RESULTS / M.PAGED)])
+    assert format_rows(rows) == text
+    for row, (side, name) in zip(rows[1:], [(">=", M.CONTIGUOUS), (">=", M.PAGED), ("<", M.CONTIGUOUS),
+                                            ("<", M.PAGED)]):
+        assert row[0].startswith(side + " 512")
+        recs = [r for r in _raw(name) if (r["kv_mb"] >= 512) == (side == ">=")]
+        for cell, group in ((row[2], [r for r in recs if r["dist"] == "constant"]),
+                            (row[3], [r for r in recs if r["dist"] != "constant"])):
+            counts = _counts(cell)
+            assert sum(counts.values()) == len(group)
+            assert counts.get("stream-K", 0) == sum(r["kernel"] == "streamk" for r in group)
+            assert counts.get("longest first", 0) == sum(bool(r["longest_first"]) for r in group)
+            assert counts.get("balanced", 0) == sum(r["kernel"] == "balanced" for r in group)
 
 
 def test_the_caption_ratio_is_the_files(shown):
@@ -77,27 +99,68 @@ def test_the_figure_has_two_labelled_panels_and_a_legend(shown):
     assert n_points == len(_raw(M.CONTIGUOUS)) + len(_raw(M.PAGED))
 
 
+LESSON = RESULTS.parents[1] / "notebooks" / "src" / "06_paged_ragged.md"
+
+
+def _lesson() -> str:
+    return " ".join(LESSON.read_text(encoding="utf-8").split())
+
+
 def test_what_the_lesson_says_about_the_schedules_holds():
-    """Lab 06 reads the figure so: on a contiguous cache equal lengths run the unified or persistent kernel;
-    every ragged batch of >= 512 MB (right of the line) runs stream-K, or, over pages with rows of about 1024 keys,
-    the unified kernel with whole rows longest first; the plain unified kernel and the balanced schedule run only
-    ragged batches under 512 MB; over pages stream-K takes only the largest batches of equal lengths; large
-    batches reach 90% of the read ceiling over pages."""
+    """Lab 06 reads the schedules table in these words, and the files agree with each of them."""
+    text = _lesson()
+    said = [
+        "Right of the line (the first two rows):",
+        "equal lengths leave nothing to balance: on a contiguous cache `auto` runs the unified or the persistent "
+        "kernel (one program per SM slot, walking whole rows); over pages, stream-K takes the largest;",
+        "ragged lengths run stream-K, except over pages on rows of about a thousand keys: there the unified kernel "
+        "runs, whole rows longest first.",
+        "The balanced schedule of section 3 runs only on small batches, left of the line.",
+        "right of the line, `auto` reads 90% of the ceiling or more on nearly every batch (the table above counts them)",
+    ]
+    for words in said:
+        assert words in text, words
     flat, paged = _raw(M.CONTIGUOUS), _raw(M.PAGED)
-    assert {r["kernel"] for r in flat if r["dist"] == "constant"} <= {"unified", "persistent"}
-    for recs in (flat, paged):
-        ragged = [r for r in recs if r["dist"] != "constant"]
-        big_ragged = [r for r in ragged if r["kv_mb"] >= 512]
-        assert big_ragged and all(r["kernel"] == "streamk" or r["longest_first"] for r in big_ragged)
-        rest = [r for r in ragged if M.schedule_of(r) in ("unified", "balanced")]
-        assert rest and all(r["kv_mb"] < 512 for r in rest)
-    assert not any(r["longest_first"] for r in flat)
-    assert {M.schedule_of(r) for r in paged if r["dist"] != "constant"} >= {"balanced", "longest-first"}
-    const = [r for r in paged if r["dist"] == "constant"]
+    big = [r for r in flat + paged if r["kv_mb"] >= 512]
+    # equal lengths, right of the line: unified or persistent on a contiguous cache; stream-K on the largest paged
+    assert {M.schedule_of(r) for r in flat if r["dist"] == "constant" and r["kv_mb"] >= 512} == {"unified",
+                                                                                                 "persistent"}
+    const = [r for r in paged if r["dist"] == "constant" and r["kv_mb"] >= 512]
     sk = [r["kv_mb"] for r in const if r["kernel"] == "streamk"]
-    assert sk and min(sk) > max(r["kv_mb"] for r in const if r["kernel"] != "streamk")
-    assert {r["mean"] for r in paged if r["longest_first"]} == {1024}
-    assert all(r["pct_ceiling"] >= 90 for r in paged if r["kv_mb"] >= 512)
+    assert sk and min(sk) >= max(r["kv_mb"] for r in const if r["kernel"] != "streamk")
+    # ragged lengths, right of the line: stream-K, but for paged rows of ~1024 keys, longest first
+    for recs in (flat, paged):
+        for r in recs:
+            if r["dist"] != "constant" and r["kv_mb"] >= 512:
+                paged_1k = recs is paged and r["mean"] == 1024
+                assert M.schedule_of(r) == ("longest-first" if paged_1k else "streamk"), r
+    assert any(r["longest_first"] for r in paged if r["kv_mb"] >= 512)
+    # balanced: only left of the line
+    bal = [r for r in flat + paged if r["kernel"] == "balanced"]
+    assert bal and all(r["kv_mb"] < 512 for r in bal)
+    # nearly every large batch at 90% or more
+    assert sum(r["pct_ceiling"] >= 90 for r in big) >= 0.9 * len(big)
+
+
+def test_what_the_lesson_says_about_the_two_models_holds():
+    """Lab 06's "Two models, one batch": the unified kernel's timeline is shorter than the two-stage split's; the
+    cost model ranks unified before balanced, the timeline model and the H200's recorded timelines the other way."""
+    from fdlib import explorer_model, timeline
+    text = _lesson()
+    for words in ("The unified kernel's timeline is shorter than the two-stage split's (in brackets)",
+                  "The models rank unified and balanced oppositely",
+                  "The H200 ranks them as the timeline does"):
+        assert words in text, words
+    lens = timeline.batch_lengths("uniform", seed=0)
+    split = timeline.model_timeline(lens, 32, 8, 128, 2, schedule="split", gpu="H200")
+    tl = {s: timeline.model_timeline(lens, 32, 8, 128, 2, schedule=s) for s in ("unified", "balanced")}
+    cm = explorer_model.summary(B=32, H_q=32, H_kv=8, L=16384, splits=split.info["splits"], dist="uniform")
+    h200 = M.recorded_makespans()
+    assert h200["lengths"] == lens and explorer_model.ragged_lengths("uniform", 32, 16384) == lens
+    assert tl["unified"].makespan < split.makespan and h200["auto"] < h200["split"]
+    assert cm.predicted_us < cm.balanced_us
+    assert tl["balanced"].makespan < tl["unified"].makespan
+    assert h200["balanced"] < h200["auto"]
 
 
 def test_a_missing_or_foreign_file_is_named(tmp_path):

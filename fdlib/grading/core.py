@@ -295,6 +295,31 @@ def assert_close(got: torch.Tensor, expected: torch.Tensor, what: str, atol: flo
         f"got {float(g[idx]):.6g}")
 
 
+def with_likely_cause(message: str, got, candidates, atol: float = 1e-4, rtol: float = 1e-4) -> str:
+    """``message`` and 'Likely cause: <why>.' for the first known mistake whose output equals the learner's
+    (``message`` alone if none does).
+
+    ``got``: the learner's tensors (a tuple); ``candidates``: [(why, tensors or None)], each the output the mistake
+    described by ``why`` gives on the same inputs (None to leave one out; a tensor may be None where the mistake
+    says nothing about that output). Equal: same shape, close everywhere, ±inf where the candidate has it."""
+    got = [None if g is None else g.detach().to("cpu", torch.float64) for g in got]
+    for why, want in candidates:
+        if want is None:
+            continue
+        same = True
+        for g, w in zip(got, want):
+            if w is None:
+                continue
+            w = w.detach().to("cpu", torch.float64)
+            if g is None or g.shape != w.shape or not bool(
+                    (torch.isclose(g, w, atol=atol, rtol=rtol) | (torch.isnan(g) & torch.isnan(w))).all()):
+                same = False
+                break
+        if same:
+            return f"{message.rstrip('.')}. Likely cause: {why}."
+    return message
+
+
 class GuardedBuffer:
     """An output buffer with guard bands: ``guard`` sentinel elements before and after the learner's view.
 

@@ -108,19 +108,62 @@ def model_inputs(lengths, H_kv, D=128, dtype_bytes=2, gpu="H200"):
     return gpu, cfg.BLOCK_N, r
 
 
-def _terms(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r) -> str:
-    """The reference's terms, for mismatch reports."""
+def _model_terms(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r) -> dict:
+    """The reference's terms of T(s), each in µs (and the counts behind them), for reports and diagnoses."""
     chunk, s = chunk_for(max(max(lengths), 1), splits, block_n)
     P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
     W = schedule(P, r, gpu.sms).waves
     n = float(costmodel.sm_load(min(-(-P // gpu.sms), r)))
     t_bw = 2 * sum(lengths) * H_kv * D * dtype_bytes / 1e6 / cal.bw_tbs
-    t_prog = W * n * 2 * chunk * D * dtype_bytes / 1e6 / cal.rho_tbs
-    merge = cal.t_merge_us + s * cal.t_split_us if s > 1 else 0.0
-    return (f"chunk={chunk}, splits used={s}, P={P} programs, W={W} wave(s), n={n:g}; terms: launch "
-            f"{cal.t_launch_us:.3g} + start-up {P / (r * gpu.sms) * cal.t_wave_us:.3g} + smax(bytes_kv/BW={t_bw:.4g}, "
-            f"W·n·bytes_prog/ρ={t_prog:.4g}) "
-            f"= {(t_bw ** 4 + t_prog ** 4) ** 0.25:.4g} + merge {merge:.3g} µs")
+    c_rho = 2 * chunk * D * dtype_bytes / 1e6 / cal.rho_tbs
+    return {"chunk": chunk, "s": s, "P": P, "W": W, "n": n, "t_bw": t_bw, "c_rho": c_rho,
+            "launch": cal.t_launch_us, "startup": P / (r * gpu.sms) * cal.t_wave_us, "t_prog": W * n * c_rho,
+            "merge": cal.t_merge_us + s * cal.t_split_us if s > 1 else 0.0}
+
+
+def _terms(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r) -> str:
+    """The reference's terms, for mismatch reports."""
+    m = _model_terms(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r)
+    return (f"chunk={m['chunk']}, splits used={m['s']}, P={m['P']} programs, W={m['W']} wave(s), n={m['n']:g}; "
+            f"terms: launch {m['launch']:.3g} + start-up {m['startup']:.3g} + smax(bytes_kv/BW={m['t_bw']:.4g}, "
+            f"W·n·bytes_prog/ρ={m['t_prog']:.4g}) = {(m['t_bw'] ** 4 + m['t_prog'] ** 4) ** 0.25:.4g} + merge "
+            f"{m['merge']:.3g} µs")
+
+
+def _diagnosis(got_us, lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r) -> str:
+    """What a wrong time most likely left out or counted wrong: the known mistakes whose time equals ``got_us``
+    (each recomputed from the reference's terms with one term changed), or '' if none does."""
+    m = _model_terms(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r)
+    smax = (m["t_bw"] ** 4 + m["t_prog"] ** 4) ** 0.25
+    ref = m["launch"] + m["startup"] + smax + m["merge"]
+    slots = r * gpu.sms
+
+    def stream(t_prog):
+        return (m["t_bw"] ** 4 + t_prog ** 4) ** 0.25
+
+    requested_merge = cal.t_merge_us + splits * cal.t_split_us if splits > 1 else 0.0
+    mistakes = [
+        (ref - m["merge"] + requested_merge,
+         f"the merge term counts the {splits} splits you asked for; s in [s>1](t_merge + s·t_split) is the count "
+         f"chunk_for returns, the splits used ({m['s']} here): use splits_used in both places"),
+        (ref - m["merge"], "the merge term t_merge + s·t_split is missing (it applies whenever more than one split "
+                           "is used)"),
+        (ref - m["merge"] + (cal.t_merge_us + m["s"] * cal.t_split_us),
+         "the merge term is added at one split too: it applies only when s > 1"),
+        (ref - m["startup"], "the start-up term P/(r·SMs)·t_wave is missing"),
+        (ref - smax + max(m["t_bw"], m["t_prog"]), "max(bytes_kv/BW, W·n·bytes_prog/ρ) where the formula has smax, (a⁴ + b⁴)^(1/4)"),
+        (ref - smax + m["t_bw"], "the per-program limit W·n·bytes_prog/ρ is missing: only bytes_kv/BW streams"),
+        (ref - smax + stream(m["P"] / slots * m["n"] * m["c_rho"]),
+         "W = P/(r·SMs) without rounding up: a last wave with few programs still takes a whole program's time, "
+         "W = ⌈P/(r·SMs)⌉"),
+        (ref - smax + stream(m["W"] * m["c_rho"]), f"n is missing from W·n·bytes_prog/ρ (the busiest SM's load, {m['n']:g} "
+                                                   f"here: n = 1 + (min(⌈P/SMs⌉, r) − 1)·γ)"),
+        (ref - smax + stream(m["W"] * min(-(-m["P"] // gpu.sms), r) * m["c_rho"]),
+         "n counts a second program on an SM as a whole one: it adds only γ = fdlib.costmodel.SECOND_PROGRAM"),
+    ]
+    hits = [why for t, why in mistakes
+            if not math.isclose(t, ref, rel_tol=1e-9) and math.isclose(got_us, t, rel_tol=1e-6, abs_tol=1e-9)]
+    return f" Likely cause: {hits[0]}." if hits else ""
 
 
 def _as_prediction(got, what):
@@ -156,7 +199,8 @@ def _compare_predictions(impl, lengths, H_kv, D=128, dtype_bytes=2, gpu="H200", 
                                f"(chunk_for caps the count and rounds chunks to whole tiles)")
         if not math.isclose(t, ref.time_us, rel_tol=1e-6, abs_tol=1e-9):
             raise CheckFailure(f"{what}: predicted {t:.4f} µs, expected {ref.time_us:.4f} µs "
-                               f"({_terms(lengths, H_kv, D, dtype_bytes, s, gpu, cal, block_n, r)})")
+                               f"({_terms(lengths, H_kv, D, dtype_bytes, s, gpu, cal, block_n, r)})."
+                               + _diagnosis(t, lengths, H_kv, D, dtype_bytes, s, gpu, cal, block_n, r))
 
 
 def _short(lengths):

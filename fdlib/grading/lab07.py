@@ -36,7 +36,7 @@ import torch
 
 from .core import (
     CheckFailure, CheckOutcome, TodoError, assert_close, call, check_case, exercise_stub, expect_tensor,
-    expect_tuple, load_checks,
+    expect_tuple, load_checks, with_likely_cause,
 )
 from .triton_exercise import is_untouched
 
@@ -504,12 +504,32 @@ def _n_large(impl, gen):
 LOG2E = 1.0 / math.log(2.0)
 
 
+def _base2_mistakes(o, lse2, ref_o, ref_lse) -> list:
+    """[(why, (O, lse))]: what the known base mix-ups return on these partials (float64)."""
+    ln2 = math.log(2.0)
+    natural_on_base2 = ref_merge(o, lse2.double())                 # e^(lse2 - m): base 2 read as base e
+    twice = ref_merge(o, lse2.double() * ln2 * ln2)                # converted to base e, then weighed with 2^x
+    return [
+        ("the lse you return is still in base 2: the natural-log lse is lse2 · ln 2", (ref_o, ref_lse * LOG2E)),
+        ("the weights e^(lse2 − m) read base-2 values as natural logs: weigh with 2^(lse2 − m) (torch.exp2) and "
+         "return (m + log2 Σ 2^(lse2 − m)) · ln 2, or convert first, lse = lse2 · ln 2, and use e^x throughout",
+         natural_on_base2),
+        ("lse2 was converted to base e (× ln 2) and then weighed with 2^x as well: convert once and use e^x, or "
+         "keep base 2 and use 2^x", twice),
+        ("converted with log2(e) = 1/ln 2 where base 2 → base e multiplies by ln 2", (ref_o, ref_lse * LOG2E ** 2)),
+    ]
+
+
 def _base2_case(impl, o, lse, what):
     lse2 = (lse.double() * LOG2E).float()          # what an exp2 kernel stores
     got = call(impl, {"o": o, "lse2": lse2})
     got_o, got_lse = _as_out_lse(got, what, tuple(o.shape[1:]), tuple(lse.shape[1:]))
     ref_o, ref_lse = ref_merge(o, lse2.double() / LOG2E)
-    _compare(got_o, got_lse, ref_o, ref_lse, what, lse_atol=5e-5)
+    try:
+        _compare(got_o, got_lse, ref_o, ref_lse, what, lse_atol=5e-5)
+    except CheckFailure as e:
+        mistakes = _base2_mistakes(o, lse2, ref_o, ref_lse)
+        raise CheckFailure(with_likely_cause(str(e), (got_o, got_lse), mistakes)) from None
 
 
 @check_case(BASE2, "S = 4 partials per row, lse given in base 2: O and the natural-log lse vs float64", points=2)

@@ -36,7 +36,7 @@ from fdlib.online_softmax import merge_lse
 from fdlib.reference import reference_attention
 
 from .core import (CheckFailure, LearnerError, TodoError, assert_close, call, check_case, exercise_stub,
-                   expect_tensor, expect_tuple, randn)
+                   expect_tensor, expect_tuple, randn, with_likely_cause)
 
 LIMITS = "lab08.causal_limits"
 VERIFY = "lab08.verify_attention"
@@ -286,9 +286,35 @@ def _merge_case(impl, o_all, lse_all, what, want=None):
         out, lse = expect_tuple(got, w, 2, "out, lse")
         expect_tensor(out, f"{w}: out", shape=(B, H_q, D))
         expect_tensor(lse, f"{w}: lse", shape=(B, H_q))
-        assert_close(out, ref_o, f"{w}: out", 1e-5, 1e-5)
-        assert_close(lse, ref_l, f"{w}: lse", 1e-5, 1e-6)
+        try:
+            assert_close(out, ref_o, f"{w}: out", 1e-5, 1e-5)
+            assert_close(lse, ref_l, f"{w}: lse", 1e-5, 1e-6)
+        except CheckFailure as e:
+            raise CheckFailure(with_likely_cause(str(e), (out, lse), _merge_mistakes(o_all, lse_all, r))) from None
     return results
+
+
+def _merge_mistakes(o_all, lse_all, rank) -> list:
+    """[(why, (out, lse))]: what the known wrong merges return on these partials (None: says nothing of it)."""
+    weights = "weigh each rank's O_r by e^(lse_r − m) / Σ_r' e^(lse_r' − m), m the largest lse_r"
+    ref_o, ref_l = merge_lse(o_all.double(), lse_all.double(), dim=0)
+    nobody = torch.isneginf(lse_all).all(0)
+    nan_rows = torch.where(nobody[..., None], torch.full_like(ref_o, math.nan), ref_o)
+    w = torch.exp(lse_all.float())                                  # no max subtracted: overflows at lse ~ 89
+    no_max = (w[..., None] * o_all.float()).sum(0) / w.sum(0)[..., None]
+    return [
+        ("out is this rank's own partial: nothing combined the ranks; gather every rank's (O_r, lse_r) with "
+         "dist.all_gather, or all-reduce the weighted sums", (o_all[rank], None)),
+        (f"out is the plain average of the ranks' partials, as if each had seen as many keys: {weights}, so a "
+         f"rank whose keys weigh more counts more", (o_all.double().mean(0), None)),
+        ("lse is the largest lse_r: the merged lse is m + log Σ_r e^(lse_r − m)", (None, lse_all.double().amax(0))),
+        ("lse is the mean of the lse_r: the merged lse is m + log Σ_r e^(lse_r − m)", (None, lse_all.double().mean(0))),
+        ("rows that no rank saw (every lse_r = −inf) come out NaN, e^(−inf − (−inf)) or 0/0: use m = 0 where the "
+         "largest lse_r is −inf, and return out = 0, lse = −inf where the weights sum to 0",
+         (nan_rows, None) if bool(nobody.any()) else None),
+        ("the weights e^(lse_r) overflow float32 (inf/inf = NaN) for large lse: subtract the largest lse_r before "
+         "exponentiating", (no_max, None) if bool(torch.isinf(w).any()) else None),
+    ]
 
 
 @check_case(MERGE, "2 ranks on gloo, random partials (B = 3, H_q = 4, D = 16): the lse-weighted merge on every rank",

@@ -53,10 +53,21 @@ def load(path: Path) -> dict:
 
 
 def provenance(prov: dict) -> str:
-    """'NVIDIA H200, 2026-12-01 00:51 UTC, `python -m fdlib.bench ...`' from a file's ``provenance`` (the output
-    folder left out of the command)."""
-    cmd = re.sub(r"\s--out\s+\S+", "", prov["command"])
-    return f"{prov['device']}, {prov['date_utc'][:16].replace('T', ' ')} UTC, `{cmd}`"
+    """'NVIDIA H200, 2026-12-01 00:51 UTC' from a file's ``provenance``. The command, the commit and the versions
+    stay in the file (and in results/), not in what a learner reads."""
+    return f"{prov['device']}, {prov['date_utc'][:16].replace('T', ' ')} UTC"
+
+
+def skipped_reason(reasons) -> str:
+    """Why a run skipped shapes, in words: 'their cache above 20 GB' for the benchmark's size cap (recorded as
+    'KV 137.4 GB > --max-kv-gb 20.0' or 'cache 34.4 GB > ...'), else 'reasons in the file'."""
+    caps = set()
+    for r in reasons:
+        m = re.fullmatch(r"(?:KV|cache) [0-9.]+ GB > --max-kv-gb ([0-9.]+)", str(r).strip())
+        if not m:
+            return "reasons in the file"
+        caps.add(float(m.group(1)))
+    return f"their cache above {caps.pop():g} GB" if len(caps) == 1 else "reasons in the file"
 
 
 def shown_path(path: Path) -> str:

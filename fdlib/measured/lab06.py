@@ -17,11 +17,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import Shown, gmean, view
+from . import Shown, gmean, skipped_reason, view
 
-CONTIGUOUS = "ragged-fp16-auto-bf0d81e.json"
-PAGED = "ragged-fp16-page16-auto-bf0d81e.json"
-"""The runs the view reads: ``auto`` alone, contiguous and in pages of 16 keys (shuffled), one device call."""
+CONTIGUOUS = "ragged-fp16-auto.json"
+PAGED = "ragged-fp16-page16-auto.json"
+"""The runs the view reads: ``auto`` alone, contiguous and in pages of 16 keys (shuffled), one device call (each
+file's provenance names its commit and command; results/README.md the runs around it)."""
+TIMELINE = "timeline-uniform.json"
+"""The H200's recorded timelines of Lab 06's uniform batch (``tools/record_timeline.py``)."""
 LARGE_MB = 512
 """Batches of at least this many MB of K/V are large enough that fixed costs should not matter."""
 TARGET_PCT = 90
@@ -72,12 +75,10 @@ def load_grid(path) -> Grid:
 
 
 def skipped_text(g: Grid) -> str:
-    """Why a run has fewer batches than the grid: '' or ', N skipped: <the one reason>' (reasons as recorded)."""
+    """Why a run has fewer batches than the grid: '' or ', N skipped: <why>' (:func:`fdlib.measured.skipped_reason`)."""
     if not g.skipped:
         return ""
-    why = {r.split(">")[-1].strip() for r in g.skipped}
-    reason = f"their cache above {why.pop()}" if len(why) == 1 else "reasons in the file"
-    return f", {len(g.skipped)} skipped: {reason}"
+    return f", {len(g.skipped)} skipped: {skipped_reason(g.skipped)}"
 
 
 def schedule_of(record: dict) -> str:
@@ -92,21 +93,55 @@ def schedule_of(record: dict) -> str:
 
 
 def table_rows(grids) -> list[list[str]]:
-    """Header, then one row per cache and length mix: the geometric mean share of the read ceiling, how many of
-    the batches of at least :data:`LARGE_MB` MB reach :data:`TARGET_PCT`, and the schedules ``auto`` ran with the
-    number of batches of each (most used first; together, every batch of the row)."""
-    rows = [["cache", "lengths", "% ceiling", f">= {TARGET_PCT}% (>= {LARGE_MB} MB)", "schedules auto ran (batches)"]]
+    """Header, then one row per cache and length mix: the geometric mean share of the read ceiling, and how many
+    of the batches of at least :data:`LARGE_MB` MB reach :data:`TARGET_PCT` (the schedules: :func:`schedule_rows`)."""
+    rows = [["cache", "lengths", "% ceiling", f">= {TARGET_PCT}% (>= {LARGE_MB} MB)"]]
     for g in grids:
         for dist in DISTS:
             recs = [r for k, r in g.records.items() if k[3] == dist]
             large = [r for r in recs if r["kv_mb"] >= LARGE_MB]
-            used: dict = {}
-            for r in recs:
-                used[schedule_of(r)] = used.get(schedule_of(r), 0) + 1
-            ran = ", ".join(f"{SCHEDULES[s][1]} {n}" for s, n in sorted(used.items(), key=lambda kv: (-kv[1], kv[0])))
             rows.append([g.cache, DIST_NAMES[dist], f"{gmean(r['pct_ceiling'] for r in recs):.1f}",
-                         f"{sum(r['pct_ceiling'] >= TARGET_PCT for r in large)} of {len(large)}", ran])
+                         f"{sum(r['pct_ceiling'] >= TARGET_PCT for r in large)} of {len(large)}"])
     return rows
+
+
+def schedule_rows(grids) -> list[list[str]]:
+    """Header, then per side of the :data:`LARGE_MB` line (right first) and cache: the schedules ``auto`` ran on
+    the batches of equal lengths and on the ragged ones, each with its number of batches (most used first)."""
+    def ran(recs):
+        used: dict = {}
+        for r in recs:
+            used[schedule_of(r)] = used.get(schedule_of(r), 0) + 1
+        return ", ".join(f"{SCHEDULES[s][1]} {n}" for s, n in sorted(used.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    rows = [["batches", "cache", "equal lengths", "ragged lengths"]]
+    for side, large in ((f">= {LARGE_MB} MB", True), (f"< {LARGE_MB} MB", False)):
+        for g in grids:
+            recs = [r for r in g.records.values() if (r["kv_mb"] >= LARGE_MB) == large]
+            rows.append([side, g.cache, ran(r for r in recs if r["dist"] == "constant"),
+                         ran(r for r in recs if r["dist"] != "constant")])
+    return rows
+
+
+def schedules(results_dir=None) -> str:
+    """The schedules ``auto`` ran in the view's two runs, by side of the :data:`LARGE_MB` line, as printed text
+    (:func:`schedule_rows`)."""
+    from . import RESULTS, format_rows
+    d = Path(results_dir if results_dir is not None else RESULTS)
+    return format_rows(schedule_rows([load_grid(d / CONTIGUOUS), load_grid(d / PAGED)]))
+
+
+def recorded_makespans(results_dir=None, name: str = TIMELINE) -> dict:
+    """{method: makespan µs} of the H200's recorded timelines of a Lab 06 batch (the median of each method's
+    runs), and under "file" the file's name from the repository root, under "lengths" the batch's lengths."""
+    import statistics
+
+    from ..timeline import load_recorded
+    from . import RESULTS, shown_path
+    path = Path(results_dir if results_dir is not None else RESULTS) / name
+    tls = load_recorded(path)
+    out = {tl.info["method"]: statistics.median(tl.info["makespans_us"]) for tl in tls}
+    return {**out, "file": shown_path(path), "lengths": list(tls[0].info["batch"]["lengths"])}
 
 
 def paged_over_contiguous(contiguous: Grid, paged: Grid) -> dict:
@@ -162,7 +197,7 @@ def ragged(results_dir) -> Shown:
     ratio = paged_over_contiguous(contiguous, paged)
     worst = max(ratio, key=ratio.get)
     caption = (
-        f"Figure and table: fdlib's auto alone on the --ragged grid, recorded on {contiguous.device} "
+        f"Figure and table: fdlib's auto alone on the ragged grid, recorded on {contiguous.device} "
         f"{contiguous.date} (read ceilings {contiguous.ceiling_tbs:.2f} and {paged.ceiling_tbs:.2f} TB/s): "
         f"results/h200/{CONTIGUOUS} ({len(contiguous.records)} batches{skipped_text(contiguous)}) and "
         f"results/h200/{PAGED} ({len(paged.records)} batches{skipped_text(paged)}).\n"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import Shown, gmean, load, provenance, shown_path, view
+from . import Shown, gmean, load, provenance, shown_path, skipped_reason, view
 
 INVARIANT = "invariant-fp16.json"
 UNIFIED_MAX = "unified-max.json"
@@ -100,7 +100,7 @@ def exact(results_dir: Path) -> Shown:
     rows, um_prov = unified_max_rows(results_dir)
     table = [["shape", "unified kernel µs", "unified max ×", "its pass 1 alone ×", "rows recomputed"]]
     for r in rows:
-        table.append([_shape(r["shape"]), f"{r['unified_us']:.1f}", f"{r['full']:.2f}", f"{r['pass1']:.2f}",
+        table.append([_shape(r["shape"]), f"{r['unified_us']:.1f}", f"{r['full']:.3f}", f"{r['pass1']:.3f}",
                       f"{r['recompute']:.0%}"])
     full_gm, pass1_gm = gmean(r["full"] for r in rows), gmean(r["pass1"] for r in rows)
     table.append(["geometric mean", "", f"{full_gm:.3f}", f"{pass1_gm:.3f}", ""])
@@ -112,14 +112,15 @@ def exact(results_dir: Path) -> Shown:
     long_ = [x for k, x in ratio.items() if k[3] >= 8192]
     fast1 = min(rows, key=lambda r: r["pass1"])
     not_run = (f" The grid's other {len(skipped)} shapes were not run "
-               f"({'; '.join(sorted({s['reason'] for s in skipped}))}).") if skipped else ""
+               f"({skipped_reason(s['reason'] for s in skipped)}).") if skipped else ""
     caption = (
         f"Figure: {inv_path}, recorded on {provenance(prov)}. Over its {len(ratio)} shapes, "
         f"time(batch_invariant) / time(auto) has a geometric mean of {gmean(ratio.values()):.3f}, from {ratio[best]:.2f} "
-        f"({_shape(best)}) to {ratio[worst]:.2f} ({_shape(worst)}); {gmean(short):.3f} over the {len(short)} "
-        f"shapes with L <= 2048 and {gmean(long_):.3f} over the {len(long_)} with L >= 8192.{not_run}\n"
+        f"({_shape(best)}) to {ratio[worst]:.2f} ({_shape(worst)}), below 1 on {sum(x < 1 for x in ratio.values())}; "
+        f"{gmean(short):.3f} over the {len(short)} shapes with L <= 2048 and {gmean(long_):.3f} over the "
+        f"{len(long_)} with L >= 8192.{not_run}\n"
         f"Table: {um_path}, recorded on {provenance(um_prov)}. Each time is divided by the "
         f"unified kernel's (< 1: faster). The unified max is faster on {sum(r['full'] < 1 for r in rows)} of {len(rows)} shapes; "
         f"pass 1 alone on {sum(r['pass1'] < 1 for r in rows)}, most on {_shape(fast1['shape'])} "
-        f"({fast1['pass1']:.2f}); the most rows recomputed in any call: {max(r['recompute'] for r in rows):.0%}.")
+        f"({fast1['pass1']:.3f}); the most rows recomputed in any call: {max(r['recompute'] for r in rows):.0%}.")
     return Shown(fig, table, caption, [inv_path, um_path])

@@ -136,8 +136,8 @@ def find_run(results_dir: Path) -> Path:
     found = sorted(results_dir.parent.glob(f"*/{KV16}"), key=lambda p: (load(p)["provenance"]["date_utc"], str(p)))
     if found:
         return found[-1].parent
-    raise FileNotFoundError(f"no recorded GPU run yet: {shown_path(results_dir / KV16)}\n(python -m fdlib.bench "
-                            f"--dtype bfloat16 --name kv16-bf16, and --kv-dtype/--kv-scale runs named kv8-*)")
+    raise FileNotFoundError(f"no recorded GPU run yet: {shown_path(results_dir / KV16)} (the runs that make it: "
+                            f"results/notes/09_fewer_bytes.md)")
 
 
 def timing(runs: list) -> str:
