@@ -109,10 +109,10 @@ def dequantize_kv(stored: torch.Tensor, scale, dtype=torch.float32) -> torch.Ten
 
 
 # ------------------------------------------------------------------------------------------------ checking
-def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False) -> str:
+def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False, read: bool = True) -> str:
     """``"tensor"``, ``"head"`` or ``"token"`` for a scale of ``cache`` [.., .., H_kv, D] (checked: type, dtype,
-    device, shape; a float's value; a per-head tensor's values where it is on the host). ``name``: the argument,
-    for the error; ``paged``: the cache is a page pool."""
+    device, shape; a float's value; a per-head tensor's values where it is on the host and ``read``). ``name``: the
+    argument, for the error; ``paged``: the cache is a page pool."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor)):
         raise TypeError(f"{name}: expected a float (per tensor) or a float32 tensor (per KV head or per token), got "
                         f"{type(scale).__name__}")
@@ -135,7 +135,7 @@ def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False) -
         raise TypeError(f"{name}: dtype must be torch.float32, got {scale.dtype}")
     if scale.device != cache.device:
         raise ValueError(f"{name}: must be on the cache's device ({cache.device}), got a tensor on {scale.device}")
-    if kind == "head" and scale.device.type == "cpu":
+    if kind == "head" and scale.device.type == "cpu" and read:
         check_values(name, scale)
     return kind
 
@@ -184,10 +184,11 @@ def is_8bit(t) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in KV_DTYPES
 
 
-def check_cache(q, k_cache, v_cache, k_scale, v_scale, paged: bool = False) -> KVQuant | None:
+def check_cache(q, k_cache, v_cache, k_scale, v_scale, paged: bool = False, read: bool = True) -> KVQuant | None:
     """The format of the cache a call passes: None for a 16- or 32-bit one (then no scale may be given), else its
     :class:`KVQuant`, with both caches 8-bit of one dtype, q float16 or bfloat16 and each scale checked
-    (:func:`granularity_of`)."""
+    (:func:`granularity_of`; ``read=False`` reads no tensor's values, as a trace under ``torch.compile`` must
+    not)."""
     if not (is_8bit(k_cache) or is_8bit(v_cache)):
         for name, s, cache in (("k_scale", k_scale, k_cache), ("v_scale", v_scale, v_cache)):
             if s is not None:
@@ -206,7 +207,7 @@ def check_cache(q, k_cache, v_cache, k_scale, v_scale, paged: bool = False) -> K
         if s is None:
             raise ValueError(f"{name}: {name[0]}_cache is {_dtype_name(cache.dtype)}, an 8-bit cache: pass its scale, "
                              f"{SCALE_FORMS}; fdlib.quantize_kv returns it")
-        kinds.append(granularity_of(name, s, cache, paged))
+        kinds.append(granularity_of(name, s, cache, paged, read))
     return KVQuant(k_cache.dtype, *kinds)
 
 
