@@ -115,7 +115,7 @@ def check_options(q, k_cache, v_cache, cache_seqlens, block_table, scale, method
         quant.check_cache(q, k_cache, v_cache, k_scale, v_scale, block_table is not None, read=False)
     check_lengths_type(cache_seqlens)
     check_num_splits(num_splits, "unified" if method == "unified_max" else method)
-    scale = None if scale is None else check_scale(scale, 1)
+    scale = None if scale is None else check_scale(scale, 1, value=False)
     check_max_seqlen(max_seqlen)
     check_bool("batch_invariant", batch_invariant)
     check_bool("check_lengths", check_lengths)

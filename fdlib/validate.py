@@ -116,13 +116,14 @@ def check_num_splits(num_splits, method) -> None:
                          f"splits; pass num_splits=None or 1, got {num_splits}")
 
 
-def check_scale(scale, D: int) -> float:
-    """The scale to use: 1/√D for None, else a finite float."""
+def check_scale(scale, D: int, value: bool = True) -> float:
+    """The scale to use: 1/√D for None, else a finite float (``value=False``: its type only, as a trace under
+    ``torch.compile`` checks a float that may be symbolic; the op checks the value when it runs)."""
     if scale is None:
         return 1.0 / math.sqrt(D)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
+    if value and not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite number, got {scale}")
     return float(scale)
 

@@ -94,13 +94,22 @@ def test_compiled_call_raises_where_nothing_reads_its_result(problem, backend):
     assert_same_error(raised(torch.compile(step, backend=backend, fullgraph=True), *problem), want)
 
 
-def test_a_list_of_lengths_compiles_and_matches_eager(problem):
+def test_one_compiled_step_takes_new_lengths_in_a_list_and_new_scales(problem):
+    """Lengths in a list and a float scale that change from call to call (dynamo makes them symbolic after the first
+    change): the eager bits each time, and a bad value of either raises the eager error."""
     q, k, v, _ = problem
-    step = torch.compile(lambda q, k, v: fdlib.decode_attention(q, k, v, [32, 3], return_lse=True),
-                         backend="aot_eager", fullgraph=True)
-    out, lse = step(q, k, v)
-    want_out, want_lse = fdlib.decode_attention(q, k, v, [32, 3], return_lse=True)
-    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+    def step(q, k, v, lens, s):
+        return fdlib.decode_attention(q, k, v, lens, scale=s, return_lse=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    for lens, s in (([32, 3], 0.25), ([5, 7], 0.3), ([9, 1], 0.35), ([0, 32], 0.5)):
+        out, lse = compiled(q, k, v, lens, s)
+        want_out, want_lse = step(q, k, v, lens, s)
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    for args in (([40, 3], 0.2), ([4, 3], float("inf")), ([4, -1], 0.2)):
+        assert_same_error(raised(compiled, q, k, v, *args), raised(step, q, k, v, *args))
 
 
 # ------------------------------------------------------------------------------------------ 8-bit caches
