@@ -6,11 +6,11 @@ tracing), so every option, every method, 8-bit caches with their scales (a tenso
 checks, the clamp flag and the bits are the eager call's.
 
 What the op's schema cannot carry as it came (an int where a bool goes, True where a float goes, lengths in a list
-that are not ints, an option of no type the op takes) is checked while tracing, with the eager call's own check
-functions and in its order. An error found there is not raised while tracing: dynamo would report it as its own
+that are not ints, an option of no type the op takes), and ``method`` and ``num_splits``, are checked while
+tracing, with the eager call's own check functions and in its order. An error found there is not raised while tracing: dynamo would report it as its own
 ``Unsupported`` ("Observed exception") under ``fullgraph=True``. The trace records the op ``torch.ops.fdlib.refuse``
 instead, which raises that error, the same type and the same message, when the compiled code runs the call, as the
-eager call raises it; an error the op's eager call finds (a shape, a dtype, a length, ``num_splits=0``) is raised
+eager call raises it; an error the op's eager call finds (a shape, a dtype, a length, a scale's value) is raised
 there likewise. So a compiled call raises what the eager call raises, with ``fullgraph=True`` or not, on every
 backend.
 """
