@@ -6,13 +6,13 @@ tracing), so every option, every method, 8-bit caches with their scales (a tenso
 checks, the clamp flag and the bits are the eager call's.
 
 What the op's schema cannot carry as it came (an int where a bool goes, True where a float goes, lengths in a list
-that are not ints, an option of no type the op takes), and ``method`` and ``num_splits``, are checked while
-tracing, with the eager call's own check functions and in its order. An error found there is not raised while tracing: dynamo would report it as its own
-``Unsupported`` ("Observed exception") under ``fullgraph=True``. The trace records the op ``torch.ops.fdlib.refuse``
-instead, which raises that error, the same type and the same message, when the compiled code runs the call, as the
-eager call raises it; an error the op's eager call finds (a shape, a dtype, a length, a scale's value) is raised
-there likewise. So a compiled call raises what the eager call raises, with ``fullgraph=True`` or not, on every
-backend.
+that are not ints, an option of no type the op takes), and ``method`` and ``num_splits``, are checked while tracing,
+with the eager call's own check functions and in its order. An error found there is not raised while tracing: dynamo
+would report it as its own ``Unsupported`` ("Observed exception") under ``fullgraph=True``. The trace records the op
+``torch.ops.fdlib.refuse`` instead, which raises that error, the same type and the same message, when the compiled
+code runs the call, as the eager call raises it; an error the op's eager call finds (a shape, a dtype, a length, a
+scale's value) is raised there likewise. So a compiled call raises what the eager call raises, with
+``fullgraph=True`` or not, on every backend.
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cac
     return decode_attention(q, k_cache, v_cache, cache_seqlens if host_lengths is None else host_lengths,
                             block_table=block_table, scale=scale, method=method, num_splits=num_splits,
                             return_lse=True, max_seqlen=max_seqlen, check_lengths=check_lengths,
-                            batch_invariant=batch_invariant, k_scale=k_scale if k_scale_value is None else k_scale_value,
+                            batch_invariant=batch_invariant,
+                            k_scale=k_scale if k_scale_value is None else k_scale_value,
                             v_scale=v_scale if v_scale_value is None else v_scale_value)
 
 
