@@ -147,7 +147,7 @@ def test_compiled_8bit_call_gives_the_eager_bits(kv_dtype, k_gran, v_gran, fullg
 def test_compiled_8bit_call_over_pages_and_with_inductor():
     q, k8, v8, lens, ks, vs = kv8(torch.int8, "head", "head")
     kp, vp = k8.reshape(8, 8, 2, 16), v8.reshape(8, 8, 2, 16)       # pages of 8: sequence b's are 4b .. 4b+3
-    bt = torch.arange(8, dtype=torch.int32).reshape(2, 4)
+    bt = torch.arange(8, dtype=torch.int32, device=q.device).reshape(2, 4)
 
     def step(q, kp, vp, lens, bt, ks, vs):
         return fdlib.decode_attention(q, kp, vp, lens, block_table=bt, k_scale=ks, v_scale=vs)
