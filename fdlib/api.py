@@ -2,8 +2,9 @@
 
 Data flow: plan (once per shape, cached: :mod:`fdlib.plan`) -> run (launch only) -> out (, lse).
 Under ``torch.compile`` the call goes through the registered op ``torch.ops.fdlib.decode_attention``, which runs
-the eager call with every option (``block_table``, ``batch_invariant``, ``check_lengths``, every method): a
-model step compiles with ``fullgraph=True``, paged or not, and gives the eager call's bits.
+the eager call with every option (``block_table``, ``batch_invariant``, ``check_lengths``, 8-bit caches and their
+scales, every method): a model step compiles with ``fullgraph=True``, paged or not, and gives the eager call's
+bits; a bad argument raises the eager call's error, type and message (:mod:`fdlib.compiled`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 from . import quant
 from .kernels.launch import heads_adjacent
 from .plan import DecodePlan, check_lengths_and_table, plan
-from .validate import check_inputs, check_method, check_num_splits, check_scale
+from .compiled import traced_call
+from .validate import check_bool, check_inputs, check_removed, check_unified_max
 
 PLAN_CACHE_SIZE = 32
 """Plans decode_attention keeps (least recently used dropped first); each holds its workspace."""
@@ -119,27 +121,18 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
     A sequence of length 0 gives out = 0 and lse = -inf. A NaN in a sequence's q, K or V makes that
     sequence's output NaN (for the query heads that read it) and leaves every other sequence untouched.
     """
-    if validate is not None:
-        raise TypeError("validate: this argument is gone. Calls never read lengths back now (graph-safe by "
-                        "default); pass check_lengths=True to check device lengths on the host, and max_seqlen= "
-                        "to choose splits for a known bound")
     if torch.compiler.is_compiling():
-        if k_scale is not None or v_scale is not None:
-            raise NotImplementedError("k_scale/v_scale: the torch.compile op takes 16-bit caches only (for now)")
-        return _compiled_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits,
-                              return_lse, max_seqlen, check_lengths, batch_invariant)
+        return traced_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits, return_lse,
+                           max_seqlen, check_lengths, batch_invariant, validate, k_scale, v_scale)
+    check_removed(validate)
     if method == "unified_max":
-        if k_scale is not None or v_scale is not None or getattr(k_cache, "dtype", None) in quant.KV_DTYPES:
-            raise NotImplementedError("method: 'unified_max' does not read 8-bit caches yet; pass another method "
-                                      "(every other one takes k_scale/v_scale)")
-        return _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, return_lse,
-                            max_seqlen, check_lengths, batch_invariant)
+        check_unified_max(k_cache, k_scale, v_scale, batch_invariant, max_seqlen, check_lengths)
+        return _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, return_lse)
     p = plan_for(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, method=method,
                  num_splits=num_splits, return_lse=return_lse, max_seqlen=max_seqlen, batch_invariant=batch_invariant,
                  k_scale=k_scale, v_scale=v_scale)
     if check_lengths is not False:
-        if check_lengths is not True:
-            raise TypeError(f"check_lengths: expected a bool, got {type(check_lengths).__name__}")
+        check_bool("check_lengths", check_lengths)
         check_lengths_and_table(cache_seqlens, block_table, q.shape[0], p.L_max, p.page_size,
                                 k_cache.shape[0], p.device)   # the one device-to-host read
         quant.check_values("k_scale", k_scale)
@@ -155,15 +148,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         raise
 
 
-def _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, return_lse, max_seqlen,
-                 check_lengths, batch_invariant):
+def _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, return_lse):
     """``method="unified_max"``: :func:`fdlib.exact.unified_max_attention` (it plans per call and allocates its
-    workspace; the options that belong to the plan path are refused by name)."""
+    workspace; the options that belong to the plan path are refused by name first: :func:`check_unified_max`)."""
     from .exact import unified_max_attention
-    for name, value, default in (("batch_invariant", batch_invariant, False), ("max_seqlen", max_seqlen, None),
-                                 ("check_lengths", check_lengths, False)):
-        if value is not default:
-            raise ValueError(f"{name}: method='unified_max' takes the default ({default!r}), got {value!r}")
     if isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[1] != 1:
         raise ValueError(f"q: method='unified_max' takes one query token ([B, H_q, D] or [B, 1, H_q, D]), got "
                          f"{list(q.shape)}")
@@ -189,8 +177,7 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
         key, p = None, None
     if p is not None:
         _PLANS.move_to_end(key)
-        if return_lse is not True and return_lse is not False:
-            raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+        check_bool("return_lse", return_lse)
         return p
     pr = check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table,
                       k_scale, v_scale)
@@ -204,47 +191,3 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
     while len(_PLANS) > PLAN_CACHE_SIZE:
         _PLANS.popitem(last=False)
     return p
-
-
-# ------------------------------------------------------------------------------------------ torch.compile
-@torch.library.custom_op("fdlib::decode_attention", mutates_args=())
-def _decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
-               scale: float | None, method: str, num_splits: int | None, max_seqlen: int | None,
-               block_table: torch.Tensor | None = None, batch_invariant: bool = False,
-               check_lengths: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.ops.fdlib.decode_attention``: (out, lse) of :func:`decode_attention` with these options, as an
-    opaque op: it runs the eager call itself, so every option, the checks (``check_lengths``: its one read, and
-    its ValueError raised when the compiled code runs) and the clamp flag (:func:`fdlib.clamped`) are the eager
-    call's."""
-    return decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=block_table, scale=scale, method=method,
-                            num_splits=num_splits, return_lse=True, max_seqlen=max_seqlen,
-                            check_lengths=check_lengths, batch_invariant=batch_invariant)
-
-
-@_decode_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, max_seqlen, block_table=None,
-      batch_invariant=False, check_lengths=False):
-    """Shapes only: out like q, lse q.shape[:-1] float32 ([B, H_q], or [B, q_len, H_q] for a 4-D q)."""
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
-
-
-def _compiled_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits, return_lse,
-                   max_seqlen, check_lengths, batch_invariant):
-    """:func:`decode_attention` under ``torch.compile``: the options the op's schema would coerce (True for an
-    int, an int for a float) are checked here, as the eager call checks them; the rest is the op's."""
-    for name, flag in (("return_lse", return_lse), ("check_lengths", check_lengths),
-                       ("batch_invariant", batch_invariant)):
-        if flag is not True and flag is not False:
-            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-    if method != "unified_max":
-        check_method(method)
-        check_num_splits(num_splits, method)
-    if scale is not None:
-        scale = check_scale(scale, 1)
-    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int)):
-        raise TypeError(f"max_seqlen: expected an int or None, got {type(max_seqlen).__name__}")
-    if isinstance(cache_seqlens, (list, tuple)):
-        cache_seqlens = torch.tensor(cache_seqlens, dtype=torch.int32)
-    out, lse = torch.ops.fdlib.decode_attention(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits,
-                                                max_seqlen, block_table, batch_invariant, check_lengths)
-    return (out, lse) if return_lse else out

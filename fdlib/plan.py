@@ -66,8 +66,9 @@ from .kernels.tile import TABLE_AHEAD_PAGE, TABLE_REGS_LIMIT
 from .reference import naive_attention
 from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
                      one_wave_suits, order_hint, persistent_per_sm, sm_count)
-from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_method, check_num_splits,
-                       check_page_size, check_page_strides, check_pool, check_q_len, check_scale, shape_str)
+from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_bool, check_lengths_type, check_max_seqlen,
+                       check_method, check_num_splits, check_page_size, check_page_strides, check_pool, check_q_len,
+                       check_scale, shape_str)
 
 KERNELS = ("unified", "split", "persistent", "balanced", "streamk", "invariant", "naive")
 
@@ -784,12 +785,9 @@ def host_lengths(cache_seqlens, B: int, L_max: int, device, name: str = "cache_s
         if cache_seqlens.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name}: dtype must be torch.int32 or torch.int64, got {cache_seqlens.dtype}")
         t = cache_seqlens.to(torch.int32)
-    elif isinstance(cache_seqlens, (list, tuple)):
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
-            raise TypeError(f"{name}: a host list of lengths must hold ints")
-        t = torch.tensor(cache_seqlens, dtype=torch.int32)
     else:
-        raise TypeError(f"{name}: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
+        check_lengths_type(cache_seqlens, name, optional=False)   # a list or tuple of ints from here on
+        t = torch.tensor(cache_seqlens, dtype=torch.int32)
     if tuple(t.shape) != (B,):
         raise ValueError(f"{name}: expected {B} lengths (one per sequence), got shape {list(t.shape)}")
     check_length_values(t, L_max, name)
@@ -911,15 +909,10 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
     device = check_device(device)
     if lengths is not None:
         lengths = tuple(host_lengths(lengths, B, L_max, device, name="lengths").tolist())
-    if max_seqlen is not None:
-        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-            raise TypeError(f"max_seqlen: expected an int or None, got {type(max_seqlen).__name__}")
-        if not 0 <= max_seqlen <= L_max:
-            raise ValueError(f"max_seqlen: expected an int in 0..L_max={L_max}, got {max_seqlen!r}")
+    check_max_seqlen(max_seqlen, L_max)
     if method != "naive":
         runtime.smoke_check()
-    if not isinstance(batch_invariant, bool):
-        raise TypeError(f"batch_invariant: expected a bool, got {type(batch_invariant).__name__}")
+    check_bool("batch_invariant", batch_invariant)
     check_q_len(q_len, L_max)
     for name, flag in (("pack_heads", pack_heads), ("longest_first", longest_first)):
         if flag is not None and not isinstance(flag, bool):

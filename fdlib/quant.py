@@ -35,6 +35,9 @@ KV_DTYPES = (torch.float8_e4m3fn, torch.int8)
 QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
 """The largest stored magnitude :func:`quantize_kv` maps a tensor's, head's or token's absolute maximum to: e4m3's
 largest finite value, and 127 for int8 (symmetric, so −128 is never stored)."""
+MIN_SCALE = 2.0 ** -126
+"""The smallest scale :func:`quantize_kv` makes: float32's smallest normal number (a subnormal scale may be
+flushed to 0 on a GPU; a group whose max|x|/q_max lies below this keeps this scale)."""
 GRANULARITIES = ("tensor", "head", "token")
 SCALE_CODES = {None: 0, "tensor": 1, "head": 2, "token": 3}
 """The kernels' K_SCALE / V_SCALE constexprs (:data:`fdlib.kernels.tile.SCALE_TENSOR` ...); 0: a 16-bit cache."""
@@ -54,13 +57,19 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
     scales, such that ``stored.float() * scale`` (broadcast over D, :func:`dequantize_kv`) approximates x.
 
     Absmax scaling: over each group of values that share a scale (the whole tensor, one KV head, or one token's
-    head: its D values), :math:`s = \max|x| / q_{max}` with :math:`q_{max}` = 448 for e4m3 and 127 for int8
-    (:data:`QMAX`), and :math:`\hat x = x/s` rounded to the nearest stored value (e4m3: PyTorch's cast, round to
-    nearest even, after clamping to ±448; int8: ``torch.round``, then clamped to ±127). A group of zeros gets
-    s = 1. Every value then lies within half a step of its group's grid: :math:`|\hat x s - x| \le s/2` for int8, and
-    for e4m3 within half an e4m3 ulp of :math:`x/s` (a relative 2^-4 for normal values, an absolute
-    :math:`2^{-10}s` below :math:`2^{-6}s`), scaled by s. x should be finite: a NaN or inf poisons the scale
-    of every value that shares it.
+    head: its D values), :math:`s = \max(\max|x| / q_{max},\ 2^{-126})` with :math:`q_{max}` = 448 for e4m3 and
+    127 for int8 (:data:`QMAX`), and :math:`\hat x = x/s` rounded to the nearest stored value (e4m3: PyTorch's
+    cast, round to nearest even, after clamping to ±448; int8: ``torch.round``, then clamped to ±127). A group of
+    zeros, or one with no value (an empty x: the result is empty too, its scales 1), gets s = 1. No scale lies below
+    :data:`MIN_SCALE` = 2^-126, float32's smallest normal number: a group of values so tiny that max|x|/q_max would
+    be subnormal (or round to 0) keeps the scale 2^-126 and is stored on that grid, within the bound below (a
+    subnormal scale, which GPUs may flush to 0, is never made). Every value then lies within half a step of its
+    group's grid: :math:`|\hat x s - x| \le s/2` for int8, and for e4m3 within half an e4m3 ulp of :math:`x/s` (a
+    relative 2^-4 for normal values, an absolute :math:`2^{-10}s` below :math:`2^{-6}s`), scaled by s.
+
+    x must be finite: a NaN or an infinity raises ``ValueError`` naming ``x`` and the first such element (an 8-bit
+    cache cannot stand for it: int8 has no NaN, and it would poison its group's scale). Checking costs one read of a
+    flag from x's device (a sync), as the per-tensor scale's read does.
 
     Returns ``scale`` as a Python float for ``"tensor"`` (read back from the device: one sync), a float32
     tensor ``[H_kv]`` for ``"head"``, and a float32 tensor ``x.shape[:-1]`` for ``"token"``, on x's device.
@@ -78,17 +87,13 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
         raise ValueError(f"dtype: expected torch.float8_e4m3fn or torch.int8, got {dtype}")
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity: expected one of {', '.join(map(repr, GRANULARITIES))}, got {granularity!r}")
-    a = x.abs()                 # the maxima in x's own dtype (exact), one float32 copy of x below
-    if granularity == "tensor":
-        amax = a.amax()
-    elif granularity == "head":
-        amax = a.transpose(-2, 0).reshape(x.shape[-2], -1).amax(1)        # [H_kv]
-    else:
-        amax = a.amax(-1)                                                 # x.shape[:-1]
-    del a
-    amax = amax.float()
+    amax = _group_max(x, granularity).float()
+    if granularity == "tensor" and not math.isfinite(float(amax)) or \
+            granularity != "tensor" and not bool(torch.isfinite(amax).all()):
+        i = (~torch.isfinite(x)).nonzero()[0].tolist()
+        raise ValueError(f"x: expected finite values to quantize, got {x[tuple(i)].item()} at {i}")
     qmax = QMAX[dtype]
-    scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+    scale = torch.where(amax > 0, (amax / qmax).clamp_(min=MIN_SCALE), torch.ones_like(amax))
     y = x.to(torch.float32, copy=True)   # never x itself (a float32 x is divided in place below)
     y /= scale[..., None] if granularity == "token" else scale[:, None] if granularity == "head" else scale
     if dtype == torch.int8:
@@ -97,6 +102,20 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
     if granularity == "tensor":
         return stored, float(scale)
     return stored, scale.contiguous()
+
+
+def _group_max(x: torch.Tensor, granularity: str) -> torch.Tensor:
+    """max|x| over each group that shares a scale, in x's dtype (exact): ``[]`` (tensor), ``[H_kv]`` (head) or
+    ``x.shape[:-1]`` (token); 0 for a group with no value (an empty x)."""
+    shape = () if granularity == "tensor" else (x.shape[-2],) if granularity == "head" else x.shape[:-1]
+    if x.numel() == 0:
+        return x.new_zeros(shape)
+    a = x.abs()
+    if granularity == "tensor":
+        return a.amax()
+    if granularity == "head":
+        return a.transpose(-2, 0).reshape(x.shape[-2], -1).amax(1)
+    return a.amax(-1)
 
 
 def dequantize_kv(stored: torch.Tensor, scale, dtype=torch.float32) -> torch.Tensor:
@@ -109,10 +128,10 @@ def dequantize_kv(stored: torch.Tensor, scale, dtype=torch.float32) -> torch.Ten
 
 
 # ------------------------------------------------------------------------------------------------ checking
-def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False) -> str:
+def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False, read: bool = True) -> str:
     """``"tensor"``, ``"head"`` or ``"token"`` for a scale of ``cache`` [.., .., H_kv, D] (checked: type, dtype,
-    device, shape; a float's value; a per-head tensor's values where it is on the host). ``name``: the argument,
-    for the error; ``paged``: the cache is a page pool."""
+    device, shape; a float's value; a per-head tensor's values where it is on the host and ``read``). ``name``: the
+    argument, for the error; ``paged``: the cache is a page pool."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor)):
         raise TypeError(f"{name}: expected a float (per tensor) or a float32 tensor (per KV head or per token), got "
                         f"{type(scale).__name__}")
@@ -135,7 +154,7 @@ def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False) -
         raise TypeError(f"{name}: dtype must be torch.float32, got {scale.dtype}")
     if scale.device != cache.device:
         raise ValueError(f"{name}: must be on the cache's device ({cache.device}), got a tensor on {scale.device}")
-    if kind == "head" and scale.device.type == "cpu":
+    if kind == "head" and scale.device.type == "cpu" and read:
         check_values(name, scale)
     return kind
 
@@ -184,10 +203,11 @@ def is_8bit(t) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in KV_DTYPES
 
 
-def check_cache(q, k_cache, v_cache, k_scale, v_scale, paged: bool = False) -> KVQuant | None:
+def check_cache(q, k_cache, v_cache, k_scale, v_scale, paged: bool = False, read: bool = True) -> KVQuant | None:
     """The format of the cache a call passes: None for a 16- or 32-bit one (then no scale may be given), else its
     :class:`KVQuant`, with both caches 8-bit of one dtype, q float16 or bfloat16 and each scale checked
-    (:func:`granularity_of`)."""
+    (:func:`granularity_of`; ``read=False`` reads no tensor's values, as a trace under ``torch.compile`` must
+    not)."""
     if not (is_8bit(k_cache) or is_8bit(v_cache)):
         for name, s, cache in (("k_scale", k_scale, k_cache), ("v_scale", v_scale, v_cache)):
             if s is not None:
@@ -206,7 +226,7 @@ def check_cache(q, k_cache, v_cache, k_scale, v_scale, paged: bool = False) -> K
         if s is None:
             raise ValueError(f"{name}: {name[0]}_cache is {_dtype_name(cache.dtype)}, an 8-bit cache: pass its scale, "
                              f"{SCALE_FORMS}; fdlib.quantize_kv returns it")
-        kinds.append(granularity_of(name, s, cache, paged))
+        kinds.append(granularity_of(name, s, cache, paged, read))
     return KVQuant(k_cache.dtype, *kinds)
 
 

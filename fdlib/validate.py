@@ -36,9 +36,56 @@ def shape_str(t) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
-def _tensor(name, t):
+def check_tensor(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+
+
+def check_bool(name: str, flag) -> None:
+    """``flag`` is True or False (1, 1.0 or "yes" are not: ``TypeError`` naming ``name``)."""
+    if flag is not True and flag is not False:
+        raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+
+
+def check_removed(validate) -> None:
+    """``validate=``: the argument is gone; ``TypeError`` saying what replaced it."""
+    if validate is not None:
+        raise TypeError("validate: this argument is gone. Calls never read lengths back now (graph-safe by "
+                        "default); pass check_lengths=True to check device lengths on the host, and max_seqlen= "
+                        "to choose splits for a known bound")
+
+
+def check_max_seqlen(max_seqlen, L_max: int | None = None) -> None:
+    """``max_seqlen``: None or an int (not a bool), in 0..L_max where L_max is given."""
+    if max_seqlen is None:
+        return
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
+        raise TypeError(f"max_seqlen: expected an int or None, got {type(max_seqlen).__name__}")
+    if L_max is not None and not 0 <= max_seqlen <= L_max:
+        raise ValueError(f"max_seqlen: expected an int in 0..L_max={L_max}, got {max_seqlen!r}")
+
+
+def check_lengths_type(cache_seqlens, name: str = "cache_seqlens", optional: bool = True) -> None:
+    """Lengths: a tensor, a list or tuple of ints (on the host), or None where ``optional``; ``TypeError`` naming
+    ``name``."""
+    if isinstance(cache_seqlens, (list, tuple)):
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in cache_seqlens):
+            raise TypeError(f"{name}: a host list of lengths must hold ints")
+    elif not (optional and cache_seqlens is None) and not isinstance(cache_seqlens, torch.Tensor):
+        raise TypeError(f"{name}: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
+
+
+def check_unified_max(k_cache, k_scale, v_scale, batch_invariant, max_seqlen, check_lengths) -> None:
+    """``method="unified_max"`` (:func:`fdlib.exact.unified_max_attention`, planned per call): no 8-bit cache, and
+    the options that belong to the plan path at their defaults, each refused by name."""
+    from .quant import KV_DTYPES
+    if k_scale is not None or v_scale is not None or getattr(k_cache, "dtype", None) in KV_DTYPES:
+        raise NotImplementedError("method: 'unified_max' does not read 8-bit caches yet; pass another method "
+                                  "(every other one takes k_scale/v_scale)")
+    for name, value, default in (("batch_invariant", batch_invariant, False), ("max_seqlen", max_seqlen, None),
+                                 ("check_lengths", check_lengths, False)):
+        if value is not default:
+            raise ValueError(f"{name}: method='unified_max' takes the default ({default!r}), got {value!r}")
 
 
 def check_method(method) -> None:
@@ -69,13 +116,14 @@ def check_num_splits(num_splits, method) -> None:
                          f"splits; pass num_splits=None or 1, got {num_splits}")
 
 
-def check_scale(scale, D: int) -> float:
-    """The scale to use: 1/√D for None, else a finite float."""
+def check_scale(scale, D: int, value: bool = True) -> float:
+    """The scale to use: 1/√D for None, else a finite float (``value=False``: its type only, as a trace under
+    ``torch.compile`` checks a float that may be symbolic; the op checks the value when it runs)."""
     if scale is None:
         return 1.0 / math.sqrt(D)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
+    if value and not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite number, got {scale}")
     return float(scale)
 
@@ -98,7 +146,7 @@ def check_q_len(q_len, L_max: int) -> None:
 
 def check_block_table(block_table, B: int, device) -> None:
     """A block table: int32 ``[B, max_pages]`` on q's device, rows of page indices (values are not read)."""
-    _tensor("block_table", block_table)
+    check_tensor("block_table", block_table)
     if block_table.dtype != torch.int32:
         raise TypeError(f"block_table: dtype must be torch.int32, got {block_table.dtype}")
     if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
@@ -142,10 +190,9 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
     the lengths' dtype, shape and device, not their values; the block table's, not its page indices) and
     return the sizes."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _tensor(name, t)
+        check_tensor(name, t)
     check_method(method)
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    check_bool("return_lse", return_lse)
 
     q_was_4d = q.dim() == 4
     if q.dim() == 4:
@@ -218,7 +265,7 @@ def check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, 
             raise ValueError(f"cache_seqlens: must be on q's device ({q.device}) or on the host (CPU), got "
                              f"{cache_seqlens.device}")
     elif cache_seqlens is not None and not isinstance(cache_seqlens, (list, tuple)):
-        raise TypeError(f"cache_seqlens: expected a tensor, a list of ints or None, got {type(cache_seqlens).__name__}")
+        check_lengths_type(cache_seqlens)
 
     check_num_splits(num_splits, method)
     return Problem(q3, B, H_q, H_kv, H_q // H_kv, D, L_max, check_scale(scale, D), q_was_4d, page_size, q_len, kv)

@@ -87,12 +87,14 @@ def test_compiled_call_checks_lengths_and_the_table():
 
 def test_compiled_call_checks_its_options_as_the_eager_one():
     """Options the op's schema would coerce (check_lengths=1, scale=True, num_splits=True) are refused by name
-    under torch.compile too (fullgraph: torch reports the error raised while tracing, with its message)."""
+    under torch.compile too, with the eager call's type (every bad argument: test_compile_contract.py)."""
     q, k, v, lens = make_problem(2, 32, 4, 2, 16, torch.float32, seed=5, lens=[32, 3])
-    for kw, msg in ((dict(check_lengths=1), "check_lengths: expected a bool"), (dict(scale=True), "scale: expected"),
-                    (dict(num_splits=True), "num_splits: expected an int"),
-                    (dict(method="streamk", num_splits=8), "num_splits: method='streamk'")):
-        with pytest.raises(Exception, match=msg):
+    for kw, exc, msg in ((dict(check_lengths=1), TypeError, "check_lengths: expected a bool"),
+                         (dict(scale=True), TypeError, "scale: expected"),
+                         (dict(num_splits=True), TypeError, "num_splits: expected an int"),
+                         (dict(method="streamk", num_splits=8), ValueError, "num_splits: method='streamk'")):
+        torch._dynamo.reset()
+        with pytest.raises(exc, match=msg):
             compiled(lambda q, k, v, lens: fdlib.decode_attention(q, k, v, lens, **kw))(q, k, v, lens)
 
 

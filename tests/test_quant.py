@@ -195,15 +195,7 @@ def test_quantize_kv_round_trip_and_error_bound(kv_dtype, gran, outliers):
     else:
         want = (4,) if gran == "head" else (3, 20, 4)
         assert scale.dtype == torch.float32 and tuple(scale.shape) == want and scale.is_contiguous()
-    s = torch.as_tensor(scale, dtype=torch.float64)
-    s = s if gran == "tensor" else s[:, None] if gran == "head" else s[..., None]
-    y = x.double() / s
-    err = (quant.dequantize_kv(stored, scale, torch.float64) - x.double()).abs()
-    if kv_dtype == torch.int8:
-        bound = 0.5 * s * (1 + 1e-6)
-    else:
-        bound = s * torch.where(y.abs() >= 2 ** -6, y.abs() * 2 ** -4, torch.full_like(y, 2 ** -10)) * (1 + 1e-6)
-    assert (err <= bound).all(), (err / bound).max()
+    assert_within_half_a_step(x, stored, scale, kv_dtype, gran)
     qmax = quant.QMAX[kv_dtype]
     amax_stored = stored.double().abs()
     if gran == "token":
@@ -216,6 +208,74 @@ def test_quantize_kv_round_trip_and_error_bound(kv_dtype, gran, outliers):
     else:
         assert amax_stored.max() == qmax
     assert (stored[1, 7].double() == 0).all()
+
+
+def assert_within_half_a_step(x, stored, scale, kv_dtype, gran):
+    """quantize_kv's documented bound: |stored·s − x| <= s/2 (int8), half an e4m3 ulp of x/s times s (e4m3)."""
+    s = torch.as_tensor(scale, dtype=torch.float64)
+    s = s if gran == "tensor" else s[:, None] if gran == "head" else s[..., None]
+    y = x.double() / s
+    err = (quant.dequantize_kv(stored, scale, torch.float64) - x.double()).abs()
+    if kv_dtype == torch.int8:
+        bound = 0.5 * s * (1 + 1e-6)
+    else:
+        bound = s * torch.where(y.abs() >= 2 ** -6, y.abs() * 2 ** -4, torch.full_like(y, 2 ** -10)) * (1 + 1e-6)
+    assert (err <= bound).all(), (err / bound).max()
+
+
+@hyp_settings(max_examples=30)
+@given(kv_dtype=st.sampled_from(KV_DTYPES), gran=st.sampled_from(GRANS), exp=st.integers(-160, -110),
+       spread=st.integers(0, 30), seed=st.integers(0, 2 ** 16))
+def test_quantize_kv_of_tiny_values_gives_normal_positive_scales(kv_dtype, gran, exp, spread, seed):
+    """Values around float32's subnormals (max|x|/q_max would be subnormal or 0): every scale is finite and at
+    least 2^-126 (float32's smallest normal), the documented bound holds, and decode_attention takes the cache."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 5, 2, 8, generator=g, dtype=torch.float64)
+    x *= 2.0 ** (exp - torch.randint(0, spread + 1, x.shape, generator=g))   # magnitudes 2^(exp - spread) .. 2^exp
+    x = x.float()
+    stored, scale = quant.quantize_kv(x, kv_dtype, gran)
+    s = torch.as_tensor(scale)
+    assert torch.isfinite(s).all() and (s > 0).all(), s
+    assert (s >= 2.0 ** -126).all(), s
+    assert_within_half_a_step(x, stored, scale, kv_dtype, gran)
+    q = torch.randn(2, 4, 8, generator=g).half()
+    out = fdlib.decode_attention(q.to(DEVICE), stored.to(DEVICE), stored.to(DEVICE), [5, 3],
+                                 k_scale=scale if gran == "tensor" else scale.to(DEVICE),
+                                 v_scale=scale if gran == "tensor" else scale.to(DEVICE))
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=["e4m3", "int8"])
+@pytest.mark.parametrize("gran", GRANS)
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_quantize_kv_refuses_a_nan_or_inf_naming_x(kv_dtype, gran, x_dtype, bad):
+    """A NaN or an infinity anywhere in x raises ValueError naming x, the value and its index (int8 has no NaN and
+    either would poison its group's scale)."""
+    x = torch.randn(2, 4, 3, 8).to(x_dtype)
+    x[1, 2, 0, 5] = bad
+    with pytest.raises(ValueError, match=rf"^x: expected finite values to quantize, got {bad} at \[1, 2, 0, 5\]$"):
+        quant.quantize_kv(x, kv_dtype, gran)
+
+
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=["e4m3", "int8"])
+@pytest.mark.parametrize("gran", GRANS)
+@pytest.mark.parametrize("shape", [(0, 4, 2, 8), (2, 0, 2, 8), (2, 4, 0, 8), (2, 4, 2, 0), (0, 0)])
+def test_quantize_kv_of_an_empty_tensor_is_empty_with_scales_of_one(kv_dtype, gran, shape):
+    """An empty x: stored empty of x's shape, each scale 1 (a group with no value, as a group of zeros); an empty
+    cache quantized so runs through decode_attention (out 0, lse -inf)."""
+    stored, scale = quant.quantize_kv(torch.randn(shape), kv_dtype, gran)
+    assert stored.dtype == kv_dtype and stored.shape == shape
+    if gran == "tensor":
+        assert scale == 1.0 and isinstance(scale, float)
+    else:
+        want = (shape[-2],) if gran == "head" else shape[:-1]
+        assert scale.dtype == torch.float32 and tuple(scale.shape) == want and (scale == 1).all()
+    if shape == (2, 0, 2, 8):
+        s = scale if gran == "tensor" else scale.to(DEVICE)
+        out, lse = fdlib.decode_attention(torch.randn(2, 4, 8).half().to(DEVICE), stored.to(DEVICE), stored.to(DEVICE),
+                                          [0, 0], k_scale=s, v_scale=s, return_lse=True)
+        assert (out == 0).all() and (lse == -math.inf).all()
 
 
 def test_quantize_kv_errors():
