@@ -127,6 +127,9 @@ def decode(cache, layer_idx: int, query: torch.Tensor, scaling=None) -> torch.Te
     scale = cache.scale if scaling is None else float(scaling)
     if torch.compiler.is_compiling():
         return torch.ops.fdlib.hf_decode(q, k, v, lens, table, cache.key, scale)
+    if cache.kv8 is not None:
+        ks, vs = cache.kv8.run_scales(layer, B, cache.page_size is not None)
+        return cache.plan(T, scale).run(q, k, v, lens, block_table=table, k_scale=ks, v_scale=vs)
     return cache.plan(T, scale).run(q, k, v, lens, block_table=table)
 
 
@@ -137,8 +140,8 @@ def prefill(module, cache, layer_idx, step, query, key, value, scaling, kwargs) 
     if step["first"]:   # the chunk's own keys and HF's mask: HF's computation exactly
         return _sdpa(module, query, key, value, causal_padding_mask(T, step["real"]), scaling, kwargs)
     n = step["n_keys"]
-    keys = cache.token_view(layer_idx, "keys", B)[:, :n].transpose(1, 2)
-    values = cache.token_view(layer_idx, "values", B)[:, :n].transpose(1, 2)
+    keys = cache.token_view(layer_idx, "keys", B, n).transpose(1, 2)
+    values = cache.token_view(layer_idx, "values", B, n).transpose(1, 2)
     mask = causal_padding_mask(T, step["real"], step["before"], n)
     return _sdpa(module, query, keys, values, mask, scaling, kwargs)
 

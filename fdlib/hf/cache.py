@@ -43,6 +43,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from .. import runtime
 from ..plan import plan as make_plan
 from ..validate import DTYPES, MAX_Q_LEN, check_page_size
+from .append import append_kv8
+from .kv8 import KV8
 
 DECODE_MAX_Q_LEN = MAX_Q_LEN
 """Steps with at most this many new tokens a sequence (decode, speculative verify) run fdlib's plan."""
@@ -111,10 +113,12 @@ class DecodeLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, owner: "DecodeCache", keys: torch.Tensor, values: torch.Tensor):
+    def __init__(self, owner: "DecodeCache", keys: torch.Tensor, values: torch.Tensor, scales=(None, None)):
         super().__init__()
         self._owner = weakref.ref(owner)
         self.keys, self.values = keys, values
+        self.k_scale, self.v_scale = scales   # an 8-bit cache's (fdlib.hf.kv8); None for 16 bits
+        self.k_host = self.v_host = None      # per-tensor scales as floats
         self.device, self.dtype = keys.device, keys.dtype
         self.batch_size, self.max_cache_len = owner.max_batch_size, owner.max_cache_len
         self.is_initialized = True
@@ -153,6 +157,10 @@ class DecodeCache(Cache):
             config's dtype, else torch's default dtype).
         page_size: store K/V in pages of this many tokens (a power of two from 1 to 256 dividing L_max) behind a
             block table ``[B_max, L_max / page_size]``; default: token-major ``[B_max, L_max, H_kv, D]``.
+        kv_dtype: ``torch.float8_e4m3fn`` or ``torch.int8`` to store K/V in 8 bits, each token quantized as it is
+            written (:mod:`fdlib.hf.append`); granularity: its scales' (``"token"``, ``"head"``, ``"tensor"``);
+            k_scale, v_scale: fixed per-head or per-tensor scales, else calibrated from the prefill
+            (:mod:`fdlib.hf.kv8` states the rule).
 
     Attributes: ``lengths`` (int32 ``[B_max]`` on the device: the keys each sequence holds), ``columns`` (0-d
     int64: the tokens HF has fed, padding included), ``block_table`` (int32, paged only; page j of sequence b is
@@ -166,7 +174,8 @@ class DecodeCache(Cache):
     """
 
     def __init__(self, config, max_batch_size: int, max_cache_len: int, device=None, dtype=None,
-                 page_size: int | None = None):
+                 page_size: int | None = None, kv_dtype=None, granularity: str = "token", k_scale=None,
+                 v_scale=None):
         text = _text_config(config)
         self._B_max = _positive_int("max_batch_size", max_batch_size)
         self._L_max = _positive_int("max_cache_len", max_cache_len)
@@ -193,10 +202,17 @@ class DecodeCache(Cache):
             shape = (B * pages, page_size, self.H_kv, self.D)
             self.block_table = (torch.arange(pages, dtype=torch.int32, device=dev)[None, :] * B
                                 + torch.arange(B, dtype=torch.int32, device=dev)[:, None]).contiguous()
-        kv = dict(dtype=self.dtype, device=dev)
-        layers = [DecodeLayer(self, torch.zeros(shape, **kv), torch.zeros(shape, **kv))
-                  for _ in range(int(text.num_hidden_layers))]
+        n_layers = int(text.num_hidden_layers)
+        self.kv8 = None if kv_dtype is None and k_scale is None and v_scale is None else \
+            KV8(kv_dtype, granularity, k_scale, v_scale, self.dtype, n_layers, self.H_kv)
+        kv = dict(dtype=self.dtype if self.kv8 is None else self.kv8.dtype, device=dev)
+        scales = [(None, None)] * n_layers if self.kv8 is None else self.kv8.scales(shape, n_layers, dev)
+        layers = [DecodeLayer(self, torch.zeros(shape, **kv), torch.zeros(shape, **kv), scales[i])
+                  for i in range(n_layers)]
         super().__init__(layers=layers)
+        if self.kv8 is not None and self.kv8.fixed is not None:
+            for layer in layers:
+                self.kv8.host_scales(layer)
         self.lengths = torch.zeros(B, dtype=torch.int32, device=dev)
         self.columns = torch.zeros((), dtype=torch.int64, device=dev)
         self._rows = torch.arange(B, dtype=torch.int64, device=dev)
@@ -209,7 +225,8 @@ class DecodeCache(Cache):
         self._plans = {}
         self.key = id(self)
         CACHES[self.key] = self
-        statics = [t for layer in layers for t in (layer.keys, layer.values)] + [self.lengths, self.columns]
+        statics = [t for layer in layers for t in (layer.keys, layer.values, layer.k_scale, layer.v_scale)
+                   if t is not None] + [self.lengths, self.columns]
         for t in statics + ([self.block_table] if self.block_table is not None else []):
             torch._dynamo.mark_static_address(t)   # a compiled step's CUDA graph reads them where they are
         self.plan(1, self.scale)
@@ -250,6 +267,8 @@ class DecodeCache(Cache):
         self.lengths.zero_()
         self.columns.zero_()
         self._seen, self._slots, self._step, self._awaiting, self.prefilling = 0, None, None, None, False
+        if self.kv8 is not None:
+            self.kv8.calibrated = False   # calibrated scales belong to the prompt they came from
 
     def crop(self, *args, **kwargs):
         raise NotImplementedError("DecodeCache.crop: not supported (assisted decoding needs a cache whose rows can be "
@@ -266,8 +285,10 @@ class DecodeCache(Cache):
         key = (q_len, self.scale if scale is None else scale)
         p = self._plans.get(key)
         if p is None:
+            q8 = {} if self.kv8 is None else dict(kv_dtype=self.kv8.dtype, k_scale=self.kv8.granularity,
+                                                  v_scale=self.kv8.granularity)
             p = make_plan(self.max_batch_size, self.H_q, self.H_kv, self.D, self.max_cache_len, dtype=self.dtype,
-                          device=self.device, scale=key[1], q_len=q_len, page_size=self.page_size)
+                          device=self.device, scale=key[1], q_len=q_len, page_size=self.page_size, **q8)
             self._plans[key] = p
         return p
 
@@ -284,13 +305,23 @@ class DecodeCache(Cache):
         self.columns.fill_(max(lengths))
         self._seen = max(lengths)
 
-    def token_view(self, layer_idx: int, which: str = "keys", B: int | None = None) -> torch.Tensor:
-        """Layer ``layer_idx``'s keys or values as ``[B, L_max, H_kv, D]`` (a view; a gathered copy when paged)."""
-        t = getattr(self.layers[layer_idx], which)
+    def token_view(self, layer_idx: int, which: str = "keys", B: int | None = None, n: int | None = None):
+        """Layer ``layer_idx``'s keys or values, the first ``n`` (default L_max) of the first B sequences, as
+        ``[B, n, H_kv, D]``: a view; a gathered copy when paged; dequantized to the model's dtype (a copy of
+        those keys) when 8-bit."""
+        layer = self.layers[layer_idx]
+        t = getattr(layer, which)
         B = self.max_batch_size if B is None else B
+        n = self.max_cache_len if n is None else n
+        s = None if self.kv8 is None else layer.k_scale if which == "keys" else layer.v_scale
         if self.page_size is None:
-            return t[:B]
-        return t[self.block_table[:B].long()].reshape(B, self.max_cache_len, self.H_kv, self.D)
+            t = t[:B, :n]
+            s = s if s is None or not self.kv8.token else s[:B, :n]
+        else:
+            pages = self.block_table[:B, :-(-n // self.page_size)].long()
+            t = t[pages].reshape(B, -1, self.H_kv, self.D)[:, :n]
+            s = s if s is None or not self.kv8.token else s[pages].reshape(B, -1, self.H_kv)[:, :n]
+        return t if s is None else self.kv8.dequantized(t, s, self.dtype)
 
     # ------------------------------------------------------------------------------------------ steps
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -378,6 +409,8 @@ class DecodeCache(Cache):
                              f"{self.max_cache_len} (make the DecodeCache with a larger max_cache_len)")
         real = self._real_tokens(B, T, padding_mask, seen)
         first = seen == 0
+        if self.kv8 is not None:
+            self._check_kv8_step(first)
         prefill = T > DECODE_MAX_Q_LEN or real is not None or first
         before = self.lengths[:B].clone() if prefill else self.lengths[:B]   # a decode step reads it before the add
         t = self._steps[:T] if T <= DECODE_MAX_Q_LEN else torch.arange(T, device=self.device)
@@ -399,10 +432,29 @@ class DecodeCache(Cache):
         self._step = dict(prefill=prefill, real=real, before=before if prefill else None, first=first, n_keys=n_keys)
         return self._step
 
+    def _check_kv8_step(self, first: bool) -> None:
+        """An 8-bit step: eager or CUDA-graph captured (fdlib's 8-bit decode does not compile yet), and fixed
+        scales known (given, or calibrated by an eager first step)."""
+        if torch.compiler.is_compiling():
+            raise NotImplementedError("DecodeCache: an 8-bit cache (kv_dtype=...) runs eagerly or captured in a CUDA "
+                                      "graph; torch.compile does not take it yet")
+        if self.kv8.calibrating and not self.kv8.calibrated and not first:
+            raise ValueError(f"k_scale/v_scale: this cache calibrates its per-{self.kv8.granularity} scales from "
+                             "the first step written into it when empty, eagerly (the prompt); pass k_scale= and "
+                             "v_scale= to DecodeCache, or run the prompt eagerly first")
+
     def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write this step's K/V ``[B, H_kv, T, D]`` of ``layer_idx`` at the slots of :meth:`begin_step`, in
-        place (pad tokens zeroed first)."""
+        place (pad tokens zeroed first); an 8-bit cache quantizes them as it writes (:mod:`fdlib.hf.append`)."""
         real = self._step["real"]
+        if self.kv8 is not None:
+            layer = self.layers[layer_idx]
+            if self.kv8.calibrating and self._step["first"]:
+                self.kv8.calibrate(layer, k, v, real)
+                self.kv8.calibrated = layer_idx == len(self.layers) - 1
+            append_kv8(k, v, self._slots, real, layer.keys, layer.values, layer.k_scale, layer.v_scale,
+                       self.kv8.token)
+            return
         if real is not None:
             pad = ~real[:, None, :, None]
             k, v = k.masked_fill(pad, 0), v.masked_fill(pad, 0)
