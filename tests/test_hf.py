@@ -265,11 +265,12 @@ def test_bad_input_gets_clear_errors(model):
             model(input_ids=ids[:1, :1], use_cache=True, **{key: cache})
         with pytest.raises(TypeError, match="dtype"):
             model(input_ids=ids[:1], use_cache=True, **{key: DecodeCache(cfg, 1, 32, dtype=torch.float16)})
-        mixed = torch.tensor([[1] * 20])
-        mixed[0, 5] = 0
-        with pytest.raises(ValueError, match="left padding"):
-            model(input_ids=ids[:1], attention_mask=mixed, use_cache=True,
-                  **{key: DecodeCache(cfg, 1, 32, dtype=torch.float32)})
+        used = DecodeCache(cfg, 1, 48, dtype=torch.float32)
+        model(input_ids=ids[:1], use_cache=True, **{key: used})
+        with pytest.raises(ValueError, match=r"attention_mask: expected HF's 2D padding mask \[B=1, 20 cached \+ 20 "
+                           r"new columns\], got \[1, 20\]; a second generate\(\) continues the cache"):
+            model(input_ids=ids[:1], attention_mask=torch.ones(1, 20, dtype=torch.long), use_cache=True,
+                  **{key: used})
         hf_cache = transformers.DynamicCache(config=cfg)
         model(input_ids=ids[:1], use_cache=True, **{key: hf_cache})   # a first chunk attends only itself: fine
         with pytest.raises(RuntimeError, match="runs with past_key_values=fdlib.hf.DecodeCache"):

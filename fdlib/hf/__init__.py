@@ -9,7 +9,7 @@ The two lines a user writes (any transformers 5.x; from 5.2x on, ``cache=`` is t
 
 * :func:`register` adds ``"fdlib"`` to transformers' ``AttentionInterface`` (:mod:`fdlib.hf.attention`).
 * :class:`DecodeCache` preallocates K/V in fdlib's layout, writes each step in place at each sequence's
-  length (device lengths, left padding dropped: :mod:`fdlib.hf.cache`), and keeps one fdlib plan per q_len.
+  length (device lengths; padding is never stored: :mod:`fdlib.hf.cache`), and keeps one fdlib plan per q_len.
 
 Needs transformers 5 (``pip install -e '.[hf]'``).
 """

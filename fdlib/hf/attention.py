@@ -2,21 +2,22 @@ r"""The ``"fdlib"`` attention implementation of transformers' ``AttentionInterfa
 
 HF calls ``attention(module, query, key, value, attention_mask, dropout=..., scaling=..., **kwargs)`` with
 ``query`` ``[B, H_q, T, D]`` and the states ``[B, H_kv, T, D]`` that :meth:`DecodeCache.update` returned; it must
-return ``([B, T, H_q, D], None)``. Two paths, which the cache chose at layer 0 from T (a shape) and, in eager
-mode, from whether it is empty (:meth:`DecodeCache.update`; never from a device value):
+return ``([B, T, H_q, D], None)``. At layer 0 it starts the step (:meth:`DecodeCache.begin_step`: checks, the
+slots of the step's real tokens by the cache's one rule, lengths moved); every layer writes its K/V there, then
+takes one of two paths, chosen at layer 0 from T (a shape), from whether a padding mask came, and, eagerly,
+from whether the cache is empty (never from a device value on a traced step):
 
-* **decode and short verify steps** (T <= 16, not a first chunk): the new keys are already in the cache;
-  fdlib's plan (made once per q_len) runs q ``[B, T, H_q, D]`` (a transposed view of HF's query, no copy)
-  against the cache with the device lengths: query t of sequence b sees keys :math:`0 \ldots L_b - T + t`. No
-  mask is read and nothing syncs, so the step compiles (``torch.ops.fdlib.hf_decode``) and captures as a CUDA
-  graph.
-* **prefill** (T > 16, or an eager first chunk: a short prompt may be padded too): the chunk is written into
-  the cache (padding dropped: :mod:`fdlib.hf.cache`) and the queries attend through HF's own SDPA function
-  with the causal and padding mask: over the chunk's own keys in a sequence's first chunk (exactly HF's
-  computation), over the cached keys otherwise.
+* **decode and short verify steps** (T <= 16, all real, a cache that holds tokens): fdlib's plan (made once per
+  q_len) runs q ``[B, T, H_q, D]`` (a transposed view of HF's query, no copy) against the cache with the device
+  lengths: query t of sequence b sees keys :math:`0 \ldots L_b - T + t`. No mask is read and nothing syncs, so
+  the step compiles (``torch.ops.fdlib.hf_decode``) and captures as a CUDA graph.
+* **prefill** (T > 16, any padding, or an eager first chunk): the queries attend through HF's own SDPA function
+  with the causal and padding mask: over the chunk's own keys when the cache was empty (exactly HF's
+  computation), over the cached keys otherwise (real query t sees the keys before it and itself: exactly what
+  HF's mask leaves it). Traced, over all L_max cached keys with the mask built on the device.
 
 HF builds no 4D mask for ``"fdlib"``: the mask hook registered for it (:func:`padding_mask`) hands the 2D
-padding mask to the prefill path, and None to decode steps. Without a ``DecodeCache`` (``use_cache=False``) a
+padding mask to steps that need it, and None to decode steps. Without a ``DecodeCache`` (``use_cache=False``) a
 call is attention of its T tokens among themselves, causal with padding, through SDPA.
 """
 from __future__ import annotations
@@ -24,40 +25,55 @@ from __future__ import annotations
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .cache import ACTIVE, DECODE_MAX_Q_LEN
+from .cache import ACTIVE, DECODE_MAX_Q_LEN, traced
 from . import ops  # noqa: F401  (registers torch.ops.fdlib.hf_decode)
 
 NAME = "fdlib"
 
 
-def padding_mask(*args, attention_mask=None, q_length=None, cache_position=None, **kwargs):
+def padding_mask(*args, attention_mask=None, q_length=None, cache_position=None, q_offset=None, **kwargs):
     """HF's mask hook for ``"fdlib"``: the 2D padding mask ``[B, columns]`` (bool) as HF passes it where a
-    prefill chunk may need it (more than 16 tokens, or a mask that covers only this chunk: a first chunk), else
-    None: a decode step reads the device lengths, and a None keeps a compiled step's inputs the same shape from
-    step to step (``generate()`` feeds this hook's result to the compiled forward). Decided from shapes only.
-    (transformers < 5.1x passes the chunk's ``cache_position`` instead of ``q_length``.)"""
+    step needs it, else None. Eagerly it is handed on for a prefill chunk (more than 16 tokens, or a mask that
+    covers only this chunk: a first chunk), for any step whose new columns hold padding, and for a mask whose
+    columns are not the cache's (``q_offset``) plus the step's (the cache then says what is wrong): one sync. A
+    step of real tokens that continues the cache gets None: a decode step reads the device lengths, and a None
+    keeps a compiled step's inputs the same shape from step to step (``generate()`` runs this hook eagerly and
+    feeds its result to the compiled forward). Traced (torch.compile, CUDA-graph capture), whatever mask came
+    is handed on unread. (transformers < 5.1x passes the chunk's ``cache_position`` instead of ``q_length``.)"""
     if attention_mask is None:
         return None
     T = q_length if q_length is not None else None if cache_position is None else cache_position.shape[0]
-    if T is None or T > DECODE_MAX_Q_LEN or attention_mask.shape[-1] == T:
+    cols = attention_mask.shape[-1]
+    if T is None or T > DECODE_MAX_Q_LEN or cols == T or traced():
         return attention_mask
-    return None
+    fine = attention_mask[:, -T:].all()
+    if isinstance(q_offset, torch.Tensor):
+        fine = fine & (q_offset.to(fine.device) == cols - T)
+    elif isinstance(q_offset, int) and q_offset != cols - T:
+        return attention_mask
+    return None if bool(fine) else attention_mask
 
 
 def causal_padding_mask(T: int, real: torch.Tensor | None, before: torch.Tensor | None = None,
                         n_keys: int | None = None) -> torch.Tensor | None:
     r"""Bool ``[B, 1, T, n_keys]`` of what query t may see. A first chunk (``before`` None): key j <= t whose
     column is real (``real`` ``[B, T]``), HF's causal-and-padding mask; None when there is no padding (SDPA's
-    ``is_causal``). A later chunk: key :math:`j < L_b + t + 1` with :math:`L_b` = ``before[b]``, the keys held
-    before it."""
+    ``is_causal``). A later chunk, against the cached keys (the chunk's real tokens already stored after the
+    :math:`L_b` = ``before[b]`` keys held before it): key :math:`j < L_b + c_{bt}`, :math:`c_{bt}` the real
+    tokens among the chunk's first t + 1 (t + 1 without padding): a real query sees the keys before it and
+    itself, exactly what HF's mask leaves it; a pad query sees the keys before it, at least one (a row that
+    sees none would be NaN in some SDPA backends; a pad query's output is never stored or read)."""
     if before is None:
         if real is None:
             return None
         t = torch.arange(T, device=real.device)
         return (t[None, :] <= t[:, None])[None, None] & real[:, None, None, :]
     j = torch.arange(n_keys, device=before.device)
-    t = torch.arange(T, device=before.device)
-    return (j[None, None, :] <= before[:, None, None].long() + t[None, :, None])[:, None]
+    if real is None:
+        seen = before[:, None].long() + torch.arange(1, T + 1, device=before.device)[None, :]
+    else:
+        seen = (before[:, None].long() + real.cumsum(-1)).clamp_min(1)
+    return (j[None, None, :] < seen[:, :, None])[:, None]
 
 
 def fdlib_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -84,9 +100,17 @@ def fdlib_attention_forward(module, query, key, value, attention_mask, dropout: 
             real = None
         return _sdpa(module, query, key, value, causal_padding_mask(T, real), scaling, kwargs), None
     layer_idx, cache._awaiting = cache._awaiting, None
-    if not cache.prefilling:
+    B = key.shape[0]
+    if layer_idx == 0:
+        step = cache.begin_step(B, T, attention_mask)
+    elif cache._step is None:
+        raise RuntimeError("DecodeCache: a step must start at layer 0")
+    else:
+        step = cache._step
+    cache.write(layer_idx, key, value)
+    if not step["prefill"]:
         return decode(cache, layer_idx, query, scaling), None
-    return prefill(module, cache, layer_idx, query, key, value, attention_mask, scaling, kwargs), None
+    return prefill(module, cache, layer_idx, step, query, key, value, scaling, kwargs), None
 
 
 def decode(cache, layer_idx: int, query: torch.Tensor, scaling=None) -> torch.Tensor:
@@ -103,23 +127,22 @@ def decode(cache, layer_idx: int, query: torch.Tensor, scaling=None) -> torch.Te
     scale = cache.scale if scaling is None else float(scaling)
     if torch.compiler.is_compiling():
         return torch.ops.fdlib.hf_decode(q, k, v, lens, table, cache.key, scale)
+    if cache.kv8 is not None:
+        ks, vs = cache.kv8.run_scales(layer, B, cache.page_size is not None)
+        return cache.plan(T, scale).run(q, k, v, lens, block_table=table, k_scale=ks, v_scale=vs)
     return cache.plan(T, scale).run(q, k, v, lens, block_table=table)
 
 
-def prefill(module, cache, layer_idx, query, key, value, attention_mask, scaling, kwargs) -> torch.Tensor:
-    """Write a prefill chunk into ``cache`` (layer 0 reads the padding and moves the lengths) and attend it
-    through SDPA with the causal and padding mask; ``[B, T, H_q, D]``."""
+def prefill(module, cache, layer_idx, step, query, key, value, scaling, kwargs) -> torch.Tensor:
+    """A prefill chunk (already written into ``cache``) attended through SDPA with the causal and padding mask;
+    ``[B, T, H_q, D]``."""
     B, _, T, _ = key.shape
-    facts = cache.begin_prefill(B, T, attention_mask) if layer_idx == 0 else cache._prefill
-    if facts is None:
-        raise RuntimeError("DecodeCache: a prefill chunk must start at layer 0")
-    cache.write_prefill(layer_idx, key, value)
-    if facts["first"]:   # the chunk's own keys and HF's mask: HF's computation exactly
-        return _sdpa(module, query, key, value, causal_padding_mask(T, facts["real"]), scaling, kwargs)
-    n = facts["longest"]
-    keys = cache.token_view(layer_idx, "keys", B)[:, :n].transpose(1, 2)
-    values = cache.token_view(layer_idx, "values", B)[:, :n].transpose(1, 2)
-    mask = causal_padding_mask(T, None, facts["before"], n)
+    if step["first"]:   # the chunk's own keys and HF's mask: HF's computation exactly
+        return _sdpa(module, query, key, value, causal_padding_mask(T, step["real"]), scaling, kwargs)
+    n = step["n_keys"]
+    keys = cache.token_view(layer_idx, "keys", B, n).transpose(1, 2)
+    values = cache.token_view(layer_idx, "values", B, n).transpose(1, 2)
+    mask = causal_padding_mask(T, step["real"], step["before"], n)
     return _sdpa(module, query, keys, values, mask, scaling, kwargs)
 
 

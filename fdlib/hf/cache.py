@@ -5,23 +5,33 @@ Each layer's K and V are allocated once, in fdlib's token-major layout ``[B_max,
 with ``index_copy_``: nothing is concatenated and nothing is allocated per step (``DynamicCache`` concatenates,
 so it copies the whole cache at every step).
 
-**The padding rule.** Sequence b's cache holds only its real tokens, from position 0: keys
-:math:`0 \ldots L_b - 1`, with :math:`L_b` its own length (``lengths[b]``, int32 on the device). A left-padded
-prompt (``attention_mask`` zeros on the left, as tokenizers pad for generation) is stored without its padding:
-token t of a chunk of T tokens with :math:`p_b` pad tokens goes to position :math:`L_b + ((t - p_b) \bmod T)`,
-so the real tokens come first and the (zeroed) pad tokens land after them, where the next tokens overwrite
-them; then :math:`L_b \mathrel{+}= T - p_b`. A decode step appends at :math:`L_b` and attends keys
-:math:`0 \ldots L_b` (fdlib's ``cache_seqlens``): exactly the keys HF's mask leaves visible, so no mask is read
-after the prefill. Padding is allowed in a sequence's first chunk only.
+**The rule for where keys go.** Sequence b's cache holds only its real tokens (``attention_mask`` 1), in the
+order fed, from position 0: keys :math:`0 \ldots L_b - 1`, with :math:`L_b` its own length (``lengths[b]``,
+int32 on the device). Every step follows it, whatever its size, path or turn: real token t of a step goes to
+:math:`L_b + r_{bt}`, :math:`r_{bt}` the real tokens before it in the step; the step's pad tokens go after its
+real ones (zeroed; the next tokens overwrite them, and nothing past a length is read); then
+:math:`L_b \mathrel{+}= n_b`, the step's real tokens. A pad token is never a key, wherever it is (left padding
+of a prompt, a chunk of it, padding between one turn's tokens and the next's), so every query sees exactly the
+keys HF's mask leaves it. A decode step appends at :math:`L_b` and attends keys :math:`0 \ldots L_b` (fdlib's
+``cache_seqlens``): no mask is read.
 
 HF's own bookkeeping counts *columns* (tokens fed, padding included): :meth:`DecodeCache.get_seq_length`
 returns that count as a 0-d device tensor, like ``StaticCache``, so positions HF derives from it stay HF's.
 
-A step is a *prefill chunk* when it has more than :data:`DECODE_MAX_Q_LEN` tokens a sequence, or when it is the
-first chunk of an empty cache in eager mode (a short prompt may be padded too). Prefill chunks are written by
-the ``"fdlib"`` attention function, which sees the padding mask (:mod:`fdlib.hf.attention`). Every other step
-is a *decode step*, written here by :meth:`DecodeCache.update` with no host sync and no branch on a device
-value, so it compiles with ``torch.compile`` and captures as a CUDA graph.
+**Checked before anything moves.** :meth:`DecodeCache.begin_step` checks a step in full (capacity, the mask's
+shape) before it writes a key or moves a length or a count, so a refused step leaves the cache as it was.
+
+A step is a *decode step* when it has at most :data:`DECODE_MAX_Q_LEN` tokens a sequence, all real, and the
+cache holds tokens (or the step is traced): fdlib's plan, with no host sync and no branch on a device value,
+so it compiles with ``torch.compile`` and captures as a CUDA graph. Every other step is a *prefill chunk*,
+attended through HF's SDPA with its causal and padding mask (:mod:`fdlib.hf.attention`). The ``"fdlib"``
+attention function, which HF calls with the padding mask, starts each step at layer 0 and writes every layer;
+:meth:`DecodeCache.update` only checks the new K/V and hands them on.
+
+**A second ``generate()``** on the same cache continues it, as HF's caches do: give it the whole conversation
+so far (the first call's output and the new tokens, with their mask) and HF feeds only the columns the cache
+lacks. :meth:`DecodeCache.reset` empties it for a new prompt; a padded new prompt on a used cache is refused
+(its mask does not cover the cached columns).
 """
 from __future__ import annotations
 
@@ -33,6 +43,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from .. import runtime
 from ..plan import plan as make_plan
 from ..validate import DTYPES, MAX_Q_LEN, check_page_size
+from .append import append_kv8
+from .kv8 import KV8
 
 DECODE_MAX_Q_LEN = MAX_Q_LEN
 """Steps with at most this many new tokens a sequence (decode, speculative verify) run fdlib's plan."""
@@ -48,6 +60,13 @@ class _Active:
 
 
 ACTIVE = _Active()
+
+
+def traced(device: torch.device | None = None) -> bool:
+    """Under torch.compile or CUDA-graph capture (on ``device``, default: any CUDA), where the host can neither
+    read nor count device state."""
+    cuda = torch.cuda.is_available() if device is None else device.type == "cuda"
+    return torch.compiler.is_compiling() or (cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _text_config(config):
@@ -66,6 +85,19 @@ def _dtype_of(config, dtype):
     return dtype
 
 
+def _check_full_attention(text) -> None:
+    """Refuse a config with sliding-window layers (Mistral, Gemma 2/3, Cohere 2, ...): a sliding layer attends
+    only the last ``sliding_window`` keys, and DecodeCache keeps and attends every key of every layer."""
+    types = sorted(set(getattr(text, "layer_types", None) or []))
+    window = getattr(text, "sliding_window", None)
+    if window is None and all(t == "full_attention" for t in types):
+        return
+    what = ", ".join(f"{k}={v}" for k, v in (("sliding_window", window), ("layer_types", types or None)) if v)
+    raise NotImplementedError(f"config: DecodeCache holds full-attention layers only; this "
+                              f"{getattr(text, 'model_type', None) or type(text).__name__} config has sliding-window "
+                              f"attention ({what}): generate with transformers' own caches for this model")
+
+
 def _positive_int(name, v):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}: expected a positive int, got {v!r}")
@@ -81,10 +113,12 @@ class DecodeLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, owner: "DecodeCache", keys: torch.Tensor, values: torch.Tensor):
+    def __init__(self, owner: "DecodeCache", keys: torch.Tensor, values: torch.Tensor, scales=(None, None)):
         super().__init__()
         self._owner = weakref.ref(owner)
         self.keys, self.values = keys, values
+        self.k_scale, self.v_scale = scales   # an 8-bit cache's (fdlib.hf.kv8); None for 16 bits
+        self.k_host = self.v_host = None      # per-tensor scales as floats
         self.device, self.dtype = keys.device, keys.dtype
         self.batch_size, self.max_cache_len = owner.max_batch_size, owner.max_cache_len
         self.is_initialized = True
@@ -123,28 +157,29 @@ class DecodeCache(Cache):
             config's dtype, else torch's default dtype).
         page_size: store K/V in pages of this many tokens (a power of two from 1 to 256 dividing L_max) behind a
             block table ``[B_max, L_max / page_size]``; default: token-major ``[B_max, L_max, H_kv, D]``.
+        kv_dtype: ``torch.float8_e4m3fn`` or ``torch.int8`` to store K/V in 8 bits, each token quantized as it is
+            written (:mod:`fdlib.hf.append`); granularity: its scales' (``"token"``, ``"head"``, ``"tensor"``);
+            k_scale, v_scale: fixed per-head or per-tensor scales, else calibrated from the prefill
+            (:mod:`fdlib.hf.kv8` states the rule).
 
     Attributes: ``lengths`` (int32 ``[B_max]`` on the device: the keys each sequence holds), ``columns`` (0-d
     int64: the tokens HF has fed, padding included), ``block_table`` (int32, paged only; page j of sequence b is
     pool page j·B_max + b), ``layers[i].keys/values``.
 
-    The padding rule is in the module doc (:mod:`fdlib.hf.cache`). One fdlib plan per (q_len, scale) is made
+    The rule for where keys go, and what a second ``generate()`` does, are in the module doc
+    (:mod:`fdlib.hf.cache`). Sliding-window configs (Mistral, Gemma 2/3, ...) are refused with
+    NotImplementedError. One fdlib plan per (q_len, scale) is made
     once: q_len = 1 at construction, others on their first eager step (run one before capturing a CUDA graph of
     it). Plans are made for the capacity L_max, so growing lengths never re-plan.
     """
 
     def __init__(self, config, max_batch_size: int, max_cache_len: int, device=None, dtype=None,
-                 page_size: int | None = None):
+                 page_size: int | None = None, kv_dtype=None, granularity: str = "token", k_scale=None,
+                 v_scale=None):
         text = _text_config(config)
         self._B_max = _positive_int("max_batch_size", max_batch_size)
         self._L_max = _positive_int("max_cache_len", max_cache_len)
-        types = getattr(text, "layer_types", None)
-        if types is not None and any(t != "full_attention" for t in types):
-            raise NotImplementedError(f"config: DecodeCache holds full-attention layers only, got layer_types "
-                                      f"{sorted(set(types))}")
-        if getattr(text, "sliding_window", None) is not None:
-            raise NotImplementedError(f"config: DecodeCache does not implement sliding windows (sliding_window="
-                                      f"{text.sliding_window})")
+        _check_full_attention(text)
         self.H_q = int(text.num_attention_heads)
         self.H_kv = int(getattr(text, "num_key_value_heads", None) or self.H_q)
         self.D = int(getattr(text, "head_dim", None) or text.hidden_size // self.H_q)
@@ -167,10 +202,17 @@ class DecodeCache(Cache):
             shape = (B * pages, page_size, self.H_kv, self.D)
             self.block_table = (torch.arange(pages, dtype=torch.int32, device=dev)[None, :] * B
                                 + torch.arange(B, dtype=torch.int32, device=dev)[:, None]).contiguous()
-        kv = dict(dtype=self.dtype, device=dev)
-        layers = [DecodeLayer(self, torch.zeros(shape, **kv), torch.zeros(shape, **kv))
-                  for _ in range(int(text.num_hidden_layers))]
+        n_layers = int(text.num_hidden_layers)
+        self.kv8 = None if kv_dtype is None and k_scale is None and v_scale is None else \
+            KV8(kv_dtype, granularity, k_scale, v_scale, self.dtype, n_layers, self.H_kv)
+        kv = dict(dtype=self.dtype if self.kv8 is None else self.kv8.dtype, device=dev)
+        scales = [(None, None)] * n_layers if self.kv8 is None else self.kv8.scales(shape, n_layers, dev)
+        layers = [DecodeLayer(self, torch.zeros(shape, **kv), torch.zeros(shape, **kv), scales[i])
+                  for i in range(n_layers)]
         super().__init__(layers=layers)
+        if self.kv8 is not None and self.kv8.fixed is not None:
+            for layer in layers:
+                self.kv8.host_scales(layer)
         self.lengths = torch.zeros(B, dtype=torch.int32, device=dev)
         self.columns = torch.zeros((), dtype=torch.int64, device=dev)
         self._rows = torch.arange(B, dtype=torch.int64, device=dev)
@@ -178,12 +220,13 @@ class DecodeCache(Cache):
         self._slots = None          # [B·T] rows of the flattened K/V this step writes (made at layer 0)
         self._awaiting = None       # the layer whose attention has not run yet (the attention function clears it)
         self._seen = 0              # host copy of `columns` (eager bounds checks); None when not known
-        self._prefill = None        # the layer-0 facts of a prefill chunk, shared by its layers
+        self._step = None           # the layer-0 facts of the current step, shared by its layers (begin_step)
         self.prefilling = False     # whether the current step is a prefill chunk (decided at layer 0)
         self._plans = {}
         self.key = id(self)
         CACHES[self.key] = self
-        statics = [t for layer in layers for t in (layer.keys, layer.values)] + [self.lengths, self.columns]
+        statics = [t for layer in layers for t in (layer.keys, layer.values, layer.k_scale, layer.v_scale)
+                   if t is not None] + [self.lengths, self.columns]
         for t in statics + ([self.block_table] if self.block_table is not None else []):
             torch._dynamo.mark_static_address(t)   # a compiled step's CUDA graph reads them where they are
         self.plan(1, self.scale)
@@ -223,7 +266,9 @@ class DecodeCache(Cache):
         """Empty every sequence (K/V stay as they are: nothing past a length is read)."""
         self.lengths.zero_()
         self.columns.zero_()
-        self._seen, self._slots, self._prefill, self._awaiting, self.prefilling = 0, None, None, None, False
+        self._seen, self._slots, self._step, self._awaiting, self.prefilling = 0, None, None, None, False
+        if self.kv8 is not None:
+            self.kv8.calibrated = False   # calibrated scales belong to the prompt they came from
 
     def crop(self, *args, **kwargs):
         raise NotImplementedError("DecodeCache.crop: not supported (assisted decoding needs a cache whose rows can be "
@@ -240,8 +285,10 @@ class DecodeCache(Cache):
         key = (q_len, self.scale if scale is None else scale)
         p = self._plans.get(key)
         if p is None:
+            q8 = {} if self.kv8 is None else dict(kv_dtype=self.kv8.dtype, k_scale=self.kv8.granularity,
+                                                  v_scale=self.kv8.granularity)
             p = make_plan(self.max_batch_size, self.H_q, self.H_kv, self.D, self.max_cache_len, dtype=self.dtype,
-                          device=self.device, scale=key[1], q_len=q_len, page_size=self.page_size)
+                          device=self.device, scale=key[1], q_len=q_len, page_size=self.page_size, **q8)
             self._plans[key] = p
         return p
 
@@ -258,42 +305,41 @@ class DecodeCache(Cache):
         self.columns.fill_(max(lengths))
         self._seen = max(lengths)
 
-    def token_view(self, layer_idx: int, which: str = "keys", B: int | None = None) -> torch.Tensor:
-        """Layer ``layer_idx``'s keys or values as ``[B, L_max, H_kv, D]`` (a view; a gathered copy when paged)."""
-        t = getattr(self.layers[layer_idx], which)
+    def token_view(self, layer_idx: int, which: str = "keys", B: int | None = None, n: int | None = None):
+        """Layer ``layer_idx``'s keys or values, the first ``n`` (default L_max) of the first B sequences, as
+        ``[B, n, H_kv, D]``: a view; a gathered copy when paged; dequantized to the model's dtype (a copy of
+        those keys) when 8-bit."""
+        layer = self.layers[layer_idx]
+        t = getattr(layer, which)
         B = self.max_batch_size if B is None else B
+        n = self.max_cache_len if n is None else n
+        s = None if self.kv8 is None else layer.k_scale if which == "keys" else layer.v_scale
         if self.page_size is None:
-            return t[:B]
-        return t[self.block_table[:B].long()].reshape(B, self.max_cache_len, self.H_kv, self.D)
+            t = t[:B, :n]
+            s = s if s is None or not self.kv8.token else s[:B, :n]
+        else:
+            pages = self.block_table[:B, :-(-n // self.page_size)].long()
+            t = t[pages].reshape(B, -1, self.H_kv, self.D)[:, :n]
+            s = s if s is None or not self.kv8.token else s[pages].reshape(B, -1, self.H_kv)[:, :n]
+        return t if s is None else self.kv8.dequantized(t, s, self.dtype)
 
-    # ------------------------------------------------------------------------------------------ writes
+    # ------------------------------------------------------------------------------------------ steps
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Note the new K/V of ``layer_idx`` (HF's ``[B, H_kv, T, D]``) and return them. Layer 0 decides whether
-        the step is a decode step or a prefill chunk (module doc); a decode step's K/V are written in place now,
-        at each sequence's length (layer 0 first advances the lengths for every layer)."""
+        """Check the new K/V of ``layer_idx`` (HF's ``[B, H_kv, T, D]``) and return them unchanged: nothing is
+        written and no state moves here. The ``"fdlib"`` attention function, which HF calls next with these
+        states and the padding mask, starts the step at layer 0 (:meth:`begin_step`) and writes every layer."""
         if layer_idx != 0 and self._awaiting is not None:
-            raise RuntimeError(f"DecodeCache: layer {self._awaiting} ran its attention without fdlib; load the model "
+            awaiting, self._awaiting = self._awaiting, None
+            raise RuntimeError(f"DecodeCache: layer {awaiting} ran its attention without fdlib; load the model "
                                "with attn_implementation='fdlib' (call fdlib.hf.register() first) or call "
                                "model.set_attn_implementation('fdlib')")
         self._check_states(key_states, value_states, layer_idx)
-        B, _, T, _ = key_states.shape
-        if layer_idx == 0:
-            self.prefilling = T > DECODE_MAX_Q_LEN or (not self._traced() and self._host_columns() == 0)
-            if self.prefilling and torch.compiler.is_compiling():
-                raise NotImplementedError(f"DecodeCache: a prefill chunk ({T} tokens a sequence, more than "
-                                          f"{DECODE_MAX_Q_LEN}) runs eagerly; compile the decode step only")
-            if not self.prefilling:
-                self._begin_decode(B, T)
-        if not self.prefilling:
-            self._write(layer_idx, key_states, value_states)
         self._awaiting = layer_idx
         ACTIVE.cache = self
         return key_states, value_states
 
     def _traced(self) -> bool:
-        """Under torch.compile or CUDA-graph capture, where the host can neither read nor count device state."""
-        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        return torch.compiler.is_compiling() or capturing
+        return traced(self.device)
 
     def _host_columns(self) -> int:
         """HF's columns on the host (eager only): counted by eager steps, re-read (one sync) after traced ones."""
@@ -320,26 +366,102 @@ class DecodeCache(Cache):
             raise ValueError(f"max_batch_size: this cache holds at most {self.max_batch_size} sequences, the batch "
                              f"has {k.shape[0]}")
 
-    def _reserve(self, T: int) -> None:
-        """Eager bounds check: HF's columns + T must fit L_max (a sequence holds at most the columns). Traced
-        steps cannot check (the count is re-read at the next eager step); a length past L_max is then clamped
-        on the device and flagged by fdlib (``plan.clamped()``)."""
-        if self._traced():
-            self._seen = None
-            return
-        if self._host_columns() + T > self.max_cache_len:
-            raise ValueError(f"max_cache_len: {T} new tokens after {self._seen} do not fit the cache's "
-                             f"{self.max_cache_len} (make the DecodeCache with a larger max_cache_len)")
-        self._seen += T
+    def _real_tokens(self, B: int, T: int, padding_mask, seen: int | None) -> torch.Tensor | None:
+        """Which of the step's T tokens are real (bool ``[B, T]``: the last T columns of HF's 2D mask), or None
+        when all are. Eagerly (``seen``: HF's columns before the step) the mask must have ``seen + T`` columns,
+        and one sync tells whether any new token is padding; traced, the mask is taken unread."""
+        if padding_mask is None:
+            return None
+        if not isinstance(padding_mask, torch.Tensor) or padding_mask.dim() != 2 or padding_mask.shape[0] != B \
+                or (seen is not None and padding_mask.shape[1] != seen + T):
+            cols = "columns" if seen is None else f"{seen} cached + {T} new columns"
+            got = list(padding_mask.shape) if isinstance(padding_mask, torch.Tensor) else type(padding_mask).__name__
+            raise ValueError(f"attention_mask: expected HF's 2D padding mask [B={B}, {cols}], got {got}"
+                             + ("" if not seen else "; a second generate() continues the cache (pass the whole "
+                                "conversation so far): call cache.reset() before a new prompt"))
+        chunk = padding_mask[:, -T:].to(device=self.device, dtype=torch.bool)
+        if seen is not None and bool(chunk.all()):
+            return None
+        return chunk
 
-    def _begin_decode(self, B: int, T: int) -> None:
-        """Layer 0 of a decode step: the slots of the T new tokens of each sequence (at its length), then
-        lengths += T and columns += T. Device ops only."""
-        self._reserve(T)
-        lens = self.lengths[:B]
-        self._slots = self._flat_slots(B, lens[:, None].long() + self._steps[:T][None, :])
-        lens.add_(T)
+    def begin_step(self, B: int, T: int, padding_mask: torch.Tensor | None = None) -> dict:
+        r"""Layer 0 of a step of T tokens a sequence (the ``"fdlib"`` attention calls it): check it in full, then
+        decide where its keys go and move the lengths. Nothing changes before every check has passed, so a
+        refused step leaves the cache as it was.
+
+        The rule, the same for every step (module doc): real token t of sequence b (``attention_mask`` 1) goes
+        to :math:`L_b + r_{bt}`, :math:`r_{bt}` the real tokens before it in the step; its pad tokens go after
+        them (zeroed, never read: the next tokens overwrite them); then :math:`L_b \mathrel{+}= n_b`, the step's
+        real tokens, and columns += T.
+
+        The path: a step of at most :data:`DECODE_MAX_Q_LEN` tokens, all real, on a cache that holds tokens (or
+        traced) is a *decode step*: fdlib's plan, no host sync. Any other step is a *prefill chunk*, attended
+        through SDPA with HF's causal and padding mask: over its own keys when the cache is empty (eager), else
+        over the cached keys (eager: up to the longest length, one sync; traced: all L_max, nothing read back).
+
+        Returns the facts every layer of the step uses: ``prefill``, ``real`` (bool [B, T]; None: all real),
+        ``before`` (a prefill chunk's lengths before it), ``first`` (an empty cache, eager), ``n_keys`` (the
+        cached keys a prefill chunk attends; None for a first chunk)."""
+        traced = self._traced()
+        seen = None if traced else self._host_columns()
+        if seen is not None and seen + T > self.max_cache_len:
+            raise ValueError(f"max_cache_len: {T} new tokens after {seen} do not fit the cache's "
+                             f"{self.max_cache_len} (make the DecodeCache with a larger max_cache_len)")
+        real = self._real_tokens(B, T, padding_mask, seen)
+        first = seen == 0
+        if self.kv8 is not None:
+            self._check_kv8_step(first)
+        prefill = T > DECODE_MAX_Q_LEN or real is not None or first
+        before = self.lengths[:B].clone() if prefill else self.lengths[:B]   # a decode step reads it before the add
+        t = self._steps[:T] if T <= DECODE_MAX_Q_LEN else torch.arange(T, device=self.device)
+        if real is None:
+            pos, kept = before[:, None].long() + t[None, :], T
+        else:
+            n = real.sum(-1, keepdim=True)
+            pos = before[:, None].long() + torch.where(real, real.cumsum(-1) - 1, n + (~real).cumsum(-1) - 1)
+            kept = n[:, 0].to(torch.int32)
+        slots = self._flat_slots(B, pos)
+        # ---- every check passed: commit
+        self.lengths[:B].add_(kept)
         self.columns.add_(T)
+        self._seen = None if traced else seen + T
+        self._slots, self.prefilling = slots, prefill
+        n_keys = None
+        if prefill and not first:
+            n_keys = self.max_cache_len if traced else max(1, int(self.lengths[:B].max()))
+        self._step = dict(prefill=prefill, real=real, before=before if prefill else None, first=first, n_keys=n_keys)
+        return self._step
+
+    def _check_kv8_step(self, first: bool) -> None:
+        """An 8-bit step: eager or CUDA-graph captured (fdlib's 8-bit decode does not compile yet), and fixed
+        scales known (given, or calibrated by an eager first step)."""
+        if torch.compiler.is_compiling():
+            raise NotImplementedError("DecodeCache: an 8-bit cache (kv_dtype=...) runs eagerly or captured in a CUDA "
+                                      "graph; torch.compile does not take it yet")
+        if self.kv8.calibrating and not self.kv8.calibrated and not first:
+            raise ValueError(f"k_scale/v_scale: this cache calibrates its per-{self.kv8.granularity} scales from "
+                             "the first step written into it when empty, eagerly (the prompt); pass k_scale= and "
+                             "v_scale= to DecodeCache, or run the prompt eagerly first")
+
+    def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write this step's K/V ``[B, H_kv, T, D]`` of ``layer_idx`` at the slots of :meth:`begin_step`, in
+        place (pad tokens zeroed first); an 8-bit cache quantizes them as it writes (:mod:`fdlib.hf.append`)."""
+        real = self._step["real"]
+        if self.kv8 is not None:
+            layer = self.layers[layer_idx]
+            if self.kv8.calibrating and self._step["first"]:
+                self.kv8.calibrate(layer, k, v, real)
+                self.kv8.calibrated = layer_idx == len(self.layers) - 1
+            append_kv8(k, v, self._slots, real, layer.keys, layer.values, layer.k_scale, layer.v_scale,
+                       self.kv8.token)
+            return
+        if real is not None:
+            pad = ~real[:, None, :, None]
+            k, v = k.masked_fill(pad, 0), v.masked_fill(pad, 0)
+        layer = self.layers[layer_idx]
+        for buf, new in ((layer.keys, k), (layer.values, v)):
+            rows = new.transpose(1, 2).reshape(-1, self.H_kv, self.D)
+            buf.view(-1, self.H_kv, self.D).index_copy_(0, self._slots, rows)
 
     def _flat_slots(self, B: int, pos: torch.Tensor) -> torch.Tensor:
         """Rows of the flattened K/V (``keys.view(-1, H_kv, D)``) that positions ``pos`` [B, T] of sequences
@@ -349,53 +471,3 @@ class DecodeCache(Cache):
             return (self._rows[:B, None] * self.max_cache_len + pos).reshape(-1)
         page = self.block_table[:B].long().gather(1, torch.div(pos, self.page_size, rounding_mode="floor"))
         return (page * self.page_size + pos % self.page_size).reshape(-1)
-
-    def _write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Copy new K/V ``[B, H_kv, T, D]`` into this step's slots, in place."""
-        layer = self.layers[layer_idx]
-        for buf, new in ((layer.keys, k), (layer.values, v)):
-            rows = new.transpose(1, 2).reshape(-1, self.H_kv, self.D)
-            buf.view(-1, self.H_kv, self.D).index_copy_(0, self._slots, rows)
-
-    def begin_prefill(self, B: int, T: int, padding_mask: torch.Tensor | None) -> dict:
-        """Layer 0 of a prefill chunk of T tokens (eager): the pad tokens p_b of each sequence from HF's 2D
-        ``padding_mask`` (left padding, in a first chunk only), the slots :math:`L_b + ((t - p_b) \\bmod T)`,
-        then lengths += T - p_b and columns += T. Returns the facts every layer of the chunk uses: ``real``
-        (bool [B, T], None without padding), ``before`` (the lengths before it), ``first`` (an empty cache),
-        ``longest`` (max length after it; None for a first chunk)."""
-        seen = self._host_columns()
-        self._reserve(T)
-        dev, real = self.device, None
-        if padding_mask is not None:
-            if padding_mask.dim() != 2 or padding_mask.shape[0] != B or padding_mask.shape[1] < T:
-                raise ValueError(f"attention_mask: expected a 2D padding mask [B={B}, >= {T} columns], got "
-                                 f"{list(padding_mask.shape)}")
-            chunk = padding_mask[:, -T:].to(device=dev, dtype=torch.bool)
-            if not bool(chunk.all()):
-                if seen > 0 or not bool((chunk[:, 1:] >= chunk[:, :-1]).all()):
-                    raise ValueError("attention_mask: DecodeCache takes left padding in a sequence's first chunk "
-                                     f"only (zeros, then ones); got a zero after a one, or padding after {seen} "
-                                     "tokens")
-                real = chunk
-        before = self.lengths[:B].clone()
-        t = torch.arange(T, device=dev)
-        if real is None:
-            pos, kept = before[:, None].long() + t[None, :], T
-        else:
-            pads = T - real.sum(-1)
-            pos = before[:, None].long() + torch.remainder(t[None, :] - pads[:, None], T)
-            kept = (T - pads).to(torch.int32)
-        self._slots = self._flat_slots(B, pos)
-        self.lengths[:B].add_(kept)
-        self.columns.add_(T)
-        longest = None if seen == 0 else int(self.lengths[:B].max())
-        self._prefill = dict(real=real, before=before, first=seen == 0, longest=longest)
-        return self._prefill
-
-    def write_prefill(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write a prefill chunk's K/V at the slots of :meth:`begin_prefill` (pad tokens zeroed first)."""
-        real = self._prefill["real"]
-        if real is not None:
-            pad = ~real[:, None, :, None]
-            k, v = k.masked_fill(pad, 0), v.masked_fill(pad, 0)
-        self._write(layer_idx, k, v)

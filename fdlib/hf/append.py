@@ -1,0 +1,99 @@
+r"""Quantize on append: a step's new K and V written into an 8-bit :class:`~fdlib.hf.DecodeCache` by one fused
+Triton kernel, each token quantized as it is written (no 16-bit copy of the cache is ever made).
+
+Program (row, h) takes token ``row`` = b·T + t of the step and KV head h, for K and for V: its D values x (a pad
+token's are zeroed), its scale s, and the stored :math:`\hat x = x / s`, rounded to the cache's grid, at the
+token's slot (:meth:`DecodeCache.begin_step`):
+
+* per-token scales (``"token"``): :math:`s = \max_d |x_d| / q_{max}` (1 for a row of zeros), written beside the
+  token, exactly :func:`fdlib.quant.quantize_kv`'s ``"token"`` scale;
+* per-head or per-tensor scales (``"head"``, ``"tensor"``): s is fixed (read from a float32 ``[H_kv]``), and a
+  value beyond :math:`q_{max} s` saturates at :math:`\pm q_{max}`.
+
+Rounding is :func:`~fdlib.quant.quantize_kv`'s: int8 to the nearest integer (ties to even) after clamping to
+±127; e4m3 to the nearest e4m3 value (ties to even) after clamping to ±448, computed in float32 and then cast
+(the value is then exact in e4m3, so the cast cannot round again). No host sync, fixed shapes: a step's append
+captures in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quant import QMAX
+
+
+@triton.jit
+def _round_even(x):
+    """x rounded to the nearest integer, ties to even (as torch.round), in float32."""
+    r = tl.floor(x + 0.5)
+    return tl.where(((r - x) == 0.5) & ((r - 2 * tl.floor(r * 0.5)) != 0), r - 1, r)
+
+
+@triton.jit
+def _to_grid(x, INT8: tl.constexpr):
+    """x (float32, already divided by its scale) clamped and rounded to the int8 or e4m3 grid, still float32."""
+    if INT8:
+        return _round_even(tl.minimum(tl.maximum(x, -127.0), 127.0))
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    e = (x.to(tl.int32, bitcast=True) >> 23) & 0xFF           # the biased exponent (x is finite)
+    ulp = ((tl.maximum(e, 127 - 6) - 3) << 23).to(tl.float32, bitcast=True)   # e4m3: 3 mantissa bits, min normal 2^-6
+    return _round_even(x / ulp) * ulp
+
+
+@triton.jit
+def _append_one(X, sx_b, sx_h, sx_t, OUT, so_row, so_h, S, ss_row, ss_h, b, t, h, slot, real,
+                D: tl.constexpr, BLOCK_D: tl.constexpr, QMAX: tl.constexpr, TOKEN: tl.constexpr,
+                INT8: tl.constexpr):
+    d = tl.arange(0, BLOCK_D)
+    x = tl.load(X + b * sx_b + h * sx_h + t * sx_t + d, mask=d < D, other=0.0).to(tl.float32)
+    x = tl.where(real, x, 0.0)
+    if TOKEN:
+        amax = tl.max(tl.abs(x), axis=0)
+        s = tl.where(amax > 0, amax / QMAX, 1.0)
+        tl.store(S + slot * ss_row + h * ss_h, s)
+    else:
+        s = tl.load(S + h * ss_h)
+    y = _to_grid(x / s, INT8)
+    tl.store(OUT + slot * so_row + h * so_h + d, y.to(OUT.dtype.element_ty), mask=d < D)
+
+
+@triton.jit
+def _append_kernel(K, sk_b, sk_h, sk_t, V, sv_b, sv_h, sv_t, SLOTS, REAL, T,
+                   KO, VO, so_row, so_h, KS, ks_row, ks_h, VS, vs_row, vs_h,
+                   D: tl.constexpr, BLOCK_D: tl.constexpr, QMAX: tl.constexpr, TOKEN: tl.constexpr,
+                   INT8: tl.constexpr, HAS_REAL: tl.constexpr):
+    row = tl.program_id(0)
+    h = tl.program_id(1)
+    b = row // T
+    t = row % T
+    slot = tl.load(SLOTS + row)
+    real = True
+    if HAS_REAL:
+        real = tl.load(REAL + row) != 0
+    _append_one(K, sk_b, sk_h, sk_t, KO, so_row, so_h, KS, ks_row, ks_h, b, t, h, slot, real,
+                D, BLOCK_D, QMAX, TOKEN, INT8)
+    _append_one(V, sv_b, sv_h, sv_t, VO, so_row, so_h, VS, vs_row, vs_h, b, t, h, slot, real,
+                D, BLOCK_D, QMAX, TOKEN, INT8)
+
+
+def append_kv8(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, real: torch.Tensor | None,
+               k_out: torch.Tensor, v_out: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor,
+               token: bool) -> None:
+    """Quantize the new ``k``/``v`` (HF's ``[B, H_kv, T, D]``, any strides) into ``k_out``/``v_out`` (8-bit,
+    ``[..., H_kv, D]``; ``slots`` int64 ``[B·T]``: each token's row of ``k_out.view(-1, H_kv, D)``); ``real``
+    (bool ``[B, T]`` or None): pad tokens are written as zeros. ``token``: per-token scales, written into
+    ``k_scale``/``v_scale`` (float32, the caches' shape without D) at the same rows; else the fixed float32
+    ``[H_kv]`` scales are read. One launch, grid (B·T, H_kv)."""
+    B, H, T, D = k.shape
+    k, v = (x if x.stride(3) == 1 else x.contiguous() for x in (k, v))
+    ko, vo = k_out.view(-1, H, D), v_out.view(-1, H, D)
+    ks = k_scale.view(-1, H) if token else k_scale.view(1, H)
+    vs = v_scale.view(-1, H) if token else v_scale.view(1, H)
+    real_arg = real.reshape(-1).view(torch.uint8) if real is not None else slots
+    _append_kernel[(B * T, H)](
+        k, k.stride(0), k.stride(1), k.stride(2), v, v.stride(0), v.stride(1), v.stride(2), slots, real_arg, T,
+        ko, vo, ko.stride(0), ko.stride(1), ks, ks.stride(0), ks.stride(1), vs, vs.stride(0), vs.stride(1),
+        D=D, BLOCK_D=triton.next_power_of_2(D), QMAX=QMAX[k_out.dtype], TOKEN=token,
+        INT8=k_out.dtype == torch.int8, HAS_REAL=real is not None)

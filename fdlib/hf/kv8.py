@@ -1,0 +1,112 @@
+r"""An 8-bit :class:`~fdlib.hf.DecodeCache`: K and V stored in ``torch.float8_e4m3fn`` or ``torch.int8`` with
+their scales (:mod:`fdlib.quant`), quantized as they are written (:mod:`fdlib.hf.append`) and read by fdlib's
+8-bit decode path.
+
+**Where each layer's scales come from.**
+
+* ``"token"``: one scale per token and KV head, :math:`\max_d |x_d| / q_{max}`, made for each token as it is
+  written (``layer.k_scale``/``v_scale``, float32, the cache's shape without D). Nothing to choose.
+* ``"head"`` or ``"tensor"``: one fixed scale per KV head, or per layer. Given by the user (``k_scale=``,
+  ``v_scale=``: a float, a float32 ``[H_kv]`` for ``"head"``, or a list of those, one a layer), or else
+  *calibrated from the prefill*: the first step written into an empty cache (the prompt, or its first chunk)
+  sets each layer's scale to its real tokens' absolute maximum over :math:`q_{max}` (per head, or over the
+  layer), exactly :func:`fdlib.quant.quantize_kv`'s scale of those tokens. Later tokens are quantized with
+  that scale, and a value beyond :math:`q_{max} s` saturates at :math:`\pm q_{max}`: a prompt should hold the
+  range the generation will (give the scales yourself otherwise). :meth:`DecodeCache.reset` forgets calibrated
+  scales; the next prompt calibrates again. Calibration runs on an eager step (a per-tensor scale is read back
+  once: fdlib takes it as a float).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..quant import GRANULARITIES, KV_DTYPES, QMAX, dequantize_kv
+
+
+class KV8:
+    """The 8-bit format of a cache (``dtype``, ``granularity``) and whether its fixed scales are calibrated."""
+
+    def __init__(self, kv_dtype, granularity: str, k_scale, v_scale, model_dtype, n_layers: int, H_kv: int):
+        if kv_dtype is None:
+            raise ValueError("k_scale/v_scale: fixed scales are for an 8-bit cache; pass kv_dtype=torch.float8_e4m3fn "
+                             "or torch.int8 too")
+        if kv_dtype not in KV_DTYPES:
+            raise TypeError(f"kv_dtype: expected None, torch.float8_e4m3fn or torch.int8, got {kv_dtype}")
+        if model_dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"dtype: an 8-bit DecodeCache (kv_dtype={kv_dtype}) serves a float16 or bfloat16 model "
+                            f"(fdlib's 8-bit kernels dequantize to q's dtype), got {model_dtype}")
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"granularity: expected one of {', '.join(map(repr, GRANULARITIES))}, got "
+                             f"{granularity!r}")
+        self.dtype, self.granularity, self.token = kv_dtype, granularity, granularity == "token"
+        given = [s is not None for s in (k_scale, v_scale)]
+        if self.token and any(given):
+            raise ValueError("k_scale/v_scale: per-token scales are made as each token is written; pass none with "
+                             "granularity='token'")
+        if given[0] != given[1]:
+            raise ValueError("k_scale/v_scale: give both fixed scales, or neither (both calibrated from the prefill)")
+        self.calibrating = not self.token and not given[0]
+        self.fixed = None if self.token or self.calibrating else \
+            [_per_layer(name, s, granularity, n_layers, H_kv) for name, s in (("k_scale", k_scale),
+                                                                                ("v_scale", v_scale))]
+        self.calibrated = False
+
+    def scales(self, shape, n_layers: int, device) -> list:
+        """Each layer's (k_scale, v_scale) tensors: float32 ``shape[:3]`` per token, else ``[H_kv]`` (ones until
+        calibrated, or the given ones)."""
+        if self.token:
+            return [(torch.ones(shape[:3], dtype=torch.float32, device=device),
+                     torch.ones(shape[:3], dtype=torch.float32, device=device)) for _ in range(n_layers)]
+        H = shape[2]
+        if self.fixed is None:
+            return [(torch.ones(H, dtype=torch.float32, device=device),
+                     torch.ones(H, dtype=torch.float32, device=device)) for _ in range(n_layers)]
+        return [tuple(s[i].to(device=device, dtype=torch.float32).expand(H).contiguous() for s in self.fixed)
+                for i in range(n_layers)]
+
+    def host_scales(self, layer) -> None:
+        """A per-tensor layer's scales as floats (``layer.k_host``/``v_host``: fdlib takes a per-tensor scale as a
+        float): one sync, when the scales are set."""
+        if self.granularity == "tensor":
+            layer.k_host, layer.v_host = float(layer.k_scale[0]), float(layer.v_scale[0])
+
+    def calibrate(self, layer, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor | None) -> None:
+        """Set ``layer``'s fixed scales from a first step's K/V ``[B, H_kv, T, D]`` (pad tokens excluded)."""
+        qmax = QMAX[self.dtype]
+        for x, s in ((k, layer.k_scale), (v, layer.v_scale)):
+            a = x.abs()
+            if real is not None:
+                a = a.masked_fill(~real[:, None, :, None], 0)
+            amax = (a.amax((0, 2, 3)) if self.granularity == "head" else a.amax().expand(s.shape[0])).float()
+            s.copy_(torch.where(amax > 0, amax / qmax, torch.ones_like(amax)))
+        self.host_scales(layer)
+
+    def run_scales(self, layer, B: int, paged: bool) -> tuple:
+        """(k_scale, v_scale) as fdlib's run takes them for ``layer``: floats per tensor, the ``[H_kv]`` tensors
+        per head, the per-token tensors (of the first B sequences unless paged)."""
+        if self.granularity == "tensor":
+            return layer.k_host, layer.v_host
+        if self.granularity == "head" or paged:
+            return layer.k_scale, layer.v_scale
+        return layer.k_scale[:B], layer.v_scale[:B]
+
+    def dequantized(self, stored: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
+        """``stored`` ``[B, n, H_kv, D]`` times its scales (``[B, n, H_kv]`` per token, else ``[H_kv]``)."""
+        return dequantize_kv(stored, scale, dtype=dtype)
+
+
+def _per_layer(name, s, granularity, n_layers, H_kv) -> list:
+    """A fixed scale as one float32 tensor ([1] or [H_kv]) a layer, checked: finite, positive."""
+    items = list(s) if isinstance(s, (list, tuple)) else [s] * n_layers
+    if len(items) != n_layers:
+        raise ValueError(f"{name}: expected one scale or a list of {n_layers} (one a layer), got {len(items)}")
+    out = []
+    for x in items:
+        t = torch.as_tensor(x, dtype=torch.float32).detach().cpu().reshape(-1)
+        if t.numel() not in ((1,) if granularity == "tensor" else (1, H_kv)):
+            want = "a float" if granularity == "tensor" else f"a float or a float32 tensor [H_kv] = [{H_kv}]"
+            raise ValueError(f"{name}: expected {want} (granularity={granularity!r}), got {x!r}")
+        if not bool((torch.isfinite(t) & (t > 0)).all()):
+            raise ValueError(f"{name}: scales must be finite and positive, got {t.tolist()}")
+        out.append(t)
+    return out

@@ -1,0 +1,136 @@
+"""An 8-bit fdlib.hf.DecodeCache (kv_dtype=, granularity=): every token quantized as it is written, by one fused
+kernel, exactly as fdlib.quantize_kv (or its fixed scale) quantizes it, pads skipped, pages or not; a decode step
+reads it through fdlib's 8-bit path and matches float64 attention on the dequantized cache."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
+
+import fdlib  # noqa: E402
+from fdlib.hf import DecodeCache  # noqa: E402
+from fdlib.hf.attention import decode  # noqa: E402
+from fdlib.quant import QMAX, dequantize_kv, quantize_kv  # noqa: E402
+from helpers import OUT_RTOL, row_rel_err  # noqa: E402
+from test_hf import tiny_config  # noqa: E402
+
+H_KV, D, LAYERS = 2, 16, 2
+
+
+def ref_quant(x, s, dtype):
+    """x [..., H, D] on the grid of scale s ([H] or a float): quantize_kv's rounding with a given scale."""
+    y = x.double().float() / (s[:, None] if isinstance(s, torch.Tensor) else s)
+    if dtype == torch.int8:
+        return y.round().clamp(-127, 127).to(dtype)
+    return y.clamp(-448, 448).to(dtype)
+
+
+def raw(cache, layer, which):
+    """(stored [B_max, L_max, H, D], scale: [B_max, L_max, H] per token, else [H]) of a layer, pages gathered."""
+    lay = cache.layers[layer]
+    t, s = (lay.keys, lay.k_scale) if which == "keys" else (lay.values, lay.v_scale)
+    if cache.page_size is not None:
+        rows = cache.block_table.long()
+        t = t[rows].reshape(cache.max_batch_size, cache.max_cache_len, H_KV, D)
+        if cache.kv8.token:
+            s = s[rows].reshape(cache.max_batch_size, cache.max_cache_len, H_KV)
+    return t, s
+
+
+def step(cache, k, v, mask=None):
+    """One step of every layer (layer i's K/V: k·(i + 1)), as the "fdlib" attention runs it."""
+    B, _, T, _ = k.shape
+    for i in range(LAYERS):
+        cache.update(k * (i + 1), v * (i + 1), i)
+        cache._awaiting = None
+        if i == 0:
+            cache.begin_step(B, T, mask)
+        cache.write(i, k * (i + 1), v * (i + 1))
+
+
+@pytest.mark.parametrize("page_size", [None, 4])
+@pytest.mark.parametrize("granularity,given", [("token", None), ("head", None), ("tensor", None), ("head", 0.004),
+                                               ("tensor", 0.003)])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.int8])
+def test_append_quantizes_each_token_and_decode_reads_it(kv_dtype, granularity, given, page_size):
+    """A left-padded prompt of 7 columns (2 of them pads in sequence 1), then steps of 1, 3 and 1 tokens: the
+    cache holds each real token quantized as quantize_kv quantizes it (per token), or on the fixed grid (per head
+    or tensor: given, or calibrated from the prompt's real tokens; larger later values saturate); a decode step
+    then matches float64 attention on the dequantized cache."""
+    g = torch.Generator().manual_seed(51)
+    B, B_max, L = 2, 3, 24
+    scales = {} if given is None else dict(k_scale=given, v_scale=given * 2)
+    cache = DecodeCache(tiny_config(), B_max, L, dtype=torch.float16, page_size=page_size, kv_dtype=kv_dtype,
+                        granularity=granularity, **scales)
+    mask = torch.ones(B, 7, dtype=torch.long)
+    mask[1, :2] = 0
+    steps = [(7, mask)] + [(t, None) for t in (1, 3, 1)]
+    fed = {i: ([], []) for i in range(B)}   # each sequence's real K and V tokens, in order
+    for T, m in steps:
+        k = torch.randn(B, H_KV, T, D, generator=g).half() * (1 if T == 7 else 2)
+        v = torch.randn(B, H_KV, T, D, generator=g).half()
+        step(cache, k, v, m)
+        for b in range(B):
+            keep = slice(None) if m is None else m[b].bool()
+            fed[b][0].append(k[b].transpose(0, 1)[keep])
+            fed[b][1].append(v[b].transpose(0, 1)[keep])
+    lens = cache.lengths[:B]
+    assert lens.tolist() == [7 + 5, 5 + 5]
+    for layer in range(LAYERS):
+        deq = []
+        for which, w in (("keys", 0), ("values", 1)):
+            stored, scale = raw(cache, layer, which)
+            x = [torch.cat(fed[b][w]) * (layer + 1) for b in range(B)]   # [n_b, H, D]
+            if granularity == "token":
+                ref = [quantize_kv(xb, dtype=kv_dtype, granularity="token") for xb in x]
+            else:
+                if given is None:   # calibrated: quantize_kv's scale of the prompt's real tokens
+                    prompt = torch.cat([torch.cat(fed[b][w][:1]) for b in range(B)]) * (layer + 1)
+                    s = quantize_kv(prompt, dtype=kv_dtype, granularity=granularity)[1]
+                    s = torch.full((H_KV,), s) if granularity == "tensor" else s
+                else:
+                    s = torch.full((H_KV,), given * (1 + w))
+                torch.testing.assert_close(scale, s, rtol=0, atol=0)
+                ref = [(ref_quant(xb, s, kv_dtype), s) for xb in x]
+            for b in range(B):
+                n = int(lens[b])
+                got_s = scale[b, :n] if granularity == "token" else scale
+                assert torch.equal(stored[b, :n].float(), ref[b][0].float()), f"layer {layer} {which} seq {b}"
+                torch.testing.assert_close(got_s, ref[b][1], rtol=0, atol=0)
+            full = torch.zeros(B, L, H_KV, D, dtype=torch.float64)
+            for b in range(B):
+                full[b, :int(lens[b])] = dequantize_kv(*ref[b], dtype=torch.float64)
+            deq.append(full)
+        if given is not None:
+            assert (raw(cache, layer, "keys")[0][:B].float().abs() == QMAX[kv_dtype]).any(), "nothing saturated"
+        q = torch.randn(B, 4, 1, D, generator=g).half()
+        out = decode(cache, layer, q)                                   # [B, 1, H_q, D]
+        want, _ = fdlib.reference_attention(q.transpose(1, 2), deq[0], deq[1], lens)
+        assert row_rel_err(out.float(), want).max().item() <= OUT_RTOL[torch.float16]
+
+
+def test_reset_calibrates_again_and_bad_arguments_are_named():
+    g = torch.Generator().manual_seed(3)
+    cache = DecodeCache(tiny_config(), 1, 16, dtype=torch.float16, kv_dtype=torch.int8, granularity="head")
+    k = torch.randn(1, H_KV, 4, D, generator=g).half()
+    step(cache, k, k)
+    first = cache.layers[0].k_scale.clone()
+    cache.reset()
+    step(cache, k * 3, k * 3)
+    torch.testing.assert_close(cache.layers[0].k_scale, first * 3, rtol=1e-3, atol=0)   # k * 3 rounds in fp16
+    cfg = tiny_config()
+    for kw, err, what in [(dict(kv_dtype=torch.int8, granularity="token", k_scale=0.1, v_scale=0.1), ValueError,
+                           "per-token scales are made as each token is written"),
+                          (dict(kv_dtype=torch.int8, granularity="head", k_scale=0.1), ValueError, "give both"),
+                          (dict(kv_dtype=torch.int8, granularity="block"), ValueError, "granularity"),
+                          (dict(kv_dtype=torch.float16), TypeError, "kv_dtype"),
+                          (dict(k_scale=0.1, v_scale=0.1), ValueError, "pass kv_dtype"),
+                          (dict(kv_dtype=torch.int8, granularity="head", k_scale=-1.0, v_scale=1.0), ValueError,
+                           "finite and positive"),
+                          (dict(kv_dtype=torch.int8, granularity="head", k_scale=[0.1, 0.1, 0.1], v_scale=0.1),
+                           ValueError, "one a layer")]:
+        with pytest.raises(err, match=what):
+            DecodeCache(cfg, 1, 16, dtype=torch.float16, **kw)
+    with pytest.raises(TypeError, match="float16 or bfloat16 model"):
+        DecodeCache(cfg, 1, 16, dtype=torch.float32, kv_dtype=torch.int8)
