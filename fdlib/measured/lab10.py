@@ -231,12 +231,14 @@ def step_profile(results_dir: Path) -> Shown:
 def show(name: str, results_dir=None):
     """:func:`~fdlib.measured.show_measured` of a Lab 10 view, or (no recorded run) a note that says which file
     is missing and which command writes it; returns the Shown or None."""
-    try:
-        return show_measured(name, results_dir=results_dir)
-    except FileNotFoundError as e:
-        print(wrap_caption(f"No recorded GPU run to show yet ({e}). On a GPU, `python -m fdlib.bench --generate "
-                           f"--profile --name generate` records one; the notebook shows it once it is committed "
-                           f"as results/<device>/{GENERATE}."))
+    path = find(Path(results_dir) if results_dir is not None else RESULTS)
+    if not path.exists():
+        print(wrap_caption(f"No recorded GPU run to show yet: {shown_path(path)} is not there. On a GPU, "
+                           f"`python -m fdlib.bench --generate --profile --name generate` records one; the notebook "
+                           f"shows it once it is committed as results/<device>/{GENERATE}."))
         return None
-
-
+    try:
+        return show_measured(name, results_dir=path.parent)
+    except FileNotFoundError as e:   # a file without profiles
+        print(wrap_caption(str(e).replace(str(path), shown_path(path))))
+        return None
