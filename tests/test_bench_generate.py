@@ -87,15 +87,20 @@ def test_quick_run_records_the_config_and_profiles_a_step(tmp_path, capsys):
 
 @cpu_only
 def test_budget_skips_the_rest_and_kv8_is_guarded(tmp_path, monkeypatch):
-    """A spent time budget records the cases left as skipped (a partial file is written after each case and
-    removed once the results are); the 8-bit row is skipped with a reason where DecodeCache takes no kv_dtype."""
+    """Cases run in the order given; a spent time budget records the cases left as skipped (a partial file is
+    written after each case and removed once the results are); the 8-bit row is skipped with a reason where
+    DecodeCache takes no kv_dtype."""
     import fdlib.bench.generate as gen
     monkeypatch.setattr(gen, "accepts_kv_dtype", lambda: False)
-    assert main(["--generate", "--quick", "--batches", "1", "--contexts", "20,24", "--steps", "1",
+    assert main(["--generate", "--quick", "--cases", "1:20,1:24", "--steps", "1",
                  "--warmup-steps", "0", "--no-ceiling", "--variants", "hf_dynamic", "--kv-dtype", "float8_e4m3fn",
                  "--budget-s", "0", "--out", str(tmp_path), "--name", "b", "--no-progress"]) == 0
     res = json.loads((tmp_path / "b.json").read_text())
     assert res["settings"]["variants"] == ["hf_dynamic", "fdlib_graph_kv8"]
+    assert res["settings"]["cases"] == [[1, 20], [1, 24]]
+    assert [(r["context"], r["variant"]) for r in res["records"]] == [
+        (20, "hf_dynamic"), (20, "fdlib_graph_kv8"), (24, "hf_dynamic"), (24, "fdlib_graph_kv8")]
+    assert "DecodeCache takes no kv_dtype" in res["records"][1]["reason"] or "budget" in res["records"][1]["reason"]
     first = {r["variant"]: r for r in res["records"] if r["context"] == 20}
     assert first["hf_dynamic"]["status"] == "ok" or "budget" in first["hf_dynamic"]["reason"]
     later = [r for r in res["records"] if r["context"] == 24]

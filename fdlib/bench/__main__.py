@@ -96,6 +96,9 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--variants", type=_names,
                    help="with --generate: hf_dynamic,hf_static,hf_static_compiled,fdlib_eager,fdlib_graph,"
                         "fdlib_compiled (default); fdlib_graph_kv8 comes with --kv-dtype")
+    m.add_argument("--cases", type=lambda t: tuple(tuple(int(x) for x in c.split(":")) for c in t.split(",") if c),
+                   help="with --generate: B:context pairs run in this order (e.g. 1:131072,8:32768), instead of "
+                        "every --batches with every --contexts")
     m.add_argument("--profile", action="store_true",
                    help="with --generate: profile one step of hf_dynamic and of each captured fdlib variant "
                         "(torch.profiler): time of the cat, attention, GEMMs, cache writes, small kernels and the "
@@ -213,7 +216,7 @@ def main(argv=None) -> int:
                                             ceiling_gib=args.ceiling_gib, progress=not args.no_progress,
                                             command=command, profile=args.profile, kv_dtype=args.kv_dtype,
                                             compile_mode=args.compile_mode, budget_s=args.budget_s,
-                                            checkpoint=checkpoint if partial else None),
+                                            checkpoint=checkpoint if partial else None, cases=args.cases),
                        format_generate_table, write, errors=(ValueError, RuntimeError, ImportError))
     if args.heads_sweep:
         for key, val in harness.HEADS_SWEEP.items():

@@ -347,11 +347,13 @@ def _kv_dtype(name):
 def run_generate(batches=None, contexts=None, variants=None, quick: bool = False, steps: int | None = None,
                  warmup: int | None = None, seed: int = 0, ceiling: bool = True, ceiling_gib: float | None = None,
                  progress: bool = True, command: str | None = None, profile: bool = False, kv_dtype=None,
-                 compile_mode: str | None = None, budget_s: float | None = None, checkpoint=None) -> dict:
+                 compile_mode: str | None = None, budget_s: float | None = None, checkpoint=None,
+                 cases=None) -> dict:
     """Time every (B, context, variant); a results dict (``kind="generate"``) with provenance, the read ceiling,
     the records, the profiles (``profile``) and the targets (:data:`TARGETS`) where the run has their variants.
 
-    A progress line per record goes to stderr. ``budget_s``: once the run has taken this long, the rows left are
+    ``cases``: (B, context) pairs run in this order (most wanted first where a budget may run out), instead of
+    every B of ``batches`` with every context of ``contexts``. A progress line per record goes to stderr. ``budget_s``: once the run has taken this long, the rows left are
     recorded as skipped (the file still comes out). ``checkpoint(results)`` is called after every (B, context)
     with the results so far (e.g. to write a partial file that outlives a killed run)."""
     kv_dtype = _kv_dtype(kv_dtype)
@@ -363,11 +365,15 @@ def run_generate(batches=None, contexts=None, variants=None, quick: bool = False
     from ..hf import register   # ImportError naming the extra .[hf] when transformers is missing
     import transformers
     register()
+    if cases:
+        cases = tuple((int(b), int(c)) for b, c in cases)
+        batches, contexts = tuple(dict.fromkeys(b for b, _ in cases)), tuple(dict.fromkeys(c for _, c in cases))
     batches = tuple(batches or (QUICK_BATCHES if quick else BATCHES))
     contexts = tuple(contexts or (QUICK_CONTEXTS if quick else CONTEXTS))
     for name, xs in (("batches", batches), ("contexts", contexts)):
         if any(x < 1 for x in xs):
             raise ValueError(f"{name}: expected positive ints, got {xs}")
+    cases = cases or tuple((B, c) for B in batches for c in contexts)
     steps = steps or (2 if quick else 10)
     warmup = warmup if warmup is not None else (1 if quick else 3)
     t_start = time.perf_counter()
@@ -394,7 +400,7 @@ def run_generate(batches=None, contexts=None, variants=None, quick: bool = False
         "model": dict(shape="tiny Llama (--quick)" if quick else "Llama-3-8B shape, random weights",
                       config=config_record(cfg, TINY if quick else LLAMA3_8B),
                       dtype=str(dtype).replace("torch.", ""), weight_bytes_per_step=wbytes),
-        "settings": dict(batches=batches, contexts=contexts, variants=variants, steps=steps, warmup=warmup,
+        "settings": dict(batches=batches, contexts=contexts, cases=cases, variants=variants, steps=steps, warmup=warmup,
                          seed=seed, margin=MARGIN, kv_dtype=str(kv_dtype).replace("torch.", "") if kv_dtype
                          else None, compile_mode=compile_mode or "default", budget_s=budget_s,
                          numbers="GPU" if gpu else
@@ -406,62 +412,61 @@ def run_generate(batches=None, contexts=None, variants=None, quick: bool = False
         "skipped": skipped,
         "profiles": profiles,
     }
-    total, done = len(batches) * len(contexts) * len(variants), 0
-    for B in batches:
-        for context in contexts:
-            capacity = context + warmup + steps + MARGIN
-            case_skip = None
-            if budget_s is not None and time.perf_counter() - t_start > budget_s:
-                case_skip = f"the run's time budget ({budget_s:g} s) was spent"
-            elif gpu:
-                free = torch.cuda.mem_get_info()[0]
-                need = need_bytes(model, B, context, capacity, elem)
-                if need > free:
-                    case_skip = (f"needs ~{need / 2**30:.1f} GiB beside the weights, {free / 2**30:.1f} GiB free")
-            if case_skip:
-                skipped.append(dict(B=B, context=context, reason=case_skip))
-                for variant in variants:
-                    records.append(dict(B=B, context=context, variant=variant, status="skipped", reason=case_skip))
-                    done += 1
-                    _line(progress, done, total, t_start, records[-1])
-                continue
-            ref = None
-            for variant in sorted(variants, key=lambda v: v != REFERENCE):   # the reference first
-                nbytes = wbytes + kv_bytes(cfg, B, context, kv_elem(variant, dtype))
-                bound_ms = nbytes / (tbs * 1e12) * 1e3 if tbs and gpu else None   # an interpreter ceiling bounds nothing
-                rec = dict(B=B, context=context, variant=variant, bytes_per_step=nbytes, bound_ms=bound_ms)
-                if variant in GPU_ONLY and not gpu:
-                    rec.update(status="skipped", reason="needs a CUDA GPU (CUDA graphs)")
-                elif variant == KV8_VARIANT and not kv8_ok:
-                    rec.update(status="skipped", reason="this fdlib's DecodeCache takes no kv_dtype (no 8-bit cache)")
-                else:
-                    try:
-                        ms, first, notes = run_variant(variant, model, B, context, capacity, settings)
-                        prof = notes.pop("profile", None)
-                        if prof is not None:
-                            profiles.append(dict(B=B, context=context, variant=variant, ms_per_step=ms,
-                                                 summary=prof))
-                        rec.update(status="ok", ms_per_step=ms, tokens_per_s=B / ms * 1e3, **notes)
-                        if bound_ms:
-                            rec["frac_of_bound"] = bound_ms / ms
-                        if ref is None:
-                            ref = (variant, first)
-                        rec["logits_reference"] = ref[0]
-                        rec["logits_err"] = _rel_err(first, ref[1])
-                        rec["argmax_agree"] = float((first.argmax(-1) == ref[1].argmax(-1)).float().mean())
-                    except Exception as e:  # noqa: BLE001 - one variant's failure is recorded, the run goes on
-                        oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
-                        rec.update(status="oom" if oom else "error", reason=f"{type(e).__name__}: {e}"[:500])
-                        traceback.print_exc(file=sys.stderr)
-                    torch._dynamo.reset()   # compiled code and its CUDA-graph pools
-                    free_memory()
-                records.append(rec)
-                _speedups(records)
+    total, done = len(cases) * len(variants), 0
+    for B, context in cases:
+        capacity = context + warmup + steps + MARGIN
+        case_skip = None
+        if budget_s is not None and time.perf_counter() - t_start > budget_s:
+            case_skip = f"the run's time budget ({budget_s:g} s) was spent"
+        elif gpu:
+            free = torch.cuda.mem_get_info()[0]
+            need = need_bytes(model, B, context, capacity, elem)
+            if need > free:
+                case_skip = (f"needs ~{need / 2**30:.1f} GiB beside the weights, {free / 2**30:.1f} GiB free")
+        if case_skip:
+            skipped.append(dict(B=B, context=context, reason=case_skip))
+            for variant in variants:
+                records.append(dict(B=B, context=context, variant=variant, status="skipped", reason=case_skip))
                 done += 1
-                _line(progress, done, total, t_start, rec)
-            if checkpoint is not None:
-                results["targets"] = targets(records)
-                checkpoint(results)
+                _line(progress, done, total, t_start, records[-1])
+            continue
+        ref = None
+        for variant in sorted(variants, key=lambda v: v != REFERENCE):   # the reference first
+            nbytes = wbytes + kv_bytes(cfg, B, context, kv_elem(variant, dtype))
+            bound_ms = nbytes / (tbs * 1e12) * 1e3 if tbs and gpu else None   # an interpreter ceiling bounds nothing
+            rec = dict(B=B, context=context, variant=variant, bytes_per_step=nbytes, bound_ms=bound_ms)
+            if variant in GPU_ONLY and not gpu:
+                rec.update(status="skipped", reason="needs a CUDA GPU (CUDA graphs)")
+            elif variant == KV8_VARIANT and not kv8_ok:
+                rec.update(status="skipped", reason="this fdlib's DecodeCache takes no kv_dtype (no 8-bit cache)")
+            else:
+                try:
+                    ms, first, notes = run_variant(variant, model, B, context, capacity, settings)
+                    prof = notes.pop("profile", None)
+                    if prof is not None:
+                        profiles.append(dict(B=B, context=context, variant=variant, ms_per_step=ms,
+                                             summary=prof))
+                    rec.update(status="ok", ms_per_step=ms, tokens_per_s=B / ms * 1e3, **notes)
+                    if bound_ms:
+                        rec["frac_of_bound"] = bound_ms / ms
+                    if ref is None:
+                        ref = (variant, first)
+                    rec["logits_reference"] = ref[0]
+                    rec["logits_err"] = _rel_err(first, ref[1])
+                    rec["argmax_agree"] = float((first.argmax(-1) == ref[1].argmax(-1)).float().mean())
+                except Exception as e:  # noqa: BLE001 - one variant's failure is recorded, the run goes on
+                    oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+                    rec.update(status="oom" if oom else "error", reason=f"{type(e).__name__}: {e}"[:500])
+                    traceback.print_exc(file=sys.stderr)
+                torch._dynamo.reset()   # compiled code and its CUDA-graph pools
+                free_memory()
+            records.append(rec)
+            _speedups(records)
+            done += 1
+            _line(progress, done, total, t_start, rec)
+        if checkpoint is not None:
+            results["targets"] = targets(records)
+            checkpoint(results)
     _speedups(records)
     results["targets"] = targets(records)
     results["settings"]["seconds"] = round(time.perf_counter() - t_start, 1)

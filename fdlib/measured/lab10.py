@@ -99,8 +99,6 @@ def _head(path: Path, res: dict) -> str:
 def generate(results_dir: Path) -> Shown:
     import matplotlib.pyplot as plt
 
-    from fdlib.figures import legend_outside
-
     path = find(results_dir)
     res = load(path)
     recs = ok_records(res)
@@ -108,23 +106,14 @@ def generate(results_dir: Path) -> Shown:
     variants = [v for v in LABELS if any(r["variant"] == v for r in recs)]
     by = {(r["B"], r["context"], r["variant"]): r for r in recs}
     fig, ax = plt.subplots(figsize=(11, 4.4))
-    width = 0.8 / max(len(variants), 1)
-    cmap = plt.get_cmap("tab10")
-    for i, v in enumerate(variants):
-        xs = [c + (i - (len(variants) - 1) / 2) * width for c in range(len(cs))]
-        ys = [by[(B, ctx, v)]["tokens_per_s"] if (B, ctx, v) in by else 0 for B, ctx in cs]
-        ax.bar(xs, ys, width * 0.92, color=cmap(i), label=LABELS[v])
     bound = [(c, max((by[(B, ctx, v)] for v in variants if (B, ctx, v) in by), key=lambda r: r["tokens_per_s"]))
              for c, (B, ctx) in enumerate(cs)]
     bx = [(c, r["B"] / r["bound_ms"] * 1e3) for c, r in bound if r.get("bound_ms")]
     if bx:
         ax.hlines([y for _, y in bx], [c - 0.45 for c, _ in bx], [c + 0.45 for c, _ in bx], color="black", lw=2,
                   label="bandwidth bound (16-bit cache)")
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(cs)), [_case(dict(B=B, context=ctx)) for B, ctx in cs])
-    ax.set_xlabel("batch B and context (keys a sequence)")
-    ax.set_ylabel("tokens/s (log scale)")
-    legend_outside(ax, title="decode step")
+    _grouped_bars(ax, cs, [(LABELS[v], [by[(B, ctx, v)]["tokens_per_s"] if (B, ctx, v) in by else 0
+                                        for B, ctx in cs]) for v in variants], "tokens/s", "decode step")
     p = res["provenance"]
     ax.set_title(f"Decode tokens/s of a whole model, {res['model']['shape']}: recorded on {p['device']} "
                  f"{p['date_utc'][:10]} ({shown_path(path)})", fontsize=10)
@@ -143,6 +132,22 @@ def generate(results_dir: Path) -> Shown:
     return Shown(figure=fig, table=table, caption=caption, sources=[shown_path(path)])
 
 
+def _grouped_bars(ax, cs, series, ylabel: str, legend_title: str) -> None:
+    """Bars of each ``(label, values)`` of ``series``, grouped by case ``cs``, on a log y axis."""
+    import matplotlib.pyplot as plt
+
+    from fdlib.figures import legend_outside
+    width = 0.8 / max(len(series), 1)
+    for i, (label, ys) in enumerate(series):
+        xs = [c + (i - (len(series) - 1) / 2) * width for c in range(len(cs))]
+        ax.bar(xs, ys, width * 0.92, color=plt.get_cmap("tab10")(i), label=label)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(cs)), [_case(dict(B=B, context=ctx)) for B, ctx in cs])
+    ax.set_xlabel("batch B and context (keys a sequence)")
+    ax.set_ylabel(f"{ylabel} (log scale)")
+    legend_outside(ax, title=legend_title)
+
+
 def best_rows(res: dict) -> list[dict]:
     """Per case, fdlib's fastest 16-bit step (``fdlib_graph`` or ``fdlib_compiled``; else ``fdlib_eager``)."""
     out = []
@@ -158,27 +163,17 @@ def best_rows(res: dict) -> list[dict]:
 def moves(results_dir: Path) -> Shown:
     import matplotlib.pyplot as plt
 
-    from fdlib.figures import legend_outside
-
     path = find(results_dir)
     res = load(path)
     gains = move_gains(res)
     cs = list(dict.fromkeys((g["B"], g["context"]) for g in gains))
     names = [m for m, _, _ in MOVES if any(g["move"] == m for g in gains)]
     fig, ax = plt.subplots(figsize=(10, 4))
-    width = 0.8 / max(len(names), 1)
-    cmap = plt.get_cmap("tab10")
     by = {(g["B"], g["context"], g["move"]): g["gain"] for g in gains}
-    for i, m in enumerate(names):
-        xs = [c + (i - (len(names) - 1) / 2) * width for c in range(len(cs))]
-        ax.bar(xs, [by.get((B, ctx, m), 0) for B, ctx in cs], width * 0.92, color=cmap(i), label=m)
     ax.axhline(1, color="black", lw=0.8)
-    ax.set_yscale("log")
+    _grouped_bars(ax, cs, [(m, [by.get((B, ctx, m), 0) for B, ctx in cs]) for m in names],
+                  "speed-up of the move", "move")
     ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}×"))
-    ax.set_xticks(range(len(cs)), [_case(dict(B=B, context=ctx)) for B, ctx in cs])
-    ax.set_xlabel("batch B and context (keys a sequence)")
-    ax.set_ylabel("speed-up of the move (log scale)")
-    legend_outside(ax, title="move")
     p = res["provenance"]
     ax.set_title(f"What each move gains, step time before / after: recorded on {p['device']} {p['date_utc'][:10]} "
                  f"({shown_path(path)})", fontsize=10)
