@@ -297,33 +297,26 @@ def gpu_model():
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("positions", ["none", "mask"])
 @pytest.mark.parametrize("page_size", [None, 16])
-def test_gpu_bf16_logits_match_sdpa(gpu_model, page_size):
-    """bf16 on the GPU, a left-padded batch: each generated step's logits within bf16 tolerance of sdpa's."""
+def test_gpu_bf16_logits_match_sdpa(gpu_model, page_size, positions):
+    """bf16 on the GPU, a left-padded batch, the same inputs to both: the prompt, then 8 decode steps
+    teacher-forced on the same tokens (a near tie cannot send the two down different paths), with the same
+    position_ids (none: derived from each cache, as generate() does; or counted over real tokens). fdlib with
+    DecodeCache against sdpa with HF's DynamicCache: each step's logits within bf16 tolerance."""
+    from hf_steps import max_rel_err, teacher_forced
     ids, mask = left_padded([700, 333, 1000], seed=11)
     ids, mask = ids.cuda(), mask.cuda()
-    gpu_model.set_attn_implementation("sdpa")
-    with torch.no_grad():
-        want = gpu_model.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
-                                  return_dict_in_generate=True, output_logits=True)
-    gpu_model.set_attn_implementation("fdlib")
-    cache = DecodeCache(gpu_model.config, 3, 1024, device="cuda", dtype=torch.bfloat16, page_size=page_size)
-    with torch.no_grad(), warnings.catch_warnings():
+    forced = torch.randint(3, VOCAB, (3, 8), generator=torch.Generator().manual_seed(13)).cuda()
+    key = cache_kwarg(gpu_model)
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        # teacher-forced on sdpa's tokens, so a near tie cannot send the two down different paths
-        seq = want.sequences
-        T = ids.shape[1]
-        kw = {cache_kwarg(gpu_model): cache}
-        m = mask
-        out = gpu_model(input_ids=ids, attention_mask=m, use_cache=True, **kw).logits[:, -1]
-        for i in range(8):
-            ref = want.logits[i].float()
-            err = ((out.float() - ref).abs().amax(-1, keepdim=True) / ref.abs().amax(-1, keepdim=True)).max().item()
-            assert err < 3e-2, f"step {i}: logits differ from sdpa's by {err:.3g} of their max"
-            m = torch.cat([m, torch.ones_like(m[:, :1])], 1)
-            pos = m.sum(1, keepdim=True) - 1
-            out = gpu_model(input_ids=seq[:, T + i:T + i + 1], attention_mask=m, position_ids=pos, use_cache=True,
-                            **kw).logits[:, -1]
+        want = teacher_forced(gpu_model, "sdpa", transformers.DynamicCache(config=gpu_model.config), ids, mask,
+                              forced, positions, key=key)
+        cache = DecodeCache(gpu_model.config, 3, 1024, device="cuda", dtype=torch.bfloat16, page_size=page_size)
+        got = teacher_forced(gpu_model, "fdlib", cache, ids, mask, forced, positions, key=key)
+    for i, err in enumerate(max_rel_err(got, want).tolist()):
+        assert err < 3e-2, f"step {i}: logits differ from sdpa's by {err:.3g} of their max (positions={positions})"
 
 
 @gpu

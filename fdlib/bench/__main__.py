@@ -12,6 +12,7 @@ Examples::
     python -m fdlib.bench --qlen                            # q_len 1,2,4,8 query tokens: fdlib vs cuDNN, FA2
     python -m fdlib.bench --generate                        # a Llama-3-8B decode step: HF's caches vs fdlib.hf
     python -m fdlib.bench --generate --quick                # the same code path on a tiny model (CPU numbers)
+    python -m fdlib.bench --generate --profile              # and where one step's time goes (torch.profiler)
     python -m fdlib.bench --kv-dtype float8_e4m3fn --kv-scale head   # the grid over an 8-bit KV cache (also --ragged)
 """
 from __future__ import annotations
@@ -57,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--kv-dtype", choices=("float8_e4m3fn", "int8"),
                    help="fdlib's methods read an 8-bit KV cache of this dtype, quantized from each shape's 16-bit one "
                         "(fdlib.quantize_kv; the reference and SDPA's peers read the 16-bit cache it stands for); "
-                        "the dense grid and --ragged")
+                        "the dense grid and --ragged; with --generate, the fdlib_graph_kv8 row over "
+                        "DecodeCache(kv_dtype=...) where DecodeCache takes it")
     g.add_argument("--kv-scale", choices=("tensor", "head", "token"),
                    help="with --kv-dtype: one scale per tensor (default), per KV head, or per token and KV head")
     m = ap.add_argument_group("what to run")
@@ -92,8 +94,20 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--batches", type=_ints, help="with --generate: batch sizes (default 1,8)")
     m.add_argument("--contexts", type=_ints, help="with --generate: keys per sequence (default 8192,32768,131072)")
     m.add_argument("--variants", type=_names,
-                   help="with --generate: hf_dynamic,hf_static,hf_static_compiled,fdlib_eager,fdlib_graph (default) "
-                        "and fdlib_compiled")
+                   help="with --generate: hf_dynamic,hf_static,hf_static_compiled,fdlib_eager,fdlib_graph,"
+                        "fdlib_compiled (default); fdlib_graph_kv8 comes with --kv-dtype")
+    m.add_argument("--cases", type=lambda t: tuple(tuple(int(x) for x in c.split(":")) for c in t.split(",") if c),
+                   help="with --generate: B:context pairs run in this order (e.g. 1:131072,8:32768), instead of "
+                        "every --batches with every --contexts")
+    m.add_argument("--profile", action="store_true",
+                   help="with --generate: profile one step of hf_dynamic and of each captured fdlib variant "
+                        "(torch.profiler): time of the cat, attention, GEMMs, cache writes, small kernels and the "
+                        "gaps; NAME-profile.json/.md beside the results")
+    m.add_argument("--compile-mode", help="with --generate: torch.compile mode of fdlib_compiled (default 'default'; "
+                                          "e.g. max-autotune-no-cudagraphs); the step is then captured as a graph")
+    m.add_argument("--budget-s", type=float,
+                   help="with --generate: after this many seconds the (B, context) cases left are recorded as "
+                        "skipped; a NAME.partial.json is rewritten after every case until the files are written")
     m.add_argument("--steps", type=int, help="with --generate: timed decode steps per variant (default 10)")
     m.add_argument("--warmup-steps", type=int, help="with --generate: untimed steps first (default 3)")
     m.add_argument("--quick", action="store_true",
@@ -141,9 +155,9 @@ def main(argv=None) -> int:
     if args.kv_scale and not args.kv_dtype:
         print("--kv-scale: scales are for an 8-bit cache; give --kv-dtype too", file=sys.stderr)
         return 2
-    if args.kv_dtype and (args.host_overhead or args.qlen or args.sweep_splits or args.generate):
-        print("--kv-dtype: the dense grid (and --heads-sweep) and --ragged take an 8-bit cache; not --host-overhead, "
-              "--qlen, --sweep-splits or --generate", file=sys.stderr)
+    if args.kv_dtype and (args.host_overhead or args.qlen or args.sweep_splits or (args.generate and args.kv_scale)):
+        print("--kv-dtype: the dense grid (and --heads-sweep), --ragged and --generate (without --kv-scale) take an "
+              "8-bit cache; not --host-overhead, --qlen or --sweep-splits", file=sys.stderr)
         return 2
     kv = dict(kv_dtype=args.kv_dtype, kv_scale=args.kv_scale)
     if args.host_overhead:
@@ -180,13 +194,30 @@ def main(argv=None) -> int:
                        format_qlen_table, lambda r: write_qlen(r, args.out, args.name, force=args.force))
     if args.generate:
         from .generate import format_generate_table, run_generate, write_generate
+        partial = None
+        if args.budget_s is not None:
+            probe = {"provenance": harness.provenance(command), "kind": "generate"}
+            partial = os.path.join(args.out or report.default_out_dir(probe), (args.name or "generate") + ".partial.json")
+
+        def checkpoint(results):
+            if partial:
+                report.write_results(results, os.path.dirname(partial), os.path.basename(partial)[:-len(".json")],
+                                     force=True, plot=False, table=format_generate_table)
+
+        def write(results):
+            paths = write_generate(results, args.out, args.name, force=args.force)
+            for leftover in (partial, partial and partial[:-len(".json")] + ".md"):
+                if leftover and os.path.exists(leftover):
+                    os.remove(leftover)
+            return paths
         return _report(lambda: run_generate(batches=args.batches, contexts=args.contexts, variants=args.variants,
                                             quick=args.quick, steps=args.steps, warmup=args.warmup_steps,
                                             seed=args.seed, ceiling=not args.no_ceiling,
                                             ceiling_gib=args.ceiling_gib, progress=not args.no_progress,
-                                            command=command),
-                       format_generate_table, lambda r: write_generate(r, args.out, args.name, force=args.force),
-                       errors=(ValueError, RuntimeError, ImportError))
+                                            command=command, profile=args.profile, kv_dtype=args.kv_dtype,
+                                            compile_mode=args.compile_mode, budget_s=args.budget_s,
+                                            checkpoint=checkpoint if partial else None, cases=args.cases),
+                       format_generate_table, write, errors=(ValueError, RuntimeError, ImportError))
     if args.heads_sweep:
         for key, val in harness.HEADS_SWEEP.items():
             if common.get(key) is None:

@@ -11,13 +11,21 @@ last-token logits):
   ``"reduce-overhead"``: CUDA graphs), what ``generate()`` runs with a static cache on a GPU;
 * ``fdlib_eager``: :class:`fdlib.hf.DecodeCache` + ``"fdlib"``, eager;
 * ``fdlib_graph``: that step captured once as a CUDA graph and replayed (each replay appends a token);
-* ``fdlib_compiled`` (not in the default set): the fdlib step under ``torch.compile(mode="reduce-overhead",
-  fullgraph=True)``.
+* ``fdlib_compiled``: ``model.forward`` under ``torch.compile(fullgraph=True)`` (mode ``compile_mode``, default
+  ``"default"``: no CUDA graphs of its own), so Inductor fuses the model's small kernels (norms, rotary,
+  activations, residual adds) around fdlib's attention op; that compiled step is then captured as one CUDA
+  graph as ``fdlib_graph`` is;
+* ``fdlib_graph_kv8`` (with ``kv_dtype``): ``fdlib_graph`` over ``DecodeCache(kv_dtype=...)``, an 8-bit cache;
+  recorded as skipped where this fdlib's ``DecodeCache`` takes no ``kv_dtype``.
 
 Each cache starts from the same state without a prefill: layer l's K/V are random, drawn from a generator seeded
 by (seed, l) (a step's cost does not depend on the values, and a 128k-token prefill would cost more than all
 the steps). The capacity is context + the steps run + a margin. Each variant's first step's logits are checked
 against the reference variant's (``hf_dynamic``, else the first that ran): ``logits_err`` = max |Δ| / max |ref|.
+
+``profile``: one step of ``hf_dynamic`` and of each captured fdlib variant (on a CPU, ``fdlib_eager``) is run
+again under ``torch.profiler`` and its time split into the cat, attention, GEMMs, cache writes, small elementwise
+kernels and the gaps between launches (:mod:`fdlib.bench.stepprofile`): ``results["profiles"]``.
 
 Timing: ``warmup`` steps, then ``steps`` steps back to back between two CUDA events (ms per step = elapsed /
 steps; each step appends a token, so the context grows by at most warmup + steps). No L2 flush is needed: a step
@@ -30,6 +38,7 @@ read ceiling measured in the same run (:mod:`fdlib.bench.ceiling`).
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -38,7 +47,7 @@ import warnings
 import torch
 
 from .. import runtime
-from .harness import Progress, provenance
+from .harness import provenance
 from .timing import free_memory, synchronize
 
 SCHEMA = "fdlib.bench.generate/1"
@@ -46,27 +55,58 @@ LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n
                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
                  rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=131072 + 4096)
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=False)
+            num_key_value_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=512,
+            tie_word_embeddings=False)
 BATCHES, CONTEXTS = (1, 8), (8192, 32768, 131072)
 QUICK_BATCHES, QUICK_CONTEXTS = (1, 2), (24, 40)
-VARIANTS = ("hf_dynamic", "hf_static", "hf_static_compiled", "fdlib_eager", "fdlib_graph")
-ALL_VARIANTS = VARIANTS + ("fdlib_compiled",)
-GPU_ONLY = ("hf_static_compiled", "fdlib_graph", "fdlib_compiled")
+VARIANTS = ("hf_dynamic", "hf_static", "hf_static_compiled", "fdlib_eager", "fdlib_graph", "fdlib_compiled")
+KV8_VARIANT = "fdlib_graph_kv8"
+ALL_VARIANTS = VARIANTS + (KV8_VARIANT,)
+GPU_ONLY = ("hf_static_compiled", "fdlib_graph", "fdlib_compiled", KV8_VARIANT)
+CAPTURED = ("fdlib_graph", "fdlib_compiled", KV8_VARIANT)
+"""Variants whose timed step is one CUDA graph's replay."""
+PROFILED = ("hf_dynamic",) + CAPTURED
+"""Variants profiled with ``profile`` (on a CPU, where nothing is captured: ``fdlib_eager`` instead)."""
 REFERENCE = "hf_dynamic"
 MARGIN = 64
 """Capacity beyond context + warmup + steps (StaticCache and DecodeCache are made this much larger)."""
 TARGETS = dict(vs_hf_default=7.0, vs_hf_default_cases=((1, 131072), (8, 32768)), vs_hf_best=1.3,
                vs_hf_best_context=131072, of_bound=0.85)
-"""The issue's targets for fdlib_graph: ≥ 7× hf_dynamic's tokens/s at (B, context) = (1, 128k) and (8, 32k);
-≥ 1.3× hf_static_compiled's at 128k; ≥ 85% of the bound everywhere."""
+"""The issue's targets for fdlib's best step (``fdlib_graph`` or ``fdlib_compiled``): ≥ 7× hf_dynamic's tokens/s
+at (B, context) = (1, 128k) and (8, 32k); ≥ 1.3× hf_static_compiled's at 128k; ≥ 85% of the bound everywhere."""
 
 
 # ----------------------------------------------------------------------------------------------- the model
+def llama_config(quick: bool):
+    """The ``LlamaConfig`` of :data:`LLAMA3_8B` (``quick``: :data:`TINY`), ``"sdpa"`` attention. transformers 5.x
+    keeps the rotary base in ``rope_parameters``: it is passed there where the config takes that argument."""
+    import inspect
+
+    import transformers
+    kw = dict(TINY if quick else LLAMA3_8B)
+    if "rope_parameters" in inspect.signature(transformers.LlamaConfig.__init__).parameters:
+        kw["rope_parameters"] = dict(rope_type="default", rope_theta=kw.pop("rope_theta"))
+    return transformers.LlamaConfig(**kw, attn_implementation="sdpa")
+
+
+def config_record(cfg, keys) -> dict:
+    """``{key: value}`` of ``cfg`` for every key in ``keys``, read where this transformers keeps it: an attribute,
+    else ``rope_parameters`` (5.x moved ``rope_theta`` there), else None; plus ``rope_parameters`` itself."""
+    rope = getattr(cfg, "rope_parameters", None)
+    rope = dict(rope) if isinstance(rope, dict) else {}
+    out = {}
+    for k in keys:
+        out[k] = getattr(cfg, k) if hasattr(cfg, k) else rope.get(k)
+    if rope:
+        out["rope_parameters"] = rope
+    return out
+
+
 def build_model(quick: bool, dtype, device, seed: int):
     """A random ``LlamaForCausalLM`` of the Llama-3-8B shape (``quick``: :data:`TINY`), in ``dtype`` on
     ``device``, in eval mode, with ``"sdpa"`` attention."""
     import transformers
-    cfg = transformers.LlamaConfig(**(TINY if quick else LLAMA3_8B), attn_implementation="sdpa")
+    cfg = llama_config(quick)
     torch.manual_seed(seed)
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -102,19 +142,28 @@ def layer_kv(cfg, layer: int, B: int, context: int, dtype, device, seed: int):
 
 
 # ----------------------------------------------------------------------------------------------- caches
-def make_cache(variant: str, model, B: int, context: int, capacity: int, seed: int):
+def accepts_kv_dtype() -> bool:
+    """Whether this fdlib's :class:`~fdlib.hf.DecodeCache` takes ``kv_dtype`` (an 8-bit cache)."""
+    import inspect
+
+    from ..hf import DecodeCache
+    return "kv_dtype" in inspect.signature(DecodeCache.__init__).parameters
+
+
+def kv_elem(variant: str, dtype) -> int:
+    """Bytes of one K or V element the variant's cache holds (an 8-bit cache: 1; its scales are not counted)."""
+    return 1 if variant == KV8_VARIANT else torch.finfo(dtype).bits // 8
+
+
+def make_cache(variant: str, model, B: int, context: int, capacity: int, seed: int, kv_dtype=None):
     """The variant's cache, holding ``context`` random keys per sequence in every layer."""
     import transformers
     cfg, dtype, device = model.config, model.dtype, model.device
     if variant.startswith("fdlib"):
         from ..hf import DecodeCache
-        cache = DecodeCache(cfg, B, capacity, device=device, dtype=dtype)
-        for i, layer in enumerate(cache.layers):
-            k, v = layer_kv(cfg, i, B, context, dtype, device, seed)
-            layer.keys[:B, :context].copy_(k.transpose(1, 2))
-            layer.values[:B, :context].copy_(v.transpose(1, 2))
-            del k, v
-        cache.set_lengths([context] * B)
+        kw = dict(kv_dtype=kv_dtype) if variant == KV8_VARIANT else {}
+        cache = DecodeCache(cfg, B, capacity, device=device, dtype=dtype, **kw)
+        fill_decode_cache(cache, B, context, seed, through_prefill=variant == KV8_VARIANT)
         return cache
     if variant == "hf_dynamic":
         try:
@@ -128,6 +177,31 @@ def make_cache(variant: str, model, B: int, context: int, capacity: int, seed: i
         cache.update(k, v, i)
         del k, v
     return cache
+
+
+def fill_decode_cache(cache, B: int, context: int, seed: int, through_prefill: bool = False) -> None:
+    """Put :func:`layer_kv`'s ``context`` keys a sequence into a :class:`~fdlib.hf.DecodeCache`: copied into its
+    buffers, or (``through_prefill``, as an 8-bit cache needs: it quantizes on write) written by the cache's own
+    prefill path, layer by layer."""
+    cfg, dtype, device = _Cfg(cache), cache.dtype, cache.device
+    if through_prefill:
+        cache.begin_prefill(B, context, None)
+    for i, layer in enumerate(cache.layers):
+        k, v = layer_kv(cfg, i, B, context, dtype, device, seed)
+        if through_prefill:
+            cache.write_prefill(i, k, v)
+        else:
+            layer.keys[:B, :context].copy_(k.transpose(1, 2))
+            layer.values[:B, :context].copy_(v.transpose(1, 2))
+        del k, v
+    cache.set_lengths([context] * B)
+
+
+class _Cfg:
+    """The config fields :func:`layer_kv` reads, from a DecodeCache."""
+
+    def __init__(self, cache):
+        self.num_key_value_heads, self.head_dim = cache.H_kv, cache.D
 
 
 def need_bytes(model, B: int, context: int, capacity: int, elem: int) -> int:
@@ -171,28 +245,33 @@ def _elapsed_ms(fn, n: int, gpu: bool) -> float:
     return (time.perf_counter() - t0) * 1e3 / n
 
 
+def compiled_call(variant: str, model, compile_mode: str | None):
+    """(the callable a compiled variant steps with, a note saying how it was compiled)."""
+    if variant == "hf_static_compiled" and hasattr(model, "get_compiled_call"):
+        return model.get_compiled_call(None), "model.get_compiled_call(None) (HF's default CompileConfig)"
+    mode = compile_mode or "default"
+    return (torch.compile(model.forward, mode=mode, fullgraph=True),
+            f"torch.compile(model.forward, mode={mode!r}, fullgraph=True), then captured as one CUDA graph")
+
+
 def run_variant(variant: str, model, B: int, context: int, capacity: int, settings: dict):
-    """(ms per step, first-step logits [B, vocab] float32 on the CPU, notes) of one variant on one case."""
+    """(ms per step, first-step logits [B, vocab] float32 on the CPU, notes) of one variant on one case; with
+    ``settings["profile"]`` and a profiled variant, ``notes["profile"]`` (:func:`fdlib.bench.stepprofile.
+    profile_step` of one more step)."""
     gpu = settings["gpu"]
     impl = "fdlib" if variant.startswith("fdlib") else "sdpa"
     model.set_attn_implementation(impl)
-    cache = make_cache(variant, model, B, context, capacity, settings["seed"])
+    cache = make_cache(variant, model, B, context, capacity, settings["seed"], settings.get("kv_dtype"))
     notes = {}
-    compiled = variant.endswith("_compiled")
-    if compiled:
-        torch._dynamo.reset()
-        if variant == "hf_static_compiled" and hasattr(model, "get_compiled_call"):
-            call = model.get_compiled_call(None)   # what generate() compiles: HF's default CompileConfig
-            notes["compile"] = "model.get_compiled_call(None) (HF's default CompileConfig)"
-        else:
-            call = torch.compile(model.__call__, mode="reduce-overhead", fullgraph=True)
-            notes["compile"] = "torch.compile(model.__call__, mode='reduce-overhead', fullgraph=True)"
-    else:
-        call = model
+    torch._dynamo.reset()
+    call = model
+    if variant.endswith("_compiled"):
+        call, notes["compile"] = compiled_call(variant, model, settings.get("compile_mode"))
     step = Step(model, cache, B, context, call)
+    mark = variant == "hf_static_compiled"   # CUDA graphs of torch.compile's own (mode "reduce-overhead")
 
     def one():
-        if compiled:
+        if mark:
             torch.compiler.cudagraph_mark_step_begin()
         return step()
 
@@ -201,13 +280,17 @@ def run_variant(variant: str, model, B: int, context: int, capacity: int, settin
         t0 = time.perf_counter()
         first = one()[:, -1].float().cpu()   # from the filled state: the logits every variant must agree on
         notes["first_step_s"] = round(time.perf_counter() - t0, 3)
-        if variant == "fdlib_graph":
+        if variant in CAPTURED:
             fn, notes["replay_vs_eager_err"] = _captured(step, cache, B, context, settings["warmup"], first)
         else:
             for _ in range(settings["warmup"]):
                 one()
             fn = one
         ms = _elapsed_ms(fn, settings["steps"], gpu)
+        if settings.get("profile") and variant in (PROFILED if gpu else ("hf_dynamic", "fdlib_eager")):
+            from .stepprofile import annotate_cache, profile_step
+            with annotate_cache(cache):   # (a captured step's launches are fixed: nothing to mark there)
+                notes["profile"] = profile_step(fn, gpu)
         if hasattr(cache, "lengths"):
             notes["lengths_after"] = int(cache.lengths[0])
     return ms, first, notes   # the caller frees the cache, graphs and compiled code (they die with this frame)
@@ -220,7 +303,7 @@ def _captured(step, cache, B: int, context: int, warmup: int, first: torch.Tenso
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(warmup):
+        for _ in range(max(warmup, 1)):
             step()
     torch.cuda.current_stream().wait_stream(side)
     synchronize()
@@ -240,20 +323,41 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- the run
-def check_variants(variants) -> tuple:
+def check_variants(variants, kv_dtype=None) -> tuple:
+    """The variants to run: ``variants`` (default :data:`VARIANTS`), plus :data:`KV8_VARIANT` with ``kv_dtype``."""
     variants = tuple(variants or VARIANTS)
     bad = [v for v in variants if v not in ALL_VARIANTS]
     if bad:
         raise ValueError(f"variants: unknown {bad}; expected some of {', '.join(ALL_VARIANTS)}")
+    if kv_dtype is not None and KV8_VARIANT not in variants:
+        variants += (KV8_VARIANT,)
+    if KV8_VARIANT in variants and kv_dtype is None:
+        raise ValueError(f"variants: {KV8_VARIANT} needs kv_dtype (--kv-dtype float8_e4m3fn or int8)")
     return variants
+
+
+def _kv_dtype(name):
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    if name not in ("float8_e4m3fn", "int8"):
+        raise ValueError(f"kv_dtype: expected float8_e4m3fn or int8, got {name!r}")
+    return getattr(torch, name)
 
 
 def run_generate(batches=None, contexts=None, variants=None, quick: bool = False, steps: int | None = None,
                  warmup: int | None = None, seed: int = 0, ceiling: bool = True, ceiling_gib: float | None = None,
-                 progress: bool = True, command: str | None = None) -> dict:
+                 progress: bool = True, command: str | None = None, profile: bool = False, kv_dtype=None,
+                 compile_mode: str | None = None, budget_s: float | None = None, checkpoint=None,
+                 cases=None) -> dict:
     """Time every (B, context, variant); a results dict (``kind="generate"``) with provenance, the read ceiling,
-    the records, and the targets (:data:`TARGETS`) where the run has their variants."""
-    variants = check_variants(variants)
+    the records, the profiles (``profile``) and the targets (:data:`TARGETS`) where the run has their variants.
+
+    ``cases``: (B, context) pairs run in this order (most wanted first where a budget may run out), instead of
+    every B of ``batches`` with every context of ``contexts``. A progress line per record goes to stderr. ``budget_s``: once the run has taken this long, the rows left are
+    recorded as skipped (the file still comes out). ``checkpoint(results)`` is called after every (B, context)
+    with the results so far (e.g. to write a partial file that outlives a killed run)."""
+    kv_dtype = _kv_dtype(kv_dtype)
+    variants = check_variants(variants, kv_dtype)
     gpu = torch.cuda.is_available() and runtime.MODE == "gpu"
     if not gpu and not quick:
         raise RuntimeError("--generate times the Llama-3-8B shape in bf16 and needs a CUDA GPU; "
@@ -261,16 +365,23 @@ def run_generate(batches=None, contexts=None, variants=None, quick: bool = False
     from ..hf import register   # ImportError naming the extra .[hf] when transformers is missing
     import transformers
     register()
+    if cases:
+        cases = tuple((int(b), int(c)) for b, c in cases)
+        batches, contexts = tuple(dict.fromkeys(b for b, _ in cases)), tuple(dict.fromkeys(c for _, c in cases))
     batches = tuple(batches or (QUICK_BATCHES if quick else BATCHES))
     contexts = tuple(contexts or (QUICK_CONTEXTS if quick else CONTEXTS))
     for name, xs in (("batches", batches), ("contexts", contexts)):
         if any(x < 1 for x in xs):
             raise ValueError(f"{name}: expected positive ints, got {xs}")
+    cases = cases or tuple((B, c) for B in batches for c in contexts)
     steps = steps or (2 if quick else 10)
     warmup = warmup if warmup is not None else (1 if quick else 3)
+    t_start = time.perf_counter()
     device = "cuda" if gpu else "cpu"
     dtype = torch.bfloat16 if gpu and not quick else torch.float32
-    settings = dict(gpu=gpu, steps=steps, warmup=warmup, seed=seed, quick=quick)
+    kv8_ok = kv_dtype is None or accepts_kv_dtype()
+    settings = dict(gpu=gpu, steps=steps, warmup=warmup, seed=seed, quick=quick, profile=profile,
+                    kv_dtype=kv_dtype, compile_mode=compile_mode)
     prov = provenance(command)
     prov["transformers"] = transformers.__version__
     ceil = None
@@ -281,69 +392,104 @@ def run_generate(batches=None, contexts=None, variants=None, quick: bool = False
     model = build_model(quick, dtype, device, seed)
     cfg, elem = model.config, torch.finfo(dtype).bits // 8
     wbytes = weight_bytes(model)
-    records, skipped = [], []
-    bar = Progress(len(batches) * len(contexts) * len(variants), "generate", progress)
-    for B in batches:
-        for context in contexts:
-            capacity = context + warmup + steps + MARGIN
-            if gpu:
-                free = torch.cuda.mem_get_info()[0]
-                need = need_bytes(model, B, context, capacity, elem)
-                if need > free:
-                    msg = (f"B={B} context={context}: needs ~{need / 2**30:.1f} GiB beside the weights, "
-                           f"{free / 2**30:.1f} GiB free")
-                    print(f"skipped: {msg}", file=sys.stderr, flush=True)
-                    skipped.append(dict(B=B, context=context, reason=msg))
-                    for _ in variants:
-                        bar.update("skipped")
-                    continue
-            nbytes = wbytes + kv_bytes(cfg, B, context, elem)
-            bound_ms = nbytes / (tbs * 1e12) * 1e3 if tbs and gpu else None   # an interpreter ceiling bounds nothing
-            ref = None
-            for variant in sorted(variants, key=lambda v: v != REFERENCE):   # the reference first
-                rec = dict(B=B, context=context, variant=variant, bytes_per_step=nbytes, bound_ms=bound_ms)
-                if variant in GPU_ONLY and not gpu:
-                    rec.update(status="skipped", reason="needs a CUDA GPU (CUDA graphs)")
-                else:
-                    try:
-                        ms, first, notes = run_variant(variant, model, B, context, capacity, settings)
-                        rec.update(status="ok", ms_per_step=ms, tokens_per_s=B / ms * 1e3, **notes)
-                        if bound_ms:
-                            rec["frac_of_bound"] = bound_ms / ms
-                        if ref is None:
-                            ref = (variant, first)
-                        rec["logits_reference"] = ref[0]
-                        rec["logits_err"] = _rel_err(first, ref[1])
-                        rec["argmax_agree"] = float((first.argmax(-1) == ref[1].argmax(-1)).float().mean())
-                    except Exception as e:  # noqa: BLE001 - one variant's failure is recorded, the run goes on
-                        oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
-                        rec.update(status="oom" if oom else "error", reason=f"{type(e).__name__}: {e}"[:500])
-                        traceback.print_exc(file=sys.stderr)
-                    torch._dynamo.reset()   # compiled code and its CUDA-graph pools
-                    free_memory()
-                records.append(rec)
-                bar.update(f"B={B} ctx={context} {variant}")
-    bar.close()
-    _speedups(records)
-    del model
-    free_memory()
-    return {
+    records, skipped, profiles = [], [], []
+    results = {
         "kind": "generate",
         "schema": SCHEMA,
         "provenance": prov,
         "model": dict(shape="tiny Llama (--quick)" if quick else "Llama-3-8B shape, random weights",
-                      config={k: getattr(cfg, k) for k in (TINY if quick else LLAMA3_8B)},
+                      config=config_record(cfg, TINY if quick else LLAMA3_8B),
                       dtype=str(dtype).replace("torch.", ""), weight_bytes_per_step=wbytes),
-        "settings": dict(batches=batches, contexts=contexts, variants=variants, steps=steps, warmup=warmup,
-                         seed=seed, margin=MARGIN, numbers="GPU" if gpu else
+        "settings": dict(batches=batches, contexts=contexts, cases=cases, variants=variants, steps=steps, warmup=warmup,
+                         seed=seed, margin=MARGIN, kv_dtype=str(kv_dtype).replace("torch.", "") if kv_dtype
+                         else None, compile_mode=compile_mode or "default", budget_s=budget_s,
+                         numbers="GPU" if gpu else
                          "CPU wall clock of a tiny model: the code path runs; nothing about a GPU",
                          timing="CUDA events around `steps` back-to-back steps after `warmup` steps" if gpu
                          else "time.perf_counter around `steps` steps after `warmup` steps"),
         "ceiling": ceil,
         "records": records,
         "skipped": skipped,
-        "targets": targets(records),
+        "profiles": profiles,
     }
+    total, done = len(cases) * len(variants), 0
+    for B, context in cases:
+        capacity = context + warmup + steps + MARGIN
+        case_skip = None
+        if budget_s is not None and time.perf_counter() - t_start > budget_s:
+            case_skip = f"the run's time budget ({budget_s:g} s) was spent"
+        elif gpu:
+            free = torch.cuda.mem_get_info()[0]
+            need = need_bytes(model, B, context, capacity, elem)
+            if need > free:
+                case_skip = (f"needs ~{need / 2**30:.1f} GiB beside the weights, {free / 2**30:.1f} GiB free")
+        if case_skip:
+            skipped.append(dict(B=B, context=context, reason=case_skip))
+            for variant in variants:
+                records.append(dict(B=B, context=context, variant=variant, status="skipped", reason=case_skip))
+                done += 1
+                _line(progress, done, total, t_start, records[-1])
+            continue
+        ref = None
+        for variant in sorted(variants, key=lambda v: v != REFERENCE):   # the reference first
+            nbytes = wbytes + kv_bytes(cfg, B, context, kv_elem(variant, dtype))
+            bound_ms = nbytes / (tbs * 1e12) * 1e3 if tbs and gpu else None   # an interpreter ceiling bounds nothing
+            rec = dict(B=B, context=context, variant=variant, bytes_per_step=nbytes, bound_ms=bound_ms)
+            if variant in GPU_ONLY and not gpu:
+                rec.update(status="skipped", reason="needs a CUDA GPU (CUDA graphs)")
+            elif variant == KV8_VARIANT and not kv8_ok:
+                rec.update(status="skipped", reason="this fdlib's DecodeCache takes no kv_dtype (no 8-bit cache)")
+            else:
+                try:
+                    ms, first, notes = run_variant(variant, model, B, context, capacity, settings)
+                    prof = notes.pop("profile", None)
+                    if prof is not None:
+                        profiles.append(dict(B=B, context=context, variant=variant, ms_per_step=ms,
+                                             summary=prof))
+                    rec.update(status="ok", ms_per_step=ms, tokens_per_s=B / ms * 1e3, **notes)
+                    if bound_ms:
+                        rec["frac_of_bound"] = bound_ms / ms
+                    if ref is None:
+                        ref = (variant, first)
+                    rec["logits_reference"] = ref[0]
+                    rec["logits_err"] = _rel_err(first, ref[1])
+                    rec["argmax_agree"] = float((first.argmax(-1) == ref[1].argmax(-1)).float().mean())
+                except Exception as e:  # noqa: BLE001 - one variant's failure is recorded, the run goes on
+                    oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+                    rec.update(status="oom" if oom else "error", reason=f"{type(e).__name__}: {e}"[:500])
+                    traceback.print_exc(file=sys.stderr)
+                torch._dynamo.reset()   # compiled code and its CUDA-graph pools
+                free_memory()
+            records.append(rec)
+            _speedups(records)
+            done += 1
+            _line(progress, done, total, t_start, rec)
+        if checkpoint is not None:
+            results["targets"] = targets(records)
+            checkpoint(results)
+    _speedups(records)
+    results["targets"] = targets(records)
+    results["settings"]["seconds"] = round(time.perf_counter() - t_start, 1)
+    del model
+    free_memory()
+    return results
+
+
+def _line(enabled: bool, done: int, total: int, t_start: float, r: dict) -> None:
+    """One progress line on stderr for record ``r``: its time, tokens/s, share of the bound, speed-up."""
+    if not enabled:
+        return
+    head = f"[{done}/{total} {time.perf_counter() - t_start:6.0f} s] B={r['B']} context={r['context']} {r['variant']}"
+    if r["status"] != "ok":
+        tail = f"{r['status']}: {r.get('reason', '')}"[:160]
+    else:
+        tail = f"{r['ms_per_step']:.2f} ms/step, {r['tokens_per_s']:.1f} tokens/s"
+        if r.get("frac_of_bound") is not None:
+            tail += f", {r['frac_of_bound']:.0%} of bound ({r['bound_ms']:.2f} ms)"
+        if r.get("vs_hf_default") is not None:
+            tail += f", {r['vs_hf_default']:.2f}x HF default"
+        tail += f", logits err {r['logits_err']:.1e}"
+    print(f"{head}: {tail}", file=sys.stderr, flush=True)
 
 
 def _speedups(records) -> None:
@@ -358,23 +504,36 @@ def _speedups(records) -> None:
                 r[name] = r["tokens_per_s"] / p["tokens_per_s"]
 
 
+BEST = ("fdlib_graph", "fdlib_compiled")
+"""fdlib's 16-bit captured steps; the targets are judged on the faster of the two at each (B, context)."""
+
+
+def best_fdlib(records) -> dict:
+    """{(B, context): the ok record of :data:`BEST` with the most tokens/s}."""
+    best = {}
+    for r in records:
+        if r["variant"] in BEST and r["status"] == "ok":
+            case = (r["B"], r["context"])
+            if case not in best or r["tokens_per_s"] > best[case]["tokens_per_s"]:
+                best[case] = r
+    return best
+
+
 def targets(records) -> list[dict]:
-    """The issue's targets for ``fdlib_graph`` that this run's records can decide (met: True/False)."""
+    """The issue's targets for fdlib's best step (:func:`best_fdlib`) that this run's records can decide."""
     t = TARGETS
     out = []
-    for r in records:
-        if r["variant"] != "fdlib_graph" or r["status"] != "ok":
-            continue
-        case = (r["B"], r["context"])
+    for case, r in sorted(best_fdlib(records).items()):
+        base = dict(B=case[0], context=case[1], variant=r["variant"])
         if case in t["vs_hf_default_cases"] and "vs_hf_default" in r:
-            out.append(dict(B=case[0], context=case[1], target=f"≥ {t['vs_hf_default']}× hf_dynamic tokens/s",
+            out.append(dict(base, target=f"≥ {t['vs_hf_default']}× hf_dynamic tokens/s",
                             value=r["vs_hf_default"], met=r["vs_hf_default"] >= t["vs_hf_default"]))
         if case[1] == t["vs_hf_best_context"] and "vs_hf_static_compiled" in r:
-            out.append(dict(B=case[0], context=case[1], target=f"≥ {t['vs_hf_best']}× hf_static_compiled tokens/s",
+            out.append(dict(base, target=f"≥ {t['vs_hf_best']}× hf_static_compiled tokens/s",
                             value=r["vs_hf_static_compiled"],
                             met=r["vs_hf_static_compiled"] >= t["vs_hf_best"]))
         if r.get("frac_of_bound") is not None:
-            out.append(dict(B=case[0], context=case[1], target=f"≥ {t['of_bound']:.0%} of the bandwidth bound",
+            out.append(dict(base, target=f"≥ {t['of_bound']:.0%} of the bandwidth bound",
                             value=r["frac_of_bound"], met=r["frac_of_bound"] >= t["of_bound"]))
     return out
 
@@ -405,17 +564,37 @@ def format_generate_table(results) -> str:
                      f"{f(r.get('frac_of_bound'), '.0%')} | {f(r.get('vs_hf_default'), '.2f')} | "
                      f"{f(r.get('vs_hf_static_compiled'), '.2f')} | {r['logits_err']:.1e} |")
     if results.get("targets"):
-        lines += ["", "| B | context | target (fdlib_graph) | value | met |", "|---|---|---|---|---|"]
+        lines += ["", "| B | context | target (fdlib's best step) | value | met | variant |",
+                  "|---|---|---|---|---|---|"]
         for t in results["targets"]:
             v = f"{t['value']:.0%}" if "bound" in t["target"] else f"{t['value']:.2f}×"
-            lines.append(f"| {t['B']} | {t['context']} | {t['target']} | {v} | {'yes' if t['met'] else 'no'} |")
+            lines.append(f"| {t['B']} | {t['context']} | {t['target']} | {v} | {'yes' if t['met'] else 'no'} | "
+                         f"{t.get('variant', 'fdlib_graph')} |")
     for s in results.get("skipped", []):
         lines.append(f"skipped: B={s['B']} context={s['context']} ({s['reason']})")
     return "\n".join(lines)
 
 
 def write_generate(results, out_dir=None, name=None, force=False) -> dict:
-    """NAME.json and NAME.md in ``out_dir`` (default ``results/<device>/``; NAME default ``generate-<stamp>``)."""
-    from .report import write_results
-    return write_results(results, out_dir, name, force=force, plot=False, table=format_generate_table)
+    """NAME.json and NAME.md in ``out_dir`` (default ``results/<device>/``; NAME default ``generate-<stamp>``);
+    with profiles, NAME-profile.json (the profiles and the run's provenance) and NAME-profile.md too."""
+    import datetime as _dt
 
+    from .report import write_results
+    from .stepprofile import format_profiles
+    if name is None:
+        name = "generate-" + _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    paths = write_results(results, out_dir, name, force=force, plot=False, table=format_generate_table)
+    if results.get("profiles"):
+        prof = dict(kind="generate-profile", schema=SCHEMA, provenance=results["provenance"],
+                    model=results["model"], profiles=results["profiles"])
+        more = write_results(prof, os.path.dirname(paths["json"]), name + "-profile", force=force, plot=False,
+                             table=lambda r: _profile_header(r) + format_profiles(r["profiles"]))
+        paths.update(profile_json=more["json"], profile_table=more["table"])
+    return paths
+
+
+def _profile_header(r) -> str:
+    p = r["provenance"]
+    return (f"device: {p['device']} | torch {p['torch']} | transformers {p.get('transformers')} | {p['date_utc']}\n"
+            f"command: {p['command']}\nms per step of one profiled step, by category (share of its span)\n\n")
