@@ -203,7 +203,7 @@ def order_hint(B: int, L_max: int, lengths=None) -> list[int]:
     """The longest-first order of host ``lengths`` (clamped to 0..L_max; ties: the lower b first), place → b, or b
     order without them: the order a longest-first plan keeps for its kernel to check against each call's lengths
     before it sorts them (:func:`fdlib.kernels.tile.longest_first`), and the order the model timeline launches
-    (:func:`fdlib.timeline.model_timeline`). Decode steps, where every length grows by one, keep it."""
+    (:func:`fdlib.course.timeline.model_timeline`). Decode steps, where every length grows by one, keep it."""
     if lengths is None:
         return list(range(B))
     return sorted(range(B), key=lambda b: (-min(max(lengths[b], 0), L_max), b))

@@ -9,7 +9,7 @@ A lesson is edited in its source; this script only adds what a text file does no
 
 * cell ids (``NN-ii``), the kernelspec, and for every exercise cell (tag ``exercise``, metadata
   ``fdlib.exercise``) its stub in metadata ``fdlib.stub`` (the cell's source as written), which
-  ``fdlib.grading.notebook_tools.reset_exercise`` puts back;
+  ``fdlib.course.grading.notebook_tools.reset_exercise`` puts back;
 * outputs, from running the notebook with nbclient in this interpreter. Cells tagged ``machine`` (the runtime
   line, timings, widgets) are run but saved without outputs, so no machine name, path or timing is committed;
   outputs that nbval compares (tag ``nbval-check-output``) must not depend on the machine either.

@@ -1,6 +1,6 @@
 """Shared pytest configuration.
 
-Grading: ``tests/test_graders_labNN.py`` run the checks of ``fdlib/grading/labNN.py`` on the reference solutions in
+Grading: ``tests/test_graders_labNN.py`` run the checks of ``fdlib/course/grading/labNN.py`` on the reference solutions in
 ``labsolutions/`` by default, or, with ``--grade-notebooks``, on the learner's exercise cells of
 ``notebooks/NN_*.ipynb``. A per-lab scorecard is printed at the end of the run.
 """
@@ -27,7 +27,7 @@ _NB_CACHE: dict[str, dict] = {}
 
 
 def _notebook_exercises(lab: str, folder: Path) -> tuple[Path | None, dict]:
-    from fdlib.grading.notebook_tools import load_exercises
+    from fdlib.course.grading.notebook_tools import load_exercises
     nbs = sorted(folder.glob(f"{lab[3:]}_*.ipynb"))
     if not nbs:
         return None, {}
@@ -39,7 +39,7 @@ def _notebook_exercises(lab: str, folder: Path) -> tuple[Path | None, dict]:
 @pytest.fixture
 def grade(request):
     """``grade(exercise, check_name)``: run one check on the solution (or notebook cell) and fail with its ❌ line."""
-    from fdlib.grading import core
+    from fdlib.course.grading import core
 
     def run(name: str, check_name: str):
         lab = name.split(".")[0]

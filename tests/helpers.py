@@ -15,7 +15,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 import fdlib
 from fdlib import api, runtime
-from fdlib.grading import todo
+from fdlib.course.grading import todo
 from fdlib.kernels import unified
 from fdlib.kernels.config import tile_config
 
@@ -172,7 +172,7 @@ def cell_function(src: str, name: str):
     """Define a notebook cell's function the way --grade-notebooks does (source kept for @triton.jit). The notebook
     tools (nbformat) are imported here, not with the module, so that the kernel tests run where nbformat is not
     installed (the GPU machine)."""
-    from fdlib.grading.notebook_tools import PREAMBLE, run_source
+    from fdlib.course.grading.notebook_tools import PREAMBLE, run_source
     ns = {"__name__": f"cell_{name}"}
     exec(compile(PREAMBLE, "<preamble>", "exec"), ns)
     run_source(src, f"<cell {name}>", ns)

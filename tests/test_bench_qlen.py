@@ -11,7 +11,7 @@ from fdlib.bench import load_results
 from fdlib.bench.__main__ import main, parser
 from fdlib.bench.qlen import (QLEN_GRID, _peer_plan, bottom_right_mask, format_qlen_table, ratios, reference_sample,
                               run_qlen)
-from fdlib.grading.lab08 import limits_reference, verify_reference
+from fdlib.course.grading.lab08 import limits_reference, verify_reference
 
 
 def test_arguments():

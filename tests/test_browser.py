@@ -1,5 +1,5 @@
 """The course in a real JupyterLab, driven by headless Chromium: the SM-occupancy explorer, the reveal / reload /
-restore round trip of an exercise cell (``fdlib.grading.live``), and the URL ``./course lab`` prints (it opens
+restore round trip of an exercise cell (``fdlib.course.grading.live``), and the URL ``./course lab`` prints (it opens
 notebooks/00_welcome.ipynb; run only where ./course test made .venv).
 
 The first two start JupyterLab on 127.0.0.1 (free port, random token, and the flags ``./course lab`` adds:
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import pytest
 
-from fdlib.explorer import SPLIT_OPTIONS
-from fdlib.grading import core
-from fdlib.grading.live import LAB_FLAG
+from fdlib.course.explorer import SPLIT_OPTIONS
+from fdlib.course.grading import core
+from fdlib.course.grading.live import LAB_FLAG
 from shipped import shipped_copy
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
@@ -50,7 +50,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 KERNEL = "fdlib-test-venv"
 CELL = ("import sys\n"
-        "from fdlib.explorer import explorer\n"
+        "from fdlib.course.explorer import explorer\n"
         "print('kernel python:', sys.executable)\n"
         "explorer(B=1, H_q=32, H_kv=8, L=131072, gpu='H200', splits=1)")
 UTIL = ".fdlib-explorer-readout .fdlib-util"

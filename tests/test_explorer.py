@@ -8,7 +8,7 @@ import pytest
 
 import fdlib
 from fdlib import costmodel
-from fdlib import explorer as E
+from fdlib.course import explorer as E
 from fdlib.gpus import PRESETS
 from fdlib.kernels.config import tile_config_for
 
@@ -268,7 +268,7 @@ def test_ragged_histogram_counts_programs_per_row():
 
 def test_balanced_time_is_the_cost_model_formula_on_its_items():
     """Equal rows that divide evenly: the balanced items are the splits, so the two predictions agree."""
-    from fdlib.explorer_model import balanced_time, gpu_tile, ragged_lengths
+    from fdlib.course.explorer_model import balanced_time, gpu_tile, ragged_lengths
     lens = ragged_lengths("constant", 4, 8192)
     g = PRESETS["H200"]
     ex = costmodel.explain(4, 32, 8, lens, gpu=g)
@@ -300,7 +300,7 @@ def test_widget_length_histogram(no_results):
 def test_several_query_tokens_count_rows_not_bytes():
     """q_len query tokens: the same programs and K/V bytes, group × q_len rows a program, and a predicted time
     that stays close to one token's on a memory-bound shape (the cost model sees H_q·q_len query heads)."""
-    from fdlib.explorer_model import summary
+    from fdlib.course.explorer_model import summary
     one = summary(B=1, H_q=32, H_kv=8, L=131072, splits=16)
     four = summary(B=1, H_q=32, H_kv=8, L=131072, splits=16, q_len=4)
     assert four.programs == one.programs and four.q_len == 4
@@ -314,8 +314,8 @@ def test_several_query_tokens_count_rows_not_bytes():
 
 def test_one_token_timings_are_not_drawn_beside_several_tokens():
     """Recorded and measured timings are one-token runs: the explorer draws them only at q_len = 1."""
-    from fdlib.explorer import comparable
-    from fdlib.explorer_model import summary
+    from fdlib.course.explorer import comparable
+    from fdlib.course.explorer_model import summary
     assert comparable(summary(B=1, H_q=32, H_kv=8, L=131072, splits=16))
     assert not comparable(summary(B=1, H_q=32, H_kv=8, L=131072, splits=16, q_len=4))
     assert not comparable(summary(B=1, H_q=32, H_kv=8, L=131072, splits=16, dist="zipf"))
@@ -335,8 +335,8 @@ def test_text_stays_off_the_sm_squares(no_results, setting):
     a wave's title sits well above its squares, the subtitle well above the titles, and no two texts overlap."""
     import matplotlib
 
-    from fdlib.explorer_model import summary_and_curve
-    from fdlib.figures import STYLE
+    from fdlib.course.explorer_model import summary_and_curve
+    from fdlib.course.figures import STYLE
     summ, sched, ex = summary_and_curve(H_q=32, H_kv=8, **setting)
     with matplotlib.rc_context(STYLE):     # as in a notebook: the course style (constrained layout on) applied
         canvas = E._Canvas(dpi=80)         # the widget's figure: FIGSIZE at 80 dpi, shown 800 px wide
@@ -375,7 +375,7 @@ def test_static_figure_keeps_its_margins_under_the_course_style(no_results):
     """draw() under the course style: the subtitle stays above the wave titles, the titles above the squares."""
     import matplotlib
 
-    from fdlib.figures import STYLE
+    from fdlib.course.figures import STYLE
     with matplotlib.rc_context(STYLE):
         fig = E.draw(B=1, H_q=32, H_kv=8, L=131072, splits=16)
         fig.canvas.draw()

@@ -1,4 +1,4 @@
-"""``./course grade``: the learner's grading command (fdlib.grading.scorecard, fdlib.grading.speed).
+"""``./course grade``: the learner's grading command (fdlib.course.grading.scorecard, fdlib.course.grading.speed).
 
 Each test grades a folder of shipped notebooks (``shipped.py``) in which it writes the learner's cells itself.
 """
@@ -17,8 +17,8 @@ import torch
 from shipped import notebook_names, shipped_copy
 
 from fdlib import runtime
-from fdlib.grading import core, scorecard, speed
-from fdlib.grading.notebook_tools import exercise_cells
+from fdlib.course.grading import core, scorecard, speed
+from fdlib.course.grading.notebook_tools import exercise_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from fdlib.grading import core
-from fdlib.grading.core import GuardedBuffer, TodoError, call, check_case, run_checks
+from fdlib.course.grading import core
+from fdlib.course.grading.core import GuardedBuffer, TodoError, call, check_case, run_checks
 from fdlib.online_softmax import State
 from helpers import assert_one_todo_line, cell_function, not_implemented_stub, todo_stub
 

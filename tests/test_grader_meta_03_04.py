@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from fdlib.grading import core, lab03, lab04  # first: importing fdlib picks the runtime before triton is imported
+from fdlib.course.grading import core, lab03, lab04  # first: importing fdlib picks the runtime before triton is imported
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from fdlib.grading.core import run_checks
+from fdlib.course.grading.core import run_checks
 from helpers import cell_function
 
 TILE, STAGE2 = lab03.NAME, lab04.NAME

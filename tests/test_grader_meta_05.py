@@ -12,8 +12,8 @@ from fdlib import costmodel  # first: importing fdlib picks the runtime before t
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from fdlib.grading import core
-from fdlib.grading.core import run_checks
+from fdlib.course.grading import core
+from fdlib.course.grading.core import run_checks
 from fdlib.kernels import unified
 from fdlib.kernels.config import chunk_for
 from helpers import assert_one_todo_line, not_implemented_stub, todo_stub
@@ -255,8 +255,8 @@ def test_counter_message_lists_what_it_counts(n_bad):
     """The message's count and the values it lists agree: all of them, or "the first 8 of n"."""
     import torch
 
-    from fdlib.grading.core import CheckFailure
-    from fdlib.grading.lab05 import _expect_zero
+    from fdlib.course.grading.core import CheckFailure
+    from fdlib.course.grading.lab05 import _expect_zero
     c = torch.zeros(20, dtype=torch.int32)
     c[:n_bad] = torch.arange(1, n_bad + 1, dtype=torch.int32)
     with pytest.raises(CheckFailure) as e:

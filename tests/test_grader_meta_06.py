@@ -9,8 +9,8 @@ from fdlib import schedule  # first: importing fdlib picks the runtime before tr
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from fdlib.grading import core
-from fdlib.grading.core import run_checks
+from fdlib.course.grading import core
+from fdlib.course.grading.core import run_checks
 from helpers import assert_one_todo_line, cell_function, not_implemented_stub, todo_stub
 
 TILE, ITEMS = "lab06.paged_tile_load", "lab06.work_items"

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from fdlib.grading import core, lab07
-from fdlib.grading.core import run_checks
+from fdlib.course.grading import core, lab07
+from fdlib.course.grading.core import run_checks
 from helpers import assert_one_todo_line, cell_function, not_implemented_stub, todo_stub
 
 MERGE, UNIFIED = lab07.MERGE, lab07.UNIFIED

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fdlib.grading import core
-from fdlib.grading.core import run_checks
-from fdlib.grading.lab08 import GlooRunError, run_on_gloo
+from fdlib.course.grading import core
+from fdlib.course.grading.core import run_checks
+from fdlib.course.grading.lab08 import GlooRunError, run_on_gloo
 from helpers import assert_one_todo_line, not_implemented_stub, todo_stub
 
 LIMITS, VERIFY, MERGE = "lab08.causal_limits", "lab08.verify_attention", "lab08.cross_rank_merge"

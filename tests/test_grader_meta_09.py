@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fdlib.grading import core, lab09  # first: importing fdlib picks the runtime before triton is imported
+from fdlib.course.grading import core, lab09  # first: importing fdlib picks the runtime before triton is imported
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from fdlib.grading.core import run_checks  # noqa: E402
+from fdlib.course.grading.core import run_checks  # noqa: E402
 from helpers import cell_function  # noqa: E402
 
 NAME = lab09.NAME

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fdlib.grading import core
-from fdlib.grading.core import run_checks
+from fdlib.course.grading import core
+from fdlib.course.grading.core import run_checks
 from helpers import assert_one_todo_line, not_implemented_stub, todo_stub
 
 APPEND = "lab10.append_kv"

@@ -1,7 +1,7 @@
-"""Grade lab05: every check of fdlib/grading/lab05.py, on labsolutions/ (or the notebook with --grade-notebooks)."""
+"""Grade lab05: every check of fdlib/course/grading/lab05.py, on labsolutions/ (or the notebook with --grade-notebooks)."""
 import pytest
 
-from fdlib.grading.core import exercises, load_checks
+from fdlib.course.grading.core import exercises, load_checks
 
 CASES = [(name, c.name) for name in exercises("lab05") for c in load_checks(name)]
 

@@ -1,7 +1,7 @@
-"""Grade lab07: every check of fdlib/grading/lab07.py, on labsolutions/ (or the notebook with --grade-notebooks)."""
+"""Grade lab07: every check of fdlib/course/grading/lab07.py, on labsolutions/ (or the notebook with --grade-notebooks)."""
 import pytest
 
-from fdlib.grading.core import exercises, load_checks
+from fdlib.course.grading.core import exercises, load_checks
 
 CASES = [(name, c.name) for name in exercises("lab07") for c in load_checks(name)]
 

@@ -1,5 +1,5 @@
 """What a learner reads carries no benchmark leftovers: no commit-stamped file names or commit hashes and no
-command-line flags, in the shipped notebooks' outputs and in every "what the GPU shows" view (fdlib.measured).
+command-line flags, in the shipped notebooks' outputs and in every "what the GPU shows" view (fdlib.course.measured).
 The provenance (commit, command, versions) stays in the results files and in results/."""
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def test_the_views_carry_no_commit_or_flag():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fdlib.measured import format_rows, names, show_measured
-    from fdlib.measured import lab06
+    from fdlib.course.measured import format_rows, names, show_measured
+    from fdlib.course.measured import lab06
     for view in names():
         try:
             shown = show_measured(view, show=False)

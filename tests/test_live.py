@@ -1,4 +1,4 @@
-"""reveal_solution / reset_exercise / restore_backup / list_backups, the kernel side (fdlib.grading.live).
+"""reveal_solution / reset_exercise / restore_backup / list_backups, the kernel side (fdlib.course.grading.live).
 
 The page side (the script that backs up the notebook open in JupyterLab and changes its cell) runs in the browser
 test (``test_browser.py::test_reveal_reload_restore_round_trip``). Here: what the kernel sends the page, the
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fdlib.grading import core, live
+from fdlib.course.grading import core, live
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "lab01.naive_attention"

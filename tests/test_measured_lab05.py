@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from fdlib.measured import RESULTS, show_measured  # noqa: E402
-from fdlib.measured.lab05 import SHOWDOWN, TABLE_SHAPES  # noqa: E402
+from fdlib.course.measured import RESULTS, show_measured  # noqa: E402
+from fdlib.course.measured.lab05 import SHOWDOWN, TABLE_SHAPES  # noqa: E402
 
 
 def _file(path=RESULTS / SHOWDOWN):
@@ -98,7 +98,7 @@ def test_printed_caption_is_wrapped_whole_words(capsys):
     unwrapped; the printed table fits 100 columns."""
     import matplotlib.pyplot as plt
 
-    from fdlib.measured import CAPTION_WIDTH, format_rows
+    from fdlib.course.measured import CAPTION_WIDTH, format_rows
     shown = show_measured("showdown")
     plt.close(shown.figure)
     out = capsys.readouterr().out
@@ -113,7 +113,7 @@ def test_printed_caption_is_wrapped_whole_words(capsys):
 
 
 def test_wrap_caption_keeps_long_tokens_and_lines():
-    from fdlib.measured import wrap_caption
+    from fdlib.course.measured import wrap_caption
     long_token = "results/h200/" + "x" * 100 + ".json"
     text = f"first line {long_token} and more words here\n\nthird-line with-hyphens " + "word " * 30
     wrapped = wrap_caption(text, 40)

@@ -1,4 +1,4 @@
-"""fdlib.measured.lab06: Lab 06's "what the GPU shows" (show_measured("ragged")) reads the committed ragged grids,
+"""fdlib.course.measured.lab06: Lab 06's "what the GPU shows" (show_measured("ragged")) reads the committed ragged grids,
 and what the lesson says about them holds in those files."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from fdlib.measured import RESULTS, format_rows, names, show_measured
-from fdlib.measured import lab06 as M
+from fdlib.course.measured import RESULTS, format_rows, names, show_measured
+from fdlib.course.measured import lab06 as M
 
 
 def _raw(name):
@@ -145,7 +145,7 @@ def test_what_the_lesson_says_about_the_schedules_holds():
 def test_what_the_lesson_says_about_the_two_models_holds():
     """Lab 06's "Two models, one batch": the unified kernel's timeline is shorter than the two-stage split's; the
     cost model ranks unified before balanced, the timeline model and the H200's recorded timelines the other way."""
-    from fdlib import explorer_model, timeline
+    from fdlib.course import explorer_model, timeline
     text = _lesson()
     for words in ("The unified kernel's timeline is shorter than the two-stage split's (in brackets)",
                   "The models rank unified and balanced oppositely",

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from fdlib.measured import RESULTS, names, show_measured  # noqa: E402
-from fdlib.measured import lab07 as view07  # noqa: E402
+from fdlib.course.measured import RESULTS, names, show_measured  # noqa: E402
+from fdlib.course.measured import lab07 as view07  # noqa: E402
 
 
 @pytest.fixture(scope="module")

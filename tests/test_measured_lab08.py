@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from fdlib.measured import RESULTS, show_measured  # noqa: E402
-from fdlib.measured.lab08 import QLEN  # noqa: E402
+from fdlib.course.measured import RESULTS, show_measured  # noqa: E402
+from fdlib.course.measured.lab08 import QLEN  # noqa: E402
 
 
 def _shown(results_dir=None):

@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from fdlib.measured import RESULTS, names, show_measured  # noqa: E402
-from fdlib.measured import lab09 as view09  # noqa: E402
+from fdlib.course.measured import RESULTS, names, show_measured  # noqa: E402
+from fdlib.course.measured import lab09 as view09  # noqa: E402
 
 FIXTURE = RESULTS.parents[1] / "tests" / "fixtures" / "kv8_synthetic.json"
 ERRORS = RESULTS.parent / "cpu" / "quant-error.json"

@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from fdlib.measured import show_measured  # noqa: E402
-from fdlib.measured.lab10 import GENERATE, best_rows, move_gains, show  # noqa: E402
+from fdlib.course.measured import show_measured  # noqa: E402
+from fdlib.course.measured.lab10 import GENERATE, best_rows, move_gains, show  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "lab10"
 

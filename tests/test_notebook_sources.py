@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from fdlib.grading import core
+from fdlib.course.grading import core
 from shipped import shipped_json     # the shipped notebook (the committed one where the learner saved work)
 
 pytest.importorskip("jupytext", reason="jupytext reads the notebook sources")
@@ -40,7 +40,7 @@ def test_notebook_matches_its_source(src):
 
 
 def test_exercise_stubs_are_the_graders():
-    """Every exercise cell ships the stub its grader module holds (fdlib.grading.core.stub_source), and every
+    """Every exercise cell ships the stub its grader module holds (fdlib.course.grading.core.stub_source), and every
     exercise with checks has its cell."""
     graders = {name: core.stub_source(name) for name in core.exercises()}
     seen = set()
@@ -49,7 +49,7 @@ def test_exercise_stubs_are_the_graders():
             name = cell.metadata.get("fdlib", {}).get("exercise")
             if name is not None:
                 seen.add(name)
-                assert name in graders, f"{src.name}: the exercise {name} has no stub in fdlib/grading"
+                assert name in graders, f"{src.name}: the exercise {name} has no stub in fdlib/course/grading"
                 assert cell.source == graders[name], f"{src.name}: the stub of {name} is not the grader's"
     assert seen == set(graders)
 

@@ -6,8 +6,8 @@ import nbformat
 import pytest
 from shipped import shipped_copy
 
-from fdlib.grading import core
-from fdlib.grading.notebook_tools import exercise_cells, load_exercise_cells, load_exercises, solved_copy
+from fdlib.course.grading import core
+from fdlib.course.grading.notebook_tools import exercise_cells, load_exercise_cells, load_exercises, solved_copy
 
 NAME = "lab01.naive_attention"
 

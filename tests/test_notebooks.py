@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from shipped import notebook_names, shipped_copy, shipped_json
 
-from fdlib.grading.notebook_tools import exercise_cells, solved_copy
+from fdlib.course.grading.notebook_tools import exercise_cells, solved_copy
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = [ROOT / "notebooks" / n for n in notebook_names()]     # names only: the files may be the learner's

@@ -95,7 +95,7 @@ def test_gpu_test_modules_import_without_nbformat():
     assert "test_gpu" in modules and "test_streamk" in modules, files
     code = ("import sys; sys.modules['nbformat'] = None\n"    # a None entry makes `import nbformat` fail
             f"import {', '.join(modules)}\n"
-            "assert 'fdlib.grading.notebook_tools' not in sys.modules")
+            "assert 'fdlib.course.grading.notebook_tools' not in sys.modules")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(root, "tests"), root]))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=root)
     assert r.returncode == 0, r.stderr[-2000:]

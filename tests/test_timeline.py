@@ -1,4 +1,4 @@
-"""fdlib.timeline: the model timelines (split, unified, balanced, stream-K), recorded buffers, the Gantt plot."""
+"""fdlib.course.timeline: the model timelines (split, unified, balanced, stream-K), recorded buffers, the Gantt plot."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from fdlib import costmodel, timeline as T
+from fdlib import costmodel
+from fdlib.course import timeline as T
 from fdlib.schedule import balanced
 
 CAL = costmodel.H200_DEFAULT

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call for 8-bit KV caches (Lab 09): correctness on the GPU, the probe of the 8-bit loop, and the dense grid
-# of auto over bf16, e4m3 and int8 caches at each scale granularity (the files fdlib.measured's lab09 view reads).
+# of auto over bf16, e4m3 and int8 caches at each scale granularity (the files fdlib.course.measured's lab09 view reads).
 #   bash tools/gpu_kv8_run.sh OUTDIR
 set -uo pipefail
 OUT=${1:?output folder}

@@ -5,8 +5,8 @@ reads them; Lab 06 draws the model's timelines).
     python tools/record_timeline.py --out OUT_DIR --cases B:H_q:H_kv:dist:mean:page,... \
         [--methods auto,streamk,auto@16x4x3]
 
-For each of Lab 06's ragged batches (``fdlib.timeline.BATCH``: B=32, H 32:8, D=128, fp16; lengths
-``fdlib.timeline.batch_lengths``: "uniform" in 1..32768, the batch of issue 13, and "zipf", Zipf-like of mean 8192,
+For each of Lab 06's ragged batches (``fdlib.course.timeline.BATCH``: B=32, H 32:8, D=128, fp16; lengths
+``fdlib.course.timeline.batch_lengths``: "uniform" in 1..32768, the batch of issue 13, and "zipf", Zipf-like of mean 8192,
 both from ``--seed``), or for each of ``--cases`` (the ragged bench's batches, :mod:`fdlib.bench.ragged`: lengths
 drawn from ``dist`` with mean ``mean`` and seed ``--seed`` + the case's place, D=128, fp16, ``page`` 0 a
 contiguous cache, else pages of that many keys in shuffled order; ``dist/desc``: sorted longest first; written as
@@ -14,8 +14,8 @@ contiguous cache, else pages of that many keys in shuffled order; ``dist/desc``:
 ``streamk``, and ``auto`` for reference) with the host lengths, runs it once to compile, then ``--repeats`` times
 with the timeline flag (``plan.run(q, k, v, lens, timeline=plan.timeline_buffer())``: one row (SM id, start ns,
 end ns) per program, from the GPU's global timer), keeps the run of median makespan and prints where it goes
-(``fdlib.timeline.Timeline.span_parts``: ramp, gaps, busy, tail). It writes ``OUT_DIR/timeline-<batch>.json``
-(``fdlib.timeline.save_recorded``, read back by ``fdlib.timeline.load_recorded``) with the provenance of
+(``fdlib.course.timeline.Timeline.span_parts``: ramp, gaps, busy, tail). It writes ``OUT_DIR/timeline-<batch>.json``
+(``fdlib.course.timeline.save_recorded``, read back by ``fdlib.course.timeline.load_recorded``) with the provenance of
 ``fdlib.bench.harness.provenance`` (device, versions, date, this command). Needs a CUDA GPU.
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 import fdlib
-from fdlib import runtime, timeline
+from fdlib import runtime
+from fdlib.course import timeline
 from fdlib.bench.harness import provenance, reference_rows, rel_error
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -6,7 +6,7 @@ A lesson's "What the GPU shows" section is one call::
     show_measured("ragged")          # the figure, the table, and a caption naming the results file
 
 Every view is a function ``view(results_dir) -> Shown`` registered under a short name with :func:`view`, in the
-module of its lab (``fdlib/measured/labNN.py``); the parsing of result files lives there, not in a notebook.
+module of its lab (``fdlib/course/measured/labNN.py``); the parsing of result files lives there, not in a notebook.
 ``results_dir`` defaults to the repository's ``results/h200``.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200"
+RESULTS = Path(__file__).resolve().parents[3] / "results" / "h200"
 
 _VIEWS: dict[str, Callable] = {}
 

@@ -46,7 +46,7 @@ def _shape(r) -> str:
 def qlen(results_dir: Path) -> Shown:
     import matplotlib.pyplot as plt
 
-    from fdlib.figures import legend_outside
+    from fdlib.course.figures import legend_outside
 
     path = results_dir / QLEN
     res = load(path)

@@ -136,7 +136,7 @@ def _grouped_bars(ax, cs, series, ylabel: str, legend_title: str) -> None:
     """Bars of each ``(label, values)`` of ``series``, grouped by case ``cs``, on a log y axis."""
     import matplotlib.pyplot as plt
 
-    from fdlib.figures import legend_outside
+    from fdlib.course.figures import legend_outside
     width = 0.8 / max(len(series), 1)
     for i, (label, ys) in enumerate(series):
         xs = [c + (i - (len(series) - 1) / 2) * width for c in range(len(cs))]
@@ -190,7 +190,7 @@ def step_profile(results_dir: Path) -> Shown:
     import matplotlib.pyplot as plt
 
     from fdlib.bench.stepprofile import ORDER
-    from fdlib.figures import legend_outside
+    from fdlib.course.figures import legend_outside
 
     path = find(results_dir)
     res = load(path)
@@ -224,7 +224,7 @@ def step_profile(results_dir: Path) -> Shown:
 
 
 def show(name: str, results_dir=None):
-    """:func:`~fdlib.measured.show_measured` of a Lab 10 view, or (no recorded run) a note that says which file
+    """:func:`~fdlib.course.measured.show_measured` of a Lab 10 view, or (no recorded run) a note that says which file
     is missing and which command writes it; returns the Shown or None."""
     path = find(Path(results_dir) if results_dir is not None else RESULTS)
     if not path.exists():

@@ -1,7 +1,7 @@
 r"""Triton exercises: the learner writes a ``@triton.jit`` function that fdlib's kernels call.
 
 Lab 03's tile update, Lab 04's stage-2 kernel and Lab 05's ticket are Triton functions. Their stubs cannot call
-:func:`~fdlib.grading.core.todo` (a stub must still compile inside the kernel), so an untouched stub is
+:func:`~fdlib.course.grading.core.todo` (a stub must still compile inside the kernel), so an untouched stub is
 recognised by its code: the same statements as the stub's, comments and docstring aside (:func:`is_untouched`).
 
 A lab registers such a stub once per exercise, and every check of the exercise then starts with ``require``::

@@ -67,7 +67,7 @@ def notebook_path() -> Path | None:
 def home_notebook(name: str) -> str:
     """The file name of the notebook that holds exercise ``name`` (``01_naive_decode.ipynb``), or a pattern."""
     nn = name.split(".", 1)[0][3:]
-    root = Path(__file__).resolve().parents[2] / "notebooks"
+    root = Path(__file__).resolve().parents[3] / "notebooks"
     found = sorted(root.glob(f"{nn}_*.ipynb"))
     return found[0].name if found else f"{nn}_*.ipynb"
 

@@ -203,7 +203,7 @@ def _pct(x) -> str:
 def kv8(results_dir: Path) -> Shown:
     import matplotlib.pyplot as plt
 
-    from fdlib.figures import plain_ticks
+    from fdlib.course.figures import plain_ticks
 
     folder = find_run(results_dir)
     base = load(folder / KV16)

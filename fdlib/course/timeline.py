@@ -54,14 +54,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import costmodel, gpus
-from .costmodel import Calibration
-from .kernels.config import chunk_for, tile_config_for
-from .schedule import balanced
-from .splits import order_hint
+from .. import costmodel, gpus
+from ..costmodel import Calibration
+from ..kernels.config import chunk_for, tile_config_for
+from ..schedule import balanced
+from ..splits import order_hint
 
 SCHEDULES = ("split", "unified", "longest-first", "balanced", "stream-k")
-SCHEMA = "fdlib.timeline/1"
+SCHEMA = "fdlib.course.timeline/1"
 BATCH = dict(B=32, H_q=32, H_kv=8, D=128, dtype="float16")
 """Lab 06's ragged batch: B=32, H 32:8, D=128, fp16 (lengths from :func:`batch_lengths`)."""
 MEANS = {"uniform": 16384, "zipf": 8192}
@@ -71,7 +71,7 @@ MEANS = {"uniform": 16384, "zipf": 8192}
 def batch_lengths(dist: str = "uniform", seed: int = 0, B: int = 32, mean: int | None = None) -> list[int]:
     """Lengths of the lab's ragged batches (:func:`fdlib.bench.ragged.draw_lengths`): ``"uniform"`` in
     1..2·mean (default mean 16384: 1..32768), ``"zipf"`` Zipf-like (default mean 8192: most short, a few long)."""
-    from .bench.ragged import draw_lengths
+    from ..bench.ragged import draw_lengths
     if dist not in MEANS:
         raise ValueError(f"dist: expected 'uniform' or 'zipf', got {dist!r}")
     return draw_lengths(dist, B, MEANS[dist] if mean is None else int(mean), seed)
@@ -91,7 +91,7 @@ def pretend_gpu(sms: int = 8, like: str = "H200") -> gpus.GPU:
     if not isinstance(sms, int) or not 1 <= sms <= base.sms:
         raise ValueError(f"sms: expected an integer from 1 to {base.sms} (the SMs of {base.name}), got {sms!r}")
     from dataclasses import replace
-    from .calibration import calibration_for
+    from ..calibration import calibration_for
     f = sms / base.sms
     g = replace(base, name=f"pretend {base.name} with {sms} SMs", sms=sms, bandwidth_tbs=base.bandwidth_tbs * f)
     cal = calibration_for(base)
@@ -320,7 +320,7 @@ def model_inputs(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int = 
     :class:`fdlib.gpus.GPU`): the compiled tiles for the longest row, r programs per SM."""
     g = gpus.resolve(gpu)
     if cal is None:
-        from .calibration import calibration_for
+        from ..calibration import calibration_for
         cal = _PRETEND.get(g.name) or calibration_for(g)
     L_cap = max(max(lengths, default=0), 1)
     tile = tile_config_for(D, L_cap, compiled_mode=True, elem_bytes=dtype_bytes, rows=len(lengths) * H_kv)
@@ -400,8 +400,8 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
         mode = f"balanced schedule, {s.items} items of ≤ {s.chunk_tiles} tiles (budget {P})"
     else:   # as fdlib.kernels.streamk launches it: the persistent kernel's tiles, PERSISTENT_PER_SM programs an SM,
         # P_h shares a KV head over that head's rows in sequence order, program p = q·H_kv + h
-        from .kernels.config import PERSISTENT_PER_SM, persistent_config
-        from .kernels.streamk import streamk_programs
+        from ..kernels.config import PERSISTENT_PER_SM, persistent_config
+        from ..kernels.streamk import streamk_programs
         sk = persistent_config(D, dtype_bytes, compiled_mode=True)
         N = sk.BLOCK_N
         r = costmodel.kernel_programs_per_sm(g, D, dtype_bytes, N, sk.num_warps, sk.num_stages)

@@ -17,7 +17,7 @@ Most checks run fdlib's real stage-1 kernel with the learner's function injected
 harness kernel, to test states the stage-1 kernel never produces (a fully masked tile).
 
 An untouched stub (the exercise cell as shipped, :data:`STUB`) is recognised by comparing its code with the
-stub's (comments and docstring aside) and reported as a TODO (:mod:`fdlib.grading.triton_exercise`).
+stub's (comments and docstring aside) and reported as a TODO (:mod:`fdlib.course.grading.triton_exercise`).
 """
 from __future__ import annotations
 

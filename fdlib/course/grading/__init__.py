@@ -16,10 +16,10 @@ In a notebook::
 
 From a terminal, ``./course grade`` grades the exercise cells of the saved notebooks (``python -m fdlib.grading``).
 
-The checks of lab NN live in ``fdlib/grading/labNN.py``, with the stub of each of its exercises (the exercise cell
+The checks of lab NN live in ``fdlib/course/grading/labNN.py``, with the stub of each of its exercises (the exercise cell
 as shipped); pytest runs the same checks (``tests/test_graders_*.py``). What the Triton exercises of Labs 03-05
 share (recognising an untouched stub, requiring a Triton function, launching the learner's code) is in
-``fdlib/grading/triton_exercise.py``.
+``fdlib/course/grading/triton_exercise.py``.
 """
 from .core import (  # noqa: F401
     CheckFailure, GuardedBuffer, Result, TodoError, check, exercise, exercises, reference, run_checks,

@@ -94,7 +94,7 @@ def take_ticket(counter_ptr, n_splits):
     return n_splits < 0
 ''', require=require_triton_function)
 
-SWEEP_FILE = Path(__file__).resolve().parents[2] / "results" / "h200" / "sweep-fp16.json"
+SWEEP_FILE = Path(__file__).resolve().parents[3] / "results" / "h200" / "sweep-fp16.json"
 SWEEP_TOLERANCE = 1.10
 
 

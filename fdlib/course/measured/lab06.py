@@ -75,7 +75,7 @@ def load_grid(path) -> Grid:
 
 
 def skipped_text(g: Grid) -> str:
-    """Why a run has fewer batches than the grid: '' or ', N skipped: <why>' (:func:`fdlib.measured.skipped_reason`)."""
+    """Why a run has fewer batches than the grid: '' or ', N skipped: <why>' (:func:`fdlib.course.measured.skipped_reason`)."""
     if not g.skipped:
         return ""
     return f", {len(g.skipped)} skipped: {skipped_reason(g.skipped)}"

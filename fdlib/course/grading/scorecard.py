@@ -1,6 +1,6 @@
 r"""``./course grade [lab ...]``: grade the exercise cells of the learner's saved notebooks, and print a scorecard.
 
-Only the graders run (the checks of :mod:`fdlib.grading.core` and ``labNN.py``, the same ones the check cells and
+Only the graders run (the checks of :mod:`fdlib.course.grading.core` and ``labNN.py``, the same ones the check cells and
 the pytest graders run), on the exercise cells of ``notebooks/NN_topic.ipynb`` as saved on disk: a few seconds
 for all labs on a laptop CPU. For each exercise it prints one line, and a ❌ line with the reason for each
 failed check; it ends with the scorecard, one line per lab:
@@ -9,7 +9,7 @@ failed check; it ends with the scorecard, one line per lab:
 
 k/n are points: each check is worth 1 or 2 (``@check_case(..., points=2)`` for an exercise's main case),
 summed per lab, so a partly working exercise earns partial credit. ``--speed`` adds, on a CUDA GPU, the speed
-of the learner's kernels (:mod:`fdlib.grading.speed`). Where the terminal cannot show emoji, ``--ascii`` (or a
+of the learner's kernels (:mod:`fdlib.course.grading.speed`). Where the terminal cannot show emoji, ``--ascii`` (or a
 terminal encoding without them) prints ``[ok]``, ``[FAIL]`` and ``[todo]`` instead.
 
 Exit status: 0 when every graded lab is complete (✅), 1 otherwise, 2 for a usage error.
@@ -30,7 +30,7 @@ import fdlib
 from . import core, speed
 from .notebook_tools import exercise_cells, load_exercise_cells
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EMOJI = {"pass": "✅ PASS", "fail": "❌ FAIL", "todo": "📝 TODO"}   # words beside the emoji: readable without an emoji font
 TEXT = {"pass": "[ok]", "fail": "[FAIL]", "todo": "[todo]"}
 # where the terminal's encoding lacks them: the symbols the checks' messages use, in plain text

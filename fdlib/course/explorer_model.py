@@ -20,12 +20,12 @@ A **length histogram** (``dist``: ``"constant"``, ``"uniform"`` in [1, 2L], ``"z
 :math:`H\sum_b \max(1, \lceil L_b/\text{chunk}\rceil)` programs with chunk sized for the longest row, and the
 summary adds the balanced schedule (:mod:`fdlib.schedule`, budget B·splits as the plan sets it) priced by the same
 cost-model formula over its items (:func:`balanced_time`), and both schedules' idle SM share from the timeline model
-(:mod:`fdlib.timeline`, up to :data:`TIMELINE_MAX_PROGRAMS` programs).
+(:mod:`fdlib.course.timeline`, up to :data:`TIMELINE_MAX_PROGRAMS` programs).
 
 r, the splits a launch really has and every predicted time come from the cost model
 (:func:`fdlib.costmodel.explain`, r by :func:`fdlib.costmodel.kernel_programs_per_sm`) and the planner
 (:func:`fdlib.plan.launched_splits`): the explorer draws the model the library decides with.
-:mod:`fdlib.explorer` draws it (matplotlib) and puts it behind sliders (ipywidgets).
+:mod:`fdlib.course.explorer` draws it (matplotlib) and puts it behind sliders (ipywidgets).
 """
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import costmodel, gpus
-from .kernels.config import MAX_SPLITS
-from .occupancy import Schedule, programs_per_sm, schedule
+from .. import costmodel, gpus
+from ..kernels.config import MAX_SPLITS
+from ..occupancy import Schedule, programs_per_sm, schedule
 
 DISTS = ("constant", "uniform", "zipf")
 TIMELINE_MAX_PROGRAMS = 20000
@@ -53,13 +53,13 @@ def gpu_tile(D: int, L: int, rows: int | None = None, dtype_bytes: int = 2):
     """The compiled kernels' tile (BLOCK_N keys, warps, stages) for head dim D, length L, B·H_kv rows and
     element size, as :func:`fdlib.kernels.config.tile_config_for` picks it on a GPU (the explorer models a
     GPU even on a CPU)."""
-    from .kernels.config import tile_config_for
+    from ..kernels.config import tile_config_for
     return tile_config_for(D, L, compiled_mode=True, elem_bytes=dtype_bytes, rows=rows)
 
 
 def splits_used(L: int, splits: int, D: int = 128, rows: int | None = None, dtype_bytes: int = 2) -> int:
     """Splits the kernels really launch on a GPU: the planner's :func:`fdlib.plan.launched_splits`."""
-    from .plan import launched_splits
+    from ..plan import launched_splits
     return launched_splits(L, splits, D, rows, dtype_bytes, compiled=True)
 
 
@@ -225,7 +225,7 @@ def ragged_lengths(dist: str, B: int, L: int, seed: int = 0) -> list[int]:
     """B lengths of mean L from the histogram ``dist`` (:data:`DISTS`; :func:`fdlib.bench.ragged.draw_lengths`)."""
     if dist not in DISTS:
         raise ValueError(f"dist: expected one of {', '.join(DISTS)}, got {dist!r}")
-    from .bench.ragged import draw_lengths
+    from ..bench.ragged import draw_lengths
     return draw_lengths(dist, int(B), int(L), int(seed))
 
 
@@ -234,7 +234,7 @@ def balanced_time(lengths, H_kv: int, D: int, dtype_bytes: int, budget: int, gpu
     r"""(items, programs, waves, µs) of the balanced schedule by the cost model's formula (:mod:`fdlib.costmodel`)
     applied to its items: P = H_kv·Σ n_b programs of at most c tiles, bytes per program 2·c·N·D·elem, and the
     unified kernel's epilogue for the row with the most items."""
-    from .schedule import balanced
+    from ..schedule import balanced
     s = balanced(lengths, budget, block_n)
     P = H_kv * s.items
     w = -(-P // (r * gpu.sms))
@@ -273,7 +273,7 @@ def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=Tru
     if dist == "constant":
         P = B * heads * used
     else:
-        from .kernels.config import chunk_for
+        from ..kernels.config import chunk_for
         chunk = chunk_for(longest, used, block_n)[0]
         P = heads * sum(max(1, -(-x // chunk)) for x in lens)
     s = schedule(P, r, g.sms)
@@ -283,7 +283,7 @@ def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=Tru
     chosen_t, _ = time_at(ex.candidates, int(ex.chosen))
     extra = {}
     if dist != "constant":
-        from .calibration import calibration_for
+        from ..calibration import calibration_for
         cal = calibration_for(g)
         items, bp, bw_, bt = balanced_time(lens, heads, D, dtype_bytes, B * used, g, cal, block_n, r, H_q // heads)
         extra = dict(dist=dist, seed=int(seed), L_longest=longest, balanced_items=items, balanced_programs=bp,
@@ -318,7 +318,7 @@ def summary(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: b
 # ----------------------------------------------------------------------------------------------- recorded results
 def results_dir() -> Path:
     """Where committed benchmark results live: ``$FDLIB_RESULTS`` or the checkout's ``results/``."""
-    return Path(os.environ.get("FDLIB_RESULTS", Path(__file__).resolve().parent.parent / "results"))
+    return Path(os.environ.get("FDLIB_RESULTS", Path(__file__).resolve().parents[2] / "results"))
 
 
 def _point(shape: dict, method: str, point: dict, device: str, sweep: bool) -> tuple | None:
@@ -343,7 +343,7 @@ def _load_points(root: str, stamp: tuple) -> tuple:
     """Every timed point of the ``python -m fdlib.bench`` results under ``root`` (bench records and sweep
     points; read by :func:`fdlib.bench.report.load_results`); ``stamp`` (paths and mtimes) invalidates the
     cache when files change."""
-    from .bench.report import load_results
+    from ..bench.report import load_results
     out = []
     for path in sorted(Path(root).rglob("*.json")):
         try:

@@ -6,11 +6,11 @@ Vocabulary
   ``@exercise("lab01.naive_attention")``. Its stub body calls :func:`todo` (or raises ``NotImplementedError``).
 * A **solution** is the reference implementation of an exercise (``labsolutions/labNN_topic.py``), registered
   with ``@solution(name)``.
-* A **stub** is the exercise cell as shipped, kept as text in ``fdlib/grading/labNN.py`` and registered with
+* A **stub** is the exercise cell as shipped, kept as text in ``fdlib/course/grading/labNN.py`` and registered with
   :func:`exercise_stub` (``notebooks/src`` must hold the same text, ``tests/test_notebook_sources.py`` checks
   it). A Triton stub cannot call :func:`todo` (it has to compile), so it is recognised by its code: its
-  ``guard`` runs before each of the exercise's checks (:mod:`fdlib.grading.triton_exercise`).
-* A **check** is a small function ``check_fn(impl, gen)`` written once in ``fdlib/grading/labNN.py`` with
+  ``guard`` runs before each of the exercise's checks (:mod:`fdlib.course.grading.triton_exercise`).
+* A **check** is a small function ``check_fn(impl, gen)`` written once in ``fdlib/course/grading/labNN.py`` with
   ``@check_case(name, "what it checks")``. It builds fresh inputs from ``gen`` (a generator seeded per check), calls the implementation
   through :func:`call` and compares with :func:`assert_close` / :func:`expect_tensor`. A check fails by raising
   :class:`CheckFailure` with a useful message.
@@ -147,10 +147,10 @@ def _lab(name: str) -> str:
 
 
 def load_checks(name: str) -> list[Check]:
-    """The checks of exercise ``name`` (imports ``fdlib.grading.labNN`` on first use)."""
+    """The checks of exercise ``name`` (imports ``fdlib.course.grading.labNN`` on first use)."""
     if name not in _CHECKS:
         try:
-            importlib.import_module(f"fdlib.grading.{_lab(name)}")
+            importlib.import_module(f"fdlib.course.grading.{_lab(name)}")
         except ModuleNotFoundError:
             pass
     if name not in _CHECKS:
@@ -160,9 +160,9 @@ def load_checks(name: str) -> list[Check]:
 
 def exercises(lab: str | None = None) -> list[str]:
     """Names of the exercises that have checks (of one lab, e.g. ``"lab01"``, or of all labs found)."""
-    for m in pkgutil.iter_modules([str(Path(__file__).parent)]):     # the modules of fdlib/grading
+    for m in pkgutil.iter_modules([str(Path(__file__).parent)]):     # the modules of fdlib/course/grading
         if m.name.startswith("lab") and (lab is None or m.name == lab):
-            importlib.import_module(f"fdlib.grading.{m.name}")
+            importlib.import_module(f"fdlib.course.grading.{m.name}")
     return sorted(n for n in _CHECKS if lab is None or n.startswith(lab + "."))
 
 
@@ -171,7 +171,7 @@ def _import_labsolutions():
     try:
         import labsolutions
     except ModuleNotFoundError:
-        root = Path(__file__).resolve().parents[2]
+        root = Path(__file__).resolve().parents[3]
         if not (root / "labsolutions" / "__init__.py").exists():
             raise
         sys.path.append(str(root))

@@ -64,7 +64,7 @@ def _label(shape) -> str:
 def showdown(results_dir: Path) -> Shown:
     import matplotlib.pyplot as plt
 
-    from fdlib.figures import legend_outside
+    from fdlib.course.figures import legend_outside
 
     path = results_dir / SHOWDOWN
     res = load(path)

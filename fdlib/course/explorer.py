@@ -2,10 +2,10 @@ r"""The SM-occupancy explorer: how a decode launch's programs fill a GPU, and wh
 
 A split-KV decode launch runs :math:`P = B \cdot H \cdot \text{splits}` programs (H = H_kv with GQA
 packing, H_q with one program per query head) in :math:`\lceil P/(rS) \rceil` waves over S SMs with r
-programs each; :mod:`fdlib.explorer_model` computes those numbers and the cost model's time per decode step.
+programs each; :mod:`fdlib.course.explorer_model` computes those numbers and the cost model's time per decode step.
 This module draws them:
 
-* :func:`summary` -- the numbers for one setting (:func:`fdlib.explorer_model.summary`), with a
+* :func:`summary` -- the numbers for one setting (:func:`fdlib.course.explorer_model.summary`), with a
   deterministic text form for checked notebook cells;
 * :func:`draw` -- a static matplotlib Figure for one setting: SM maps of the first waves and the tail wave,
   and predicted time vs splits with the cost model's choice and any recorded results;
@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 
-from . import gpus, runtime
+from .. import gpus, runtime
 from .explorer_model import (Summary, check_shape, per_sm_text, ragged_lengths, recorded,  # noqa: F401
                              results_dir, splits_used, summary, summary_and_curve, wave_rows)
-from .kernels.config import MAX_SPLITS
-from .occupancy import Schedule
+from ..kernels.config import MAX_SPLITS
+from ..occupancy import Schedule
 
 __all__ = ["explorer", "draw", "measure", "summary", "Summary", "recorded", "results_dir", "SPLIT_OPTIONS"]
 
@@ -42,7 +42,7 @@ GROUP_OPTIONS = [1, 2, 4, 5, 7, 8, 16]
 Q_LEN_OPTIONS = [1, 2, 4, 8, 16]   # query tokens per sequence (speculative decoding: the draft tokens)
 DIST_OPTIONS = [("constant: every row L", "constant"), ("uniform in [1, 2L]", "uniform"),
                 ("Zipf-like: most short, a few long (mean L)", "zipf")]
-"""The length histogram's choices (L is the mean; :func:`fdlib.explorer_model.ragged_lengths`)."""
+"""The length histogram's choices (L is the mean; :func:`fdlib.course.explorer_model.ragged_lengths`)."""
 
 
 # ----------------------------------------------------------------------------------------------- the figure

@@ -5,7 +5,7 @@ An exercise cell is a code cell tagged ``exercise`` (cell metadata ``tags``) who
 
 Nothing here writes to a learner's notebook: :func:`solved_copy` only writes a new file. Revealing a solution,
 resetting an exercise and restoring a backup happen in the notebook open in JupyterLab, never in its file
-(:mod:`fdlib.grading.live`; :func:`reveal_solution` and :func:`reset_exercise` are imported here too).
+(:mod:`fdlib.course.grading.live`; :func:`reveal_solution` and :func:`reset_exercise` are imported here too).
 """
 from __future__ import annotations
 

@@ -210,7 +210,7 @@ def _rank_entry(rank, world, store, out_dir, fn, args, timeout_s):
     except CheckFailure as e:
         res = {"fail": str(e)}
     except BaseException as e:  # noqa: BLE001 - reported by the parent as a ❌ line
-        tb = [f for f in traceback.extract_tb(e.__traceback__) if "fdlib/grading" not in f.filename
+        tb = [f for f in traceback.extract_tb(e.__traceback__) if "fdlib/course/grading" not in f.filename
               and "site-packages" not in f.filename]
         where = f" (in {tb[-1].name}, line {tb[-1].lineno}: {(tb[-1].line or '').strip()})" if tb else ""
         res = {"error": f"{type(e).__name__}: {e}"[:500] + where}

@@ -1,6 +1,0 @@
-"""``python -m fdlib.grading [lab ...]`` (what ``./course grade`` runs): see :mod:`fdlib.grading.scorecard`."""
-import sys
-
-from .scorecard import main
-
-sys.exit(main())
