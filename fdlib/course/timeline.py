@@ -61,7 +61,7 @@ from ..schedule import balanced
 from ..splits import order_hint
 
 SCHEDULES = ("split", "unified", "longest-first", "balanced", "stream-k")
-SCHEMA = "fdlib.course.timeline/1"
+SCHEMA = "fdlib.timeline/1"   # the format name in the recorded files (results/h200/timeline-*.json), not a module path
 BATCH = dict(B=32, H_q=32, H_kv=8, D=128, dtype="float16")
 """Lab 06's ragged batch: B=32, H 32:8, D=128, fp16 (lengths from :func:`batch_lengths`)."""
 MEANS = {"uniform": 16384, "zipf": 8192}
