@@ -33,7 +33,7 @@ def test_generate_table_is_the_files_records():
     row = next(r for r in shown.table if r[:2] == ["B=1, 128k", "fdlib_compiled"])
     assert row[2:] == ["10.00", "100.0", "8.00", "80%", "5.00"]
     assert shown.caption.startswith("tests/data/lab10/generate.json: recorded on Synthetic GPU, 2026-12-06 00:00 "
-                                    "UTC, `python -m fdlib.bench --generate --profile --name generate`")
+                                    "UTC; ")
     assert "read ceiling 4.50 TB/s measured in the same run" in shown.caption
     assert "B=1, 128k: fdlib_compiled 5.00× HF default, 80% of the bound" in shown.caption
     assert "Not run: B=8, 128k (every variant): needs ~130.0 GiB beside the weights, 60.0 GiB free." in shown.caption

@@ -5,7 +5,8 @@ masks, pages or splits) timed over a 16-bit cache and over e4m3 and int8 caches,
     python tools/kv8_probe.py --out DIR     # prints a table, writes DIR/kv8-probe.json (GPU only)
 
 Variants: ``conv``, how an 8-bit tile becomes the fp16 operand of ``tl.dot``: ``triton`` (``x.to(tl.float16)``),
-``asm`` (fdlib's :func:`fdlib.kernels.tile.to_fp16`, four elements a register); ``dot``: ``plain`` (s = q·Kᵀ and
+``asm`` (:func:`to_fp16` below, four elements a register in full-rate instructions: a candidate, not yet
+in fdlib's kernels); ``dot``: ``plain`` (s = q·Kᵀ and
 Õ += P·V, the query rows as the MMA's M) or ``trans`` (sᵀ = K·qᵀ and Õᵀ += Vᵀ·Pᵀ, keys and D as M: Hopper's wgmma).
 Bandwidth = the cache's bytes / time (median of CUDA-event timings); the read ceiling is measured in the same run
 (:func:`fdlib.bench.ceiling.measure_ceiling`)."""
@@ -22,7 +23,31 @@ import triton.language as tl
 
 import fdlib
 from fdlib.bench.ceiling import measure_ceiling
-from fdlib.kernels.tile import to_fp16
+
+E4M3_TO_FP16 = tl.constexpr("""{ .reg .b16 lo, hi;
+mov.b32 {lo, hi}, $2;
+cvt.rn.f16x2.e4m3x2 $0, lo;
+cvt.rn.f16x2.e4m3x2 $1, hi; }""")
+INT8_TO_FP16 = tl.constexpr("""{ .reg .b32 t, c;
+xor.b32 t, $2, 0x80808080;
+prmt.b32 $0, t, 0x64646464, 0x4140;
+prmt.b32 $1, t, 0x64646464, 0x4342;
+mov.b32 c, 0x64806480;
+sub.f16x2 $0, $0, c;
+sub.f16x2 $1, $1, c; }""")
+
+
+@triton.jit
+def to_fp16(x):
+    """An 8-bit tile (e4m3 or int8) in fp16, exactly. On the GPU four elements a 32-bit register, in full-rate
+    instructions: e4m3 by the hardware's pairwise conversion; int8 by the magic-number trick, b = x + 128 (the
+    sign bit flipped) placed in the low byte of the fp16 0x6400 = 1024, so the half reads 1024 + b, minus 1152
+    (0x6480) gives x."""
+    if x.dtype == tl.int8:
+        r = tl.inline_asm_elementwise(INT8_TO_FP16, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+    else:
+        r = tl.inline_asm_elementwise(E4M3_TO_FP16, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+    return r
 
 
 @triton.jit

@@ -36,8 +36,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import runtime
-
 LOG2E = 1.4426950408889634
 TABLE_AHEAD_PAGE = tl.constexpr(8)
 """Pages of at least this many keys have each tile's block-table rows read one tile ahead (:func:`attend_slice`,
@@ -69,7 +67,8 @@ def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr, k_s
     none): :math:`s_{gj} \mathrel{*}= s_{K,j}` (column j of the logits), and :math:`p_{gj} s_{V,j}` enters Õ while
     ℓ sums :math:`p_{gj}` (the P·V product's weights scaled before the product). The 16-bit weights are
     :math:`p_{gj} s_{V,j} / \max_j s_{V,j} \in [0, 1]` and the product is multiplied by :math:`\max_j s_{V,j}` in
-    float32, so no scale under- or overflows fp16. k and v are then the stored values in fp16 (:func:`cache_update`).
+    float32, so no scale under- or overflows a 16-bit operand. k and v are then the stored values in q's dtype
+    (:func:`cache_update`).
     """
     if FP32_DOT:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -193,55 +192,13 @@ def with_scales(k, v, SC, pos, page, slot, PAGE: tl.constexpr, K_SCALE: tl.const
     return r
 
 
-INTERPRETED = tl.constexpr(runtime.INTERPRET)
-E4M3_TO_FP16 = tl.constexpr("""{ .reg .b16 lo, hi;
-mov.b32 {lo, hi}, $2;
-cvt.rn.f16x2.e4m3x2 $0, lo;
-cvt.rn.f16x2.e4m3x2 $1, hi; }""")
-INT8_TO_FP16 = tl.constexpr("""{ .reg .b32 t, c;
-xor.b32 t, $2, 0x80808080;
-prmt.b32 $0, t, 0x64646464, 0x4140;
-prmt.b32 $1, t, 0x64646464, 0x4342;
-mov.b32 c, 0x64806480;
-sub.f16x2 $0, $0, c;
-sub.f16x2 $1, $1, c; }""")
-
-
-@triton.jit
-def to_fp16(x):
-    """An 8-bit tile (e4m3 or int8) in fp16, exactly. On the GPU four elements a 32-bit register, in full-rate
-    instructions: e4m3 by the hardware's pairwise conversion; int8 by the magic-number trick, b = x + 128 (the
-    sign bit flipped) placed in the low byte of the fp16 0x6400 = 1024, so the half reads 1024 + b, minus 1152
-    (0x6480) gives x. The interpreter converts with ``.to``."""
-    if INTERPRETED:
-        r = x.to(tl.float16)
-    elif x.dtype == tl.int8:
-        r = tl.inline_asm_elementwise(INT8_TO_FP16, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
-    else:
-        r = tl.inline_asm_elementwise(E4M3_TO_FP16, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
-    return r
-
-
-@triton.jit
-def q_fp16(q, qk_scale):
-    """q in fp16 for products with an 8-bit tile, scaled by a power of two 2^-e that keeps max|q| in [1, 2)
-    (so no element overflows fp16), and qk_scale times 2^e."""
-    if q.dtype == tl.float16:
-        r = (q, qk_scale)
-    else:
-        amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
-        e = tl.where(amax > 0, tl.floor(tl.log2(amax)), 0.0)
-        r = ((q.to(tl.float32) * tl.exp2(-e)).to(tl.float16), qk_scale * tl.exp2(e))
-    return r
-
-
 @triton.jit
 def cache_update(TILE_UPDATE: tl.constexpr, q, tile, seen, m, l, acc, qk_scale, FP32_DOT: tl.constexpr, SC, valid,
                  K_SCALE: tl.constexpr, V_SCALE: tl.constexpr):
     """TILE_UPDATE on a tile as loaded from the cache (``tile`` = (k, v), or :func:`with_scales`'s four). A 16-bit
-    cache's tile goes in as it is. An 8-bit one is dequantized in registers first: converted to fp16 (to float32
-    where FP32_DOT), which is exact (every e4m3 and int8 value is an fp16 value; :func:`to_fp16`), and the products
-    run in fp16 whatever q's dtype (a bf16 q enters as :func:`q_fp16`, exact to fp16's 11 bits); per-token scales are loaded for the ``valid`` keys from SC at the row
+    cache's tile goes in as it is. An 8-bit one is dequantized in registers first: converted to q's dtype (to
+    float32 where FP32_DOT), which is exact (every e4m3 and int8 value is an fp16 and a bf16 value), so the
+    products stay fp16/bf16; per-token scales are loaded for the ``valid`` keys from SC at the row
     (:func:`scale_row`) and go in as the update's ``k_scale``/``v_scale``. Per-tensor and per-head scales are
     folded in outside the loop (:func:`k_scaled`, :func:`finish_state`)."""
     k = tile[0]
@@ -249,13 +206,8 @@ def cache_update(TILE_UPDATE: tl.constexpr, q, tile, seen, m, l, acc, qk_scale, 
     if K_SCALE == SCALE_NONE and V_SCALE == SCALE_NONE:
         r = TILE_UPDATE(q, k, v, seen, m, l, acc, qk_scale, FP32_DOT)
     else:
-        if FP32_DOT:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        else:
-            k = to_fp16(k)
-            v = to_fp16(v)
-            q, qk_scale = q_fp16(q, qk_scale)
+        k = k.to(tl.float32 if FP32_DOT else q.dtype)
+        v = v.to(tl.float32 if FP32_DOT else q.dtype)
         if K_SCALE == SCALE_TOKEN or V_SCALE == SCALE_TOKEN:
             ks = valid.to(tl.float32)          # placeholders where a tensor is not scaled per token (never read)
             vs = ks

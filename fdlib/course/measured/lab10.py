@@ -229,8 +229,8 @@ def show(name: str, results_dir=None):
     path = find(Path(results_dir) if results_dir is not None else RESULTS)
     if not path.exists():
         print(wrap_caption(f"No recorded GPU run to show yet: {shown_path(path)} is not there. On a GPU, "
-                           f"`python -m fdlib.bench --generate --profile --name generate` records one; the notebook "
-                           f"shows it once it is committed as results/<device>/{GENERATE}."))
+                           f"the course's benchmark records one (results/notes/10_end_to_end.md says how); the "
+                           f"notebook shows it once it is committed as results/<device>/{GENERATE}."))
         return None
     try:
         return show_measured(name, results_dir=path.parent)
