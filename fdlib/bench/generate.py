@@ -182,14 +182,14 @@ def make_cache(variant: str, model, B: int, context: int, capacity: int, seed: i
 def fill_decode_cache(cache, B: int, context: int, seed: int, through_prefill: bool = False) -> None:
     """Put :func:`layer_kv`'s ``context`` keys a sequence into a :class:`~fdlib.hf.DecodeCache`: copied into its
     buffers, or (``through_prefill``, as an 8-bit cache needs: it quantizes on write) written by the cache's own
-    prefill path, layer by layer."""
+    step path (:meth:`~fdlib.hf.DecodeCache.begin_step`, then :meth:`~fdlib.hf.DecodeCache.write` layer by layer)."""
     cfg, dtype, device = _Cfg(cache), cache.dtype, cache.device
     if through_prefill:
-        cache.begin_prefill(B, context, None)
+        cache.begin_step(B, context, None)
     for i, layer in enumerate(cache.layers):
         k, v = layer_kv(cfg, i, B, context, dtype, device, seed)
         if through_prefill:
-            cache.write_prefill(i, k, v)
+            cache.write(i, k, v)
         else:
             layer.keys[:B, :context].copy_(k.transpose(1, 2))
             layer.values[:B, :context].copy_(v.transpose(1, 2))
