@@ -41,10 +41,10 @@ so no program ever needs another's max, and no tile rescales its accumulator. Th
    skipped; unmarked rows cost one early-exit program per split. (The alternative, reading the marks on the host
    and relaunching only when one is set, saves that launch but syncs, and cannot be captured in a CUDA graph.)
 
-The P·V product keeps p in float32's range for every input dtype: float16/bfloat16 values are widened (exactly)
-to tf32 for the tensor cores, so p keeps 10 mantissa bits (the exact kernels round p to fp16/bf16) and the
-float32 window holds; p rounded to float16 would overflow above e^11 and the window would shrink to
-[ln 2^-14, ln 65504], about 21 nats.
+The product of the weights p with V keeps p in float32's range for every input dtype: float16/bfloat16 values are
+widened (exactly) to tf32 for the tensor cores, so p keeps 10 mantissa bits (the exact kernels round p to fp16/bf16)
+and the float32 window holds; p rounded to float16 would overflow above e^11 and the window would shrink to [ln 2^-14,
+ln 65504], about 21 nats.
 
 Empty rows (L_b = 0) give O = 0, lse = −∞ and are never marked.
 """
