@@ -1,34 +1,38 @@
 r"""Context-parallel decode: every rank of a process group holds a slice of each sequence's KV cache.
 
-The ranks are the *splits* of Flash-Decoding, one level up. Rank r holds a set of keys :math:`J_r` of every
-sequence (the sets are disjoint and together cover the sequence; usually contiguous by position, rank r
-holding positions [start_r, stop_r)) and decodes them with :func:`fdlib.decode_attention` into the
-normalised partial (O_r, lse_r). In the state of :mod:`fdlib.online_softmax`, with m_r the max logit of
-rank r's keys and :math:`\ell_r = \sum_{j\in J_r} e^{s_j - m_r}`:
+The ranks are the *splits* of Flash-Decoding, one level up. Each rank holds a set of keys
+:math:`J_\text{rank}` of every sequence (the sets are disjoint and together cover the sequence; usually
+contiguous by position, the rank holding positions [start_rank, stop_rank)) and decodes them with
+:func:`fdlib.decode_attention` into the normalised partial (O_rank, lse_rank). In the state of
+:mod:`fdlib.online_softmax`, with m_rank the max logit of the rank's keys and
+:math:`\ell_\text{rank} = \sum_{j\in J_\text{rank}} e^{s_j - m_\text{rank}}`:
 
 .. math::
-    \text{lse}_r = m_r + \log \ell_r, \qquad O_r = \tilde O_r / \ell_r
-    \qquad (\text{lse}_r = -\infty,\ O_r = 0 \text{ when rank r holds no key of the sequence}).
+    \text{lse}_\text{rank} = m_\text{rank} + \log \ell_\text{rank}, \qquad
+    O_\text{rank} = \tilde O_\text{rank} / \ell_\text{rank}
+    \qquad (\text{lse}_\text{rank} = -\infty,\ O_\text{rank} = 0 \text{ when the rank holds no key of the sequence}).
 
 The merge is Lab 04's stage 2 with the splits on different GPUs. Per row (b, h):
 
 .. math::
-    m = \max_r \text{lse}_r, \qquad
-    w_r = e^{\text{lse}_r - m}\ \ (= \ell_r e^{m_r - m}: \text{rank r's share of the softmax denominator, times } e^{-m}),
+    m = \max_\text{rank} \text{lse}_\text{rank}, \qquad
+    w_\text{rank} = e^{\text{lse}_\text{rank} - m}\ \ (= \ell_\text{rank} e^{m_\text{rank} - m}:
+    \text{this rank's share of the softmax denominator, times } e^{-m}),
 
-    \text{lse} = m + \log \sum_r w_r = \log \sum_r e^{\text{lse}_r}, \qquad
-    O = \frac{\sum_r w_r O_r}{\sum_r w_r} = \sum_r e^{\text{lse}_r - \text{lse}} O_r .
+    \text{lse} = m + \log \sum_\text{rank} w_\text{rank} = \log \sum_\text{rank} e^{\text{lse}_\text{rank}}, \qquad
+    O = \frac{\sum_\text{rank} w_\text{rank} O_\text{rank}}{\sum_\text{rank} w_\text{rank}}
+      = \sum_\text{rank} e^{\text{lse}_\text{rank} - \text{lse}} O_\text{rank} .
 
 Subtracting m keeps every weight in [0, 1] and the largest at exactly 1, so nothing overflows (an lse of
 10⁴ is possible) and the denominator is at least 1 unless the row is empty everywhere. A rank with
-lse_r = −∞ weighs :math:`e^{-\infty} = 0` (and its O_r is ignored, whatever it holds); a row with
-lse_r = −∞ on every rank has m = −∞ and gives O = 0, lse = −∞, never NaN (the reference point is then 0,
-as in :func:`fdlib.online_softmax.merge_lse`). A NaN lse_r (a NaN in rank r's keys or values) makes that row
-NaN on every rank, as it would on one GPU.
+lse_rank = −∞ weighs :math:`e^{-\infty} = 0` (and its O_rank is ignored, whatever it holds); a row with
+lse_rank = −∞ on every rank has m = −∞ and gives O = 0, lse = −∞, never NaN (the reference point is then 0,
+as in :func:`fdlib.online_softmax.merge_lse`). A NaN lse_rank (a NaN in that rank's keys or values) makes that
+row NaN on every rank, as it would on one GPU.
 
 **Two merges** (``merge=``), the same math, different collectives:
 
-* ``"allgather"`` (the default): every rank packs (O_r, lse_r) into one float32 tensor ``[B, H_q, D + 1]``,
+* ``"allgather"`` (the default): every rank packs (O_rank, lse_rank) into one float32 tensor ``[B, H_q, D + 1]``,
   one ``all_gather`` gives every rank all of them ``[world, B, H_q, D + 1]``, and every rank runs the
   stage-2 merge of Labs 02 and 04 over them locally (:func:`merge_stacked`'s code). **One collective**,
   and every rank merges the same partials in the same order, so the ranks agree bitwise by construction.
@@ -43,10 +47,10 @@ CUDA graph, and writes ``results/h200/cp-decode.json``).
 
 **The all-reduce merge in two collectives.** m must be known on every rank before any rank can weight its partial:
 ``all_reduce(MAX)`` of lse ``[B, H_q]``. Then each rank packs its weighted output and its weight into one
-float32 tensor ``[B, H_q, D + 1]`` (``w_r·O_r`` in the first D columns, ``w_r`` in the last) and a single
-``all_reduce(SUM)`` gives both Σ w_r O_r and Σ w_r. Without the max the weights :math:`e^{\text{lse}_r}`
-overflow float32 for lse > 88.7 (or all underflow to 0 below −103); with a separate sum of the weights the
-step would cost three collectives. Every rank ends with the same out and lse.
+float32 tensor ``[B, H_q, D + 1]`` (``w_rank·O_rank`` in the first D columns, ``w_rank`` in the last) and a single
+``all_reduce(SUM)`` gives both Σ_rank w_rank O_rank and Σ_rank w_rank. Without the max the weights
+:math:`e^{\text{lse}_\text{rank}}` overflow float32 for lse > 88.7 (or all underflow to 0 below −103); with a
+separate sum of the weights the step would cost three collectives. Every rank ends with the same out and lse.
 
 **Several query tokens** (q_len > 1, speculative decoding): q ``[B, q_len, H_q, D]``, query t of sequence b
 sees keys 0 … L_b − q_len + t (``flash_attn_with_kvcache``'s convention; the new tokens are already in the
@@ -64,7 +68,7 @@ and merges the two partials (:func:`merge_stacked`) before the cross-rank merge.
 device lengths: no host read, graph-capturable.
 
 **Precision.** The merge runs in float32 (float64 when ``o`` is float64) whatever o's dtype; out is rounded
-to o's dtype once, at the end. Each O_r from :func:`decode_attention_cp` was itself rounded to the input's
+to o's dtype once, at the end. Each O_rank from :func:`decode_attention_cp` was itself rounded to the input's
 dtype by the kernel, so an fp16/bf16 result carries at most two roundings (about one ulp) instead of one.
 
 **Streams and CUDA graphs.** The collectives are ordinary synchronous ``torch.distributed`` calls
@@ -178,16 +182,16 @@ def _merge(o, lse, reduce_max, reduce_sum):
     acc = _acc_dtype(o)
     D = o.shape[-1]
     lse_a = lse.to(acc)
-    m = reduce_max(lse_a.clone())                                 # m = max_r lse_r   (collective 1)
+    m = reduce_max(lse_a.clone())                                 # m = max_rank lse_rank   (collective 1)
     ref = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # empty everywhere: any finite reference
-    w = torch.exp(lse_a - ref)                                    # w_r = e^(lse_r - m); 0 where lse_r = -inf
+    w = torch.exp(lse_a - ref)                                    # w_rank = e^(lse_rank - m); 0 where lse_rank = -inf
     packed = torch.empty((*w.shape, D + 1), dtype=acc, device=o.device)
-    torch.mul(w[..., None], o.to(acc), out=packed[..., :D])       # w_r O_r ...
-    packed[..., :D].masked_fill_(torch.isneginf(lse_a)[..., None], 0.0)   # ... 0 for an empty split, whatever O_r holds
-    packed[..., D] = w                                            # ... and w_r, in the same tensor
-    packed = reduce_sum(packed)                                   # Σ_r w_r O_r, Σ_r w_r   (collective 2)
+    torch.mul(w[..., None], o.to(acc), out=packed[..., :D])       # w_rank O_rank ...
+    packed[..., :D].masked_fill_(torch.isneginf(lse_a)[..., None], 0.0)   # ... 0 for an empty split, whatever O holds
+    packed[..., D] = w                                            # ... and w_rank, in the same tensor
+    packed = reduce_sum(packed)                                   # Σ_rank w_rank O_rank, Σ_rank w_rank   (collective 2)
     total = packed[..., D]
-    empty = total == 0                                            # lse_r = -inf on every split
+    empty = total == 0                                            # lse_rank = -inf on every split
     safe = torch.where(empty, torch.ones_like(total), total)
     out = packed[..., :D] / safe[..., None]
     lse_out = torch.where(empty, torch.full_like(total, NEG_INF), ref + torch.log(safe))
@@ -242,10 +246,12 @@ def merge_stacked(o: torch.Tensor, lse: torch.Tensor):
 
 def merge_partials(o: torch.Tensor, lse: torch.Tensor, group=None, *, merge: str = DEFAULT_MERGE,
                    check_shapes: bool | None = None):
-    r"""Merge the partials (O_r, lse_r) of every rank of ``group`` (default: the default process group).
+    r"""Merge the partials (O_rank, lse_rank) of every rank of ``group`` (default: the default process group).
 
-    Math (module docstring): :math:`m = \max_r \text{lse}_r`, :math:`w_r = e^{\text{lse}_r - m}` (0 where
-    lse_r = −∞), :math:`\text{lse} = m + \log\sum_r w_r`, :math:`O = \sum_r w_r O_r / \sum_r w_r`;
+    Math (module docstring): :math:`m = \max_\text{rank} \text{lse}_\text{rank}`,
+    :math:`w_\text{rank} = e^{\text{lse}_\text{rank} - m}` (0 where lse_rank = −∞),
+    :math:`\text{lse} = m + \log\sum_\text{rank} w_\text{rank}`,
+    :math:`O = \sum_\text{rank} w_\text{rank} O_\text{rank} / \sum_\text{rank} w_\text{rank}`;
     a row empty on every rank gives O = 0, lse = −∞.
 
     Args:
@@ -284,7 +290,7 @@ def _all_reduce(t, op, group):
 
 
 def _gather_merge(o, lse, group):
-    """All-gather (O_r, lse_r) packed as ``[..., D + 1]`` (O_r in the first D columns, lse_r in the last),
+    """All-gather (O_rank, lse_rank) packed as ``[..., D + 1]`` (O_rank in the first D columns, lse_rank in the last),
     then the stage-2 merge over dim 0 of ``[world, ...]`` on every rank."""
     acc = _acc_dtype(o)
     D = o.shape[-1]
@@ -327,7 +333,7 @@ def _local_decode(q, k_slice, v_slice, seqlens, kwargs):
 
 
 def _slice_keys(k_slice, block_table):
-    """Positions this rank can hold per sequence: S_r (contiguous) or pages × page size."""
+    """Positions this rank can hold per sequence: L_rank (contiguous) or pages × page size."""
     if block_table is None:
         return k_slice.shape[1]
     return block_table.shape[1] * k_slice.shape[1]
@@ -336,7 +342,7 @@ def _slice_keys(k_slice, block_table):
 def _newest_keys_partial(q, k_slice, v_slice, cache_seqlens, start, S, scale, block_table, acc):
     r"""(O, lse) of the q_len − 1 newest keys of every sequence that this rank holds, for all q_len queries:
     key j (global position L_b − q_len + 1 + j, j = 0 … q_len − 2) is seen by queries t ≥ j + 1 only. In
-    ``acc`` on q's device; rows that see none of them give O = 0, lse = −∞. q is ``[B, T, H_q, D]``."""
+    ``acc`` on q's device; rows that see none of them give O = 0, lse = −∞. q is ``[B, q_len, H_q, D]``."""
     B, T, H_q, D = q.shape
     H_kv = k_slice.shape[-2]
     dev = q.device
@@ -368,14 +374,14 @@ def _newest_keys_partial(q, k_slice, v_slice, cache_seqlens, start, S, scale, bl
 
 
 def decode_slice(q, k_slice, v_slice, slice_seqlens=None, *, cache_seqlens=None, slice_start=None, **kwargs):
-    r"""One rank's partial (O_r, lse_r): attention of q over the keys of this slice only, normalised over them.
+    r"""One rank's partial (O_rank, lse_rank): attention of q over the keys of this slice only, normalised over them.
 
     For one query token it is ``fdlib.decode_attention(q, k_slice, v_slice, slice_seqlens, return_lse=True)``.
     For q_len > 1 (query t sees global positions 0 … L_b − q_len + t) it is the merge of two partials
     (module docstring): the slice's keys before position L_b − q_len + 1, seen by every query (one fdlib
     call with the tokens packed as query heads), and its keys among the q_len − 1 newest, each seen by the
-    later queries only (PyTorch). Arguments as in :func:`decode_attention_cp`. Returns ``(O_r`` like q,
-    ``lse_r`` float32 ``[B, H_q]`` or ``[B, q_len, H_q])``; rows that see no key of the slice give 0, −∞.
+    later queries only (PyTorch). Arguments as in :func:`decode_attention_cp`. Returns ``(O_rank`` like q,
+    ``lse_rank`` float32 ``[B, H_q]`` or ``[B, q_len, H_q])``; rows that see no key of the slice give 0, −∞.
     """
     T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
     if (cache_seqlens is None) != (slice_start is None):
@@ -415,8 +421,8 @@ def decode_slice(q, k_slice, v_slice, slice_seqlens=None, *, cache_seqlens=None,
     scale = kwargs.get("scale")
     scale = D ** -0.5 if scale is None else float(scale)
     o_b, lse_b = _newest_keys_partial(q, k_slice, v_slice, cache_seqlens, slice_start, S, scale, bt, acc)
-    o_r, lse_r = merge_stacked(torch.stack([o_a.to(acc), o_b]), torch.stack([lse_a.to(lse_b.dtype), lse_b]))
-    return o_r, lse_r.to(torch.float32)
+    o_rank, lse_rank = merge_stacked(torch.stack([o_a.to(acc), o_b]), torch.stack([lse_a.to(lse_b.dtype), lse_b]))
+    return o_rank, lse_rank.to(torch.float32)
 
 
 def decode_attention_cp(q, k_slice, v_slice, slice_seqlens=None, *, cache_seqlens=None, slice_start=None,
@@ -424,10 +430,11 @@ def decode_attention_cp(q, k_slice, v_slice, slice_seqlens=None, *, cache_seqlen
                         **kwargs):
     r"""Decode attention with each sequence's KV cache spread over the ranks of ``group`` (context parallel).
 
-    Rank r decodes its slice, :math:`(O_r, \text{lse}_r)` = :func:`decode_slice` (for one query token
-    ``fdlib.decode_attention(q, k_slice, v_slice, slice_seqlens, return_lse=True, **kwargs)``; inside the
+    Each rank decodes its slice, :math:`(O_\text{rank}, \text{lse}_\text{rank})` = :func:`decode_slice` (for one
+    query token ``fdlib.decode_attention(q, k_slice, v_slice, slice_seqlens, return_lse=True, **kwargs)``; inside the
     slice the kernel's own splits merge as usual), and :func:`merge_partials` combines the ranks:
-    :math:`\text{lse} = \log\sum_r e^{\text{lse}_r}`, :math:`O = \sum_r e^{\text{lse}_r - \text{lse}} O_r`
+    :math:`\text{lse} = \log\sum_\text{rank} e^{\text{lse}_\text{rank}}`,
+    :math:`O = \sum_\text{rank} e^{\text{lse}_\text{rank} - \text{lse}} O_\text{rank}`
     (module docstring). The result is attention over the union of the slices. For one query token the order
     of keys plays no part, so the slices need only be disjoint and cover each sequence; for q_len > 1 they
     must be contiguous by position (:func:`shard_bounds`), since the causal rule is about positions.
@@ -436,14 +443,14 @@ def decode_attention_cp(q, k_slice, v_slice, slice_seqlens=None, *, cache_seqlen
         q: ``[B, H_q, D]``, ``[B, 1, H_q, D]`` or ``[B, q_len, H_q, D]``, the same on every rank. Query t of
             sequence b sees keys 0 … L_b − q_len + t (the new tokens are already in the cache; the convention
             of ``flash_attn_with_kvcache``).
-        k_slice, v_slice: this rank's keys and values, ``[B, S_r, H_kv, D]`` (S_r may differ between ranks
+        k_slice, v_slice: this rank's keys and values, ``[B, L_rank, H_kv, D]`` (L_rank may differ between ranks
             and may be 0), or pages with ``block_table=`` as in :func:`fdlib.decode_attention`.
-        slice_seqlens: how many of this rank's S_r positions hold keys, per sequence (``[B]``, device or host,
-            like ``cache_seqlens``; 0 where the rank holds none of that sequence; default all S_r). One query
+        slice_seqlens: how many of this rank's L_rank positions hold keys, per sequence (``[B]``, device or host,
+            like ``cache_seqlens``; 0 where the rank holds none of that sequence; default all L_rank). One query
             token only.
         cache_seqlens, slice_start: instead of slice_seqlens (required when q_len > 1): the whole sequences'
             lengths L_b (``[B]``; a tensor on q's device for graph capture) and the position of this rank's
-            first key (an int: the rank holds positions [slice_start, slice_start + S_r)).
+            first key (an int: the rank holds positions [slice_start, slice_start + L_rank)).
         group: the process group (default: the default group).
         merge: ``"allgather"`` or ``"allreduce"`` (:func:`merge_partials`); the same on every rank.
         return_lse: also return lse (``[B, H_q]``; ``[B, q_len, H_q]`` for a q with q_len > 1) float32,
@@ -466,9 +473,9 @@ def decode_attention_cp(q, k_slice, v_slice, slice_seqlens=None, *, cache_seqlen
     _check_group(group)
     if isinstance(q, torch.Tensor):   # else decode_slice names what is wrong, locally
         _check_ranks_agree(q, merge, group, check_shapes, "q", "decode_attention_cp")
-    o_r, lse_r = decode_slice(q, k_slice, v_slice, slice_seqlens, cache_seqlens=cache_seqlens,
+    o_rank, lse_rank = decode_slice(q, k_slice, v_slice, slice_seqlens, cache_seqlens=cache_seqlens,
                               slice_start=slice_start, **kwargs)
-    out, lse = merge_partials(o_r, lse_r, group, merge=merge, check_shapes=False)
+    out, lse = merge_partials(o_rank, lse_rank, group, merge=merge, check_shapes=False)
     out = out.to(q.dtype)
     return (out, lse) if return_lse else out
 

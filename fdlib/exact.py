@@ -15,27 +15,29 @@ and the partials are simply added: :math:`O = \sum_i\tilde O_i / \sum_i\ell_i`, 
 **The float32 exponent window.** This is exact only while every :math:`e^{x}`, :math:`x = s - \varphi`, is a
 normal float32 and no sum overflows. float32 is finite below :math:`\text{FLT\_MAX} \approx 3.40\cdot10^{38}
 = e^{88.72}` and normal above :math:`\text{FLT\_MIN} = 2^{-126} = e^{-87.34}`; below that, numbers are
-denormal (fewer significant bits; GPUs' fast ``exp2`` flushes them to 0) and finally 0. So a window [a, b] for x
-must sit inside :math:`[\ln\text{FLT\_MIN}, \ln\text{FLT\_MAX}] = [-87.34, 88.72]`, and tighter still, because
-the kernel *adds* up to L terms:
+denormal (fewer significant bits; GPUs' fast ``exp2`` flushes them to 0) and finally 0. So a window
+[w_lo, w_hi] for x must sit inside :math:`[\ln\text{FLT\_MIN}, \ln\text{FLT\_MAX}] = [-87.34, 88.72]`, and
+tighter still, because the kernel *adds* up to L terms:
 
-* **upper end b** (overflow): :math:`\ell \le L e^{b}` and :math:`|\tilde O_d| \le L e^{b} V` for values
-  :math:`|v| \le V`; both finite when :math:`b \le \ln\text{FLT\_MAX} - \ln L - \ln V`. :data:`V_BOUND` = 65504
-  (the float16 maximum) by default; a larger value that overflows Õ is still caught, by the finaliser's
-  finiteness check, and recomputed.
-* **lower end a** (underflow): each term :math:`p_j = e^{x_j} \ge e^{a}` is normal, so :math:`\ell \ge e^{a}`;
+* **upper end w_hi** (overflow): :math:`\ell \le L e^{w_{hi}}` and :math:`|\tilde O_d| \le L e^{w_{hi}} V` for
+  values :math:`|v| \le V`; both finite when :math:`w_{hi} \le \ln\text{FLT\_MAX} - \ln L - \ln V`.
+  :data:`V_BOUND` = 65504 (the float16 maximum) by default; a larger value that overflows Õ is still caught,
+  by the finaliser's finiteness check, and recomputed.
+* **lower end w_lo** (underflow): each term :math:`p_j = e^{x_j} \ge e^{w_{lo}}` is normal, so
+  :math:`\ell \ge e^{w_{lo}}`;
   a product :math:`p_j v_{jd}` may still fall below FLT_MIN and lose up to :math:`2^{-149}` (the denormal
   spacing) each, :math:`L\,2^{-149}` over the row; relative to ℓ this is at most float32's unit roundoff
-  :math:`2^{-24}` when :math:`e^{a} \ge L\,2^{-125}`, i.e. :math:`a \ge \ln L - 125\ln 2`.
+  :math:`2^{-24}` when :math:`e^{w_{lo}} \ge L\,2^{-125}`, i.e. :math:`w_{lo} \ge \ln L - 125\ln 2`.
 
-:func:`default_window` returns :math:`a = \ln L - 125\ln 2`, :math:`b = \ln\text{FLT\_MAX} - \ln L - \ln V`
+:func:`default_window` returns :math:`w_{lo} = \ln L - 125\ln 2`,
+:math:`w_{hi} = \ln\text{FLT\_MAX} - \ln L - \ln V`
 (about [−74.9, 65.9] for L = 128k: a window some 140 nats wide). A valid logit outside it marks its row, which
 is then recomputed with the exact online softmax: the answer is always exact; only speed depends on φ. The
 same window for float16 accumulators (``acc_dtype=torch.float16``, for comparison only: the kernel always
 accumulates in float32) is empty for any useful L, which is why the accumulators here are float32.
 
 **Choosing φ.** :func:`calibrate_phi` takes the largest logit seen per head in sample logits (the largest
-sampled logit lands at x = 0: b of headroom above it, |a| below it). Without a φ,
+sampled logit lands at x = 0: w_hi of headroom above it, |w_lo| below it). Without a φ,
 :func:`unified_max_attention` estimates one per row (b, h) from the row's first
 :data:`FIRST_KEYS` keys (their largest logit, one small batched product on the device: no host sync); a
 |q|·max|k| bound was rejected because by Cauchy-Schwarz it overshoots q·k by about √D, pushing real logits
@@ -69,17 +71,17 @@ FIRST_KEYS = 64
 
 
 class Window(NamedTuple):
-    """The safe window [a, b] for x = s − φ, in natural-log units (e-folds)."""
-    a: float
-    b: float
+    """The safe window [w_lo, w_hi] for x = s − φ, in natural-log units (e-folds): ``lo`` is w_lo, ``hi`` w_hi."""
+    lo: float
+    hi: float
 
 
 def default_window(L_max: int, *, acc_dtype=torch.float32, v_bound: float = V_BOUND) -> Window:
     r"""The widest window for sums of up to ``L_max`` terms in ``acc_dtype`` (module docstring):
-    :math:`a = \ln L + \ln\delta - \ln u`, :math:`b = \ln\text{max} - \ln L - \ln V`, with δ the dtype's denormal
-    spacing, u its unit roundoff and max its largest finite value; for float32 (δ = 2^-149, u = 2^-24)
-    :math:`a = \ln L - 125\ln 2`, :math:`b = \ln\text{FLT\_MAX} - \ln L - \ln V`. Raises ``ValueError`` if that
-    window is empty (float16 accumulators at any useful L)."""
+    :math:`w_{lo} = \ln L + \ln\delta - \ln u`, :math:`w_{hi} = \ln\text{max} - \ln L - \ln V`, with δ the
+    dtype's denormal spacing, u its unit roundoff and max its largest finite value; for float32 (δ = 2^-149,
+    u = 2^-24) :math:`w_{lo} = \ln L - 125\ln 2`, :math:`w_{hi} = \ln\text{FLT\_MAX} - \ln L - \ln V`. Raises
+    ``ValueError`` if that window is empty (float16 accumulators at any useful L)."""
     if isinstance(L_max, bool) or not isinstance(L_max, int) or L_max < 1:
         raise ValueError(f"L_max: expected an int >= 1 (the most keys a row sums), got {L_max!r}")
     if not (isinstance(v_bound, (int, float)) and math.isfinite(v_bound) and v_bound >= 1):
@@ -87,30 +89,31 @@ def default_window(L_max: int, *, acc_dtype=torch.float32, v_bound: float = V_BO
     fi = torch.finfo(acc_dtype)
     spacing = fi.tiny * fi.eps             # the denormal spacing: tiny · 2^-(mantissa bits)
     unit = fi.eps / 2                      # unit roundoff (2^-24 for float32)
-    a = math.log(L_max) + math.log(spacing) - math.log(unit)
-    b = math.log(fi.max) - math.log(L_max) - math.log(v_bound)
-    if not a < b:
-        raise ValueError(f"acc_dtype: {acc_dtype} sums of {L_max} terms leave no safe window (a={a:.2f} >= "
-                         f"b={b:.2f}); accumulate in float32")
-    return Window(a, b)
+    w_lo = math.log(L_max) + math.log(spacing) - math.log(unit)
+    w_hi = math.log(fi.max) - math.log(L_max) - math.log(v_bound)
+    if not w_lo < w_hi:
+        raise ValueError(f"acc_dtype: {acc_dtype} sums of {L_max} terms leave no safe window (w_lo={w_lo:.2f} >= "
+                         f"w_hi={w_hi:.2f}); accumulate in float32")
+    return Window(w_lo, w_hi)
 
 
 def check_window(window, L_max: int) -> Window:
-    """A caller's window as a :class:`Window`, checked: a < b, both finite, inside float32's range for sums of
-    L_max terms (a >= ln FLT_MIN, b <= ln FLT_MAX − ln L_max). ``ValueError`` names what is wrong."""
+    """A caller's window as a :class:`Window`, checked: w_lo < w_hi, both finite, inside float32's range for
+    sums of L_max terms (w_lo >= ln FLT_MIN, w_hi <= ln FLT_MAX − ln L_max). ``ValueError`` names what is wrong."""
     try:
-        a, b = (float(x) for x in window)
+        w_lo, w_hi = (float(x) for x in window)
     except (TypeError, ValueError):
-        raise TypeError(f"window: expected a pair (a, b) of numbers, got {window!r}") from None
-    if not (math.isfinite(a) and math.isfinite(b) and a < b):
-        raise ValueError(f"window: expected finite a < b, got ({a}, {b})")
-    if a < LN_FLT_MIN:
-        raise ValueError(f"window: a={a:.2f} lets e^x go denormal; float32 needs a >= ln(FLT_MIN) = {LN_FLT_MIN:.2f}")
+        raise TypeError(f"window: expected a pair (w_lo, w_hi) of numbers, got {window!r}") from None
+    if not (math.isfinite(w_lo) and math.isfinite(w_hi) and w_lo < w_hi):
+        raise ValueError(f"window: expected finite w_lo < w_hi, got ({w_lo}, {w_hi})")
+    if w_lo < LN_FLT_MIN:
+        raise ValueError(f"window: w_lo={w_lo:.2f} lets e^x go denormal; float32 needs w_lo >= ln(FLT_MIN) = "
+                         f"{LN_FLT_MIN:.2f}")
     hi = LN_FLT_MAX - math.log(max(L_max, 1))
-    if b > hi:
-        raise ValueError(f"window: b={b:.2f} lets a sum of L_max={L_max} terms overflow float32; need b <= "
+    if w_hi > hi:
+        raise ValueError(f"window: w_hi={w_hi:.2f} lets a sum of L_max={L_max} terms overflow float32; need w_hi <= "
                          f"ln(FLT_MAX) - ln(L_max) = {hi:.2f}")
-    return Window(a, b)
+    return Window(w_lo, w_hi)
 
 
 # ------------------------------------------------------------------------------------------------ φ
@@ -144,13 +147,13 @@ def _phi_rows(phi, B: int, H_q: int) -> torch.Tensor:
 
 def would_mark(logits: torch.Tensor, phi, window) -> torch.Tensor:
     r"""The rows the kernel marks (no overflow elsewhere): row r of ``logits [..., L]`` (natural units; −inf =
-    masked key) is marked when a finite logit has :math:`s - \varphi_r \notin [a, b]`. ``phi`` broadcasts
+    masked key) is marked when a finite logit has :math:`s - \varphi_r \notin [w_{lo}, w_{hi}]`. ``phi`` broadcasts
     against ``logits.shape[:-1]``. Returns a bool tensor of shape ``logits.shape[:-1]``."""
-    a, b = window
+    w_lo, w_hi = window
     valid = torch.isfinite(logits)
     phi = torch.as_tensor(phi, dtype=logits.dtype, device=logits.device)
     x = logits - phi[..., None]
-    return (valid & ((x > b) | (x < a))).any(dim=-1)
+    return (valid & ((x > w_hi) | (x < w_lo))).any(dim=-1)
 
 
 def recompute_rate(logits: torch.Tensor, phi, window) -> float:
@@ -195,8 +198,8 @@ def recompute_curve(phis, *, kinds=LOGIT_KINDS, window: Window | None = None, ro
                     std: float = 3.0, row_std: float = 2.0, df: int = 3, seed: int = 0) -> dict:
     r"""Recompute rate against φ for each logit kind of :func:`synthetic_logits` (same parameters), with one φ
     for all rows (φ per head, the rows being one head's sequences). ``window`` defaults to
-    :func:`default_window` (L). Returns ``{"phi": [...], "rate": {kind: [...]}, "window": (a, b),
-    "setup": {...}}``: the rate is the fraction of rows with a logit outside [φ + a, φ + b].
+    :func:`default_window` (L). Returns ``{"phi": [...], "rate": {kind: [...]}, "window": (w_lo, w_hi),
+    "setup": {...}}``: the rate is the fraction of rows with a logit outside [φ + w_lo, φ + w_hi].
 
     With the float32 window the Gaussian rows stay inside over a plateau some 100 nats wide; the heavy-tailed
     rows leave it far more often, through both ends (a key far *below* φ marks its row too under the
@@ -207,9 +210,9 @@ def recompute_curve(phis, *, kinds=LOGIT_KINDS, window: Window | None = None, ro
     for kind in kinds:
         s = synthetic_logits(kind, rows=rows, L=L, std=std, row_std=row_std, df=df, seed=seed).double()
         hi, lo = s.amax(dim=1), s.amin(dim=1)          # a row leaves the window iff its max or min does
-        marked = (hi[None, :] - phis[:, None] > window.b) | (lo[None, :] - phis[:, None] < window.a)
+        marked = (hi[None, :] - phis[:, None] > window.hi) | (lo[None, :] - phis[:, None] < window.lo)
         rates[kind] = marked.double().mean(dim=1).tolist()
-    return {"phi": phis.tolist(), "rate": rates, "window": (window.a, window.b),
+    return {"phi": phis.tolist(), "rate": rates, "window": (window.lo, window.hi),
             "setup": dict(rows=rows, L=L, std=std, row_std=row_std, df=df, seed=seed,
                           note="s = mu_r + std*z, mu_r ~ N(0, row_std^2); z ~ N(0,1) or Student-t(df)")}
 
@@ -249,7 +252,7 @@ def run_unified_max(q, k, v, lens, *, scale, phi, window, out, lse, num_splits, 
     ``workspace.marks`` [B, H_q] int32 (1 = recomputed).
 
     Arguments as :func:`fdlib.kernels.unified_max.run_unified_max`: ``phi`` float32 [H_q] or [B, H_q] on the
-    device, ``window`` (a, b) checked with :func:`check_window`, ``num_splits``/``chunk``/``cfg`` as a plan's
+    device, ``window`` (w_lo, w_hi) checked with :func:`check_window`, ``num_splits``/``chunk``/``cfg`` as a plan's
     Decision (splits, chunk, tile).
 
     **Workspace** (:func:`make_workspace` (B, H_q, H_kv, D, num_splits, device, reduce); its size is
@@ -278,7 +281,7 @@ def unified_max_attention(q, k_cache, v_cache, cache_seqlens=None, *, phi=None, 
             ``[B, H_q, D]`` or ``[B, 1, H_q, D]``; contiguous ``[B, L_max, H_kv, D]`` or paged caches).
         phi: a number, float32 ``[H_q]`` (:func:`calibrate_phi`) or ``[B, H_q]``, in natural units; None:
             :func:`estimate_phi` (first :data:`FIRST_KEYS` keys of each row).
-        window: (a, b); default :func:`default_window` (L_max).
+        window: (w_lo, w_hi); default :func:`default_window` (L_max).
         num_splits: splits per row (default: fdlib's cost model, as for ``method="unified"``).
         return_lse: also return lse. return_stats: return ``(out, lse, stats)``, stats a dict with
             ``marked`` (bool ``[B, H_q]`` on the CPU: the rows recomputed), ``recompute_rate`` (marked / rows
@@ -346,7 +349,7 @@ def unified_max_attention(q, k_cache, v_cache, cache_seqlens=None, *, phi=None, 
     nonempty = (lens.cpu().clamp(0, L_max) > 0)[:, None].expand(B, H_q)
     n = int(nonempty.sum())
     stats = {"marked": marked, "recompute_rate": 0.0 if n == 0 else float((marked & nonempty).sum()) / n,
-             "phi": phi_t.cpu(), "window": (win.a, win.b), "splits": d.splits, "reduce": reduce}
+             "phi": phi_t.cpu(), "window": (win.lo, win.hi), "splits": d.splits, "reduce": reduce}
     return out, lse, stats
 
 

@@ -1,10 +1,10 @@
 r"""8-bit KV caches: K and V stored in ``torch.float8_e4m3fn`` or ``torch.int8``, each with its scales.
 
-An 8-bit cache holds stored values :math:`\hat k` and scales s; the value it stands for is
+An 8-bit cache holds stored values :math:`\hat k` and scales σ; the value it stands for is
 
-.. math::  k = \text{float}(\hat k)\cdot s,
+.. math::  k = \text{float}(\hat k)\cdot \sigma,
 
-with s one float for the whole tensor (``"tensor"``, as vLLM and FlashInfer keep it), one per KV head
+with σ one float for the whole tensor (``"tensor"``, as vLLM and FlashInfer keep it), one per KV head
 (``"head"``, a float32 tensor ``[H_kv]``), or one per token and KV head (``"token"``, a float32 tensor of the
 cache's shape without D: ``[B, L_max, H_kv]``, or ``[n_pages, page_size, H_kv]`` for pages). V likewise; K and V
 may have different granularities. q and out stay float16 or bfloat16. Decode reads the whole cache once a step
@@ -14,11 +14,11 @@ Where the kernels apply the scales (:mod:`fdlib.kernels.tile`): a tile is loaded
 dtype in registers (exact: every e4m3 and every int8 value is an fp16 and a bf16 value), so ``tl.dot`` stays
 fp16/bf16, and
 
-* K: :math:`s_j = \text{scale}\; q\cdot k_j = (\text{scale}\cdot s_K)\,(q\cdot\hat k_j)`: a per-tensor or per-head
-  :math:`s_K` is folded into the softmax scale; a per-token :math:`s_{K,j}` multiplies column j of the logits.
-* V: :math:`O = \sum_j p_j\, s_{V,j}\, \hat v_j / \ell`: a per-tensor or per-head :math:`s_V` multiplies the output
-  (one factor with 1/ℓ); a per-token one multiplies the weights :math:`p_j` before the P·V product (ℓ sums the
-  unscaled :math:`p_j`).
+* K: :math:`s_j = \text{scale}\; q\cdot k_j = (\text{scale}\cdot \sigma_K)\,(q\cdot\hat k_j)`: a per-tensor or per-head
+  :math:`\sigma_K` is folded into the softmax scale; a per-token :math:`\sigma_{K,j}` multiplies column j of the logits.
+* V: :math:`O = \sum_j p_j\, \sigma_{V,j}\, \hat v_j / \ell`: a per-tensor or per-head :math:`\sigma_V` multiplies the
+  output (one factor with 1/ℓ); a per-token one multiplies the weights :math:`p_j` before their product with V (ℓ
+  sums the unscaled :math:`p_j`).
 
 :func:`quantize_kv` makes such a cache from a 16- or 32-bit one. This module also checks the scales a call passes
 (:func:`check_cache`, :func:`check_run`) and turns them into launch arguments (:class:`KVQuant`).
@@ -57,15 +57,16 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
     scales, such that ``stored.float() * scale`` (broadcast over D, :func:`dequantize_kv`) approximates x.
 
     Absmax scaling: over each group of values that share a scale (the whole tensor, one KV head, or one token's
-    head: its D values), :math:`s = \max(\max|x| / q_{max},\ 2^{-126})` with :math:`q_{max}` = 448 for e4m3 and
-    127 for int8 (:data:`QMAX`), and :math:`\hat x = x/s` rounded to the nearest stored value (e4m3: PyTorch's
+    head: its D values), :math:`\sigma = \max(\max|x| / q_{max},\ 2^{-126})` with :math:`q_{max}` = 448 for e4m3 and
+    127 for int8 (:data:`QMAX`), and :math:`\hat x = x/\sigma` rounded to the nearest stored value (e4m3: PyTorch's
     cast, round to nearest even, after clamping to ±448; int8: ``torch.round``, then clamped to ±127). A group of
-    zeros, or one with no value (an empty x: the result is empty too, its scales 1), gets s = 1. No scale lies below
+    zeros, or one with no value (an empty x: the result is empty too, its scales 1), gets σ = 1. No scale lies below
     :data:`MIN_SCALE` = 2^-126, float32's smallest normal number: a group of values so tiny that max|x|/q_max would
     be subnormal (or round to 0) keeps the scale 2^-126 and is stored on that grid, within the bound below (a
     subnormal scale, which GPUs may flush to 0, is never made). Every value then lies within half a step of its
-    group's grid: :math:`|\hat x s - x| \le s/2` for int8, and for e4m3 within half an e4m3 ulp of :math:`x/s` (a
-    relative 2^-4 for normal values, an absolute :math:`2^{-10}s` below :math:`2^{-6}s`), scaled by s.
+    group's grid: :math:`|\hat x \sigma - x| \le \sigma/2` for int8, and for e4m3 within half an e4m3 ulp of
+    :math:`x/\sigma` (a relative 2^-4 for normal values, an absolute :math:`2^{-10}\sigma` below
+    :math:`2^{-6}\sigma`), scaled by σ.
 
     x must be finite: a NaN or an infinity raises ``ValueError`` naming ``x`` and the first such element (an 8-bit
     cache cannot stand for it: int8 has no NaN, and it would poison its group's scale). Checking costs one read of a

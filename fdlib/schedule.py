@@ -5,12 +5,12 @@ for the longest row, leaves the short rows' programs idle early and the long row
 Instead, give every item about the same number of key tiles (FlashInfer's chunking):
 
 .. math::
-    t_b = \max(1, \lceil L_b / N \rceil),\qquad T = \sum_b t_b,\qquad
-    c = \lceil T / P \rceil,\qquad n_b = \lceil t_b / c \rceil
+    \text{tiles}_b = \max(1, \lceil L_b / \text{BLOCK\_N} \rceil),\qquad
+    c = \Big\lceil \sum_b \text{tiles}_b / P \Big\rceil,\qquad n_b = \lceil \text{tiles}_b / c \rceil
 
-for a budget of P items and N keys per tile: row b is cut into n_b items of c tiles (its last item shorter),
+for a budget of P items and BLOCK_N keys per tile: row b is cut into n_b items of c tiles (its last item shorter),
 :math:`\sum_b n_b \le P + B`. An empty row still counts one tile: it still costs a program's start-up. Item
-j of row b covers keys :math:`[j\,c N,\ \min((j+1)\,c N,\ L_b))`; the items of one row are numbered
+i of row b covers keys :math:`[i\,c\,\text{BLOCK\_N},\ \min((i+1)\,c\,\text{BLOCK\_N},\ L_b))`; the items of one row are numbered
 contiguously, so row b owns items :math:`[E_b - n_b, E_b)` with :math:`E_b = n_0 + \dots + n_b`.
 
 The balanced kernel (:mod:`fdlib.kernels.balanced`) computes exactly this on the device from the lengths,

@@ -24,11 +24,11 @@ def fixed_order_merge(o, lse, arrival):
 
 
 @solution("lab07.unified_max_partial")
-def unified_max_partial(s, v, phi, a, b):
+def unified_max_partial(s, v, phi, w_lo, w_hi):
     """(Õ, ℓ, overflow) of one split with the fixed scale phi instead of the split's max."""
     x = s.float() - phi                                         # -inf for a masked key
     finite = torch.isfinite(x)
-    overflow = bool(((x > b) | (x < a))[finite].any())          # some key outside the safe window
+    overflow = bool(((x > w_hi) | (x < w_lo))[finite].any())    # some key outside [w_lo, w_hi]
     p = torch.where(finite, torch.exp(x), torch.zeros_like(x))  # e^(s - phi), 0 for masked keys
     return p @ v.float(), p.sum(), overflow                     # float32 accumulation
 

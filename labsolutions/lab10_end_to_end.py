@@ -7,12 +7,13 @@ from fdlib.grading import solution
 
 @solution("lab10.append_kv")
 def append_kv(k_cache, v_cache, lengths, k_new, v_new, real=None):
-    """Real token t of sequence b goes to position L_b + t - p_b (p_b pad tokens first); then L_b += T - p_b."""
-    B, T = k_new.shape[:2]
+    """Real token t of sequence b goes to position L_b + t - p_b (p_b pad tokens first); then L_b += q_len - p_b."""
+    B, q_len = k_new.shape[:2]
     if real is None:
-        real = torch.ones(B, T, dtype=torch.bool, device=k_new.device)
+        real = torch.ones(B, q_len, dtype=torch.bool, device=k_new.device)
     n = real.sum(1)                                                         # [B] real tokens a sequence
-    pos = lengths.long()[:, None] + torch.arange(T, device=k_new.device)[None, :] - (T - n)[:, None]   # [B, T]
+    pos = (lengths.long()[:, None] + torch.arange(q_len, device=k_new.device)[None, :]
+           - (q_len - n)[:, None])                                        # [B, q_len]
     b, t = real.nonzero(as_tuple=True)                                      # the real (b, t) pairs
     k_cache[b, pos[b, t]] = k_new[b, t]
     v_cache[b, pos[b, t]] = v_new[b, t]

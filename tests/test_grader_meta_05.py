@@ -73,8 +73,8 @@ CAUSE = {                                   # each wrong time's message names it
     "max instead of smax": "where the formula has smax",
     "no wave quantisation (P/(r·SMs) in the per-program term)": "without rounding up",
     "pure bandwidth model (no per-program limit)": "the per-program limit W·n·bytes_prog/ρ is missing",
-    "no merge cost": "the merge term t_merge + s·t_split is missing",
-    "merge priced with the requested splits": "counts the 48 splits you asked for; s in [s>1](t_merge + s·t_split) "
+    "no merge cost": "the merge term t_merge + S·t_split is missing",
+    "merge priced with the requested splits": "counts the 48 splits you asked for; S in [S>1](t_merge + S·t_split) "
                                               "is the count chunk_for returns, the splits used (47 here)",
     "no start-up (wave) term": "the start-up term P/(r·SMs)·t_wave is missing",
     "every program streams at rho (no busiest-SM load n)": "n is missing from W·n·bytes_prog/ρ",
@@ -96,27 +96,27 @@ def test_an_unknown_mistake_gets_no_made_up_cause():
     assert "expected" in line and "Likely cause" not in line
 
 
-# ---------------------------------------------------------------------------------------------- the lesson's T(s)
+# ---------------------------------------------------------------------------------------------- the lesson's T(S)
 LESSON = Path(__file__).resolve().parents[1] / "notebooks" / "src" / "05_unified_kernel.md"
 
 
 def _as_written(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r):
-    """T(s) coded term by term from section 2 of Lab 05, in its symbols, as a learner reads it."""
-    chunk, s = chunk_for(max(max(lengths), 1), splits, block_n)     # "s below is the count it uses"
-    S, elem = gpu.sms, dtype_bytes
+    """T(S) coded term by term from section 2 of Lab 05, in its symbols, as a learner reads it."""
+    chunk, S = chunk_for(max(max(lengths), 1), splits, block_n)     # "S below is the count it uses"
+    SMs, elem = gpu.sms, dtype_bytes
     P = sum(H_kv * max(1, math.ceil(L_b / chunk)) for L_b in lengths)
-    W = math.ceil(P / (r * S))
-    n = 1 + (min(math.ceil(P / S), r) - 1) * costmodel.SECOND_PROGRAM
-    K = 2 * sum(L_b * H_kv * D * elem for L_b in lengths) / 1e6        # MB, and TB/s = MB/µs
-    c = 2 * chunk * D * elem / 1e6
+    W = math.ceil(P / (r * SMs))
+    n = 1 + (min(math.ceil(P / SMs), r) - 1) * costmodel.SECOND_PROGRAM
+    bytes_kv = 2 * sum(L_b * H_kv * D * elem for L_b in lengths) / 1e6   # MB, and TB/s = MB/µs
+    bytes_prog = 2 * chunk * D * elem / 1e6
     BW, rho = cal.bw_tbs, cal.rho_tbs
 
     def smax(a, b):
         return (a ** 4 + b ** 4) ** (1 / 4)
 
-    T = (cal.t_launch_us + P / (r * S) * cal.t_wave_us + smax(K / BW, W * n * c / rho)
-         + (s > 1) * (cal.t_merge_us + s * cal.t_split_us))
-    return T, s
+    T = (cal.t_launch_us + P / (r * SMs) * cal.t_wave_us + smax(bytes_kv / BW, W * n * bytes_prog / rho)
+         + (S > 1) * (cal.t_merge_us + S * cal.t_split_us))
+    return T, S
 
 
 def test_the_formula_as_the_lesson_writes_it_passes():
@@ -124,15 +124,15 @@ def test_the_formula_as_the_lesson_writes_it_passes():
 
 
 def test_the_lesson_writes_the_formula_coded_above():
-    """_as_written follows the lesson: the merge term's s is the split count chunk_for uses, not the one asked
-    for, and the lesson says so where it defines s and in the exercise."""
+    """_as_written follows the lesson: the merge term's S is the split count chunk_for uses, not the one asked
+    for, and the lesson says so where it defines S and in the exercise."""
     text = LESSON.read_text(encoding="utf-8")
-    formula = re.search(r"\$\$ T\(s\) = (.*?)\$\$", text, re.S).group(1)
+    formula = re.search(r"\$\$ T\(S\) = (.*?)\$\$", text, re.S).group(1)
     flat = " ".join(formula.split())
-    assert r"[s>1]\,(t_{\text{merge}} + s\,t_{\text{split}})" in flat
+    assert r"[S>1]\,(t_{\text{merge}} + S\,t_{\text{split}})" in flat
     assert r"\operatorname{smax}(x,y) = (x^4+y^4)^{1/4}" in flat
-    assert "may use fewer splits\nthan asked for: **s** below is the count it uses" in text
-    assert "the formula's s is `splits_used`, not the `splits` asked for" in " ".join(text.split())
+    assert "may use fewer splits\nthan asked for: **S** below is the count it uses" in text
+    assert "the formula's S is `splits_used`, not the `splits` asked for" in " ".join(text.split())
 
 
 def test_predict_mismatch_names_the_terms():

@@ -200,7 +200,7 @@ def _items(lengths, budget, block_n, *, start_up=True, ceil_c=True, ceil_n=True,
 
 WRONG_ITEMS = {
     "ignores the budget (one item per tile)": lambda *a: _items(*a, use_budget=False),
-    "drops a row's tail (n_b = floor(t_b / c))": lambda *a: _items(*a, ceil_n=False),
+    "drops a row's tail (n_b = floor(tiles_b / c))": lambda *a: _items(*a, ceil_n=False),
     "no start-up for short rows (an empty row gets no item)": lambda *a: _items(*a, start_up=False),
     "c = floor(T / P)": lambda *a: _items(*a, ceil_c=False),
     "chunk in keys, not whole tiles": lambda *a: _items(*a, tiles_chunk=False),
@@ -223,7 +223,7 @@ def test_items_messages():
     line = next(o.line() for o in run_checks(ITEMS, WRONG_ITEMS["no start-up for short rows (an empty row gets no "
                                                                    "item)"], quiet=True).outcomes if o.status == "fail")
     assert "has no item" in line
-    line = next(o.line() for o in run_checks(ITEMS, WRONG_ITEMS["drops a row's tail (n_b = floor(t_b / c))"],
+    line = next(o.line() for o in run_checks(ITEMS, WRONG_ITEMS["drops a row's tail (n_b = floor(tiles_b / c))"],
                                              quiet=True).outcomes if o.status == "fail")
     assert "the tail is dropped" in line
 

@@ -93,14 +93,14 @@ def test_bit_difference_shows_bits_and_ulps():
 
 
 # ---------------------------------------------------------------------------------------------- unified_max_partial
-def _unified(s, v, phi, a, b, *, ref="phi", upper_only=False, count_masked=False, closed=True, acc=torch.float32,
+def _unified(s, v, phi, w_lo, w_hi, *, ref="phi", upper_only=False, count_masked=False, closed=True, acc=torch.float32,
              normalise=False):
     x = s.float() - phi
     fin = torch.isfinite(x)
     if count_masked:
         fin = torch.ones_like(fin)
-    out_hi = (x > b) if closed else (x >= b)
-    out_lo = (x < a) if closed else (x <= a)
+    out_hi = (x > w_hi) if closed else (x >= w_hi)
+    out_lo = (x < w_lo) if closed else (x <= w_lo)
     flag = bool((out_hi if upper_only else (out_hi | out_lo))[fin].any())
     if ref == "max":                                           # the split's own max, as plain online softmax
         m = s.max() if len(s) else torch.tensor(0.0)
@@ -121,7 +121,7 @@ def _unified(s, v, phi, a, b, *, ref="phi", upper_only=False, count_masked=False
 
 WRONG_UNIFIED = {
     "the split's own max instead of phi": lambda *a: _unified(*a, ref="max"),
-    "flags only logits above phi + b": lambda *a: _unified(*a, upper_only=True),
+    "flags only logits above phi + w_hi": lambda *a: _unified(*a, upper_only=True),
     "masked keys (-inf) raise the flag": lambda *a: _unified(*a, count_masked=True),
     "open window (the edges flag)": lambda *a: _unified(*a, closed=False),
     "float16 accumulation": lambda *a: _unified(*a, acc=torch.float16),
@@ -131,6 +131,14 @@ WRONG_UNIFIED = {
 
 def test_unified_variant_passes():
     assert run_checks(UNIFIED, _unified, quiet=True).ok
+
+
+def test_unified_old_argument_names_pass():
+    """A solution saved before the window's edges were named w_lo, w_hi (it takes them as a, b) still passes: the
+    checks pass the arguments by position."""
+    def saved(s, v, phi, a, b):
+        return _unified(s, v, phi, a, b)
+    assert run_checks(UNIFIED, saved, quiet=True).ok
 
 
 @pytest.mark.parametrize("wrong", WRONG_UNIFIED, ids=list(WRONG_UNIFIED))

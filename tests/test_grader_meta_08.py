@@ -169,7 +169,7 @@ WRONG_MERGE = {
     "plain average of O": _merge_average,
     "weights e^lse without the max": _merge_no_max,
     "max not made finite (NaN on rows nobody saw)": _merge_nan_on_empty,
-    "lse = max of lse_r": _merge_lse_is_max,
+    "lse = max of lse_rank": _merge_lse_is_max,
     "right on rank 0 only": _merge_rank0_only,
 }
 
@@ -189,9 +189,9 @@ def test_wrong_merge_fails(wrong):
 MERGE_CAUSE = {                             # what each wrong merge's first failure names
     "no collective (own partial)": "out is this rank's own partial: nothing combined the ranks",
     "plain average of O": "out is the plain average of the ranks' partials",
-    "weights e^lse without the max": "rows that no rank saw (every lse_r = −inf) come out NaN",
-    "max not made finite (NaN on rows nobody saw)": "rows that no rank saw (every lse_r = −inf) come out NaN",
-    "lse = max of lse_r": "lse is the largest lse_r",
+    "weights e^lse without the max": "rows that no rank saw (every lse_rank = −inf) come out NaN",
+    "max not made finite (NaN on rows nobody saw)": "rows that no rank saw (every lse_rank = −inf) come out NaN",
+    "lse = max of lse_rank": "lse is the largest lse_rank",
     "right on rank 0 only": "out is this rank's own partial",
 }
 
@@ -211,7 +211,7 @@ def test_the_overflow_of_unscaled_weights_is_named():
     """Weights without the max fail twice: NaN on rows nobody saw (above), and an overflow at lse = +1000."""
     res = run_checks(MERGE, _merge_no_max, quiet=True)
     line = next(o.line() for o in res.outcomes if o.status == "fail" and "+1000" in o.line())
-    assert "Likely cause: the weights e^(lse_r) overflow float32" in line, line
+    assert "Likely cause: the weights e^(lse_rank) overflow float32" in line, line
 
 
 def _hangs(o, lse, group=None):

@@ -47,7 +47,7 @@ WRONG = {
     "appended at the longest length": (lambda *a: _append(*a, at="longest"), "the longest sequence's length"),
     "written before padding is skipped": (lambda *a: _append(*a, skip_pads=False), "skip the"),
     "lengths advanced twice": (lambda *a: _append(*a, advance=2), "advanced twice"),
-    "lengths advanced by T, padding included": (lambda *a: _append(*a, count_pads=True), "padding included"),
+    "lengths advanced by q_len, padding included": (lambda *a: _append(*a, count_pads=True), "padding included"),
     "lengths not advanced": (lambda *a: _append(*a, advance=0), "not advanced"),
     "values not written": (_keys_only, "write v_new where k_new goes"),
 }

@@ -129,15 +129,15 @@ def test_what_the_lesson_says_about_the_figure_and_table_holds(shown):
 
 
 def test_the_window_the_lesson_writes_is_fdlibs():
-    """a = ln L − 125 ln 2 (above the end of the normal range, −126 ln 2 = −87.34, for every L) and the
-    b the lesson writes are what fdlib.exact.default_window returns."""
+    """w_lo = ln L − 125 ln 2 (above the end of the normal range, −126 ln 2 = −87.34, for every L) and the
+    w_hi the lesson writes are what fdlib.exact.default_window returns."""
     from fdlib import exact
     text = " ".join(LESSON.read_text(encoding="utf-8").split())
-    assert "normal above $e^{-87.34}$ = 2^−126" in text and "a = ln L − 125 ln 2" in text
-    assert "b = ln(float32's largest) − ln L − ln 65504" in text
+    assert "normal above $e^{-87.34}$ = 2^−126" in text and "w_lo = ln L − 125 ln 2" in text
+    assert "w_hi = ln(float32's largest) − ln L − ln 65504" in text
     assert f"{exact.LN_FLT_MIN:.2f}" == "-87.34" and math.isclose(exact.LN_FLT_MIN, -126 * math.log(2))
     for L in (1, 2, 4096, 131072):
         w = exact.default_window(L)
-        assert math.isclose(w.a, math.log(L) - 125 * math.log(2), rel_tol=1e-12) and w.a > exact.LN_FLT_MIN
-        assert math.isclose(w.b, exact.LN_FLT_MAX - math.log(L) - math.log(65504), rel_tol=1e-12)
+        assert math.isclose(w.lo, math.log(L) - 125 * math.log(2), rel_tol=1e-12) and w.lo > exact.LN_FLT_MIN
+        assert math.isclose(w.hi, exact.LN_FLT_MAX - math.log(L) - math.log(65504), rel_tol=1e-12)
     assert "an underflow only loses a tiny term" not in text

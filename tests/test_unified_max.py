@@ -98,7 +98,7 @@ def test_nan_in_one_sequence_stays_in_that_sequence():
 
 # ------------------------------------------------------------------------------------------- marks
 def adversarial(group=3, seed=11):
-    """Sequence 1 / head 1 gets one logit of +150 (above phi + b), sequence 2 / head 0 has every logit about
+    """Sequence 1 / head 1 gets one logit of +150 (above phi + w_hi), sequence 2 / head 0 has every logit about
     -100 below its phi (a per-row phi), the rest are ordinary: exactly those two rows must be marked (with
     group >= 2 both sit in KV head 0's group, whose other heads must stay unmarked)."""
     H_kv, D = 2, 64
@@ -210,11 +210,11 @@ def test_workspace_is_left_ready_and_ticket_mode_is_bitwise_repeatable(reduce):
 # ------------------------------------------------------------------------------------------- window, phi
 def test_default_window_is_inside_float32_and_shrinks_with_L():
     w1, w = exact.default_window(1), exact.default_window(131072)
-    assert w1.a == pytest.approx(-125 * math.log(2)) and w1.b == pytest.approx(exact.LN_FLT_MAX - math.log(65504))
-    assert exact.LN_FLT_MIN < w.a < w.b < exact.LN_FLT_MAX - math.log(131072)
-    assert w.a == pytest.approx(math.log(131072) - 125 * math.log(2))
+    assert w1.lo == pytest.approx(-125 * math.log(2)) and w1.hi == pytest.approx(exact.LN_FLT_MAX - math.log(65504))
+    assert exact.LN_FLT_MIN < w.lo < w.hi < exact.LN_FLT_MAX - math.log(131072)
+    assert w.lo == pytest.approx(math.log(131072) - 125 * math.log(2))
     # L terms of e^b times V stay finite, every term >= e^a is normal
-    assert 131072 * math.exp(w.b) * 65504 < exact.FLT_MAX and math.exp(w.a) > exact.FLT_MIN
+    assert 131072 * math.exp(w.hi) * 65504 < exact.FLT_MAX and math.exp(w.lo) > exact.FLT_MIN
     with pytest.raises(ValueError, match="acc_dtype"):
         exact.default_window(4096, acc_dtype=torch.float16)
     with pytest.raises(ValueError, match="L_max"):
@@ -251,9 +251,9 @@ def test_recompute_curve():
 
 # ------------------------------------------------------------------------------------------- bad arguments
 @pytest.mark.parametrize("kw,exc,match", [
-    (dict(window=(1.0, -1.0)), ValueError, "window: expected finite a < b"),
-    (dict(window=(-100.0, 10.0)), ValueError, "window: a=-100.00 lets e"),
-    (dict(window=(-10.0, 88.0)), ValueError, "window: b=88.00 lets a sum"),
+    (dict(window=(1.0, -1.0)), ValueError, "window: expected finite w_lo < w_hi"),
+    (dict(window=(-100.0, 10.0)), ValueError, "window: w_lo=-100.00 lets e"),
+    (dict(window=(-10.0, 88.0)), ValueError, "window: w_hi=88.00 lets a sum"),
     (dict(window="wide"), TypeError, "window: expected a pair"),
     (dict(phi=torch.zeros(5)), ValueError, r"phi: expected a number, \[H_q=4\]"),
     (dict(phi=torch.zeros(3, 4)), ValueError, r"phi: expected"),

@@ -4,8 +4,8 @@ Grid ``(P + B, H_kv)`` for a budget of P items (:mod:`fdlib.schedule`). Every pr
 computes the schedule itself, the same in every program:
 
 .. math::
-    t_b = \max(1, \lceil L_b/N\rceil),\quad c = \lceil \textstyle\sum_b t_b / P\rceil,\quad
-    n_b = \lceil t_b / c\rceil,\quad E_b = n_0 + \dots + n_b
+    \text{tiles}_b = \max(1, \lceil L_b/N\rceil),\quad c = \lceil \textstyle\sum_b \text{tiles}_b / P\rceil,\quad
+    n_b = \lceil \text{tiles}_b / c\rceil,\quad E_b = n_0 + \dots + n_b
 
 Program i takes item i: its row is :math:`b = \#\{b : E_b \le i\}`, its split :math:`j = i - (E_b - n_b)`,
 its keys :math:`[j\,cN,\ \min((j+1)\,cN,\ L_b))`. Items past :math:`E_{B-1}` exit at once. A row of one item

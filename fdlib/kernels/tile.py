@@ -64,11 +64,11 @@ def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr, k_s
     NumPy has no bfloat16 matrix product). Otherwise the tensor cores multiply fp16/bf16 and accumulate fp32.
 
     ``k_scale``, ``v_scale`` [N]: an 8-bit cache's per-token scales of the tile's keys (:mod:`fdlib.quant`; None:
-    none): :math:`s_{gj} \mathrel{*}= s_{K,j}` (column j of the logits), and :math:`p_{gj} s_{V,j}` enters Õ while
-    ℓ sums :math:`p_{gj}` (the P·V product's weights scaled before the product). The 16-bit weights are
-    :math:`p_{gj} s_{V,j} / \max_j s_{V,j} \in [0, 1]` and the product is multiplied by :math:`\max_j s_{V,j}` in
-    float32, so no scale under- or overflows a 16-bit operand. k and v are then the stored values in q's dtype
-    (:func:`cache_update`).
+    none): :math:`s_{gj} \mathrel{*}= \sigma_{K,j}` (column j of the logits), and :math:`p_{gj} \sigma_{V,j}` enters Õ
+    while ℓ sums :math:`p_{gj}` (the weights of the product with V, scaled before it). The 16-bit weights are
+    :math:`p_{gj} \sigma_{V,j} / \max_j \sigma_{V,j} \in [0, 1]` and the product is multiplied by
+    :math:`\max_j \sigma_{V,j}` in float32, so no scale under- or overflows a 16-bit operand. k and v are then the
+    stored values in q's dtype (:func:`cache_update`).
     """
     if FP32_DOT:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")

@@ -13,7 +13,7 @@ exponentials by the **same** number :math:`\varphi_h` (or :math:`\varphi_{b,h}`)
 so no program ever needs another's max, and no tile rescales its accumulator. This is exact softmax
 (:math:`e^{s_j}/\sum e^{s_i}` with a common factor :math:`e^{-\varphi}` cancelled) as long as every
 :math:`e^{x_j}` is a normal float32 and the sums do not overflow: a program that sees a valid logit with
-:math:`x_j \notin [a, b]` (the window of :mod:`fdlib.exact`) **marks** its row. Two launches, no host sync:
+:math:`x_j \notin [w_{lo}, w_{hi}]` (the window of :mod:`fdlib.exact`) **marks** its row. Two launches, no host sync:
 
 1. :func:`unified_max_kernel`, grid ``(B, H_kv, splits)`` (GQA: each K/V tile is read once for the group's
    query heads). A row of one split finalises itself. Otherwise each program hands its unnormalised partial
@@ -32,7 +32,7 @@ so no program ever needs another's max, and no tile rescales its accumulator. Th
 
    The finaliser writes :math:`O = \tilde O/\ell` and :math:`\text{lse} = \varphi + \log\ell`, and ``marks[b, h]``
    = 1 when a split flagged the row, or when :math:`\ell` or :math:`\tilde O` is not finite, or
-   :math:`\ell < e^{a}` (a second net under the window: NaN inputs, values too large for the window's bound);
+   :math:`\ell < e^{w_{lo}}` (a second net under the window: NaN inputs, values too large for the window's bound);
    else 0. Every row's mark is written on every call, so nothing has to be cleared between calls.
 2. :func:`recompute_kernel`, same grid: a program whose group has no marked query head exits at once;
    otherwise it recomputes its split with the exact online softmax (:func:`~fdlib.kernels.tile.tile_update`,
@@ -41,10 +41,10 @@ so no program ever needs another's max, and no tile rescales its accumulator. Th
    skipped; unmarked rows cost one early-exit program per split. (The alternative, reading the marks on the host
    and relaunching only when one is set, saves that launch but syncs, and cannot be captured in a CUDA graph.)
 
-The P·V product keeps p in float32's range for every input dtype: float16/bfloat16 values are widened (exactly)
-to tf32 for the tensor cores, so p keeps 10 mantissa bits (the exact kernels round p to fp16/bf16) and the
-float32 window holds; p rounded to float16 would overflow above e^11 and the window would shrink to
-[ln 2^-14, ln 65504], about 21 nats.
+The product of the weights p with V keeps p in float32's range for every input dtype: float16/bfloat16 values are
+widened (exactly) to tf32 for the tensor cores, so p keeps 10 mantissa bits (the exact kernels round p to fp16/bf16)
+and the float32 window holds; p rounded to float16 would overflow above e^11 and the window would shrink to [ln 2^-14,
+ln 65504], about 21 nats.
 
 Empty rows (L_b = 0) give O = 0, lse = −∞ and are never marked.
 """
@@ -94,7 +94,7 @@ def unified_max_kernel(Q, K, V, LENS, PHI, O_PART, L_PART, F_PART, COUNTERS, OUT
                        BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, FP32_DOT: tl.constexpr,
                        PAGE: tl.constexpr, ATOMIC: tl.constexpr):
-    """Pass 1. ``lo2``, ``hi2``: the window [a, b] in base 2 (a·log₂e, b·log₂e). Ticket mode: ``O_PART``
+    """Pass 1. ``lo2``, ``hi2``: the window [w_lo, w_hi] in base 2 (w_lo·log₂e, w_hi·log₂e). Ticket mode: ``O_PART``
     [B, H_q, splits, D], ``L_PART``/``F_PART`` [B, H_q, splits]; atomic mode: ``O_PART`` [B, H_q, D],
     ``L_PART``/``F_PART`` [B, H_q] (stride_ps = 0, slot index ignored), zero between calls."""
     b = tl.program_id(0)
@@ -324,8 +324,8 @@ def launchers(dtype, group: int, D: int, splits: int, cfg, page: int = 0, reduce
 
 
 def _window2(window) -> tuple[float, float]:
-    a, b = window
-    return float(a) * LOG2E, float(b) * LOG2E
+    w_lo, w_hi = window
+    return float(w_lo) * LOG2E, float(w_hi) * LOG2E
 
 
 def run_unified_max(q, k_cache, v_cache, lens, *, scale: float, phi, window, out, lse, splits: int, chunk: int, cfg,
@@ -338,7 +338,7 @@ def run_unified_max(q, k_cache, v_cache, lens, *, scale: float, phi, window, out
         q: [B, H_q, D]; k_cache, v_cache: [B, L_max, H_kv, D], or pages [n_pages, page_size, H_kv, D] with
             ``block_table`` int32 [B, max_pages]; lens: int32/int64 [B] on the device.
         scale: multiplies q·k. phi: float32 on the device, [H_q] (one φ per query head) or [B, H_q], natural
-            units (compared with scale·q·k). window: (a, b), natural units (:func:`fdlib.exact.default_window`
+            units (compared with scale·q·k). window: (w_lo, w_hi), natural units (:func:`fdlib.exact.default_window`
             checks it).
         splits, chunk, cfg: the launched splits per row, keys per split, tiles (as a plan's Decision).
         workspace: :func:`make_workspace` (B, H_q, H_kv, D, splits, reduce); its counters (and atomic

@@ -109,7 +109,7 @@ def model_inputs(lengths, H_kv, D=128, dtype_bytes=2, gpu="H200"):
 
 
 def _model_terms(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r) -> dict:
-    """The reference's terms of T(s), each in µs (and the counts behind them), for reports and diagnoses."""
+    """The reference's terms of T(S), each in µs (and the counts behind them), for reports and diagnoses."""
     chunk, s = chunk_for(max(max(lengths), 1), splits, block_n)
     P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
     W = schedule(P, r, gpu.sms).waves
@@ -144,9 +144,9 @@ def _diagnosis(got_us, lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n,
     requested_merge = cal.t_merge_us + splits * cal.t_split_us if splits > 1 else 0.0
     mistakes = [
         (ref - m["merge"] + requested_merge,
-         f"the merge term counts the {splits} splits you asked for; s in [s>1](t_merge + s·t_split) is the count "
+         f"the merge term counts the {splits} splits you asked for; S in [S>1](t_merge + S·t_split) is the count "
          f"chunk_for returns, the splits used ({m['s']} here): use splits_used in both places"),
-        (ref - m["merge"], "the merge term t_merge + s·t_split is missing (it applies whenever more than one split "
+        (ref - m["merge"], "the merge term t_merge + S·t_split is missing (it applies whenever more than one split "
                            "is used)"),
         (ref - m["merge"] + (cal.t_merge_us + m["s"] * cal.t_split_us),
          "the merge term is added at one split too: it applies only when s > 1"),

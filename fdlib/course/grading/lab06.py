@@ -13,10 +13,11 @@ r"""Checks for Lab 06: paged KV caches and ragged batches.
 * ``lab06.work_items(lengths, budget, block_n) -> [(b, start, end), ...]``: the balanced work list of
   :func:`fdlib.schedule.items` (FlashInfer's chunking):
 
-  .. math:: t_b = \max(1, \lceil L_b/N\rceil),\quad c = \lceil \textstyle\sum_b t_b / P\rceil,\quad
-            n_b = \lceil t_b / c\rceil
+  .. math:: \text{tiles}_b = \max(1, \lceil L_b/\text{BLOCK\_N}\rceil),\quad
+            c = \lceil \textstyle\sum_b \text{tiles}_b / P\rceil,\quad n_b = \lceil \text{tiles}_b / c\rceil
 
-  row b cut into n_b items of c tiles, item j covering keys :math:`[jcN, \min((j+1)cN, L_b))`, the last one
+  row b cut into n_b items of c tiles, item i covering keys
+  :math:`[i\,c\,\text{BLOCK\_N}, \min((i+1)\,c\,\text{BLOCK\_N}, L_b))`, the last one
   running to :math:`L_b`; an empty row gives one empty item (b, 0, 0).
 
 The tile checks launch small kernels of this module with the learner's function inside: one that stores every
@@ -77,9 +78,9 @@ def work_items(lengths, budget, block_n):
     """The balanced work list of a ragged batch: a list of (b, start, end), row after row.
 
     lengths: int64 tensor [B] of KV lengths L_b; budget: P, the items to aim for (>= 1); block_n: BLOCK_N, keys
-    per tile. t_b = max(1, ceil(L_b / BLOCK_N)) tiles per row (an empty row still costs a program's start-up),
-    c = ceil(sum t_b / P) tiles per item, n_b = ceil(t_b / c) items of row b; item j of row b covers keys
-    [j*c*BLOCK_N, min((j+1)*c*BLOCK_N, L_b)).
+    per tile. tiles_b = max(1, ceil(L_b / BLOCK_N)) tiles per row (an empty row still costs a program's
+    start-up), c = ceil(sum tiles_b / P) tiles per item, n_b = ceil(tiles_b / c) items of row b; item i of row b
+    covers keys [i*c*BLOCK_N, min((i+1)*c*BLOCK_N, L_b)).
     """
     todo("lab06.work_items")
 ''')
@@ -478,6 +479,6 @@ def _i_budget(impl, gen):
     lengths = [100, 37, 64, 1, 250]
     T = sum(max(1, -(-L // 16)) for L in lengths)
     for P in (1, 2, T, T + 1, 10 * T):
-        _compare_items(impl, lengths, P, 16, f"lengths {lengths}, 16-key tiles (Σ t_b = {T}), budget {P}")
+        _compare_items(impl, lengths, P, 16, f"lengths {lengths}, 16-key tiles (Σ tiles_b = {T}), budget {P}")
     _compare_items(impl, [12345], 7, 64, "one row of 12345, budget 7, 64-key tiles")
     _compare_items(impl, [99, 100, 101], 5, 33, "lengths [99, 100, 101], budget 5, 33-key tiles")

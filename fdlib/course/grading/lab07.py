@@ -11,10 +11,10 @@ Graded exercises (the learner writes the function):
 
   Same partials, any arrival order: bitwise the same O and lse. A row whose partials are all empty
   (lse = −inf everywhere) gives O = 0, lse = −inf, never NaN.
-* ``lab07.unified_max_partial(s, v, phi, a, b) -> (Õ, ℓ, overflow)``: one split's partial with a fixed scale φ
+* ``lab07.unified_max_partial(s, v, phi, w_lo, w_hi) -> (Õ, ℓ, overflow)``: one split's partial with a fixed scale φ
   instead of its running max (FlashDecoding++): :math:`\ell = \sum_j e^{s_j - \varphi}`,
   :math:`\tilde O = \sum_j e^{s_j - \varphi} v_j` (float32), and ``overflow`` True when a key's
-  :math:`s_j - \varphi` lies outside the window [a, b] (masked keys, s = −inf, never count).
+  :math:`s_j - \varphi` lies outside the window [w_lo, w_hi] (masked keys, s = −inf, never count).
 
 The bug zoo: each exercise is shipped as a small merge function carrying one real class of bug from public
 decode-attention code; the learner finds and fixes it. The shipped (buggy) version fails its checks
@@ -65,13 +65,13 @@ def fixed_order_merge(o, lse, arrival):
 
 UNIFIED_STUB = exercise_stub(UNIFIED, '''
 @exercise("lab07.unified_max_partial")
-def unified_max_partial(s, v, phi, a, b):
+def unified_max_partial(s, v, phi, w_lo, w_hi):
     """One split's partial with the unified max phi (FlashDecoding++): s [n] float32 logits (-inf: masked key),
-    v [n, D] values, phi a float, [a, b] the safe window (a < 0 < b).
+    v [n, D] values, phi a float, [w_lo, w_hi] the safe window (w_lo < 0 < w_hi).
 
     Returns (o_tilde [D] float32, l [] float32, overflow bool): l = sum_j exp(s_j - phi),
     o_tilde = sum_j exp(s_j - phi) v_j, accumulated in float32; overflow is True when some finite s_j - phi
-    lies outside [a, b] (then the row is recomputed exactly and o_tilde, l are not used).
+    lies outside [w_lo, w_hi] (then the row is recomputed exactly and o_tilde, l are not used).
     """
     todo("lab07.unified_max_partial")
 ''')
@@ -95,8 +95,8 @@ NAN_STUB = _bug_stub(NAN, '''
 @exercise("lab07.bug_nan_merge")
 def bug_nan_merge(o_a, lse_a, o_b, lse_b):
     """Merge two partial results of the same rows (as vLLM's merge_attn_states merges a prefix and a suffix):
-    o_a, o_b [T, H, D] float32, lse_a, lse_b [T, H] float32 (-inf: that part had no keys).
-    Returns (o [T, H, D], lse [T, H]); a row empty in both parts gives o = 0, lse = -inf.
+    o_a, o_b [N, H_q, D] float32, lse_a, lse_b [N, H_q] float32 (-inf: that part had no keys).
+    Returns (o [N, H_q, D], lse [N, H_q]); a row empty in both parts gives o = 0, lse = -inf.
     """
     m = torch.maximum(lse_a, lse_b)
     w_a = torch.exp(lse_a - m)
@@ -369,18 +369,18 @@ def _m_empty(impl, gen):
 
 
 # ---------------------------------------------------------------------------------------------- unified_max_partial
-def ref_unified_partial(s, v, phi, a, b):
+def ref_unified_partial(s, v, phi, w_lo, w_hi):
     """Float64: (Õ [D], ℓ, overflow) with the unified max phi (see the module docstring)."""
     s64, v64 = s.double().cpu(), v.double().cpu()
     x = s64 - phi
     fin = torch.isfinite(s64)
-    overflow = bool(((x > b) | (x < a))[fin].any())
+    overflow = bool(((x > w_hi) | (x < w_lo))[fin].any())
     p = torch.where(fin, torch.exp(x), torch.zeros_like(x))
     return p @ v64 if len(s64) else torch.zeros(v.shape[-1], dtype=torch.float64), p.sum(), overflow
 
 
-def _unified_call(impl, s, v, phi, a, b, what):
-    got = call(impl, {"s": s, "v": v, "phi": phi, "a": a, "b": b})
+def _unified_call(impl, s, v, phi, w_lo, w_hi, what):
+    got = call(impl, {"s": s, "v": v, "phi": phi, "w_lo": w_lo, "w_hi": w_hi})
     o, l, flag = expect_tuple(got, what, 3, "Õ, ℓ, overflow")
     o = expect_tensor(o, f"{what}: Õ", shape=(v.shape[-1],), dtype=(torch.float32,))
     if isinstance(l, (int, float)):
@@ -397,13 +397,14 @@ def _unified_call(impl, s, v, phi, a, b, what):
     return o, l.reshape(()), flag
 
 
-def _unified_compare(impl, s, v, phi, a, b, what, rtol=2e-5):
-    o, l, flag = _unified_call(impl, s, v, phi, a, b, what)
-    ref_o, ref_l, ref_flag = ref_unified_partial(s, v, phi, a, b)
+def _unified_compare(impl, s, v, phi, w_lo, w_hi, what, rtol=2e-5):
+    o, l, flag = _unified_call(impl, s, v, phi, w_lo, w_hi, what)
+    ref_o, ref_l, ref_flag = ref_unified_partial(s, v, phi, w_lo, w_hi)
     if flag != ref_flag:
         x = (s.double() - phi)[torch.isfinite(s)]
         rng = f"s - phi in [{float(x.min()):.4g}, {float(x.max()):.4g}]" if len(x) else "no finite logits"
-        raise CheckFailure(f"{what}: overflow {flag}, expected {ref_flag} ({rng}, window [{a:g}, {b:g}])")
+        raise CheckFailure(f"{what}: overflow {flag}, expected {ref_flag} ({rng}, window [w_lo, w_hi] = "
+                           f"[{w_lo:g}, {w_hi:g}])")
     if not ref_flag:
         assert_close(l, ref_l, f"{what}: ℓ", 1e-30, rtol)
         scale = float(ref_o.abs().max()) if len(ref_o) else 1.0
@@ -419,20 +420,20 @@ def _u_values(impl, gen):
         _unified_compare(impl, s, v, phi, -30.0, 20.0, f"n={n}, D={D}, phi={phi:g}")
 
 
-@check_case(UNIFIED, "the overflow flag: a logit above φ + b, or below φ + a; the window's edges are inside",
+@check_case(UNIFIED, "the overflow flag: a logit above φ + w_hi, or below φ + w_lo; the window's edges are inside",
             points=2)
 def _u_flag(impl, gen):
     s = torch.randn(40, generator=gen)
     v = torch.randn(40, 32, generator=gen)
-    a, b, phi = -12.0, 8.0, 1.0
-    for j, val, what in ((17, phi + b + 0.5, "one logit 0.5 above phi + b"),
-                         (3, phi + a - 0.5, "one logit 0.5 below phi + a"),
-                         (39, phi + b, "one logit exactly at phi + b (inside)"),
-                         (0, phi + a, "one logit exactly at phi + a (inside)"),
+    w_lo, w_hi, phi = -12.0, 8.0, 1.0
+    for j, val, what in ((17, phi + w_hi + 0.5, "one logit 0.5 above phi + w_hi"),
+                         (3, phi + w_lo - 0.5, "one logit 0.5 below phi + w_lo"),
+                         (39, phi + w_hi, "one logit exactly at phi + w_hi (inside)"),
+                         (0, phi + w_lo, "one logit exactly at phi + w_lo (inside)"),
                          (5, 1e4, "one logit of 1e4 (e^(s - phi) = inf in float32)")):
         t = s.clone()
         t[j] = val
-        _unified_compare(impl, t, v, phi, a, b, what)
+        _unified_compare(impl, t, v, phi, w_lo, w_hi, what)
 
 
 @check_case(UNIFIED, "masked keys (s = -inf) never raise the flag; no keys at all: Õ = 0, ℓ = 0, no flag")
@@ -454,9 +455,9 @@ def _u_fp16(impl, gen):
 
 
 # ---------------------------------------------------------------------------------------------- bug zoo: NaN merge
-def _two_parts(gen, T=9, H=4, D=64, spread=3.0):
-    o_a, o_b = torch.randn(T, H, D, generator=gen), torch.randn(T, H, D, generator=gen)
-    lse_a, lse_b = torch.randn(T, H, generator=gen) * spread, torch.randn(T, H, generator=gen) * spread
+def _two_parts(gen, N=9, H_q=4, D=64, spread=3.0):
+    o_a, o_b = torch.randn(N, H_q, D, generator=gen), torch.randn(N, H_q, D, generator=gen)
+    lse_a, lse_b = torch.randn(N, H_q, generator=gen) * spread, torch.randn(N, H_q, generator=gen) * spread
     return o_a, lse_a, o_b, lse_b
 
 
@@ -469,7 +470,7 @@ def _nan_case(impl, o_a, lse_a, o_b, lse_b, what):
 
 @check_case(NAN, "finite lse: the merge of two partials vs float64", points=2)
 def _n_finite(impl, gen):
-    _nan_case(impl, *_two_parts(gen), "T=9, H=4, finite lse")
+    _nan_case(impl, *_two_parts(gen), "N=9, H_q=4, finite lse")
 
 
 @check_case(NAN, "rows empty in one part (lse = -inf on one side): the other part's O and lse")
@@ -484,7 +485,7 @@ def _n_one_empty(impl, gen):
 
 @check_case(NAN, "rows empty in both parts (chunked prefill with no context): O = 0, lse = -inf, no NaN", points=2)
 def _n_both_empty(impl, gen):
-    o_a, lse_a, o_b, lse_b = _two_parts(gen, T=16)
+    o_a, lse_a, o_b, lse_b = _two_parts(gen, N=16)
     dead = torch.rand(16, 4, generator=gen) < 0.25
     dead[0, 0] = True
     for lse, o in ((lse_a, o_a), (lse_b, o_b)):

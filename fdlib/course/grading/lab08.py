@@ -11,9 +11,10 @@ r"""Checks for Lab 08: several query tokens per sequence, and the merge across G
   ``[B, q_len, H_q]``; a row that sees no key gives 0 and −∞. Graded against one-token decode
   (:func:`fdlib.reference_attention`) of each query token over its first n_{b,t} keys.
 * ``lab08.cross_rank_merge(o, lse, group) -> (out, lse)``: every rank of a ``torch.distributed`` group holds
-  the partial (O_r, lse_r) of its slice of the keys; return the merge over all ranks (the same on every rank):
+  the partial (O_rank, lse_rank) of its slice of the keys; return the merge over all ranks (the same on every rank):
 
-  .. math:: \text{lse} = \log \sum_r e^{\text{lse}_r}, \qquad O = \sum_r e^{\text{lse}_r - \text{lse}}\, O_r
+  .. math:: \text{lse} = \log \sum_\text{rank} e^{\text{lse}_\text{rank}}, \qquad
+            O = \sum_\text{rank} e^{\text{lse}_\text{rank} - \text{lse}}\, O_\text{rank}
 
   Graded on 2 CPU processes with the gloo backend (:func:`run_on_gloo`: forked with torch.multiprocessing,
   so a function defined in a notebook cell reaches the children as it is).
@@ -81,7 +82,7 @@ def cross_rank_merge(o, lse, group=None):
     a row that no rank saw gives 0 and -inf.
     """
     # TODO: collect every rank's (o, lse) (dist.all_gather into lists of dist.get_world_size(group) tensors),
-    #       stack them, and merge them as in Lab 02 (weights e^(lse_r - max), the max made finite).
+    #       stack them, and merge them as in Lab 02 (weights e^(lse_rank - max), the max made finite).
     todo("lab08.cross_rank_merge")
 ''')
 
@@ -296,24 +297,26 @@ def _merge_case(impl, o_all, lse_all, what, want=None):
 
 def _merge_mistakes(o_all, lse_all, rank) -> list:
     """[(why, (out, lse))]: what the known wrong merges return on these partials (None: says nothing of it)."""
-    weights = "weigh each rank's O_r by e^(lse_r − m) / Σ_r' e^(lse_r' − m), m the largest lse_r"
+    weights = "weigh each rank's O_rank by e^(lse_rank − m) / Σ e^(lse − m) over all ranks, m the largest lse_rank"
     ref_o, ref_l = merge_lse(o_all.double(), lse_all.double(), dim=0)
     nobody = torch.isneginf(lse_all).all(0)
     nan_rows = torch.where(nobody[..., None], torch.full_like(ref_o, math.nan), ref_o)
     w = torch.exp(lse_all.float())                                  # no max subtracted: overflows at lse ~ 89
     no_max = (w[..., None] * o_all.float()).sum(0) / w.sum(0)[..., None]
     return [
-        ("out is this rank's own partial: nothing combined the ranks; gather every rank's (O_r, lse_r) with "
-         "dist.all_gather, or all-reduce the weighted sums", (o_all[rank], None)),
+        ("out is this rank's own partial: nothing combined the ranks; gather every rank's (O_rank, lse_rank) "
+         "with dist.all_gather, or all-reduce the weighted sums", (o_all[rank], None)),
         (f"out is the plain average of the ranks' partials, as if each had seen as many keys: {weights}, so a "
          f"rank whose keys weigh more counts more", (o_all.double().mean(0), None)),
-        ("lse is the largest lse_r: the merged lse is m + log Σ_r e^(lse_r − m)", (None, lse_all.double().amax(0))),
-        ("lse is the mean of the lse_r: the merged lse is m + log Σ_r e^(lse_r − m)", (None, lse_all.double().mean(0))),
-        ("rows that no rank saw (every lse_r = −inf) come out NaN, e^(−inf − (−inf)) or 0/0: use m = 0 where the "
-         "largest lse_r is −inf, and return out = 0, lse = −inf where the weights sum to 0",
+        ("lse is the largest lse_rank: the merged lse is m + log Σ_rank e^(lse_rank − m)",
+         (None, lse_all.double().amax(0))),
+        ("lse is the mean of the lse_rank: the merged lse is m + log Σ_rank e^(lse_rank − m)",
+         (None, lse_all.double().mean(0))),
+        ("rows that no rank saw (every lse_rank = −inf) come out NaN, e^(−inf − (−inf)) or 0/0: use m = 0 where "
+         "the largest lse_rank is −inf, and return out = 0, lse = −inf where the weights sum to 0",
          (nan_rows, None) if bool(nobody.any()) else None),
-        ("the weights e^(lse_r) overflow float32 (inf/inf = NaN) for large lse: subtract the largest lse_r before "
-         "exponentiating", (no_max, None) if bool(torch.isinf(w).any()) else None),
+        ("the weights e^(lse_rank) overflow float32 (inf/inf = NaN) for large lse: subtract the largest lse_rank "
+         "before exponentiating", (no_max, None) if bool(torch.isinf(w).any()) else None),
     ]
 
 

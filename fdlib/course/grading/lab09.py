@@ -1,10 +1,10 @@
 r"""Checks for Lab 09: the dequantizing tile load of an 8-bit KV cache.
 
 ``lab09.dequant_tile(X, S, offs, s_offs, valid, h, KV_DTYPE, GRANULARITY)`` is a ``@triton.jit`` function that
-loads one tile of N keys of an 8-bit K or V cache and returns what it stands for (:mod:`fdlib.quant`), in float32:
+loads one tile of BLOCK_N keys of an 8-bit K or V cache and returns what it stands for (:mod:`fdlib.quant`), in float32:
 
-.. math::  x_{jd} = \text{float}(\hat x_{jd})\cdot s_j, \qquad
-           s_j = \begin{cases} S_0 & \text{per tensor}\\ S_h & \text{per KV head } h\\
+.. math::  x_{jd} = \text{float}(\hat x_{jd})\cdot \sigma_j, \qquad
+           \sigma_j = \begin{cases} S_0 & \text{per tensor}\\ S_h & \text{per KV head } h\\
                                S[\text{s\_offs}_j] & \text{per token}\end{cases}
 
 The cache arrives as bytes (``X`` a uint8 pointer, as serving systems often store an 8-bit cache); ``KV_DTYPE``
@@ -38,16 +38,17 @@ STUB = triton_stub(NAME, '''
 @exercise("lab09.dequant_tile")
 @triton.jit
 def dequant_tile(X, S, offs, s_offs, valid, h, KV_DTYPE: tl.constexpr, GRANULARITY: tl.constexpr):
-    """One tile of an 8-bit K or V cache, loaded and dequantized: x[j, :] = float(stored[j, :]) * s_j, float32 [N, D].
+    """One tile of an 8-bit K or V cache, loaded and dequantized: x[j, :] = float(stored[j, :]) * σ_j, float32
+    [BLOCK_N, D].
 
-    X: the cache as bytes (a uint8 pointer); the tile's N x D bytes lie at X + offs (offs [N, D]).
+    X: the cache as bytes (a uint8 pointer); the tile's BLOCK_N x D bytes lie at X + offs (offs [BLOCK_N, D]).
     KV_DTYPE: what the bytes hold, tl.int8 or tl.float8e4nv (e4m3): reinterpret them, don't convert them.
     S: float32 scales; GRANULARITY: "tensor" (one scale, at S), "head" (the tile's KV head h: at S + h) or
-    "token" (key j's scale at S + s_offs[j]; s_offs [N]).
-    valid [N]: False for keys past the end of the sequence: read nothing there; their rows must be 0.
+    "token" (key j's scale at S + s_offs[j]; s_offs [BLOCK_N]).
+    valid [BLOCK_N]: False for keys past the end of the sequence: read nothing there; their rows must be 0.
     """
     # TODO: load the bytes (masked, other=0), .to(KV_DTYPE, bitcast=True), .to(tl.float32), then multiply
-    #       each row j by its key's scale s_j (a per-token s is [N]: make it a column with s[:, None]).
+    #       each row j by its key's scale σ_j (per token, the scales s are [BLOCK_N]: make them a column, s[:, None]).
     return tl.zeros_like(offs).to(tl.float32)
 ''')
 
@@ -113,7 +114,7 @@ def tile_of(impl, stored, scale, b: int, n0: int, length: int, h: int) -> torch.
 
 
 def row_scales(scale, granularity: str, b: int, pos: torch.Tensor, h: int) -> torch.Tensor:
-    """s_j of keys ``pos`` of sequence b, KV head h: float64 [N, 1]."""
+    """σ_j of keys ``pos`` of sequence b, KV head h: float64 [BLOCK_N, 1]."""
     if granularity == "tensor":
         return torch.full((len(pos), 1), float(scale), dtype=torch.float64)
     if granularity == "head":
@@ -122,7 +123,7 @@ def row_scales(scale, granularity: str, b: int, pos: torch.Tensor, h: int) -> to
 
 
 MISTAKES = {
-    "twice": "the scale applied twice (x · s · s)",
+    "twice": "the scale applied twice (x · σ · σ)",
     "none": "no scale applied (the stored values themselves)",
     "divided": "x divided by the scale instead of multiplied",
     "unsigned": "int8 read as unsigned: a negative value v came out as 256 + v (reinterpret the bytes with "
@@ -132,7 +133,7 @@ MISTAKES = {
     "as_int8": "e4m3 bytes read as int8: use KV_DTYPE (tl.float8e4nv here), not tl.int8",
     "as_e4m3": "int8 bytes read as e4m3: use KV_DTYPE (tl.int8 here), not tl.float8e4nv",
     "wrong_axis": "a scale on the wrong axis: key d's scale multiplied column d, not key j's scale row j (a per-token "
-                  "scale s [N] is a column: s[:, None])",
+                  "scales s [BLOCK_N] are a column: s[:, None])",
     "head0": "the scale of KV head 0 instead of the tile's own head h (S + h)",
     "first": "one scale for the whole tile, the one at S (the per-tensor rule): here key j's scale is at "
              "S + s_offs[j]",

@@ -2,12 +2,12 @@ r"""Checks for Lab 10: the KV cache appended in place, at each sequence's own le
 
 * ``lab10.append_kv(k_cache, v_cache, lengths, k_new, v_new, real)``: a preallocated cache ``[B, L_max, H_kv,
   D]`` holds :math:`L_b` = ``lengths[b]`` keys of sequence b at positions :math:`0 \dots L_b - 1`. A step brings
-  T new tokens a sequence, ``k_new``/``v_new`` ``[B, T, H_kv, D]``, of which the first :math:`p_b` may be left
+  q_len new tokens a sequence, ``k_new``/``v_new`` ``[B, q_len, H_kv, D]``, of which the first :math:`p_b` may be left
   padding (``real[b, t]`` False; ``real`` None: no padding). Each real token goes to the next free position of
   its own sequence:
 
   .. math:: \text{token } t \ (t \ge p_b) \ \to\ \text{position } L_b + t - p_b, \qquad
-            L_b \mathrel{+}= T - p_b
+            L_b \mathrel{+}= q_\text{len} - p_b
 
   in place (the cache and ``lengths`` are written, nothing is returned). Positions before :math:`L_b` are not
   touched; nothing after the new length is ever read, so what lies there does not matter.
@@ -30,12 +30,13 @@ def append_kv(k_cache, v_cache, lengths, k_new, v_new, real=None):
     """Append each sequence's new tokens to a preallocated cache, in place, at that sequence's own length.
 
     k_cache, v_cache: [B, L_max, H_kv, D]; sequence b holds lengths[b] keys at positions 0 .. lengths[b]-1.
-    lengths: [B] int32, advanced in place. k_new, v_new: [B, T, H_kv, D], T new tokens a sequence, in order.
-    real: None (every new token is real) or bool [B, T], False for left padding (the first p_b tokens of b).
-    Real token t of sequence b goes to position lengths[b] + t - p_b; then lengths[b] += T - p_b.
+    lengths: [B] int32, advanced in place. k_new, v_new: [B, q_len, H_kv, D], q_len new tokens a sequence,
+    in order. real: None (every new token is real) or bool [B, q_len], False for left padding (the first p_b
+    tokens of b).
+    Real token t of sequence b goes to position lengths[b] + t - p_b; then lengths[b] += q_len - p_b.
     Returns None.
     """
-    # TODO: p = T - real.sum(1); for the real (b, t) pairs (real.nonzero), the position lengths[b] + t - p[b];
+    # TODO: p = q_len - real.sum(1); for the real (b, t) pairs (real.nonzero), the position lengths[b] + t - p[b];
     #       write k_new/v_new there with one indexed assignment each; then lengths += real.sum(1).
     todo("lab10.append_kv")
 ''')
@@ -96,7 +97,7 @@ def _append_case(impl, gen, B, T, H_kv, D, L_max, lens, pads, dtype=torch.float3
     old = lengths.clone()
     want_k, want_v, want_l = append_reference(k, v, lengths, k_new, v_new, real)
     ptrs = (k.data_ptr(), v.data_ptr(), lengths.data_ptr())
-    what = f"append_kv(B={B}, T={T}, lengths {lens}, pad tokens {pads if with_mask else 'none (real=None)'})"
+    what = f"append_kv(B={B}, q_len={T}, lengths {lens}, pad tokens {pads if with_mask else 'none (real=None)'})"
     args = {"k_cache": k, "v_cache": v, "lengths": lengths, "k_new": k_new, "v_new": v_new, "real": real}
     out = call(impl, args, outputs=("k_cache", "v_cache", "lengths"))
     if out is not None and not isinstance(out, torch.Tensor):
@@ -128,11 +129,11 @@ def _append_case(impl, gen, B, T, H_kv, D, L_max, lens, pads, dtype=torch.float3
         if got == [o + 2 * n for o, n in zip(old.tolist(), real_n)]:
             cause = "they were advanced twice: add each sequence's number of real tokens once"
         elif got == [o + T for o in old.tolist()] and any(pads_):
-            cause = "they were advanced by T, padding included: add T - p_b (the real tokens)"
+            cause = "they were advanced by q_len, padding included: add q_len - p_b (the real tokens)"
         elif got == old.tolist():
             cause = "they were not advanced: add each sequence's number of real tokens in place"
         else:
-            cause = "each sequence advances by its number of real tokens, T - p_b"
+            cause = "each sequence advances by its number of real tokens, q_len - p_b"
         raise CheckFailure(f"{what}: lengths after the step {got}, expected {want}: {cause}")
 
 
@@ -142,7 +143,7 @@ def _a_main(impl, gen):
     _append_case(impl, gen, B=3, T=6, H_kv=2, D=8, L_max=40, lens=[4, 0, 9], pads=[0, 3, 5])
 
 
-@check_case(APPEND, "a decode step (T = 1, real=None) on ragged lengths 7, 1, 12, 3", points=2)
+@check_case(APPEND, "a decode step (q_len = 1, real=None) on ragged lengths 7, 1, 12, 3", points=2)
 def _a_decode(impl, gen):
     _append_case(impl, gen, B=4, T=1, H_kv=2, D=16, L_max=32, lens=[7, 1, 12, 3], pads=[0] * 4, with_mask=False)
 
@@ -154,6 +155,6 @@ def _a_empty(impl, gen):
         _append_case(impl, gen, B=2, T=1, H_kv=1, D=8, L_max=24, lens=lens, pads=[0, 0], with_mask=False)
 
 
-@check_case(APPEND, "a verify step of T = 4 tokens without padding (real all True), bf16 cache, GQA heads")
+@check_case(APPEND, "a verify step of q_len = 4 tokens without padding (real all True), bf16 cache, GQA heads")
 def _a_verify(impl, gen):
     _append_case(impl, gen, B=2, T=4, H_kv=4, D=8, L_max=30, lens=[11, 20], pads=[0, 0], dtype=torch.bfloat16)
