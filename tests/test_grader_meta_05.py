@@ -23,9 +23,9 @@ PREDICT, CHOOSE, TICKET = "lab05.predict_time", "lab05.choose_splits", "lab05.ta
 
 # ---------------------------------------------------------------------------------------------- predict_time
 def _predict(lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n, r, *, corner="smax", waves="ceil",
-             per_program=True, merge=True, merge_splits="used", startup=True, per_sm=True):
+             per_program=True, merge=True, merge_splits="used", startup=True, per_sm=True, empty_rows=1):
     chunk, used = chunk_for(max(max(lengths), 1), splits, block_n)
-    P = sum(H_kv * max(1, -(-L // chunk)) for L in lengths)
+    P = sum(H_kv * max(empty_rows, -(-L // chunk)) for L in lengths)
     slots = r * gpu.sms
     W = -(-P // slots) if waves == "ceil" else P / slots
     phi = {True: costmodel.SECOND_PROGRAM, "whole": 1.0, False: 0.0}[per_sm]
@@ -48,6 +48,7 @@ WRONG_PREDICT = {
     "no start-up (wave) term": lambda *a: _predict(*a, startup=False),
     "every program streams at rho (no busiest-SM load n)": lambda *a: _predict(*a, per_sm=False),
     "a second program on an SM costs a whole program (phi = 1)": lambda *a: _predict(*a, per_sm="whole"),
+    "a length-0 sequence launches no program (no max(1, ·) in P)": lambda *a: _predict(*a, empty_rows=0),
     "returns the requested splits": lambda *a: (_predict(*a)[0], a[4]),
     "time only, no splits_used": lambda *a: _predict(*a)[0],
 }
@@ -79,6 +80,8 @@ CAUSE = {                                   # each wrong time's message names it
     "no start-up (wave) term": "the start-up term P/(r·SMs)·t_wave is missing",
     "every program streams at rho (no busiest-SM load n)": "n is missing from W·n·bytes_prog/ρ",
     "a second program on an SM costs a whole program (phi = 1)": "counts a second program on an SM as a whole one",
+    "a length-0 sequence launches no program (no max(1, ·) in P)": "P = 40 programs, not 32: a sequence of length 0 "
+                                                                   "still launches one program",
 }
 
 

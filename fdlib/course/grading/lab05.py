@@ -161,6 +161,14 @@ def _diagnosis(got_us, lengths, H_kv, D, dtype_bytes, splits, gpu, cal, block_n,
         (ref - smax + stream(m["W"] * min(-(-m["P"] // gpu.sms), r) * m["c_rho"]),
          "n counts a second program on an SM as a whole one: it adds only γ = fdlib.costmodel.SECOND_PROGRAM"),
     ]
+    # P without max(1, ·): a length-0 sequence launching no program changes P, and with it W, n and the start-up
+    P0 = sum(H_kv * -(-L // m["chunk"]) for L in lengths)
+    if P0 != m["P"]:
+        W0 = schedule(max(P0, 1), r, gpu.sms).waves
+        n0 = float(costmodel.sm_load(min(-(-P0 // gpu.sms), r)))
+        mistakes.append((m["launch"] + P0 / slots * cal.t_wave_us + stream(W0 * n0 * m["c_rho"]) + m["merge"],
+                         f"P = {m['P']} programs, not {P0}: a sequence of length 0 still launches one program (it "
+                         f"writes O = 0, lse = −inf), so P = Σ_b H_kv·max(1, ⌈L_b / chunk⌉)"))
     hits = [why for t, why in mistakes
             if not math.isclose(t, ref, rel_tol=1e-9) and math.isclose(got_us, t, rel_tol=1e-6, abs_tol=1e-9)]
     return f" Likely cause: {hits[0]}." if hits else ""

@@ -70,13 +70,13 @@ def _diagnose(b, got_k, k_new, old, pads, T) -> str:
     if found and found[0] != L:
         j = found[0]
         if j == longest != L:
-            return (f"its first real new token is at position {j}, the longest sequence's length; each sequence "
+            return (f"its first real new token is at cache position {j}, the longest sequence's length; each sequence "
                     f"appends at its own length ({L} here)")
         if p and j == L + p:
-            return (f"its first real new token is at position {j} = length {L} + {p} pad tokens: the padding was "
-                    f"written into the cache; skip the {p} pad tokens before writing (token t goes to "
+            return (f"its first real new token is at cache position {j} = length {L} + {p} pad tokens, not {L}: the "
+                    f"padding was written into the cache; skip the {p} pad tokens before writing (token t goes to "
                     f"L_b + t - p_b)")
-        return f"its first real new token is at position {j}, expected {L} (its length before the step)"
+        return f"its first real new token is at cache position {j}, expected {L} (its length before the step)"
     if p and any(torch.equal(got_k[b, L], k_new[b, t]) for t in range(p)):
         return (f"position {L} (its length) holds a pad token: skip the {p} pad tokens before writing (token t "
                 f"goes to L_b + t - p_b)")

@@ -119,7 +119,7 @@ def quant_error_view(results_dir: Path) -> Shown:
         table.append([r["data"], SHORT.get(r["dtype"], r["dtype"]), r["granularity"], f"{100 * r['cache_rel_err']:.2f}%",
                       f"{100 * r['out_rel_err']:.2f}%", f"{100 * r['out_max_row_err']:.1f}%"])
     out = data["outliers"]
-    caption = (f"{shown_path(path)}: {data['provenance']['arithmetic']}, `{data['provenance']['command']}`. q, K, V ~ "
+    caption = (f"{shown_path(path)}: {data['provenance']['arithmetic']}. q, K, V ~ "
                f"N(0, 1); outlier channels: {out['channels']} of D channels {out['scale']:g}x larger in K and V. "
                f"Errors relative to the unquantized cache: the cache's (the larger of K's and V's), the output's, and "
                f"the worst (b, h) row's max|ΔO| / max|O|. Scales per 'unit': e4m3 with scale 1.")
