@@ -35,12 +35,14 @@ def raw(cache, layer, which):
         t = t[rows].reshape(cache.max_batch_size, cache.max_cache_len, H_KV, D)
         if cache.kv8.token:
             s = s[rows].reshape(cache.max_batch_size, cache.max_cache_len, H_KV)
-    return t, s
+    return t.cpu(), s.cpu()
 
 
 def step(cache, k, v, mask=None):
     """One step of every layer (layer i's K/V: k·(i + 1)), as the "fdlib" attention runs it."""
     B, _, T, _ = k.shape
+    k, v = k.to(cache.device), v.to(cache.device)             # the cache's device (the GPU where there is one)
+    mask = None if mask is None else mask.to(cache.device)
     for i in range(LAYERS):
         cache.update(k * (i + 1), v * (i + 1), i)
         cache._awaiting = None
@@ -75,7 +77,7 @@ def test_append_quantizes_each_token_and_decode_reads_it(kv_dtype, granularity, 
             keep = slice(None) if m is None else m[b].bool()
             fed[b][0].append(k[b].transpose(0, 1)[keep])
             fed[b][1].append(v[b].transpose(0, 1)[keep])
-    lens = cache.lengths[:B]
+    lens = cache.lengths[:B].cpu()
     assert lens.tolist() == [7 + 5, 5 + 5]
     for layer in range(LAYERS):
         deq = []
@@ -105,7 +107,7 @@ def test_append_quantizes_each_token_and_decode_reads_it(kv_dtype, granularity, 
         if given is not None:
             assert (raw(cache, layer, "keys")[0][:B].float().abs() == QMAX[kv_dtype]).any(), "nothing saturated"
         q = torch.randn(B, 4, 1, D, generator=g).half()
-        out = decode(cache, layer, q)                                   # [B, 1, H_q, D]
+        out = decode(cache, layer, q.to(cache.device)).cpu()             # [B, 1, H_q, D]
         want, _ = fdlib.reference_attention(q.transpose(1, 2), deq[0], deq[1], lens)
         assert row_rel_err(out.float(), want).max().item() <= OUT_RTOL[torch.float16]
 
