@@ -12,8 +12,9 @@ mkdir -p "$OUT/kv8"
   date -u; } 2>&1 | tee "$OUT/kv8/gpu.txt"
 timeout 60 python -m pytest tests/test_quant_range.py -q -p no:cacheprovider 2>&1 | tail -2 | tee "$OUT/kv8/gpu-tests-kv8.txt"
 if [ -n "$CAND" ]; then
-  PYTHONPATH=$PWD/$CAND timeout 140 python -m pytest tests/test_quant_range.py tests/test_quant.py -x -q \
-    -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/kv8/gpu-tests-kv8-candidate.txt"
+  ROOT=$PWD   # `python -m` puts the working folder first on sys.path: run the candidate from inside its folder
+  (cd "$CAND" && timeout 140 python -m pytest "$ROOT/tests/test_quant_range.py" "$ROOT/tests/test_quant.py" -x -q \
+    -p no:cacheprovider 2>&1 | tail -3) | tee "$OUT/kv8/gpu-tests-kv8-candidate.txt"
 fi
 timeout 100 python tools/kv8_probe.py --out "$OUT/kv8" 2>&1 | grep -v Warn | tee "$OUT/kv8/kv8-probe.log"
 G="--dtype bfloat16 --methods auto --B 1,8,32 --L 4096,16384,65536,131072 --heads 32:8 --D 128 --max-kv-gb 9
@@ -22,7 +23,7 @@ timeout 60 python -m fdlib.bench $G --name kv16-bf16 2>&1 | grep -v Warn | tail 
 for kv in float8_e4m3fn int8; do for s in head token; do
   timeout 50 python -m fdlib.bench $G --kv-dtype $kv --kv-scale $s --name kv8-$kv-$s 2>&1 | grep -v Warn | tail -14
 done
-  [ -n "$CAND" ] && PYTHONPATH=$PWD/$CAND timeout 50 python -m fdlib.bench $G --kv-dtype $kv --kv-scale head \
-    --name candidate-kv8-$kv-head 2>&1 | grep -v Warn | tail -14
+  [ -n "$CAND" ] && (cd "$CAND" && timeout 50 python -m fdlib.bench $G --kv-dtype $kv --kv-scale head \
+    --name candidate-kv8-$kv-head 2>&1 | grep -v Warn | tail -14)
 done
 ls "$OUT/kv8"; tar czf "$OUT/kv8.tgz" -C "$OUT" kv8 && rm -rf "$OUT/kv8"
