@@ -81,3 +81,68 @@ def test_a_quick_cpu_file_is_shown(tmp_path):
     assert "CPU wall clock" in gen.caption and "read ceiling not measured" in gen.caption
     assert [r[1] for r in _shown("moves", tmp_path).table[1:]] == ["the cache in place", "the kernel with lengths"]
     assert [r[0] for r in _shown("step_profile", tmp_path).table[1:]] == ["B=1, 20: hf_dynamic", "B=1, 20: fdlib_eager"]
+
+
+# ---------------------------------------------------------------------------------------------- the recorded run
+def _recorded():
+    """The committed run the lesson's default views read (results/h200, else the newest device folder)."""
+    from fdlib.course.measured.lab10 import findings
+    try:
+        return findings()
+    except FileNotFoundError:
+        pytest.skip("no recorded generate run is committed")
+
+
+def _says_profile(f) -> None:
+    """Section 2: 'HF's default step is mostly gaps ... Its cat costs more than its attention, but both are small
+    beside the gaps. fdlib's captured step has few gaps left: its time goes mostly to the matrix products (GEMMs),
+    then to the small elementwise kernels and the attention'; a step is 'more than a thousand' launches."""
+    for key, per in f["shares"].items():
+        hf, graph = per["hf_dynamic"], per["fdlib_graph"]
+        assert f["largest"][key]["hf_dynamic"] == "gaps" and hf["gaps"] > 0.5
+        assert hf["cat"] > hf["attention"] and max(hf["cat"], hf["attention"]) < hf["gaps"] / 5
+        assert f["largest"][key]["fdlib_graph"] == "gemm" and graph["gaps"] < 0.1
+        rest = sorted((c for c in graph if c not in ("gemm", "gaps")), key=graph.get, reverse=True)
+        assert rest[:2] == ["elementwise", "attention"]
+        assert min(f["kernels"][key]["hf_dynamic"], f["kernels"][key]["fdlib_graph"]) > 1000
+
+
+def _says_moves(f) -> None:
+    """Section 3: 'each of the three moves makes the step faster, and the captured graph gains the most ... The
+    compiled step runs about half as many kernels as the captured one, yet it is slower: its cache writes take a far
+    larger share of the step, and its longest kernel is a copy'."""
+    for key, g in f["gains"].items():
+        three = {m: g[m] for m in ("the cache in place", "the kernel with lengths", "one captured graph")}
+        assert min(three.values()) > 1 and max(g, key=g.get) == "one captured graph"
+        assert g["fused small kernels"] < 1
+        k, sh = f["kernels"][key], f["shares"][key]
+        assert 0.4 < k["fdlib_compiled"] / k["fdlib_graph"] < 0.6
+        assert sh["fdlib_compiled"]["cache write"] > 5 * sh["fdlib_graph"]["cache write"]
+        assert "copy" in f["top"][key]["fdlib_compiled"]["name"]
+
+
+def _says_steps(f) -> None:
+    """Section 4: 'fdlib's captured step is the fastest, several times faster than HF's default, and reaches more
+    than half of the bound. HF's static cache, compiled, beats fdlib's eager step'."""
+    for per in f["steps"].values():
+        ms = {v: r["ms_per_step"] for v, r in per.items()}
+        assert min(ms, key=ms.get) == "fdlib_graph"
+        assert per["fdlib_graph"]["vs_hf_default"] > 3 and 0.5 < per["fdlib_graph"]["frac_of_bound"] < 1
+        assert ms["hf_static_compiled"] < ms["fdlib_eager"]
+
+
+def test_what_the_lesson_says_of_the_recorded_run_holds():
+    f = _recorded()
+    assert f["cases"] and f["shares"]
+    _says_profile(f)
+    _says_moves(f)
+    _says_steps(f)
+
+
+def test_the_statements_can_fail():
+    """The same checks on the synthetic file (made-up numbers that say otherwise) fail."""
+    from fdlib.course.measured.lab10 import findings
+    f = findings(DATA)
+    for says in (_says_moves, _says_steps):
+        with pytest.raises(AssertionError):
+            says(f)

@@ -17,8 +17,11 @@ span.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import sys
 import tempfile
 
 import torch
@@ -144,6 +147,33 @@ def trace_spans(trace: dict, device: bool) -> list:
     return [(name, a, b, _inside(a, marked)) for name, a, b in ops]
 
 
+PROFILER_LOG = re.compile(r"^USDT:.*\] profiler_(start|stop)\s*$")
+"""The line torch's profiler writes to the process's stderr (file descriptor 2, below Python) when it starts and
+stops: ``USDT:<date> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start``."""
+
+
+@contextlib.contextmanager
+def quiet_profiler_log():
+    """Inside: what C code writes to file descriptor 2 goes to a temporary file; on the way out every line of it
+    but the profiler's own start/stop lines (:data:`PROFILER_LOG`) is written to ``sys.stderr``, so a notebook
+    shows a warning or an error as before, without the profiler's log."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not PROFILER_LOG.match(ln)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
 def profile_step(fn, gpu: bool, steps: int = 1) -> dict:
     """Run ``fn`` ``steps`` times (already warm) under ``torch.profiler``; :func:`summarize` of its device work
     (``gpu``) or of its innermost CPU ops, plus ``source`` saying which. (A cache's kernels are told apart only
@@ -151,7 +181,7 @@ def profile_step(fn, gpu: bool, steps: int = 1) -> dict:
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     synchronize()
-    with profile(activities=activities) as prof:
+    with quiet_profiler_log(), profile(activities=activities) as prof:
         for _ in range(steps):
             fn()
         synchronize()

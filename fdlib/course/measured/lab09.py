@@ -272,7 +272,8 @@ def kv8(results_dir: Path) -> Shown:
     fig.suptitle(f"8-bit KV cache against bf16: fdlib auto, {first['H_q']}:{first['H_kv']} heads, D = {first['D']}, "
                  f"bf16 queries;\nrecorded on {p['device']} {p['date_utc'][:10]}, "
                  f"{'CUDA-graph' if tk == 'graph' else 'eager'} timings ({shown_path(folder)})", fontsize=10)
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:     # the course style lays figures out itself (constrained)
+        fig.tight_layout()
 
     table = [["cache", "B", f"× at L={Ls[0]}", f"× at L={Ls[-1]}", f"% of ceiling at L={Ls[-1]}", "8 bits pay from"]]
     for B in Bs:
@@ -287,12 +288,64 @@ def kv8(results_dir: Path) -> Shown:
         every_B.append(f"{label(fmt)}: " + (f"no L at B = {', '.join(never)}" if never
                                              else _pays(max(v[0] for v in per_B.values()), Ls)))
     files = [shown_path(folder / KV16)] + [shown_path(folder / kv8_name(*f)) for f in runs]
-    caption = (f"{shown_path(folder)}/ ({', '.join(Path(f).name for f in files)}): recorded on {provenance(p)} (the 8-bit runs with --kv-dtype/--kv-scale in the "
-               f"same folder). Speed-up = time with the bf16 cache / time with the 8-bit one, fdlib's {METHOD}, "
+    not_run = [label(f) for f in FORMATS if f not in runs]
+    caption = (f"{shown_path(folder)}/ ({', '.join(Path(f).name for f in files)}): recorded on {provenance(p)}; "
+               f"run at B = {', '.join(map(str, Bs))} and L = {', '.join(map(str, Ls))} only. Speed-up = time "
+               f"with the bf16 cache / time with the 8-bit one, fdlib's {METHOD}, "
                f"{'CUDA-graph' if tk == 'graph' else 'eager'} timings; % of ceiling: the cache's bytes over the "
                f"time, against the read ceiling measured in each run. '8 bits pay from': the shortest L from which "
                f"every longer measured L is faster with 8 bits. At every batch size, 8 bits pay from: "
                f"{'; '.join(every_B)}."
-               + (f" Not recorded: {', '.join(missing)}." if missing else "")
+               + (f" Not run: {'; '.join(not_run)} ({', '.join(missing)} not recorded)." if missing else "")
                + (f" Error against the unquantized cache: {err_src[0]} (CPU arithmetic)." if err_src else ""))
     return Shown(figure=fig, table=table, caption=caption, sources=files + err_src)
+
+
+def speed_findings(results_dir: Path | None = None) -> dict:
+    """What the lesson says of the recorded speed runs, each computed from the files (:func:`find_run`):
+
+    * ``device``: the GPU that ran them;
+    * ``formats``: the 8-bit formats run, ``not_run``: those not run (labels);
+    * ``Bs``, ``Ls``: the batch sizes and lengths run;
+    * ``x``: {dtype: (slowest, fastest) speed-up over bf16 over every format of that dtype, B and L};
+    * ``pct8``: {dtype: (lowest, highest) % of the read ceiling}; ``pct16``: the same of the bf16 cache;
+    * ``ever_faster``: whether any 8-bit run beat bf16 at any shape (a break-even exists only then);
+    * ``timing``: 'graph' or 'eager'.
+    """
+    folder = find_run(RESULTS if results_dir is None else results_dir)
+    base = load(folder / KV16)
+    runs = {fmt: load(folder / kv8_name(*fmt)) for fmt in FORMATS if (folder / kv8_name(*fmt)).exists()}
+    tk = timing([base, *runs.values()])
+    rows = speedups(base, runs, tk)
+    span = lambda xs: (min(xs), max(xs))    # noqa: E731
+    dtypes = [d for d in KV_DTYPES if any(r["format"][0] == d for r in rows)]
+    return {
+        "device": base["provenance"]["device"],
+        "formats": [label(f) for f in runs], "not_run": [label(f) for f in FORMATS if f not in runs],
+        "Bs": sorted({r["B"] for r in rows}), "Ls": sorted({r["L"] for r in rows}),
+        "x": {d: span([r["x"] for r in rows if r["format"][0] == d]) for d in dtypes},
+        "pct8": {d: span([r["pct8"] for r in rows if r["format"][0] == d]) for d in dtypes},
+        "pct16": span([r["pct16"] for r in rows]),
+        "ever_faster": any(r["x"] > 1 for r in rows),
+        "timing": tk,
+    }
+
+
+PROBE = "kv8-probe.json"
+"""The 8-bit loop probe's file (``tools/kv8_probe.py``), in the folder of the speed runs."""
+CONV = {"triton": "the compiler's conversion", "asm": "a packed conversion, four elements a register"}
+
+
+def probe_findings(results_dir: Path | None = None) -> dict:
+    """The probe's file, beside the speed runs: a minimal decode loop (one query group of ``G`` rows, D, L keys a
+    program, fp16 products) over a bf16 cache and over e4m3 and int8 caches. Returns its ``device``, the read
+    ceiling ``ceiling_tbs``, the loop's shape (``programs``, ``L``, ``D``, ``G``) and ``rows``: one dict per variant
+    run (``kv``, ``conv`` in words, ``tbs`` the cache's bytes over the time, ``pct`` of the read ceiling), in the
+    file's order."""
+    folder = find_run(RESULTS if results_dir is None else results_dir)
+    data = load(folder / PROBE)
+    ceil = data["ceiling"]["tbs"]
+    rows = [{"kv": r["kv"], "conv": "none (16 bits)" if r["kv"] in ("bfloat16", "float16") else CONV.get(r["conv"],
+             r["conv"]), "tbs": r["gbs"] / 1e3, "pct": 100 * r["gbs"] / 1e3 / ceil} for r in data["rows"]]
+    return {"device": data["provenance"]["device"], "ceiling_tbs": ceil, "programs": data["programs"],
+            "L": data["L"], "D": data["D"], "G": data["G"], "rows": rows, "file": shown_path(folder / PROBE)}

@@ -237,3 +237,35 @@ def show(name: str, results_dir=None):
     except FileNotFoundError as e:   # a file without profiles
         print(wrap_caption(str(e).replace(str(path), shown_path(path))))
         return None
+
+
+def findings(results_dir=None) -> dict:
+    """What the lesson says of the recorded run, each computed from the file (:func:`find`):
+
+    * ``file``, ``device``; ``cases``: [(B, context)] that ran;
+    * ``steps``: {(B, context): {variant: record}} (ms_per_step, bound_ms, frac_of_bound, vs_hf_default);
+    * ``gains``: {(B, context): {move: gain}} (:func:`move_gains`);
+    * ``shares``: {(B, context): {variant: {category: share of the profiled step's span}}};
+    * ``kernels``: {(B, context): {variant: kernels in the profiled step}};
+    * ``top``: {(B, context): {variant: the profiled step's longest kernel (name, ms, count, category)}};
+    * ``largest``: {(B, context): {variant: the category with the largest share}}.
+    """
+    path = find(Path(results_dir) if results_dir is not None else RESULTS)
+    res = load(path)
+    steps: dict = {}
+    for r in ok_records(res):
+        steps.setdefault((r["B"], r["context"]), {})[r["variant"]] = r
+    gains: dict = {}
+    for g in move_gains(res):
+        gains.setdefault((g["B"], g["context"]), {})[g["move"]] = g["gain"]
+    shares: dict = {}
+    kernels: dict = {}
+    top: dict = {}
+    for p in res.get("profiles") or []:
+        key, s = (p["B"], p["context"]), p["summary"]
+        shares.setdefault(key, {})[p["variant"]] = {c: ms / s["span_ms"] for c, ms in s["ms"].items()}
+        kernels.setdefault(key, {})[p["variant"]] = s["kernels"]
+        top.setdefault(key, {})[p["variant"]] = s["top"][0] if s.get("top") else None
+    largest = {k: {v: max(sh, key=sh.get) for v, sh in per.items()} for k, per in shares.items()}
+    return {"file": shown_path(path), "device": res["provenance"]["device"], "cases": cases(res), "steps": steps,
+            "gains": gains, "shares": shares, "kernels": kernels, "top": top, "largest": largest}
