@@ -136,7 +136,7 @@ def _grouped_bars(ax, cs, series, ylabel: str, legend_title: str) -> None:
     """Bars of each ``(label, values)`` of ``series``, grouped by case ``cs``, on a log y axis."""
     import matplotlib.pyplot as plt
 
-    from fdlib.course.figures import legend_outside
+    from fdlib.course.figures import legend_outside, plain_ticks
     width = 0.8 / max(len(series), 1)
     for i, (label, ys) in enumerate(series):
         xs = [c + (i - (len(series) - 1) / 2) * width for c in range(len(cs))]
@@ -145,6 +145,7 @@ def _grouped_bars(ax, cs, series, ylabel: str, legend_title: str) -> None:
     ax.set_xticks(range(len(cs)), [_case(dict(B=B, context=ctx)) for B, ctx in cs])
     ax.set_xlabel("batch B and context (keys a sequence)")
     ax.set_ylabel(f"{ylabel} (log scale)")
+    plain_ticks(ax, "y")                       # 20, 30, 50, not 2×10¹
     legend_outside(ax, title=legend_title)
 
 
@@ -173,7 +174,9 @@ def moves(results_dir: Path) -> Shown:
     ax.axhline(1, color="black", lw=0.8)
     _grouped_bars(ax, cs, [(m, [by.get((B, ctx, m), 0) for B, ctx in cs]) for m in names],
                   "speed-up of the move", "move")
-    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}×"))
+    for fmt, set_fmt in ((ax.yaxis.get_major_formatter(), ax.yaxis.set_major_formatter),
+                         (ax.yaxis.get_minor_formatter(), ax.yaxis.set_minor_formatter)):
+        set_fmt(plt.FuncFormatter(lambda v, pos, fmt=fmt: f"{fmt(v, pos)}×" if fmt(v, pos) else ""))
     p = res["provenance"]
     ax.set_title(f"What each move gains, step time before / after: recorded on {p['device']} {p['date_utc'][:10]} "
                  f"({shown_path(path)})", fontsize=10)
