@@ -215,6 +215,53 @@ def test_compiled_decode_step_matches_eager_without_recompiling(model, page_size
     torch._dynamo.reset()
 
 
+def _largest_buffer(code: str) -> int:
+    """The most elements any buffer that Inductor's generated ``code`` allocates holds (its ``empty_strided_*``
+    calls): a copy of a cache buffer needs one as large as it."""
+    import math
+    import re
+    sizes = re.findall(r"empty_strided_\w+\(\(([\d, ]*)\)", code)
+    return max((math.prod(int(x) for x in s.split(",") if x.strip()) for s in sizes), default=0)
+
+
+@interpreter
+@pytest.mark.parametrize("page_size", [None, 8])
+def test_inductor_writes_only_the_new_rows_in_place(model, page_size, monkeypatch):
+    """Under Inductor a decode step writes its new K/V rows into the cache's buffers in place: the generated
+    code allocates no buffer as large as a layer's K or V (an out-of-place write copies the whole buffer and then
+    copies it back, every layer, every step), and the step's logits and the whole cache match the eager step's.
+    Inductor before torch 2.13 could not write in place through a view of a graph input (``buf.view(...)
+    .index_copy_``); newer ones can, so that rule is put back here, as the GPU's Inductor has it."""
+    from torch._inductor.fx_passes import reinplace
+    from torch._inductor.utils import run_and_get_code
+    monkeypatch.setattr(reinplace, "_is_layout_preserving_view_copy_back", lambda *a, **k: False, raising=False)
+    ids, _ = left_padded([17, 17], seed=9)
+    model.set_attn_implementation("fdlib")
+    caches = [DecodeCache(model.config, 2, 256, dtype=torch.float32, page_size=page_size) for _ in range(2)]
+    key = cache_kwarg(model)
+
+    def step(cache, tok, pos):
+        return model(input_ids=tok, position_ids=pos, use_cache=True, **{key: cache}).logits
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for cache in caches:
+            model(input_ids=ids, use_cache=True, **{key: cache})
+        tok, pos = torch.tensor([[5], [9]]), torch.full((2, 1), 17)
+        want = step(caches[0], tok, pos)
+        got, code = run_and_get_code(torch.compile(step, fullgraph=True), caches[1], tok, pos)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert caches[1].lengths.tolist() == caches[0].lengths.tolist() == [18, 18]
+    for a, b in zip(caches[0].layers, caches[1].layers):
+        torch.testing.assert_close(b.keys, a.keys, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(b.values, a.values, atol=1e-6, rtol=1e-6)
+    numel = caches[1].layers[0].keys.numel()
+    largest = _largest_buffer("\n".join(code))
+    assert largest < numel, (f"the compiled step allocates a buffer of {largest} elements, a layer's K/V holds "
+                             f"{numel}: it copies the cache instead of writing the new rows in place")
+
+
 @interpreter
 def test_generate_compiles_the_decode_steps_into_one_graph(model):
     """generate() with a compile config (as it compiles a compileable cache's steps on a GPU; forced onto the
