@@ -3,6 +3,8 @@
 decode step, clear errors. GPU tests (bf16 logits, a captured step replayed as lengths grow) at the end."""
 from __future__ import annotations
 
+import math
+import re
 import warnings
 
 import pytest
@@ -183,26 +185,35 @@ def test_decode_steps_write_in_place_with_one_plan(model, monkeypatch):
     assert cache.lengths.data_ptr() == lengths_ptr
 
 
+def prompted_pair(model, max_cache_len, page_size, seed):
+    """Two float32 DecodeCaches (B = 2) that hold the same two 17-token prompts, and ``step(cache, tok, pos)``:
+    the logits of one decode step through ``"fdlib"``."""
+    ids, _ = left_padded([17, 17], seed=seed)
+    model.set_attn_implementation("fdlib")
+    key = cache_kwarg(model)
+    caches = [DecodeCache(model.config, 2, max_cache_len, dtype=torch.float32, page_size=page_size)
+              for _ in range(2)]
+
+    def step(cache, tok, pos):
+        return model(input_ids=tok, position_ids=pos, use_cache=True, **{key: cache}).logits
+
+    with torch.no_grad():
+        for cache in caches:
+            model(input_ids=ids, use_cache=True, **{key: cache})
+    return caches, step
+
+
 @interpreter
 @pytest.mark.parametrize("page_size", [None, 4])
 def test_compiled_decode_step_matches_eager_without_recompiling(model, page_size):
     """The decode step compiles with fullgraph=True (no graph break; aot_eager keeps the CPU test quick and runs
     the op's fake implementation while tracing), gives the eager step's logits, and does not recompile as
     the lengths grow; contiguous and paged."""
-    ids, _ = left_padded([17, 17], seed=8)
-    model.set_attn_implementation("fdlib")
-    caches = [DecodeCache(model.config, 2, 24, dtype=torch.float32, page_size=page_size) for _ in range(2)]
-    key = cache_kwarg(model)
-
-    def step(cache, tok, pos):
-        return model(input_ids=tok, position_ids=pos, use_cache=True, **{key: cache}).logits
-
+    caches, step = prompted_pair(model, 24, page_size, seed=8)
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     toks = []
     with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
-        for cache in caches:
-            model(input_ids=ids, use_cache=True, **{key: cache})
         tok = torch.tensor([[5], [9]])
         for i in range(3):
             pos = torch.full((2, 1), 17 + i)
@@ -218,8 +229,6 @@ def test_compiled_decode_step_matches_eager_without_recompiling(model, page_size
 def _largest_buffer(code: str) -> int:
     """The most elements any buffer that Inductor's generated ``code`` allocates holds (its ``empty_strided_*``
     calls): a copy of a cache buffer needs one as large as it."""
-    import math
-    import re
     sizes = re.findall(r"empty_strided_\w+\(\(([\d, ]*)\)", code)
     return max((math.prod(int(x) for x in s.split(",") if x.strip()) for s in sizes), default=0)
 
@@ -230,26 +239,19 @@ def test_inductor_writes_only_the_new_rows_in_place(model, page_size, monkeypatc
     """Under Inductor a decode step writes its new K/V rows into the cache's buffers in place: the generated
     code allocates no buffer as large as a layer's K or V (an out-of-place write copies the whole buffer and then
     copies it back, every layer, every step), and the step's logits and the whole cache match the eager step's.
-    Inductor before torch 2.13 could not write in place through a view of a graph input (``buf.view(...)
-    .index_copy_``); newer ones can, so that rule is put back here, as the GPU's Inductor has it."""
+    Inductor of torch 2.11 does not write in place through a view of a graph input (``keys.view(...)
+    .index_copy_``); newer ones can, so that rule is put back here (on a torch without the newer rule the patch
+    changes nothing): the write must be in place under either."""
     from torch._inductor.fx_passes import reinplace
     from torch._inductor.utils import run_and_get_code
     monkeypatch.setattr(reinplace, "_is_layout_preserving_view_copy_back", lambda *a, **k: False, raising=False)
-    ids, _ = left_padded([17, 17], seed=9)
-    model.set_attn_implementation("fdlib")
-    caches = [DecodeCache(model.config, 2, 256, dtype=torch.float32, page_size=page_size) for _ in range(2)]
-    key = cache_kwarg(model)
-
-    def step(cache, tok, pos):
-        return model(input_ids=tok, position_ids=pos, use_cache=True, **{key: cache}).logits
-
+    caches, step = prompted_pair(model, 256, page_size, seed=9)
     torch._dynamo.reset()
     with torch.no_grad():
-        for cache in caches:
-            model(input_ids=ids, use_cache=True, **{key: cache})
         tok, pos = torch.tensor([[5], [9]]), torch.full((2, 1), 17)
         want = step(caches[0], tok, pos)
-        got, code = run_and_get_code(torch.compile(step, fullgraph=True), caches[1], tok, pos)
+        with torch._inductor.config.patch(force_disable_caches=True):   # compiled here, under the rule above
+            got, code = run_and_get_code(torch.compile(step, fullgraph=True), caches[1], tok, pos)
     torch._dynamo.reset()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert caches[1].lengths.tolist() == caches[0].lengths.tolist() == [18, 18]
