@@ -1,6 +1,7 @@
 """fdlib.hf: a tiny random Llama generates with attn_implementation="fdlib" + DecodeCache exactly what HF's sdpa
 (default cache) generates: one prompt, a left-padded batch, pages crossed; writes in place, one plan, a compiled
-decode step, clear errors. GPU tests (bf16 logits, a captured step replayed as lengths grow) at the end."""
+decode step (Inductor's too, writing only the new rows), clear errors. GPU tests (bf16 logits, the Inductor step,
+a captured step replayed as lengths grow) at the end."""
 from __future__ import annotations
 
 import math
