@@ -44,6 +44,7 @@ from .. import runtime
 from ..plan import plan as make_plan
 from ..validate import DTYPES, MAX_Q_LEN, check_page_size
 from .append import append_kv8
+from .write import write_kv
 from .kv8 import KV8
 
 DECODE_MAX_Q_LEN = MAX_Q_LEN
@@ -445,7 +446,9 @@ class DecodeCache(Cache):
 
     def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write this step's K/V ``[B, H_kv, T, D]`` of ``layer_idx`` at the slots of :meth:`begin_step`, in
-        place (pad tokens zeroed first); an 8-bit cache quantizes them as it writes (:mod:`fdlib.hf.append`)."""
+        place (pad tokens zeroed first), eagerly and compiled by the same function (:mod:`fdlib.hf.write`: a
+        compiled step writes only the new rows too, never a copy of the cache); an 8-bit cache quantizes them as
+        it writes (:mod:`fdlib.hf.append`)."""
         real = self._step["real"]
         if self.kv8 is not None:
             layer = self.layers[layer_idx]
@@ -459,9 +462,7 @@ class DecodeCache(Cache):
             pad = ~real[:, None, :, None]
             k, v = k.masked_fill(pad, 0), v.masked_fill(pad, 0)
         layer = self.layers[layer_idx]
-        for buf, new in ((layer.keys, k), (layer.values, v)):
-            rows = new.transpose(1, 2).reshape(-1, self.H_kv, self.D)
-            buf.view(-1, self.H_kv, self.D).index_copy_(0, self._slots, rows)
+        write_kv(k, v, self._slots, layer.keys, layer.values)
 
     def _flat_slots(self, B: int, pos: torch.Tensor) -> torch.Tensor:
         """Rows of the flattened K/V (``keys.view(-1, H_kv, D)``) that positions ``pos`` [B, T] of sequences
