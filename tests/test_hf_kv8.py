@@ -1,6 +1,7 @@
 """An 8-bit fdlib.hf.DecodeCache (kv_dtype=, granularity=): every token quantized as it is written, by one fused
 kernel, exactly as fdlib.quantize_kv (or its fixed scale) quantizes it, pads skipped, pages or not; a decode step
-reads it through fdlib's 8-bit path and matches float64 attention on the dequantized cache."""
+reads it through fdlib's 8-bit path and matches float64 attention on the dequantized cache. A compiled step
+(torch.compile does not take an 8-bit cache yet) raises the documented NotImplementedError and moves nothing."""
 from __future__ import annotations
 
 import pytest
