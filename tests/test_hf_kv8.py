@@ -1,6 +1,7 @@
 """An 8-bit fdlib.hf.DecodeCache (kv_dtype=, granularity=): every token quantized as it is written, by one fused
 kernel, exactly as fdlib.quantize_kv (or its fixed scale) quantizes it, pads skipped, pages or not; a decode step
-reads it through fdlib's 8-bit path and matches float64 attention on the dequantized cache."""
+reads it through fdlib's 8-bit path and matches float64 attention on the dequantized cache. A compiled step
+(torch.compile does not take an 8-bit cache yet) raises the documented NotImplementedError and moves nothing."""
 from __future__ import annotations
 
 import pytest
@@ -136,3 +137,67 @@ def test_reset_calibrates_again_and_bad_arguments_are_named():
             DecodeCache(cfg, 1, 16, dtype=torch.float16, **kw)
     with pytest.raises(TypeError, match="float16 or bfloat16 model"):
         DecodeCache(cfg, 1, 16, dtype=torch.float32, kv_dtype=torch.int8)
+
+
+def snapshot(cache):
+    """Every attribute of the cache, of its layers and of its 8-bit format (tensors cloned), and its plans' keys."""
+    def copy(x):
+        if isinstance(x, torch.Tensor):
+            return x.clone()
+        if isinstance(x, dict):
+            return {k: copy(v) for k, v in x.items()}
+        return type(x)(copy(v) for v in x) if isinstance(x, (list, tuple)) else x
+    def attrs(obj, skip=()):
+        return {k: copy(v) for k, v in vars(obj).items() if k not in skip}
+    return dict(cache=attrs(cache, ("layers", "kv8", "_plans")), plans=sorted(cache._plans), kv8=attrs(cache.kv8),
+                layers=[attrs(layer, ("_owner",)) for layer in cache.layers])
+
+
+def assert_same(got, want, where="cache"):
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want), where
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for k in want:
+            assert_same(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_same(a, b, f"{where}[{i}]")
+    else:
+        assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_a_compiled_step_on_an_8bit_cache_is_refused_before_anything_moves(fullgraph):
+    """torch.compile does not take an 8-bit cache yet: a compiled decode step raises the documented
+    NotImplementedError (the same type and message with fullgraph=True or not) and leaves every attribute and
+    tensor of the cache as it was; an eager step then goes on from there."""
+    from fdlib.hf import cache_kwarg
+    from fdlib.hf.cache import KV8_NOT_COMPILED
+    fdlib.hf.register()
+    torch.manual_seed(0)
+    cache = DecodeCache(tiny_config(), 2, 24, dtype=torch.float16, kv_dtype=torch.int8, granularity="token")
+    model = transformers.LlamaForCausalLM(tiny_config()).eval().to(device=cache.device, dtype=torch.float16)
+    model.set_attn_implementation("fdlib")
+    key = cache_kwarg(model)
+    g = torch.Generator().manual_seed(61)
+    ids = torch.randint(3, tiny_config().vocab_size, (2, 17), generator=g).to(cache.device)
+
+    def step(tok, pos):
+        return model(input_ids=tok, position_ids=pos, use_cache=True, **{key: cache}).logits
+
+    tok, pos = torch.tensor([[5], [9]], device=cache.device), torch.full((2, 1), 17, device=cache.device)
+    with torch.no_grad():
+        step(ids, torch.arange(17, device=cache.device).expand(2, 17))   # the prompt, eagerly
+        before = snapshot(cache)
+        torch._dynamo.reset()
+        try:
+            with pytest.raises(NotImplementedError) as err:
+                torch.compile(step, fullgraph=fullgraph, backend="aot_eager")(tok, pos)
+        finally:
+            torch._dynamo.reset()
+        assert type(err.value) is NotImplementedError and str(err.value) == KV8_NOT_COMPILED
+        assert_same(snapshot(cache), before)
+        step(tok, pos)
+    assert cache.lengths.tolist() == [18, 18] and int(cache.columns) == 18

@@ -100,6 +100,8 @@ def fdlib_attention_forward(module, query, key, value, attention_mask, dropout: 
             real = None
         return _sdpa(module, query, key, value, causal_padding_mask(T, real), scaling, kwargs), None
     layer_idx, cache._awaiting = cache._awaiting, None
+    if cache.kv8 is not None and torch.compiler.is_compiling():   # refused when it runs, before anything moves
+        return cache.refused_step(query), None
     B = key.shape[0]
     if layer_idx == 0:
         step = cache.begin_step(B, T, attention_mask)

@@ -41,6 +41,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .. import runtime
+from ..compiled import refuse
 from ..plan import plan as make_plan
 from ..validate import DTYPES, MAX_Q_LEN, check_page_size
 from .append import append_kv8
@@ -50,8 +51,20 @@ from .kv8 import KV8
 DECODE_MAX_Q_LEN = MAX_Q_LEN
 """Steps with at most this many new tokens a sequence (decode, speculative verify) run fdlib's plan."""
 
+KV8_NOT_COMPILED = ("DecodeCache: an 8-bit cache (kv_dtype=...) runs eagerly or captured in a CUDA graph; "
+                    "torch.compile does not take it yet")
+"""The NotImplementedError of a traced step on an 8-bit cache (:meth:`DecodeCache.refused_step`)."""
+
 CACHES: "weakref.WeakValueDictionary[int, DecodeCache]" = weakref.WeakValueDictionary()
 """Live caches by key: the compiled decode op names its cache by this int (:mod:`fdlib.hf.ops`)."""
+
+
+@torch.compiler.disable
+def _refuse_kv8():
+    """NotImplementedError(:data:`KV8_NOT_COMPILED`), raised outside the trace: a step begun directly
+    (:meth:`DecodeCache.begin_step`) under ``torch.compile`` is refused when the compiled code reaches it (a raise
+    while tracing would be run again eagerly, where it does not raise)."""
+    raise NotImplementedError(KV8_NOT_COMPILED)
 
 
 class _Active:
@@ -434,15 +447,26 @@ class DecodeCache(Cache):
         return self._step
 
     def _check_kv8_step(self, first: bool) -> None:
-        """An 8-bit step: eager or CUDA-graph captured (fdlib's 8-bit decode does not compile yet), and fixed
-        scales known (given, or calibrated by an eager first step)."""
+        """An 8-bit step: eager or CUDA-graph captured (fdlib's 8-bit decode does not compile yet: a traced step
+        is refused by :meth:`refused_step` before it reaches here), and fixed scales known (given, or calibrated
+        by an eager first step)."""
         if torch.compiler.is_compiling():
-            raise NotImplementedError("DecodeCache: an 8-bit cache (kv_dtype=...) runs eagerly or captured in a CUDA "
-                                      "graph; torch.compile does not take it yet")
+            _refuse_kv8()
         if self.kv8.calibrating and not self.kv8.calibrated and not first:
             raise ValueError(f"k_scale/v_scale: this cache calibrates its per-{self.kv8.granularity} scales from "
                              "the first step written into it when empty, eagerly (the prompt); pass k_scale= and "
                              "v_scale= to DecodeCache, or run the prompt eagerly first")
+
+    def refused_step(self, query: torch.Tensor) -> torch.Tensor:
+        """A traced (``torch.compile``) step of every layer on an 8-bit cache: no step begins, nothing is written,
+        and the layer's output ``[B, T, H_q, D]`` is that of ``torch.ops.fdlib.refuse``, which raises
+        NotImplementedError(:data:`KV8_NOT_COMPILED`) when the compiled code runs, the same with
+        ``fullgraph=True`` or not, on every backend. Raising while tracing would not do: dynamo reports it as
+        its own ``Unsupported`` under ``fullgraph=True``, and without it runs the code again eagerly, where
+        nothing is traced and the step would go on. The graph then mutates nothing, and every layer's output
+        depends on the refusal, so it raises before anything reads or writes the cache: the cache stays as it
+        was."""
+        return refuse(query.transpose(1, 2), "NotImplementedError", KV8_NOT_COMPILED)[0]
 
     def write(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write this step's K/V ``[B, H_kv, T, D]`` of ``layer_idx`` at the slots of :meth:`begin_step`, in
