@@ -201,3 +201,11 @@ def test_a_compiled_step_on_an_8bit_cache_is_refused_before_anything_moves(fullg
         assert_same(snapshot(cache), before)
         step(tok, pos)
     assert cache.lengths.tolist() == [18, 18] and int(cache.columns) == 18
+
+
+def test_an_8bit_cache_is_not_offered_to_generates_compilation():
+    """transformers' generate() compiles the decode steps of a cache whose layers say is_compileable; an 8-bit
+    cache's steps are refused under torch.compile, so it must say False (a 16-bit one True)."""
+    assert not DecodeCache(tiny_config(), 1, 8, dtype=torch.float16, kv_dtype=torch.int8,
+                           granularity="token").is_compileable
+    assert DecodeCache(tiny_config(), 1, 8, dtype=torch.float16).is_compileable

@@ -132,6 +132,9 @@ class DecodeLayer(CacheLayerMixin):
         self._owner = weakref.ref(owner)
         self.keys, self.values = keys, values
         self.k_scale, self.v_scale = scales   # an 8-bit cache's (fdlib.hf.kv8); None for 16 bits
+        # generate() compiles the steps of a compileable cache by itself; an 8-bit cache's steps run eagerly
+        # (or captured in a CUDA graph), so it says it is not compileable rather than be refused there
+        self.is_compileable = scales[0] is None
         self.k_host = self.v_host = None      # per-tensor scales as floats
         self.device, self.dtype = keys.device, keys.dtype
         self.batch_size, self.max_cache_len = owner.max_batch_size, owner.max_cache_len
