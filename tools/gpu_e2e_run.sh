@@ -3,12 +3,11 @@
 # like-with-like logits test, padding, 8-bit append), the append's cost, and the generate table with its profile.
 #   bash tools/gpu_e2e_run.sh OUTDIR
 set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 mkdir -p "$OUT/gen"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
-  date -u; } 2>&1 | tee "$OUT/gen/gpu.txt"
+provenance "$OUT/gen/gpu.txt"
 timeout 150 python -m pytest tests/test_hf.py tests/test_bench_generate.py tests/test_hf_kv8.py -q -rs -x \
   -p no:cacheprovider > "$OUT/gen/gpu-tests-hf.txt" 2>&1; echo "pytest rc=$?" >> "$OUT/gen/gpu-tests-hf.txt"
 tail -3 "$OUT/gen/gpu-tests-hf.txt"

@@ -4,12 +4,11 @@
 # argument, a copy of fdlib under that folder (a candidate kernel) is tested and timed beside it, in the same call.
 #   bash tools/gpu_kv8_run.sh OUTDIR [CANDIDATE_DIR]
 set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}; CAND=${2:-}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 mkdir -p "$OUT/kv8"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
-  date -u; } 2>&1 | tee "$OUT/kv8/gpu.txt"
+provenance "$OUT/kv8/gpu.txt"
 timeout 60 python -m pytest tests/test_quant_range.py -q -p no:cacheprovider 2>&1 | tail -2 | tee "$OUT/kv8/gpu-tests-kv8.txt"
 if [ -n "$CAND" ]; then
   ROOT=$PWD   # `python -m` puts the working folder first on sys.path: run the candidate from inside its folder

@@ -5,13 +5,12 @@
 # finished comes back even if the lease ends mid-call.
 #   bash tools/gpu_short_run.sh OUTDIR
 set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R="$OUT/run"; mkdir -p "$R"
 pack() { tar czf "$OUT/run.tgz.tmp" -C "$OUT" run && mv "$OUT/run.tgz.tmp" "$OUT/run.tgz"; }
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
-  date -u; } 2>&1 | tee "$R/gpu.txt"
+provenance "$R/gpu.txt"
 timeout 170 python -m pytest tests/test_quant_range.py tests/test_hf.py tests/test_hf_padding.py tests/test_hf_kv8.py \
   tests/test_bench_generate.py -q -rs -p no:cacheprovider > "$R/gpu-tests.txt" 2>&1; echo "pytest rc=$?" >> "$R/gpu-tests.txt"
 tail -4 "$R/gpu-tests.txt"; pack
