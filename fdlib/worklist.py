@@ -1,0 +1,80 @@
+r"""The work list: a launch's schedule, made on the device from the lengths, the same for every batch shape.
+
+A plan made without the lengths (a CUDA graph captured before they are known, or the lengths on the GPU only)
+knows the shapes, never the mix. It fixes two numbers, ``chunk`` (the fewest keys a piece of a row holds) and
+S (the most pieces a row is cut into), and every call cuts each row by its own length L alone:
+
+.. math::
+    c(L) = \max\Bigl(\text{chunk},\ N \Bigl\lceil \frac{\lceil L/N \rceil}{S} \Bigr\rceil\Bigr), \qquad
+    n(L) = \max\bigl(1, \lceil L / c(L) \rceil\bigr) \le S
+
+for tiles of N keys: piece j of row b covers keys :math:`[j\,c,\ \min((j+1)\,c,\ L_b))`, the last one running to
+:math:`L_b`. A short row is one piece; a long one at most S pieces of :math:`c(L) \approx L/S` keys. An empty
+row is still one piece: its program writes O = 0, lse = −∞.
+
+The pieces become one list, **longest rows first**: rows ordered by L descending (ties: lower b first), each
+row's pieces consecutive, j = 0, 1, …. Program i of the launch computes item i (one per KV head), so the GPU
+starts the largest pieces first and fills the end of the launch with the small ones; programs past the end of
+the list exit at once. The list is written by a small kernel (:mod:`fdlib.kernels.worklist`) into the plan's
+workspace at every call, so the host never reads a length and a captured graph replayed with new lengths
+schedules them anew. At most :math:`B \cdot S` items: the grid and the workspace are fixed at plan time.
+
+**Batch-invariant by construction**: a row's pieces depend on (L, chunk, S, N) only, and its pieces' partials
+are merged in piece order (:func:`fdlib.kernels.tile.combine_heads`) whoever merges; so with chunk, S and the
+tiles fixed independently of the batch, a sequence's result is the same bits whatever its batchmates.
+
+This module is the same arithmetic in Python: the model the kernel is tested against, and the one the lab's
+exercise is graded with.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Item(NamedTuple):
+    b: int          # the sequence
+    j: int          # the piece of its row, 0 … n(L_b) − 1
+    start: int      # its first key
+    end: int        # one past its last key
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def piece_keys(L: int, chunk: int, S: int, N: int) -> int:
+    """c(L): the keys of each piece of a row of L keys (its last piece may hold fewer)."""
+    return max(chunk, N * cdiv(cdiv(max(L, 0), N), S))
+
+
+def pieces(L: int, chunk: int, S: int, N: int) -> int:
+    """n(L): the pieces a row of L keys is cut into, 1 … S."""
+    return max(1, cdiv(max(L, 0), piece_keys(L, chunk, S, N)))
+
+
+def order(lengths) -> list[int]:
+    """The rows longest first: L descending, the lower b first among equal lengths."""
+    lengths = [int(L) for L in lengths]
+    return sorted(range(len(lengths)), key=lambda b: (-lengths[b], b))
+
+
+def work_list(lengths, chunk: int, S: int, N: int) -> list[Item]:
+    """The launch's items in program order (see the module doc)."""
+    lengths = [int(L) for L in lengths]
+    out = []
+    for b in order(lengths):
+        L = lengths[b]
+        c, n = piece_keys(L, chunk, S, N), pieces(L, chunk, S, N)
+        for j in range(n):
+            out.append(Item(b, j, j * c, L if j == n - 1 else min((j + 1) * c, L)))
+    return out
+
+
+def encode(items, S: int) -> list[int]:
+    """The list as the kernel stores it: its length, then one int32 b·S + j an item."""
+    return [len(items)] + [it.b * S + it.j for it in items]
+
+
+def capacity(B: int, S: int) -> int:
+    """The most items a batch of B rows can have: the list's room (the launch's grid along the items)."""
+    return B * S
