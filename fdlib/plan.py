@@ -8,7 +8,8 @@ depends on the shapes alone is decided once, by :func:`plan`, and kept in a froz
   near-equal work items on the device, :mod:`fdlib.schedule`), ``"streamk"`` (a few programs per SM, as many
   for every KV head, take equal shares of their head's tiles, rows cut wherever the shares fall:
   :mod:`fdlib.kernels.streamk`),
-  ``"invariant"`` (``batch_invariant=True``) or ``"naive"`` (PyTorch); for a contiguous cache
+  ``"worklist"`` (each row cut by its own length, the pieces listed longest first on the device at every call:
+  :mod:`fdlib.worklist`), ``"invariant"`` (``batch_invariant=True``) or ``"naive"`` (PyTorch); for a contiguous cache
   ``[B, L_max, H_kv, D]`` or pages ``[n_pages, page_size, H_kv, D]`` behind a block table;
 * the tiles (BLOCK_N keys, warps, stages), the split count and the chunk of keys each split covers,
   :math:`\text{chunk} = \lceil\lceil L_{cap}/\text{splits}\rceil / N\rceil\cdot N`, chosen by the cost model
@@ -62,6 +63,8 @@ from .kernels.streamk import (MAX_BATCH as STREAMK_MAX_BATCH, slots_for, streamk
                               streamk_programs)
 from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
 from .kernels.unified import LONGEST_FIRST_MAX_BATCH, remember_resources, unified_args, unified_launcher
+from .kernels.worklist import schedule_args, schedule_launcher
+from . import worklist
 from .kernels.tile import TABLE_AHEAD_PAGE, TABLE_REGS_LIMIT
 from .reference import naive_attention
 from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
@@ -70,7 +73,7 @@ from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_bool, chec
                        check_method, check_num_splits, check_page_size, check_page_strides, check_pool, check_q_len,
                        check_scale, shape_str)
 
-KERNELS = ("unified", "split", "persistent", "balanced", "streamk", "invariant", "naive")
+KERNELS = ("unified", "split", "persistent", "balanced", "streamk", "worklist", "invariant", "naive")
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,31 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
                     invariant=True, per_program=per_program)
 
 
+WORK_SPLITS, WORK_CHUNK_TILES = 16, 2
+"""A work-list plan (:mod:`fdlib.worklist`): rows cut into at most WORK_SPLITS pieces (S) of at least
+WORK_CHUNK_TILES tiles (``chunk``). Neither depends on the batch, so the schedule is batch-invariant whenever the
+tiles are too. Not yet timed on a GPU."""
+
+
+def worklist_decision(B: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int = 1, paged: int = 0,
+                      num_splits: int | None = None, invariant: bool = False, L_cap: int | None = None,
+                      basis: str = "capacity") -> Decision:
+    r"""The work-list plan (:mod:`fdlib.worklist`, :mod:`fdlib.kernels.worklist`): S = ``num_splits`` (default
+    WORK_SPLITS) pieces a row at most, of at least ``chunk`` = WORK_CHUNK_TILES · BLOCK_N keys; the schedule is
+    made on the device at every call from the lengths it finds, so the plan needs none. Its tiles depend on
+    D, the dtype, the query rows and (unless ``invariant``) whether the cache is paged, never on B or L_max: with
+    ``invariant`` (``batch_invariant=True``) they are those of :func:`invariant_decision`, the same over pages
+    and contiguous caches, so a sequence's out and lse are the same bits whatever its batchmates, the batch
+    size, its place in the batch and the layout."""
+    S = WORK_SPLITS if num_splits is None else min(int(num_splits), MAX_SPLITS)
+    tile = tile_config_for(D, 1 << 30, compiled_mode=not runtime.INTERPRET, elem_bytes=dtype.itemsize,
+                           rows=1 << 30, q_rows=q_rows, paged=0 if invariant else paged)
+    L_cap = max(L_max if L_cap is None else L_cap, 1)
+    return Decision("worklist", S, WORK_CHUNK_TILES * tile.BLOCK_N, tile, L_cap,
+                    "batch-invariant: pieces by each row's length, listed on the device" if invariant
+                    else basis, invariant=invariant)
+
+
 def pack_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, pack_heads: bool | None = None,
                   **kw) -> Decision | None:
     r"""The plan of a batch whose small heads are read P at a time, or None where they are not.
@@ -259,6 +287,9 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if d is not None:
             return d
     q_rows = H_q // H_kv * q_len if q_len > 1 else 1
+    if method == "worklist":
+        L_cap = max(lengths, default=1) if lengths is not None else max_seqlen
+        return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, L_cap)
     if batch_invariant:
         if method not in ("auto", "unified") or num_splits is not None:
             raise ValueError(f"batch_invariant: runs its own kernel, at chunks fixed by each row's length; pass "
@@ -362,6 +393,7 @@ class Workspace:
     lse: torch.Tensor                # [B, q_len, H_q] float32, for calls that do not ask for lse
     full_lengths: torch.Tensor       # [B] int32, all L_max: calls that pass no cache_seqlens
     order: torch.Tensor | None = None   # [ORDER_B] int32 right before counters, in their buffer: the order to check
+    items: torch.Tensor | None = None   # [1 + B·S] int32 right before counters: the work list (fdlib.worklist)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if t is not None)
@@ -593,6 +625,10 @@ class DecodePlan:
             if compiled is not None:
                 remember_resources(compiled, self.kv or self.dtype, self.D * d.pack,
                                    self.H_q // self.H_kv * self.q_len * d.pack, d.tile)
+        elif d.kernel == "worklist":   # the list from the lengths, then the pieces it lists
+            go[0](*schedule_args(lens, ws.items, ws.flag, d.chunk, self.L_max))
+            go[1](*unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse, ws.o_part,
+                                ws.lse_part, ws.counters, ws.flag, bt, times, 1, scales))
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.per_program, d.splits, out,
                                                lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times,
@@ -642,7 +678,7 @@ class DecodePlan:
         for the two-stage path, stage 1's."""
         B = self.B if B is None else B
         d = self.decision
-        if d.kernel in ("unified", "split"):
+        if d.kernel in ("unified", "split", "worklist"):
             return B * self.H_kv // d.pack * d.splits
         if d.kernel == "invariant":
             return B * self.H_kv * -(-d.splits // d.per_program)
@@ -971,6 +1007,10 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
         return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                  timeline=timeline, pack=d.pack, order=d.order, table_regs=d.table_regs,
                                  scale_modes=modes),)
+    if d.kernel == "worklist":
+        return (schedule_launcher(d.splits, d.tile.BLOCK_N),
+                unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
+                                 timeline=timeline, scale_modes=modes, work=work_room(B, d)))
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                    timeline=timeline, one_chunk=d.per_program == 1,
@@ -997,7 +1037,7 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, leng
     """Allocate what the decided kernel needs; out of memory says how much and what needs less. A plan that
     launches its sequences longest first also keeps its order, from ``lengths`` (:func:`order_hint`), right before
     the ticket counters, where the kernel checks it before sorting (:func:`fdlib.kernels.tile.longest_first`)."""
-    partials = d.kernel == "split" or d.kernel in ("unified", "invariant") and d.splits > 1
+    partials = d.kernel == "split" or d.kernel in ("unified", "invariant", "worklist") and d.splits > 1
     slots = (items_max(B, d.budget) if d.kernel == "balanced" else slots_for(d.programs) if d.kernel == "streamk"
              else B * d.splits if partials else 0)
     try:
@@ -1011,18 +1051,22 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, leng
         else:
             o_part = torch.empty((B, q_len, H_q, d.splits, D), **f32) if partials else None
             lse_part = torch.empty((B, q_len, H_q, d.splits), **f32) if partials else None
-        counters = order = None
-        if d.kernel in ("unified", "balanced", "invariant", "streamk"):
-            buf = torch.zeros(d.order + B * H_kv, dtype=torch.int32, device=device)
-            counters = buf[d.order:]
+        counters = order = items = None
+        if d.kernel in ("unified", "balanced", "invariant", "streamk", "worklist"):
+            room = work_room(B, d)
+            buf = torch.zeros(d.order + room + B * H_kv, dtype=torch.int32, device=device)
+            counters = buf[d.order + room:]
             if d.order:
                 order = buf[:d.order]
                 order[:B] = torch.tensor(order_hint(B, L_max, lengths), dtype=torch.int32)
+            if room:
+                items = buf[:room]
         return Workspace(
             o_part=o_part,
             lse_part=lse_part,
             counters=counters,
             order=order,
+            items=items,
             flag=torch.zeros(1, dtype=torch.int32, device=device) if flag is None else flag,
             lse=torch.empty((B, q_len, H_q), **f32),
             full_lengths=torch.full((B,), L_max, dtype=torch.int32, device=device))
@@ -1034,6 +1078,11 @@ def _workspace(B, H_q, H_kv, D, L_max, d: Decision, device, q_len: int = 1, leng
 
 
 _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+def work_room(B: int, d: Decision) -> int:
+    """Int32 entries of a work-list plan's list (its count, then at most B·S items); 0 for other kernels."""
+    return 1 + worklist.capacity(B, d.splits) if d.kernel == "worklist" else 0
 
 
 def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:

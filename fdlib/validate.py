@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-METHODS = ("auto", "naive", "split", "unified", "persistent", "balanced", "streamk")
+METHODS = ("auto", "naive", "split", "unified", "persistent", "balanced", "streamk", "worklist")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 

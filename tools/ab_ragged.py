@@ -13,6 +13,8 @@ TABLE_REGS_MAX, the most block-table entries a unified split holds in registers)
 combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``, before any ``@`` or ``+``): the
 plan of NAME with ``num_splits=S``; ``+longest_first``: the plan made with ``longest_first=True`` (e.g.
 ``unified#1+longest_first``: whole rows launched longest first, what run 44's ``unified#1`` ran at 68c1242;
+``+device``: the plan made without the lengths (a capacity plan, as ``decode_attention`` with lengths on the
+device makes); ``+WORK_CHUNK_TILES=T``: a work-list plan's pieces of at least T tiles (:mod:`fdlib.plan`);
 ``+stale_order``: the plan's longest-first order reversed, so that every program sorts, as after the lengths change
 order under a plan: :func:`stale_order`);
 ``row_read`` / ``row_read@W`` / ``row_read#S@W``: the batch's rows and pages walked in tiles of 64 keys by one
@@ -131,7 +133,7 @@ def main(argv=None):
     records = []
     sk, kc, pl = sys.modules["fdlib.kernels.streamk"], sys.modules["fdlib.kernels.config"], sys.modules["fdlib.plan"]
     constants = {"ROW_WINDOW": sk, "MIN_BLOCK_B": sk, "MAX_REGISTERS": sk, "PERSISTENT_PER_SM": kc,
-                 "TABLE_REGS_MAX": pl}
+                 "TABLE_REGS_MAX": pl, "WORK_CHUNK_TILES": pl}
     for i, text in enumerate(args.cases.split(",")):
         try:
             shape, page = ragged.parse_case(text)
@@ -153,6 +155,9 @@ def main(argv=None):
                     continue
                 if item == "stale_order":
                     stale = True
+                    continue
+                if item == "device":   # planned without the lengths, as decode_attention with device lengths
+                    plan_kw["lengths"] = None
                     continue
                 key, _, val = item.partition("=")
                 if key not in saved:

@@ -70,11 +70,15 @@ def parse_case(text: str) -> tuple[dict, int]:
 def case_lengths(dist: str, B: int, mean: int, seed: int) -> list[int]:
     """:func:`draw_lengths`, where ``dist/desc`` (e.g. ``uniform/desc``) gives the same lengths sorted longest
     first over b, so that the grid kernels launch their longest rows first (b is stage 1's fastest grid axis and
-    the unified kernel's second, after the KV head)."""
+    the unified kernel's second, after the KV head). ``onelong``: row 0 of ``mean`` keys, the others uniform in
+    1..mean/8."""
     base, _, order = dist.partition("/")
     if order not in ("", "desc"):
         raise ValueError(f"dist: expected one of {', '.join(DISTS)}, optionally with '/desc', got {dist!r}")
-    lens = draw_lengths(base, B, mean, seed)
+    if base == "onelong":   # one row of ``mean`` keys, the others uniform in 1..mean/8 (a long chat among short)
+        lens = [mean] + draw_lengths("uniform", B - 1, max(1, mean // 16), seed)
+    else:
+        lens = draw_lengths(base, B, mean, seed)
     return sorted(lens, reverse=True) if order else lens
 
 
@@ -194,10 +198,10 @@ def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=N
         ks, vs = scales or (None, None)
         shape = check_inputs(q, k, v, lens, None, name, None, False, bt, ks, vs)   # the checked sizes of these tensors
         kv = shape.kv
-        p = fdlib.plan(shape.B, shape.H_q, shape.H_kv, shape.D, shape.L_max, dtype=q.dtype, device=q.device,
-                       lengths=lens.tolist(), method=name, page_size=shape.page_size or None,
-                       num_splits=num_splits, kv_dtype=kv and kv.dtype, k_scale=kv and kv.k, v_scale=kv and kv.v,
-                       **(plan_kw or {}))
+        kw = dict(lengths=lens.tolist(), method=name, page_size=shape.page_size or None, num_splits=num_splits,
+                  kv_dtype=kv and kv.dtype, k_scale=kv and kv.k, v_scale=kv and kv.v)
+        kw.update(plan_kw or {})   # lengths=None: a plan made without them, as decode_attention's
+        p = fdlib.plan(shape.B, shape.H_q, shape.H_kv, shape.D, shape.L_max, dtype=q.dtype, device=q.device, **kw)
         return p, (lambda: p.run(q, k, v, lens, block_table=bt, k_scale=ks, v_scale=vs))
     plans, calls = zip(*(make(c) for c in copies))
     try:
