@@ -468,6 +468,12 @@ class DecodePlan:
                     f"equal shares of each head's tiles{tile}; "
                     f"B={self.B}, H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, "
                     f"{str(self.dtype)[6:]} on {self.device}; workspace {self.workspace.nbytes()} bytes")
+        if d.kernel == "worklist":
+            inv = "batch-invariant, " if d.invariant else ""
+            return (f"DecodePlan: worklist kernel ({inv}each row cut by its own length into <= {d.splits} pieces of "
+                    f">= {d.chunk} keys, listed longest first on the device at every call){tile}; B={self.B}, "
+                    f"H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, "
+                    f"{str(self.dtype)[6:]} on {self.device}; workspace {self.workspace.nbytes()} bytes")
         if d.invariant:
             walk = (f", {d.programs} programs walking the rows" if d.kernel == "persistent" else
                     f", {d.per_program} chunk(s) a program")

@@ -18,3 +18,9 @@ timeout 150 python -m pytest tests/test_worklist.py tests/test_invariance.py tes
 tail -4 "$R/gpu-tests.txt"; pack
 timeout 400 python tools/ab_ragged.py "$R/ab-worklist.json" --methods "$METHODS" --cases "$CASES" 2>&1 \
   | grep -v Warn | tee "$R/ab-worklist.log"; pack
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    timeout 120 compute-sanitizer --tool $tool python tools/sanitize_worklist.py > "$R/sanitize-$tool.txt" 2>&1
+    echo "rc=$?" >> "$R/sanitize-$tool.txt"; tail -3 "$R/sanitize-$tool.txt"
+  done; pack
+fi
