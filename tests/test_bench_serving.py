@@ -82,7 +82,7 @@ def test_every_quick_batch_runs_right():
     res = serving.run_serving(quick=True, ceiling=False, progress=False, command="test")
     assert len(res["records"]) == 7 * 2 * 3 and [c["case"] for c in res["cases"]] == list(range(1, 8))
     for r in res["records"]:
-        assert r["status"] == "ok" and r["rel_err"] < 1e-2, r
+        assert r["status"] == "ok" and r["rel_err"] < 1e-2, (r["row"], r.get("error"))
 
 
 def _batch(case=2, layout=16):
@@ -148,3 +148,38 @@ def test_captured_graph_replays_the_new_lengths(page, monkeypatch):
     rec = measure_row(parse_row("captured"), copies, ref, base, SETTINGS)
     assert rec["status"] == "wrong", rec
     torch.cuda.synchronize()
+
+
+def test_gpu_branches_simulated(monkeypatch):
+    """The GPU branches with CPU stand-ins for the timers: graph and eager times, the captured protocol (a call
+    while the lengths hold L_max, the lengths copied in, a replay: still right), the ceiling, each row's ratio to
+    plan_host and its % of the ceiling, and the table's cells."""
+    import triton.testing
+    monkeypatch.setattr(runtime, "MODE", "gpu")
+    monkeypatch.setattr(runtime, "device_name", lambda: "Simulated GPU")
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, warmup=25, rep=100, return_mode="mean": (fn(), 0.010)[1])
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, rep=20, return_mode="mean": (fn(), 0.005)[1])
+    order = []
+
+    def after(fn, before_replay, rep_ms=20):      # time_graph_after: capture, lengths copied in, replays
+        order.append("capture")
+        fn()
+        before_replay()
+        order.append("replay")
+        fn()
+        return 8.0
+    monkeypatch.setattr(serving, "time_graph_after", after)
+    monkeypatch.setattr(serving, "measure_ceiling_or_none", lambda on, gib, settings: {"tbs": 2.0} if on else None)
+    inputs = serving.case_inputs
+    monkeypatch.setattr(serving, "case_inputs", lambda *a: inputs(*a[:-1], False))    # one copy, not 4x the L2's
+    res = serving.run_serving(quick=True, cases=(3,), methods=("unified#2@captured",), progress=False, command="t")
+    assert res["settings"]["graphs"] and res["ceiling"] == {"tbs": 2.0} and order == ["capture", "replay"] * 4
+    for r in res["records"]:
+        assert r["status"] == "ok" and r["rel_err"] < 1e-2, (r["row"], r.get("error"))
+        if r["captured"]:
+            assert r["graph_us"] == r["us"] == 8.0 and "eager_us" not in r and r["ratio_plan_host"] == 1.6
+        else:
+            assert r["graph_us"] == r["us"] == 5.0 and r["eager_us"] == 10.0 and r["ratio_plan_host"] == 1.0
+        assert r["pct_ceiling"] == pytest.approx(100 * r["kv_mb"] / r["us"] / 2.0)
+    md = serving.format_serving_table(res)
+    assert "read ceiling: 2.00 TB/s" in md and "timing: CUDA graph" in md and " · 1.60× · " in md
