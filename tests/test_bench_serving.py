@@ -57,7 +57,8 @@ def test_quick_serving_run_writes_the_files(tmp_path, monkeypatch):
     prov = res["provenance"]
     assert prov["git_commit"] == "abc123" and prov["command"].startswith("python -m fdlib.bench --serving")
     assert all(prov[k] for k in ("device", "torch", "triton", "date_utc", "fdlib"))
-    assert res["settings"]["cases"] == [3, 7] and res["settings"]["rows"] == ["plan_host", "default", "captured", *specs]
+    assert res["settings"]["cases"] == [3, 7]
+    assert res["settings"]["rows"] == ["plan_host", "default", "captured", *specs]
     assert [c["case"] for c in res["cases"]] == [3, 7] and res["cases"][1]["lengths"] == [128]
     recs = res["records"]
     assert len(recs) == 2 * 2 * 7
@@ -124,14 +125,19 @@ def test_a_row_that_raises_is_recorded(monkeypatch):
     assert rec["status"] == "error" and "num_splits" in rec["error"]
 
 
-def test_budget_and_bad_cases(tmp_path):
-    """A spent budget skips every batch left (the files still come out, the partial ones removed); a case number
-    out of range, or a B:context pair, is refused before any work."""
+def test_budget_and_bad_cases(tmp_path, monkeypatch):
+    """A spent budget skips every batch left; with a budget, a partial file is written after each batch and cache
+    and removed once the files are; a case number out of range, or a B:context pair, is refused before any work."""
     assert main(["--serving", "--quick", "--budget-s", "0", "--no-ceiling", "--out", str(tmp_path), "--name", "b",
                  "--no-progress"]) == 0
     res = json.loads((tmp_path / "b.json").read_text())
     assert res["records"] == [] and len(res["skipped"]) == 2 * 7 and "budget" in res["skipped"][0]["reason"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "b.md"]
+    written = []
+    monkeypatch.setattr(serving, "free_memory", lambda: written.append(sorted(p.name for p in tmp_path.iterdir())))
+    assert main(["--serving", "--quick", "--cases", "7", "--budget-s", "1000", "--no-ceiling", "--out", str(tmp_path),
+                 "--name", "c", "--no-progress"]) == 0
+    assert "c.partial.json" in written[-1] and len(json.loads((tmp_path / "c.json").read_text())["records"]) == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "b.md", "c.json", "c.md"]
     assert main(["--serving", "--quick", "--cases", "8", "--out", str(tmp_path), "--no-progress"]) == 2
     assert main(["--serving", "--quick", "--cases", "1:20", "--out", str(tmp_path), "--no-progress"]) == 2
 

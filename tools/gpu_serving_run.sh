@@ -32,5 +32,6 @@ tail -3 "$R/gpu-tests-serving.txt"; pack
 timeout 320 python -m fdlib.bench --serving --cases "$CASES" --methods "$METHODS" --warmup 10 --rep 40 --graph-rep 20 \
   --budget-s "$BUDGET_S" --out "$R" --name serving > "$R/serving.log" 2> "$R/serving.err"
 echo "bench rc=$?" >> "$R/serving.log"
-sed -n '/## Summary/,/## Every row/p' "$R/serving.log"; tail -2 "$R/serving.log"; grep -v Warn "$R/serving.err" | tail -5
+sed -n '/## Summary/,/## Every row/p' "$R/serving.log"; tail -2 "$R/serving.log"
+grep -v Warn "$R/serving.err" | tail -5
 ls "$R"; pack

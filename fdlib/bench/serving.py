@@ -38,8 +38,9 @@ Triton's interpreter.
   (``unified#4+invariant@captured``). A method fdlib lacks, or any call that raises, gives a row with an
   ``error`` field; the run goes on.
 
-Every row's answer is compared with the float32 reference of the rows (:func:`fdlib.bench.harness.reference_rows`;
-float64 arithmetic where the reference runs on the CPU): a relative error of 1e-2 or more marks it ``wrong``.
+Every row's answer is compared with the reference of the rows, softmax and products in float32 one sequence at a
+time (:func:`fdlib.bench.harness.reference_rows`, as ``--ragged`` does): a relative error of 1e-2 or more marks it
+``wrong`` (still timed, flagged in the table).
 Times are CUDA-graph replays rotating over copies of the inputs that hold at least 4× the L2, and eager launches
 with the L2 flushed (:mod:`fdlib.bench.timing`; no eager time for a captured row). A row's bandwidth is the bytes
 the batch must read, :math:`2 \sum_b L_b H_{kv} D \cdot 2`, over its time, and % of ceiling compares it with the
@@ -325,11 +326,12 @@ def format_serving_table(results) -> str:
         lines.append(f"| {case} | {first['name']} | {layout} | {first['kv_mb']:.4g} | "
                      + " | ".join(_cell(mine.get(lab)) for lab in labels) + " |")
     lines += ["", "## Every row", "",
-              "| # | cache | row | kernel | splits | µs graph | µs eager | × plan_host | TB/s | % ceiling | rel err | "
-              "status |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| # | cache | row | kernel | splits | µs graph | µs eager | × plan_host | TB/s | % ceiling | "
+              "rel err | status |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, f: "" if x is None else format(x, f)  # noqa: E731
     for r in recs:
-        lines.append(f"| {r['case']} | {r['layout']} | {r['row']} | {r.get('kernel', '')} | {fmt(r.get('splits'), 'd')} "
+        lines.append(f"| {r['case']} | {r['layout']} | {r['row']} | {r.get('kernel', '')} "
+                     f"| {fmt(r.get('splits'), 'd')} "
                      f"| {fmt(r.get('graph_us'), '.1f')} | {fmt(r.get('eager_us'), '.1f')} "
                      f"| {fmt(r.get('ratio_plan_host'), '.2f')} | {fmt(r.get('tbs'), '.2f')} "
                      f"| {fmt(r.get('pct_ceiling'), '.0f')} | {fmt(r.get('rel_err'), '.1e')} "
