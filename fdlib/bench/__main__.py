@@ -9,6 +9,7 @@ Examples::
     python -m fdlib.bench --host-overhead                   # µs per call of back-to-back calls (B=1 32:8 L=2048)
     python -m fdlib.bench --heads-sweep                     # groups 1..16, D 64..256: auto vs every kernel
     python -m fdlib.bench --ragged --page-size 16           # ragged batches on a paged cache (--L: mean lengths)
+    python -m fdlib.bench --serving --methods unified@captured   # seven serving batches: host plan vs device lengths
     python -m fdlib.bench --qlen                            # q_len 1,2,4,8 query tokens: fdlib vs cuDNN, FA2
     python -m fdlib.bench --generate                        # a Llama-3-8B decode step: HF's caches vs fdlib.hf
     python -m fdlib.bench --generate --quick                # the same code path on a tiny model (CPU numbers)
@@ -82,6 +83,11 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--page-size", type=int, help="with --ragged: a paged cache of this many keys a page")
     m.add_argument("--page-order", choices=("shuffled", "sequential"), default="shuffled",
                    help="with --page-size: each sequence's pages anywhere in the pool (default) or consecutive")
+    m.add_argument("--serving", action="store_true",
+                   help="seven serving batches (bf16, pages of 16 shuffled and contiguous): the plan made from host "
+                        "lengths against decode_attention with device lengths and a graph captured before the "
+                        "lengths are known, plus --methods specs NAME[#S][+invariant][@captured] "
+                        "(fdlib.bench.serving)")
     m.add_argument("--qlen", action="store_true",
                    help="several query tokens per sequence (speculative decoding): fdlib vs SDPA cuDNN and "
                         "FlashAttention with the bottom-right causal mask, q_len 1,2,4,8 on (B, L) = (1, 128k), "
@@ -98,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
                         "fdlib_compiled (default); fdlib_graph_kv8 comes with --kv-dtype")
     m.add_argument("--cases", type=lambda t: tuple(tuple(int(x) for x in c.split(":")) for c in t.split(",") if c),
                    help="with --generate: B:context pairs run in this order (e.g. 1:131072,8:32768), instead of "
-                        "every --batches with every --contexts")
+                        "every --batches with every --contexts; with --serving: the batches' numbers (e.g. 3,7)")
     m.add_argument("--profile", action="store_true",
                    help="with --generate: profile one step of hf_dynamic and of each captured fdlib variant "
                         "(torch.profiler): time of the cat, attention, GEMMs, cache writes, small kernels and the "
@@ -106,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--compile-mode", help="with --generate: torch.compile mode of fdlib_compiled (default 'default'; "
                                           "e.g. max-autotune-no-cudagraphs); the step is then captured as a graph")
     m.add_argument("--budget-s", type=float,
-                   help="with --generate: after this many seconds the (B, context) cases left are recorded as "
+                   help="with --generate or --serving: after this many seconds the cases left are recorded as "
                         "skipped; a NAME.partial.json is rewritten after every case until the files are written")
     m.add_argument("--steps", type=int, help="with --generate: timed decode steps per variant (default 10)")
     m.add_argument("--warmup-steps", type=int, help="with --generate: untimed steps first (default 3)")
@@ -192,31 +198,32 @@ def main(argv=None) -> int:
                                         rep_ms=args.rep, graph_rep_ms=args.graph_rep, seed=args.seed,
                                         max_kv_gb=args.max_kv_gb, progress=not args.no_progress, command=command),
                        format_qlen_table, lambda r: write_qlen(r, args.out, args.name, force=args.force))
+    if args.serving:
+        from .serving import format_serving_table, run_serving
+        if args.cases and any(len(c) != 1 for c in args.cases):
+            print(f"--cases: with --serving, the batches' numbers (e.g. 1,3), got {args.cases}", file=sys.stderr)
+            return 2
+        checkpoint, write = _partial(args, command, "serving", format_serving_table,
+                                     lambda r: report.write_results(r, args.out, args.name, force=args.force,
+                                                                    plot=False, table=format_serving_table))
+        return _report(lambda: run_serving(cases=args.cases and tuple(c[0] for c in args.cases), methods=args.methods,
+                                           quick=args.quick, graphs=False if args.no_graphs else None,
+                                           warmup_ms=args.warmup, rep_ms=args.rep, graph_rep_ms=args.graph_rep,
+                                           seed=args.seed, ceiling=not args.no_ceiling, ceiling_gib=args.ceiling_gib,
+                                           budget_s=args.budget_s, progress=not args.no_progress, command=command,
+                                           checkpoint=checkpoint),
+                       format_serving_table, write)
     if args.generate:
         from .generate import format_generate_table, run_generate, write_generate
-        partial = None
-        if args.budget_s is not None:
-            probe = {"provenance": harness.provenance(command), "kind": "generate"}
-            partial = os.path.join(args.out or report.default_out_dir(probe), (args.name or "generate") + ".partial.json")
-
-        def checkpoint(results):
-            if partial:
-                report.write_results(results, os.path.dirname(partial), os.path.basename(partial)[:-len(".json")],
-                                     force=True, plot=False, table=format_generate_table)
-
-        def write(results):
-            paths = write_generate(results, args.out, args.name, force=args.force)
-            for leftover in (partial, partial and partial[:-len(".json")] + ".md"):
-                if leftover and os.path.exists(leftover):
-                    os.remove(leftover)
-            return paths
+        checkpoint, write = _partial(args, command, "generate", format_generate_table,
+                                     lambda r: write_generate(r, args.out, args.name, force=args.force))
         return _report(lambda: run_generate(batches=args.batches, contexts=args.contexts, variants=args.variants,
                                             quick=args.quick, steps=args.steps, warmup=args.warmup_steps,
                                             seed=args.seed, ceiling=not args.no_ceiling,
                                             ceiling_gib=args.ceiling_gib, progress=not args.no_progress,
                                             command=command, profile=args.profile, kv_dtype=args.kv_dtype,
                                             compile_mode=args.compile_mode, budget_s=args.budget_s,
-                                            checkpoint=checkpoint if partial else None, cases=args.cases),
+                                            checkpoint=checkpoint, cases=args.cases),
                        format_generate_table, write, errors=(ValueError, RuntimeError, ImportError))
     if args.heads_sweep:
         for key, val in harness.HEADS_SWEEP.items():
@@ -232,6 +239,28 @@ def main(argv=None) -> int:
                                      ceiling_gib=args.ceiling_gib, **common, **kv)
     return _report(grid, report.format_table,
                    lambda r: report.write_results(r, args.out, args.name, force=args.force, plot=not args.no_plot))
+
+
+def _partial(args, command, kind, table, write):
+    """(checkpoint, write) of a mode that takes ``--budget-s``: with a budget, ``checkpoint(results)`` rewrites
+    NAME.partial.json/.md after every case and ``write`` removes them once the files are written; without one,
+    no checkpoint and ``write`` as given."""
+    if args.budget_s is None:
+        return None, write
+    probe = {"provenance": harness.provenance(command), "kind": kind}
+    partial = os.path.join(args.out or report.default_out_dir(probe), (args.name or kind) + ".partial.json")
+
+    def checkpoint(results):
+        report.write_results(results, os.path.dirname(partial), os.path.basename(partial)[:-len(".json")],
+                             force=True, plot=False, table=table)
+
+    def write_all(results):
+        paths = write(results)
+        for leftover in (partial, partial[:-len(".json")] + ".md"):
+            if os.path.exists(leftover):
+                os.remove(leftover)
+        return paths
+    return checkpoint, write_all
 
 
 def _report(run, table, write, errors=(ValueError,)) -> int:

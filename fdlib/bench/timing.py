@@ -83,6 +83,41 @@ def time_graph(fn, rep_ms: float = 20, context=nullcontext) -> float:
         return float(triton.testing.do_bench_cudagraph(fn, rep=rep_ms, return_mode="median")) * 1e3
 
 
+def time_graph_after(fn, before_replay, rep_ms: float = 20) -> float:
+    """Median µs of one ``fn()`` inside a CUDA graph captured first and replayed only after ``before_replay()``
+    ran: a graph captured before the lengths are known (the tensors ``fn`` reads hold placeholder values), replayed
+    once the real lengths are copied into those same tensors. The steps are ``do_bench_cudagraph``'s (one warm
+    call, five eager calls for an estimate, a graph of ``rep_ms / estimate`` calls, the median of ten replays);
+    the warm and estimate calls, and the capture, see the placeholder values, every timed replay the new ones."""
+    if runtime.MODE != "gpu":
+        raise RuntimeError("CUDA graphs need a GPU (this run uses the Triton interpreter)")
+    with torch.cuda.stream(torch.cuda.Stream()):
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        estimate_ms = start.elapsed_time(end) / 5
+        n = max(1, int(rep_ms / estimate_ms)) if estimate_ms > 0 else 1000
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(n):
+                fn()
+        torch.cuda.synchronize()
+        before_replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(10):
+            start.record()
+            g.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / n)
+    return statistics.median(times) * 1e3
+
+
 def synchronize():
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
