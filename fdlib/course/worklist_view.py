@@ -20,6 +20,8 @@ __all__ = ["draw_work_list", "worklist_explorer", "items_of"]
 
 LEGEND_ROWS = 8
 """A legend names each row up to this many rows; beyond, colours only repeat."""
+LABELLED_ROWS = 16
+"""Up to this many rows, each row's tick and piece count are written; beyond, they would overlap."""
 
 
 def items_of(buf, lengths, chunk: int, S: int, N: int) -> list[worklist.Item]:
@@ -58,15 +60,15 @@ def draw_work_list(lengths, chunk: int, S: int, N: int, items=None, fig=None, ti
             if it.b == b and it.j > 0:                       # a cut between two pieces of the row
                 left.plot([b - 0.4, b + 0.4], [it.start, it.start], color="white", linewidth=1.2)
         n = sum(1 for it in items if it.b == b)
-        if B <= 32:
+        if B <= LABELLED_ROWS:
             left.annotate(str(n), (b, L), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
                           fontsize=8, color="0.3")
     left.set_xlabel("row b (batch order)")
     left.set_ylabel("keys of the row (white: cuts)")
-    left.set_title("rows cut into pieces (the number: n(L))", fontsize=9.5)
+    left.set_title("rows cut into pieces" + (" (the number: n(L))" if B <= LABELLED_ROWS else ""), fontsize=9.5)
     left.set_ylim(0, top * 1.12)
     left.grid(axis="x", visible=False)
-    if B <= 32:
+    if B <= LABELLED_ROWS:
         left.set_xticks(range(B))
     for i, it in enumerate(items):
         right.bar(i, max(it.end - it.start, 0), width=0.8, color=_color(it.b), edgecolor="none")
