@@ -66,3 +66,18 @@ def test_the_explorer_draws_the_histogram_it_is_set_to():
         assert w.image.value[:4] == b"\x89PNG" and f"{len(w.items)} items" in w.readout.value
     with pytest.raises(ValueError, match="dist"):
         worklist_explorer(dist="gauss")
+
+
+def test_the_explorer_leaves_the_notebooks_figures_alone():
+    """The explorer draws into its own Figure: pyplot's backend and open figures are as they were."""
+    pytest.importorskip("ipywidgets")
+    import matplotlib.pyplot as plt
+    from fdlib.course import worklist_view
+    backend, figures = matplotlib.get_backend(), plt.get_fignums()
+    matplotlib.use("svg")
+    try:
+        worklist_view._CLS = None                 # build the widget class anew, as a fresh kernel does
+        worklist_view.worklist_explorer(B=4, L=256)
+        assert matplotlib.get_backend() == "svg" and plt.get_fignums() == figures
+    finally:
+        matplotlib.use(backend)

@@ -103,9 +103,7 @@ DISTS = [("constant: every row L", "constant"), ("uniform in [1, 2L]", "uniform"
 
 def _make_class():
     import ipywidgets as W
-    import matplotlib
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure     # not pyplot: the notebook's own figures and backend stay as they are
 
     class WorkListExplorer(W.VBox):
         """Sliders (B, mean L, histogram, chunk, S) and the figure of :func:`draw_work_list`; ``lengths`` and
@@ -130,8 +128,7 @@ def _make_class():
             self.readout = W.HTML()
             self.image = W.Image(format="png", layout=W.Layout(width="800px"))
             self.image.add_class("fdlib-worklist-image")
-            self._fig = plt.figure(figsize=(9.5, 3.4), dpi=80)
-            plt.close(self._fig)                    # drawn into the image, never shown by the backend
+            self._fig = Figure(figsize=(9.5, 3.4), dpi=80)     # drawn into the image only
             for w in self.controls.values():
                 w.observe(lambda _change: self.update(), names="value")
             super().__init__([W.HBox([W.VBox(list(self.controls.values())), self.readout]), self.image])
