@@ -39,12 +39,13 @@ def work_items(lengths, budget, block_n):
 
 @solution("lab06.work_list")
 @triton.jit
-def work_list(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    """fdlib.worklist in one program: rows longest first, each cut into n(L) pieces of c(L) keys, coded b*S + j."""
+def work_list(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    """fdlib.worklist in one program: rows longest first, each cut into n(L) pieces of c(L) tiles, coded b*S + j."""
     rows = tl.arange(0, BLOCK_B)
     L = tl.maximum(tl.load(LENS + rows, mask=rows < B, other=0), 0)
-    c = tl.maximum(chunk, N * tl.cdiv(tl.cdiv(L, N), S))                  # keys a piece
-    n = tl.where(rows < B, tl.maximum(1, tl.cdiv(L, c)), 0)                # pieces a row (padding: none)
+    tiles = tl.maximum(1, tl.cdiv(L, BLOCK_N))                             # an empty row: one tile, one piece
+    c = tl.maximum(chunk // BLOCK_N, tl.cdiv(tiles, S))                    # tiles a piece
+    n = tl.where(rows < B, tl.cdiv(tiles, c), 0)                           # pieces a row (padding: none)
     # row r goes before row b: longer, or as long and a lower index   [b, r]
     before = (L[None, :] > L[:, None]) | ((L[None, :] == L[:, None]) & (rows[None, :] < rows[:, None]))
     first = tl.sum(tl.where(before, n[None, :], 0), axis=1)               # the item where row b's pieces start

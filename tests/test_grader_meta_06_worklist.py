@@ -20,19 +20,21 @@ OK, DROP_EMPTY, DROP_LAST, TWICE, SHORTEST_FIRST, TIES, COUNT, ROUND_ROBIN, BATC
 
 
 @triton.jit
-def _list(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr, MISTAKE: tl.constexpr):
+def _list(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+          MISTAKE: tl.constexpr):
     """The reference list with one mistake built in (MISTAKE, one of the constants above)."""
     rows = tl.arange(0, BLOCK_B)
     live = rows < B
     if MISTAKE == DROP_LAST:
         live = rows < B - 1                                       # the last row masked off
     L = tl.maximum(tl.load(LENS + rows, mask=live, other=0), 0)
-    c = tl.maximum(chunk, N * tl.cdiv(tl.cdiv(L, N), S))
-    if MISTAKE == NO_CAP:
-        c = chunk + 0 * L                                         # no cap of S pieces
-    n = tl.where(live, tl.maximum(1, tl.cdiv(L, c)), 0)
+    tiles = tl.maximum(1, tl.cdiv(L, BLOCK_N))
     if MISTAKE == DROP_EMPTY:
-        n = tl.where(live, tl.cdiv(L, c), 0)                      # n(0) = 0: an empty row has no item
+        tiles = tl.cdiv(L, BLOCK_N)                               # no max(1, ...): an empty row has no item
+    c = tl.maximum(chunk // BLOCK_N, tl.cdiv(tiles, S))
+    if MISTAKE == NO_CAP:
+        c = chunk // BLOCK_N + 0 * tiles                          # no cap of S pieces
+    n = tl.where(live, tl.cdiv(tiles, c), 0)
     longer = L[None, :] > L[:, None]
     if MISTAKE == SHORTEST_FIRST:
         longer = L[None, :] < L[:, None]
@@ -61,79 +63,79 @@ def _list(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr, MISTAKE: tl.constexp
 
 # one kernel a mistake (a Triton kernel cannot close over a Python variable)
 @triton.jit
-def _ok(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, OK)
+def _ok(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, OK)
 
 
 @triton.jit
-def _drop_empty(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, DROP_EMPTY)
+def _drop_empty(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, DROP_EMPTY)
 
 
 @triton.jit
-def _drop_last(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, DROP_LAST)
+def _drop_last(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, DROP_LAST)
 
 
 @triton.jit
-def _twice(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, TWICE)
+def _twice(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, TWICE)
 
 
 @triton.jit
-def _shortest_first(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, SHORTEST_FIRST)
+def _shortest_first(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, SHORTEST_FIRST)
 
 
 @triton.jit
-def _ties(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, TIES)
+def _ties(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, TIES)
 
 
 @triton.jit
-def _count(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, COUNT)
+def _count(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, COUNT)
 
 
 @triton.jit
-def _round_robin(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, ROUND_ROBIN)
+def _round_robin(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, ROUND_ROBIN)
 
 
 @triton.jit
-def _batch_order(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, BATCH_ORDER)
+def _batch_order(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, BATCH_ORDER)
 
 
 @triton.jit
-def _no_cap(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, NO_CAP)
+def _no_cap(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, NO_CAP)
 
 
 @triton.jit
-def _j_reversed(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
-    _list(LENS, OUT, B, chunk, S, N, BLOCK_B, J_REVERSED)
+def _j_reversed(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, J_REVERSED)
 
 
 @triton.jit
-def _rows_one_by_one(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
+def _rows_one_by_one(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
     """Correct, written differently: a loop over the rows, each one's place counted from the others' lengths."""
     rows = tl.arange(0, BLOCK_B)
     Ls = tl.load(LENS + rows, mask=rows < B, other=-1)
-    ns = tl.maximum(1, tl.cdiv(tl.maximum(Ls, 0), tl.maximum(chunk, N * tl.cdiv(tl.cdiv(tl.maximum(Ls, 0), N), S))))
-    ns = tl.where(rows < B, ns, 0)
+    ts = tl.cdiv(tl.maximum(Ls, 0), BLOCK_N)
+    ns = tl.where(rows < B, tl.maximum(1, tl.cdiv(ts, tl.maximum(chunk // BLOCK_N, tl.cdiv(ts, S)))), 0)
     for b in range(0, B):
         L = tl.load(LENS + b)
         ahead = (rows < B) & ((Ls > L) | ((Ls == L) & (rows < b)))
         start = tl.sum(tl.where(ahead, ns, 0), axis=0)
-        c = tl.maximum(chunk, N * tl.cdiv(tl.cdiv(L, N), S))
+        c = tl.maximum(chunk, BLOCK_N * tl.cdiv(tl.cdiv(L, BLOCK_N), S))   # in keys, as fdlib.worklist
         n = tl.maximum(1, tl.cdiv(L, c))
         for j in range(0, n):
             tl.store(OUT + 1 + start + j, b * S + j)
     tl.store(OUT, tl.sum(ns, axis=0))
 
 
-def _plain_python(LENS, OUT, B, chunk, S, N, BLOCK_B):
+def _plain_python(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B):
     """A kernel without @triton.jit."""
     OUT[0] = B
 

@@ -1,6 +1,7 @@
 """What a work list does to a ragged batch, drawn: each row cut into its pieces, and the pieces in launch order.
 
-* :func:`draw_work_list` -- a matplotlib figure of two panels for lengths and a plan (chunk, S, tiles of N keys):
+* :func:`draw_work_list` -- a matplotlib figure of two panels for lengths and a plan (chunk, S, tiles of
+  N = BLOCK_N keys; the arguments of :func:`fdlib.worklist.work_list`):
   left, every row's keys cut into its n(L) pieces (:mod:`fdlib.worklist`); right, the items in the order the
   launch's programs take them, longest rows first, each bar a piece's keys in its row's colour;
 * :func:`worklist_explorer` -- the same picture for a length histogram (constant, uniform or Zipf-like lengths of
@@ -87,7 +88,7 @@ def draw_work_list(lengths, chunk: int, S: int, N: int, items=None, fig=None, ti
     if empty:
         handles += right.get_legend_handles_labels()[0]
     right.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
-    fig.suptitle(title or f"The work list of {B} rows: chunk = {chunk} keys, S = {S}, tiles of N = {N} keys "
+    fig.suptitle(title or f"The work list of {B} rows: chunk = {chunk} keys, S = {S}, BLOCK_N = {N} keys "
                           f"(the Python model, no device)", fontsize=10.5)
     return fig
 

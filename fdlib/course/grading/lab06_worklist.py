@@ -1,11 +1,13 @@
 r"""Checks for Lab 06's device schedule: ``lab06.work_list``, a ``@triton.jit`` kernel that writes a launch's work list.
 
 The kernel runs as one program. It reads the lengths ``LENS`` [B] (int32) and writes into ``OUT`` (int32, room
-for 1 + B·S entries) the list of :mod:`fdlib.worklist`: with
+for 1 + B·S entries) the list of :mod:`fdlib.worklist`, in the lab's symbols (c in tiles of BLOCK_N keys, as in
+the balanced schedule's c; ``chunk`` a multiple of BLOCK_N, so that c·BLOCK_N is :func:`fdlib.worklist.piece_keys`):
 
 .. math::
-    c(L) = \max\Bigl(\text{chunk},\ N \Bigl\lceil \frac{\lceil L/N \rceil}{S} \Bigr\rceil\Bigr), \qquad
-    n(L) = \max\bigl(1, \lceil L / c(L) \rceil\bigr)
+    \text{tiles}_b = \max(1, \lceil L_b/\text{BLOCK\_N} \rceil), \qquad
+    c(L_b) = \max\Bigl(\frac{\text{chunk}}{\text{BLOCK\_N}},\ \Bigl\lceil \frac{\text{tiles}_b}{S} \Bigr\rceil\Bigr),
+    \qquad n(L_b) = \Bigl\lceil \frac{\text{tiles}_b}{c(L_b)} \Bigr\rceil \le S
 
 row b is cut into n(L_b) pieces; the rows go longest first (L descending, the lower b first among equal lengths),
 each row's pieces consecutive, j = 0, 1, …; ``OUT[0]`` is the number of items Σ_b n(L_b) and ``OUT[1 + i]`` is
@@ -35,20 +37,21 @@ FILL = -1
 STUB = triton_stub(NAME, '''
 @exercise("lab06.work_list")
 @triton.jit
-def work_list(LENS, OUT, B, chunk, S, N, BLOCK_B: tl.constexpr):
+def work_list(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
     """One program writes the launch's work list for the lengths LENS[0..B-1] (int32) into OUT (int32).
 
-    Row b (L = LENS[b] keys) is cut into n(L) pieces of c(L) keys (tiles of N keys, at most S pieces):
-        c(L) = max(chunk, N * cdiv(cdiv(L, N), S))      n(L) = max(1, cdiv(L, c(L)))
+    Row b (L = LENS[b] keys) is cut into n(L) pieces of c(L) tiles, at most S pieces (chunk: the fewest keys a
+    piece holds, a multiple of BLOCK_N):
+        tiles = max(1, cdiv(L, BLOCK_N))   c(L) = max(chunk // BLOCK_N, cdiv(tiles, S))   n(L) = cdiv(tiles, c(L))
     The list: rows longest first (L descending; equal lengths: the lower b first), the pieces of a row one after
     the other, j = 0, 1, ..., n(L) - 1. Write OUT[0] = the number of items (the sum of n(L_b)) and
     OUT[1 + i] = b * S + j for item i = (b, j). BLOCK_B: B rounded up to a power of two (rows >= B are padding).
     """
     rows = tl.arange(0, BLOCK_B)
-    # TODO: load the lengths (masked: rows < B); c and n of every row (tl.cdiv, tl.maximum; n = 0 for padding);
-    #       where each row's pieces start = the pieces of the rows that go before it (a [BLOCK_B, BLOCK_B]
-    #       comparison, summed along one axis); store the count, then for j in range(0, S) the codes of piece j
-    #       of every row that has one.
+    # TODO: load the lengths (masked: rows < B); tiles, c and n of every row (tl.cdiv, tl.maximum; n = 0 for
+    #       padding rows); where each row's pieces start = the pieces of the rows that go before it (a
+    #       [BLOCK_B, BLOCK_B] comparison, summed along one axis); store the count, then for j in range(0, S)
+    #       the codes of piece j of every row that has one.
 ''')
 
 
@@ -72,7 +75,8 @@ def run_work_list(kernel, lengths, chunk: int, S: int, N: int) -> list[int]:
     lens = torch.tensor([int(L) for L in lengths], dtype=torch.int32, device=dev)
     keep = lens.clone()
     out = GuardedBuffer((room(lengths, S),), dtype=torch.int32, device=dev, fill=FILL)
-    launch("your work_list kernel", lambda: kernel[(1,)](lens, out.view, B, chunk, S, N, BLOCK_B=block_rows(B)))
+    launch("your work_list kernel",
+           lambda: kernel[(1,)](lens, out.view, B, chunk, S, BLOCK_N=N, BLOCK_B=block_rows(B)))
     out.verify("work-list buffer OUT")
     if not torch.equal(lens, keep):
         raise CheckFailure("your kernel wrote into LENS (the lengths are an input)")
@@ -86,8 +90,9 @@ def decode(buf: list[int], S: int) -> list[tuple[int, int]]:
 
 # ---------------------------------------------------------------------------------------------- what went wrong
 def _why_pieces(L: int, chunk: int, S: int, N: int) -> str:
-    c, n = worklist.piece_keys(L, chunk, S, N), worklist.pieces(L, chunk, S, N)
-    return (f"c({L}) = max({chunk}, {N}·⌈⌈{L}/{N}⌉/{S}⌉) = {c} keys a piece, n({L}) = max(1, ⌈{L}/{c}⌉) = {n}")
+    t, c, n = max(1, worklist.cdiv(L, N)), worklist.piece_keys(L, chunk, S, N) // N, worklist.pieces(L, chunk, S, N)
+    return (f"tiles = max(1, ⌈{L}/{N}⌉) = {t}, c = max({chunk}/{N}, ⌈{t}/{S}⌉) = {c} tiles a piece, "
+            f"n = ⌈{t}/{c}⌉ = {n}")
 
 
 def explain(buf: list[int], lengths, chunk: int, S: int, N: int) -> str | None:
@@ -106,8 +111,9 @@ def explain(buf: list[int], lengths, chunk: int, S: int, N: int) -> str | None:
     if long and count == sum(max(1, worklist.cdiv(L, chunk)) for L in lengths):
         b = long[0]
         return (f"the count {count} is that of pieces of chunk = {chunk} keys: row b={b} (L={lengths[b]} > chunk·S "
-                f"= {chunk * S}) was cut into more than S = {S} pieces. A piece holds c(L) = max(chunk, "
-                f"N·⌈⌈L/N⌉/S⌉) keys, which grows with L so that n(L) ≤ S: {_why_pieces(lengths[b], chunk, S, N)}")
+                f"= {chunk * S}) was cut into more than S = {S} pieces. A piece holds c(L) = "
+                f"max(chunk/BLOCK_N, ⌈tiles/S⌉) tiles, which grows with L so that n(L) ≤ S: "
+                f"{_why_pieces(lengths[b], chunk, S, N)}")
     if past:
         return (f"OUT[{1 + past[0]}] was written, past the list's room of B·S = {cap} items (expected {n} items): "
                 f"a row is at most S pieces, and the list is at most B·S items")
@@ -172,7 +178,7 @@ def check_lengths(impl, lengths, chunk: int, S: int, N: int, what: str) -> None:
     if why is not None:
         want = worklist.encode(worklist.work_list(lengths, chunk, S, N), S)
         shown = lambda xs: str(xs[:12])[:-1] + (", ...]" if len(xs) > 12 else "]")   # noqa: E731
-        raise CheckFailure(f"{what} (lengths {list(lengths)}, chunk {chunk}, S {S}, N {N}): {why}. "
+        raise CheckFailure(f"{what} (lengths {list(lengths)}, chunk {chunk}, S {S}, BLOCK_N {N}): {why}. "
                            f"OUT starts {shown(buf[:1 + max(0, min(buf[0], len(buf) - 1))])}, expected "
                            f"{shown(want)}")
 
@@ -182,14 +188,14 @@ def _ragged(gen, B: int, top: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- the checks
-@check_case(NAME, "fresh ragged batches (B = 5, 8, 13; chunk 32, S 4, tiles of 16): fdlib.worklist's list",
+@check_case(NAME, "fresh ragged batches (B = 5, 8, 13; chunk 32, S 4, BLOCK_N 16): fdlib.worklist's list",
             points=2)
 def _w_ragged(impl, gen):
     for B in (5, 8, 13):
         check_lengths(impl, _ragged(gen, B, 300), 32, 4, 16, f"B={B}, lengths uniform in 0..300")
 
 
-@check_case(NAME, "lengths 0 and 1 and lengths not a multiple of N: an empty row is still one piece")
+@check_case(NAME, "lengths 0 and 1 and lengths not a multiple of BLOCK_N: an empty row is still one piece")
 def _w_short(impl, gen):
     N = 16
     odd = [int(x) * N + int(r) for x, r in zip(torch.randint(1, 12, (3,), generator=gen),
@@ -217,8 +223,8 @@ def _w_long(impl, gen):
     check_lengths(impl, [int(torch.randint(3000, 5000, (1,), generator=gen))], chunk, S, N, "B=1, one long row")
 
 
-@check_case(NAME, "other plans: S = 1 (whole rows), chunk = N, S = 8, a batch of 32")
+@check_case(NAME, "other plans: S = 1 (whole rows), chunk = BLOCK_N, S = 8, a batch of 32")
 def _w_plans(impl, gen):
     check_lengths(impl, _ragged(gen, 9, 500), 64, 1, 16, "S=1: every row one piece")
-    check_lengths(impl, _ragged(gen, 9, 200), 16, 8, 16, "chunk = N = 16, S = 8")
+    check_lengths(impl, _ragged(gen, 9, 200), 16, 8, 16, "chunk = BLOCK_N = 16, S = 8")
     check_lengths(impl, _ragged(gen, 32, 1000), 64, 4, 32, "B=32, tiles of 32")
