@@ -1,4 +1,4 @@
-"""Lab 06 reference solutions: the paged tile load and the balanced work list."""
+"""Lab 06 reference solutions: the paged tile load, the balanced work list, and the device schedule's work list."""
 import torch  # noqa: F401  (available to the solutions, as in the notebook)
 import triton
 import triton.language as tl
@@ -35,3 +35,20 @@ def work_items(lengths, budget, block_n):
             start = j * chunk
             items.append((b, start, L_b if j == n_b - 1 else min(start + chunk, L_b)))
     return items
+
+
+@solution("lab06.work_list")
+@triton.jit
+def work_list(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    """fdlib.worklist in one program: rows longest first, each cut into n(L) pieces of c(L) tiles, coded b*S + j."""
+    rows = tl.arange(0, BLOCK_B)
+    L = tl.maximum(tl.load(LENS + rows, mask=rows < B, other=0), 0)
+    tiles = tl.maximum(1, tl.cdiv(L, BLOCK_N))                             # an empty row: one tile, one piece
+    c = tl.maximum(chunk // BLOCK_N, tl.cdiv(tiles, S))                    # tiles a piece
+    n = tl.where(rows < B, tl.cdiv(tiles, c), 0)                           # pieces a row (padding: none)
+    # row r goes before row b: longer, or as long and a lower index   [b, r]
+    before = (L[None, :] > L[:, None]) | ((L[None, :] == L[:, None]) & (rows[None, :] < rows[:, None]))
+    first = tl.sum(tl.where(before, n[None, :], 0), axis=1)               # the item where row b's pieces start
+    tl.store(OUT, tl.sum(n, axis=0))
+    for j in range(0, S):
+        tl.store(OUT + 1 + first + j, rows * S + j, mask=j < n)

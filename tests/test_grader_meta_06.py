@@ -1,5 +1,6 @@
 """The Lab 06 graders are tested too: untouched stubs and known-wrong paged tile loads and work lists must fail
-their checks, and a correct variant written differently must pass."""
+their checks, and a correct variant written differently must pass (the device schedule's work-list kernel:
+test_grader_meta_06_worklist.py)."""
 from __future__ import annotations
 
 import pytest
@@ -13,7 +14,7 @@ from fdlib.course.grading import core
 from fdlib.course.grading.core import run_checks
 from helpers import assert_one_todo_line, cell_function, not_implemented_stub, todo_stub
 
-TILE, ITEMS = "lab06.paged_tile_load", "lab06.work_items"
+TILE, ITEMS, WORK_LIST = "lab06.paged_tile_load", "lab06.work_items", "lab06.work_list"
 
 
 # ---------------------------------------------------------------------------------------------- paged_tile_load
@@ -236,7 +237,7 @@ def test_stub_is_todo(name, stub, capsys):
     assert_one_todo_line(res, capsys.readouterr().out, name)
 
 
-@pytest.mark.parametrize("name", [TILE, ITEMS])
+@pytest.mark.parametrize("name", [TILE, ITEMS, WORK_LIST])
 def test_shipped_stub_is_todo(name, capsys):
     fn = cell_function(core.stub_source(name), name.split(".")[1])
     try:
@@ -252,7 +253,7 @@ def test_edited_stub_is_a_real_attempt():
     assert not res.todo and res.failed == res.total
 
 
-@pytest.mark.parametrize("name", [TILE, ITEMS])
+@pytest.mark.parametrize("name", [TILE, ITEMS, WORK_LIST])
 def test_solution_source_runs_as_a_cell(name):
     fn = cell_function(core.solution_source(name), name.split(".")[1])
     try:

@@ -19,6 +19,8 @@ r"""Checks for Lab 06: paged KV caches and ragged batches.
   row b cut into n_b items of c tiles, item i covering keys
   :math:`[i\,c\,\text{BLOCK\_N}, \min((i+1)\,c\,\text{BLOCK\_N}, L_b))`, the last one
   running to :math:`L_b`; an empty row gives one empty item (b, 0, 0).
+* ``lab06.work_list``: the device schedule's work list, a ``@triton.jit`` kernel; its checks are in
+  :mod:`fdlib.course.grading.lab06_worklist`.
 
 The tile checks launch small kernels of this module with the learner's function inside: one that stores every
 tile it loads (compared exactly with the rows gathered in PyTorch, the pool surrounded by NaN guard pages so a
@@ -44,6 +46,7 @@ from fdlib.kernels.tile import LOG2E, state_to_partial, tile_update
 from fdlib.reference import reference_attention
 from fdlib.schedule import balanced, items as fdlib_items
 
+from . import lab06_worklist  # noqa: F401  (registers lab06.work_list with this lab)
 from .core import TOL, CheckFailure, assert_close, call, check_case, exercise_stub, randn
 from .triton_exercise import launch, triton_stub
 
