@@ -46,6 +46,7 @@ One plan's workspace serves one call at a time: calls that may overlap (several 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -187,6 +188,10 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
                     invariant=True, per_program=per_program)
 
 
+DEVICE_SCHEDULE = int(os.environ.get("FDLIB_DEVICE_SCHEDULE", "0"))
+"""1: ``auto`` without host lengths (``decode_attention`` with lengths on the device, or a plan captured before
+they are known) takes the work-list plan (:func:`worklist_decision`); 0: it plans every row for L_cap. The
+environment variable ``FDLIB_DEVICE_SCHEDULE`` sets it at import (for A/B runs of whole benchmarks)."""
 WORK_SPLITS, WORK_CHUNK_TILES = 16, 2
 """A work-list plan (:mod:`fdlib.worklist`): rows cut into at most WORK_SPLITS pieces (S) of at least
 WORK_CHUNK_TILES tiles (``chunk``). Neither depends on the batch, so the schedule is batch-invariant whenever the
@@ -287,9 +292,11 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if d is not None:
             return d
     q_rows = H_q // H_kv * q_len if q_len > 1 else 1
-    if method == "worklist":
+    if method == "worklist" or (DEVICE_SCHEDULE and method == "auto" and lengths is None and num_splits is None
+                                and not batch_invariant):
         L_cap = max(lengths, default=1) if lengths is not None else max_seqlen
-        return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, L_cap)
+        return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, L_cap,
+                                 "device lengths" if method == "auto" else "capacity")
     if batch_invariant:
         if method not in ("auto", "unified") or num_splits is not None:
             raise ValueError(f"batch_invariant: runs its own kernel, at chunks fixed by each row's length; pass "

@@ -7,7 +7,7 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
-METHODS=${2:-auto,auto+device,worklist,worklist#32,worklist#8,worklist+WORK_CHUNK_TILES=8,worklist+WORK_CHUNK_TILES=1}
+METHODS=${2:-auto,auto+device,worklist,worklist#32,worklist#64,worklist#8,worklist+WORK_CHUNK_TILES=8,worklist#32+WORK_CHUNK_TILES=8,worklist+WORK_CHUNK_TILES=1}
 CASES=${3:-32:32:8:uniform:16384:16,8:32:8:onelong:131072:16,128:32:8:zipf:2048:16,256:32:8:uniform:1024:16,1:32:8:constant:131072:16,48:64:8:uniform:8192:16,32:32:8:uniform:16384:0,8:32:8:onelong:131072:0,32:32:8:constant:8192:0,1:32:8:constant:8192:0}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R="$OUT/wl"; mkdir -p "$R"
