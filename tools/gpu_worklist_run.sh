@@ -16,10 +16,10 @@ provenance "$R/gpu.txt"
 timeout 120 python -m pytest tests/test_worklist.py tests/test_invariance.py tests/test_longest_first.py -q -rs -x \
   -p no:cacheprovider > "$R/gpu-tests.txt" 2>&1; echo "pytest rc=$?" >> "$R/gpu-tests.txt"
 tail -4 "$R/gpu-tests.txt"
-timeout 90 python -m pytest tests/test_graders_lab06.py tests/test_grader_meta_06_worklist.py tests/test_worklist_view.py -q -rs \
+timeout 60 python -m pytest tests/test_graders_lab06.py tests/test_grader_meta_06_worklist.py tests/test_worklist_view.py -q -rs \
   -p no:cacheprovider > "$R/gpu-tests-lab06.txt" 2>&1; echo "pytest rc=$?" >> "$R/gpu-tests-lab06.txt"
 tail -3 "$R/gpu-tests-lab06.txt"; pack
-timeout 330 python tools/ab_ragged.py "$R/ab-worklist.json" --methods "$METHODS" --cases "$CASES" 2>&1 \
+timeout 300 python tools/ab_ragged.py "$R/ab-worklist.json" --methods "$METHODS" --cases "$CASES" 2>&1 \
   | grep -v Warn | tee "$R/ab-worklist.log"; pack
 if command -v compute-sanitizer >/dev/null; then
   for tool in ${SANITIZERS:-memcheck}; do
