@@ -64,7 +64,7 @@ from .kernels.streamk import (MAX_BATCH as STREAMK_MAX_BATCH, slots_for, streamk
                               streamk_programs)
 from .kernels.stage2 import flat_rows, stage2_args, stage2_launcher
 from .kernels.unified import LONGEST_FIRST_MAX_BATCH, remember_resources, unified_args, unified_launcher
-from .kernels.worklist import schedule_args, schedule_launcher
+from .kernels.worklist import INLINE_BATCH, schedule_args, schedule_launcher
 from . import worklist
 from .kernels.tile import TABLE_AHEAD_PAGE, TABLE_REGS_LIMIT
 from .reference import naive_attention
@@ -95,6 +95,7 @@ class Decision:
     pack: int = 1               # unified/split: adjacent KV heads a program reads as one (pack_decision)
     order: int = 0              # unified: ORDER_B, sequences launched longest first (longest_first_order); 0: b order
     table_regs: int = 0         # unified over pages: block-table entries held in registers (table_regs_for); 0: none
+    inline: int = 0             # worklist: 0, or the power of two >= B whose lengths each program lists itself
 
 
 def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: int, compiled: bool) -> int:
@@ -214,7 +215,8 @@ def worklist_decision(B: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int 
     L_cap = max(L_max if L_cap is None else L_cap, 1)
     return Decision("worklist", S, WORK_CHUNK_TILES * tile.BLOCK_N, tile, L_cap,
                     "batch-invariant: pieces by each row's length, listed on the device" if invariant
-                    else basis, invariant=invariant)
+                    else basis, invariant=invariant,
+                    inline=max(2, 1 << (B - 1).bit_length()) if B <= INLINE_BATCH else 0)
 
 
 def pack_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, pack_heads: bool | None = None,
@@ -639,8 +641,9 @@ class DecodePlan:
                 remember_resources(compiled, self.kv or self.dtype, self.D * d.pack,
                                    self.H_q // self.H_kv * self.q_len * d.pack, d.tile)
         elif d.kernel == "worklist":   # the list from the lengths, then the pieces it lists
-            go[0](*schedule_args(lens, ws.items, ws.flag, d.chunk, self.L_max))
-            go[1](*unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse, ws.o_part,
+            if not d.inline:
+                go[0](*schedule_args(lens, ws.items, ws.flag, d.chunk, self.L_max))
+            go[-1](*unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse, ws.o_part,
                                 ws.lse_part, ws.counters, ws.flag, bt, times, 1, scales))
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.per_program, d.splits, out,
@@ -1020,10 +1023,10 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
         return (unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                  timeline=timeline, pack=d.pack, order=d.order, table_regs=d.table_regs,
                                  scale_modes=modes),)
-    if d.kernel == "worklist":
-        return (schedule_launcher(d.splits, d.tile.BLOCK_N),
-                unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
-                                 timeline=timeline, scale_modes=modes, work=work_room(B, d)))
+    if d.kernel == "worklist":   # the schedule kernel, unless each program lists the lengths itself
+        main = unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
+                                timeline=timeline, scale_modes=modes, work=work_room(B, d), work_b=d.inline)
+        return (main,) if d.inline else (schedule_launcher(d.splits, d.tile.BLOCK_N), main)
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                    timeline=timeline, one_chunk=d.per_program == 1,

@@ -83,6 +83,22 @@ def test_a_batch_larger_than_one_block_of_the_schedule_is_listed_in_full():
     assert_attention_close(out, lse, q, k, v, L, what="worklist B=%d" % B)
 
 
+def test_listed_in_registers_or_by_the_schedule_kernel_alike(monkeypatch):
+    """A batch of at most INLINE_BATCH rows is listed inside the attention kernel, a larger one by the schedule
+    kernel: the same list, the same bits."""
+    import fdlib.plan as plan_mod
+    lens = [0, 1, 37, 160, 100, 37, 159, 64]
+    q, k, v, L = rand_problem(lens, 4, 2, 16, L_max=160, seed=4)
+    got = []
+    for inline in (16, 4):
+        monkeypatch.setattr(plan_mod, "INLINE_BATCH", inline)
+        p = fdlib.plan(len(lens), 4, 2, 16, 160, dtype=torch.float32, device=DEVICE, method="worklist", num_splits=4)
+        assert bool(p.decision.inline) == (inline == 16)
+        got.append((p.run(q, k, v, L, return_lse=True), listed(p)))
+    assert got[0][1] == got[1][1] == expected(p, lens)
+    assert torch.equal(got[0][0][0], got[1][0][0]) and torch.equal(got[0][0][1], got[1][0][1])
+
+
 # ------------------------------------------------------------------------------------------ attention
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("lens,H_q,H_kv,D", [([0, 1, 17, 64, 100], 6, 2, 80), ([100, 3, 97, 55], 5, 5, 96),
@@ -164,7 +180,7 @@ def test_batch_invariant_by_construction():
     row_v = torch.randn(1, L_max, H_kv, D, generator=g)
     L_row = 150
     results = []
-    for B, at, seed in ((1, 0, 0), (4, 2, 1), (7, 6, 2), (7, 0, 3)):
+    for B, at, seed in ((1, 0, 0), (4, 2, 1), (7, 6, 2), (7, 0, 3), (20, 13, 4)):   # B=20: the schedule kernel
         g = torch.Generator().manual_seed(100 + seed)
         q = torch.randn(B, H_q, D, generator=g)
         k = torch.randn(B, L_max, H_kv, D, generator=g)

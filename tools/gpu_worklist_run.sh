@@ -13,17 +13,17 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 R="$OUT/wl"; mkdir -p "$R"
 pack() { tar czf "$OUT/wl.tgz.tmp" -C "$OUT" wl && mv "$OUT/wl.tgz.tmp" "$OUT/wl.tgz"; }
 provenance "$R/gpu.txt"
-timeout 120 python -m pytest tests/test_worklist.py tests/test_invariance.py tests/test_longest_first.py -q -rs -x \
+timeout 100 python -m pytest tests/test_worklist.py tests/test_invariance.py tests/test_longest_first.py -q -rs -x \
   -p no:cacheprovider > "$R/gpu-tests.txt" 2>&1; echo "pytest rc=$?" >> "$R/gpu-tests.txt"
 tail -4 "$R/gpu-tests.txt"
 timeout 60 python -m pytest tests/test_graders_lab06.py tests/test_grader_meta_06_worklist.py tests/test_worklist_view.py -q -rs \
   -p no:cacheprovider > "$R/gpu-tests-lab06.txt" 2>&1; echo "pytest rc=$?" >> "$R/gpu-tests-lab06.txt"
 tail -3 "$R/gpu-tests-lab06.txt"; pack
-timeout 300 python tools/ab_ragged.py "$R/ab-worklist.json" --methods "$METHODS" --cases "$CASES" 2>&1 \
+timeout 250 python tools/ab_ragged.py "$R/ab-worklist.json" --methods "$METHODS" --cases "$CASES" 2>&1 \
   | grep -v Warn | tee "$R/ab-worklist.log"; pack
 if command -v compute-sanitizer >/dev/null; then
   for tool in ${SANITIZERS:-memcheck}; do
-    timeout 90 compute-sanitizer --tool $tool python tools/sanitize_worklist.py > "$R/sanitize-$tool.txt" 2>&1
+    timeout 60 compute-sanitizer --tool $tool python tools/sanitize_worklist.py > "$R/sanitize-$tool.txt" 2>&1
     echo "rc=$?" >> "$R/sanitize-$tool.txt"; tail -3 "$R/sanitize-$tool.txt"
   done; pack
 fi

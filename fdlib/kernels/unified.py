@@ -51,7 +51,7 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, check_pack, packed_kv, paging, q_len_of, scale_args, strides4
-from .worklist import pieces_of
+from .worklist import pieces_of, work_item
 from .tile import (LOG2E, attend_group, combine_blocks, finish_row, first_table, load_lengths, longest_first,
                    split_range, take_ticket, tile_update, timeline_record, timeline_start)
 
@@ -72,16 +72,13 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                    Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, PACK: tl.constexpr = 1,
                    ORDER_B: tl.constexpr = 0, TABLE_REGS: tl.constexpr = 0, K_SCALE: tl.constexpr = 0,
-                   V_SCALE: tl.constexpr = 0, WORK: tl.constexpr = 0):
+                   V_SCALE: tl.constexpr = 0, WORK: tl.constexpr = 0, WORK_B: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
     h_kv = tl.program_id(0)   # the KV heads of a sequence are launched together (see the module doc)
     if WORK > 0:              # item i of the work list right before the counters (fdlib.kernels.worklist)
-        i = tl.program_id(1) + tl.num_programs(1) * tl.program_id(2)
-        there = i < tl.load(COUNTERS - WORK)
-        item = tl.load(COUNTERS - WORK + 1 + i, mask=there, other=0)
-        b = item // tl.num_programs(2)
-        split = tl.where(there, item % tl.num_programs(2), tl.num_programs(2))   # past the list: nothing to do
+        b, split = work_item(COUNTERS - WORK, LENS, tl.program_id(1) + tl.num_programs(1) * tl.program_id(2),
+                             tl.num_programs(1), chunk, tl.num_programs(2), L_MAX, h_kv == 0, BLOCK_N, WORK_B)
     elif ORDER_B > 0:           # place i of the grid runs the i-th longest sequence (see the module doc)
         b = longest_first(LENS, COUNTERS - ORDER_B, tl.program_id(1), tl.num_programs(1), L_MAX, ORDER_B)
     else:
@@ -171,7 +168,7 @@ def scratch_flag(device) -> torch.Tensor:
 def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
                      dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1,
                      timeline: bool = False, pack: int = 1, order: int = 0, table_regs: int = 0,
-                     scale_modes: tuple = (0, 0), work: int = 0) -> Launcher:
+                     scale_modes: tuple = (0, 0), work: int = 0, work_b: int = 0) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles,
     the page size (0: a contiguous cache) and the query tokens per sequence (group × q_len rows a program).
     ``merge_splits``: size the merge's blocks for this many splits instead of the launched ones
@@ -182,7 +179,8 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
     entries a program holds in registers (:func:`fdlib.kernels.tile.attend_slice`'s TABLE_REGS). ``scale_modes``:
     (K_SCALE, V_SCALE) of an 8-bit cache (:data:`fdlib.quant.SCALE_CODES`), (0, 0) for a 16-bit one. ``work``: 0, or
     the room of a work list right before the ticket counters (:mod:`fdlib.kernels.worklist`): program i runs item i,
-    and ``splits`` is S, the most pieces a row is cut into."""
+    and ``splits`` is S, the most pieces a row is cut into; ``work_b``: 0, or a power of two >= the batch whose
+    lengths each program lists itself (:func:`~fdlib.kernels.worklist.work_item`)."""
     if work and (order or table_regs):
         raise ValueError("work: a work-list launch takes its rows from the list; order and table_regs must be 0")
     check_pack(pack, D, q_len)
@@ -193,7 +191,7 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
                                          PAGE=page, Q_LEN=q_len, TIMELINE=timeline, PACK=pack, ORDER_B=order,
                                          TABLE_REGS=table_regs, K_SCALE=scale_modes[0], V_SCALE=scale_modes[1],
-                                         WORK=work, num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
+                                         WORK=work, WORK_B=work_b, num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
 def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag,
