@@ -28,7 +28,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 import fdlib  # noqa: E402,F401
 from fdlib import runtime  # noqa: E402
-from fdlib.kernels import balanced, invariant, persistent, stage1, stage2, streamk, tile, unified, unified_max  # noqa: E402,E501
+from fdlib.kernels import (balanced, invariant, persistent, stage1, stage2, streamk, tile, unified, unified_max,  # noqa: E402
+                           worklist)
 from fdlib.kernels.config import block_sizes, tile_config_for  # noqa: E402
 from fdlib.plan import FEW_STAGES  # noqa: E402
 
@@ -42,6 +43,8 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3, aligned=F
     sig, constexprs, attrs = {}, {}, {}
     if "K_SCALE" in kernel.arg_names:   # a 16-bit cache unless the case names its scales (8-bit caches)
         meta = {"K_SCALE": 0, "V_SCALE": 0, **meta}
+    if "WORK" in kernel.arg_names:      # no work list unless the case names one
+        meta = {"WORK": 0, "WORK_B": 0, **meta}
     for i, name in enumerate(kernel.arg_names):
         if name in meta:
             sig[name], constexprs[(i,)] = "constexpr", meta[name]
@@ -105,6 +108,11 @@ def cases():
                 yield (f"unified PAGE={page}{q} TABLE_REGS=64", unified.unified_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                        dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s,
                             TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1, ORDER_B=0, TABLE_REGS=64))
+            for work_b in (0, 16):   # a work list: read from the schedule kernel's, or listed in registers
+                yield (f"unified PAGE={page}{q} WORK WORK_B={work_b}", unified.unified_kernel,
+                       h16 + UNIFIED + ["*i32"] + NO_SCALES,
+                       dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
+                            PAGE=page, PACK=1, ORDER_B=0, TABLE_REGS=0, WORK=1 + 64 * 16, WORK_B=work_b))
             # ONE_CHUNK: the loop without the per-tile chunk-end work; ALONE: no partial stored, no ticket
             for one, alone in ((False, False), (True, False), (False, True), (True, True)):
                 name = f"invariant PAGE={page}{q}{' ONE_CHUNK' if one else ''}{' ALONE' if alone else ''}"
@@ -171,6 +179,7 @@ def cases():
         yield (f"stage2 PACK={pack}", stage2.stage2_kernel, ["*fp32", "*fp32", "*fp16", "*fp32"],
                dict(D=128, BLOCK_S=16, BLOCK_D=128, PACK=pack, HEAD_GROUP=head_group))
     yield from kv8_cases()
+    yield from schedule_cases()
     # FlashDecoding++'s unified max: pass 1 (ticket or atomic partials) and pass 2 (exact recompute of marked rows)
     BG, BD = block_sizes(g, D)
     um = dict(GROUP=g, D=D, BLOCK_G=BG, BLOCK_N=64, BLOCK_D=BD, BLOCK_H=4, BLOCK_S=16, FP32_DOT=False)
@@ -184,6 +193,14 @@ def cases():
 
 
 SCALE_MODES = {"tensor": 1, "head": 2, "token": 3}   # fdlib.quant.SCALE_CODES: the kernels' K_SCALE / V_SCALE
+
+
+def schedule_cases():
+    """The work list's schedule kernel (fdlib.kernels.worklist) for S = 16 and 64."""
+    for S in (16, 64):
+        yield (f"schedule S={S}", worklist.schedule_kernel, ["*i32", "*i32", "*i32"],
+               dict(S=S, BLOCK_N=128, BLOCK_R=worklist.SCHEDULE_ROWS, BLOCK_C=worklist.SCHEDULE_COLS,
+                    BLOCK_S=S), 4)
 
 
 def kv8_cases():

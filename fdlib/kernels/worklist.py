@@ -83,7 +83,7 @@ def schedule_kernel(LENS, ITEMS, FLAG, n_batch, chunk, L_MAX, S: tl.constexpr, B
         cols = c0 + tl.arange(0, BLOCK_C)
         there = cols < n_batch
         Lc = tl.minimum(tl.maximum(tl.load(LENS + cols, mask=there, other=0), 0), L_MAX).to(tl.int32)
-        _, nc = pieces_of(Lc, chunk, S, BLOCK_N)
+        c_cols, nc = pieces_of(Lc, chunk, S, BLOCK_N)
         nc = tl.where(there, nc, 0)
         first += list_place(L, rows, Lc, cols, nc)
         total += tl.sum(nc, 0)
