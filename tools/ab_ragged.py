@@ -176,10 +176,19 @@ def main(argv=None):
             records.append(report(text, rec))
         del copies, ref
         free_memory()
+        save(args, records, settings, ceil, argv, final=False)   # what ran so far survives a timeout
+    save(args, records, settings, ceil, argv, final=True)
+
+
+def save(args, records, settings, ceil, argv, final: bool) -> None:
+    """Write the JSON (device, versions, date, command, commit; ``complete`` False until every case ran)."""
+    import fdlib
+    from fdlib.bench.harness import provenance
     out = {"schema": "fdlib.bench/1", "kind": "ab-ragged", "fdlib": fdlib.__version__,
            "provenance": provenance("python tools/ab_ragged.py " + " ".join(argv or sys.argv[1:])),
-           "settings": settings, "page_order": args.page_order, "ceiling": ceil, "records": records}
-    if args.resources:
+           "settings": settings, "page_order": args.page_order, "ceiling": ceil, "records": records,
+           "complete": final}
+    if final and args.resources:
         out["kernels"] = kernel_rows()
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
