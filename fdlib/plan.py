@@ -88,7 +88,8 @@ class Decision:
     basis: str                  # "host lengths", "max_seqlen" or "capacity"
     programs: int = 0           # persistent: programs launched
     rows_per_program: int = 0   # persistent: the kernel's ROWS (a power of two)
-    budget: int = 0             # balanced: P, the work items the batch is cut into (fdlib.schedule)
+    budget: int = 0             # balanced: P, the work items the batch is cut into (fdlib.schedule); worklist: the
+                                # items pieces sized by the batch come to (0: by each row alone)
     invariant: bool = False     # batch-invariant: chunks by each row's own length (invariant_decision)
     per_program: int = 0        # invariant: chunks one program computes (splits: the most chunks a row can
                                 # have, its partial slots; so ⌈splits / per_program⌉ programs a row)
@@ -193,10 +194,14 @@ DEVICE_SCHEDULE = int(os.environ.get("FDLIB_DEVICE_SCHEDULE", "0"))
 """1: ``auto`` without host lengths (``decode_attention`` with lengths on the device, or a plan captured before
 they are known) takes the work-list plan (:func:`worklist_decision`); 0: it plans every row for L_cap. The
 environment variable ``FDLIB_DEVICE_SCHEDULE`` sets it at import (for A/B runs of whole benchmarks)."""
-WORK_SPLITS, WORK_CHUNK_TILES = 16, 2
+WORK_SPLITS, WORK_CHUNK_TILES, WORK_WAVES = 32, 4, 2
 """A work-list plan (:mod:`fdlib.worklist`): rows cut into at most WORK_SPLITS pieces (S) of at least
-WORK_CHUNK_TILES tiles (``chunk``). Neither depends on the batch, so the schedule is batch-invariant whenever the
-tiles are too. Not yet timed on a GPU."""
+WORK_CHUNK_TILES tiles (``chunk``); pieces sized by the batch come to about WORK_WAVES programs an SM (the budget
+of items is ⌈WORK_WAVES · SMs / H_kv⌉). On an H200 (``results/h200/worklist/ab-worklist.md``, pieces by each row
+alone, graph µs): at most 16 pieces a row cut B=1 32:8 L=131072 into 128 programs of 8192 keys, 181.1 against
+auto's 128.1, 32 pieces 131.1, 64 pieces 163.6 (the last program merges 64 partials); two-tile pieces of B=1 32:8
+L=8192 took 14.5 µs at 16 a row and 20.4 at 32; pieces by the row alone cut equal rows of a large batch needlessly
+(B=32 32:8 L=8192: 273.6 µs at 8 tiles a piece against 243.1 whole), hence the budget."""
 
 
 def worklist_decision(B: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int = 1, paged: int = 0,
@@ -213,9 +218,10 @@ def worklist_decision(B: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int 
     tile = tile_config_for(D, 1 << 30, compiled_mode=not runtime.INTERPRET, elem_bytes=dtype.itemsize,
                            rows=1 << 30, q_rows=q_rows, paged=0 if invariant else paged)
     L_cap = max(L_max if L_cap is None else L_cap, 1)
+    sms = sm_count()
     return Decision("worklist", S, WORK_CHUNK_TILES * tile.BLOCK_N, tile, L_cap,
                     "batch-invariant: pieces by each row's length, listed on the device" if invariant
-                    else basis, invariant=invariant,
+                    else basis, invariant=invariant, budget=0 if invariant else -(-WORK_WAVES * sms // H_kv),
                     inline=max(2, 1 << (B - 1).bit_length()) if B <= INLINE_BATCH else 0)
 
 
@@ -642,7 +648,7 @@ class DecodePlan:
                                    self.H_q // self.H_kv * self.q_len * d.pack, d.tile)
         elif d.kernel == "worklist":   # the list from the lengths, then the pieces it lists
             if not d.inline:
-                go[0](*schedule_args(lens, ws.items, ws.flag, d.chunk, self.L_max))
+                go[0](*schedule_args(lens, ws.items, ws.flag, d.chunk, self.L_max, d.budget))
             go[-1](*unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse, ws.o_part,
                                 ws.lse_part, ws.counters, ws.flag, bt, times, 1, scales))
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
@@ -1025,8 +1031,9 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
                                  scale_modes=modes),)
     if d.kernel == "worklist":   # the schedule kernel, unless each program lists the lengths itself
         main = unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
-                                timeline=timeline, scale_modes=modes, work=work_room(B, d), work_b=d.inline)
-        return (main,) if d.inline else (schedule_launcher(d.splits, d.tile.BLOCK_N), main)
+                                timeline=timeline, scale_modes=modes, work=work_room(B, d), work_b=d.inline,
+                                work_p=d.budget)
+        return (main,) if d.inline else (schedule_launcher(d.splits, d.tile.BLOCK_N, d.budget > 0), main)
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                    timeline=timeline, one_chunk=d.per_program == 1,
@@ -1097,8 +1104,9 @@ _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 def work_room(B: int, d: Decision) -> int:
-    """Int32 entries of a work-list plan's list (its count, then at most B·S items); 0 for other kernels."""
-    return 1 + worklist.capacity(B, d.splits) if d.kernel == "worklist" else 0
+    """Int32 entries of a work-list plan's list (its count, its unit, then at most B·S items); 0 for other
+    kernels."""
+    return 2 + worklist.capacity(B, d.splits) if d.kernel == "worklist" else 0
 
 
 def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:

@@ -23,6 +23,14 @@ schedules them anew. At most :math:`B \cdot S` items: the grid and the workspace
 are merged in piece order (:func:`fdlib.kernels.tile.combine_heads`) whoever merges; so with chunk, S and the
 tiles fixed independently of the batch, a sequence's result is the same bits whatever its batchmates.
 
+**Sized by the batch** (a plan's ``budget`` > 0, what a call planned without its lengths runs): the same list,
+but the pieces' size follows the whole batch, as FlashMLA's scheduler cuts :math:`\sum_b` blocks evenly: a unit
+:math:`c = N\max(\text{chunk}/N, \lceil \sum_b t_b / \text{budget}\rceil)` for the rows' tiles
+:math:`t_b = \max(1, \lceil L_b/N \rceil)`, and row b cut into :math:`n_b = \min(S, \max(1,
+\mathrm{round}(t_b N / c)))` equal pieces of whole tiles. The budget, about two programs an SM for the KV heads
+(``fdlib.plan.WORK_WAVES``), is fixed by the shapes; the unit is computed on the device at every call. A row's
+cut then depends on its batchmates' lengths, so this schedule is not batch-invariant.
+
 This module is the same arithmetic in Python: the model the kernel is tested against, and the one the lab's
 exercise is graded with.
 """
@@ -52,19 +60,39 @@ def pieces(L: int, chunk: int, S: int, N: int) -> int:
     return max(1, cdiv(max(L, 0), piece_keys(L, chunk, S, N)))
 
 
+def balanced_chunk(lengths, chunk: int, budget: int, N: int) -> int:
+    r"""The unit c (keys) a batch's pieces are sized by when the plan gives a ``budget`` of items (the default
+    call's schedule, below): :math:`c = N\max(\text{chunk}/N,\ \lceil \sum_b \max(1, \lceil L_b/N\rceil) /
+    \text{budget} \rceil)`, so the batch's tiles come to about ``budget`` pieces however they are spread."""
+    tiles = sum(max(1, cdiv(max(int(L), 0), N)) for L in lengths)
+    return N * max(chunk // N, cdiv(tiles, budget))
+
+
+def balanced_pieces(L: int, c: int, S: int, N: int) -> tuple[int, int]:
+    r"""(keys a piece, pieces) of a row of L keys under the unit c: :math:`n = \min(S, \max(1,
+    \mathrm{round}(t/(c/N))))` for its t tiles, pieces of :math:`N\lceil t/n\rceil` keys (a row within half a
+    unit of a multiple of c is cut into equal whole-tile pieces, never into a full one and a sliver)."""
+    t, ct = max(1, cdiv(max(L, 0), N)), c // N
+    n = min(S, max(1, (2 * t + ct) // (2 * ct)))
+    keys = N * cdiv(t, n)
+    return keys, max(1, cdiv(max(L, 0), keys))
+
+
 def order(lengths) -> list[int]:
     """The rows longest first: L descending, the lower b first among equal lengths."""
     lengths = [int(L) for L in lengths]
     return sorted(range(len(lengths)), key=lambda b: (-lengths[b], b))
 
 
-def work_list(lengths, chunk: int, S: int, N: int) -> list[Item]:
-    """The launch's items in program order (see the module doc)."""
+def work_list(lengths, chunk: int, S: int, N: int, budget: int = 0) -> list[Item]:
+    """The launch's items in program order (see the module doc); ``budget`` > 0: pieces sized by the batch
+    (:func:`balanced_chunk`, :func:`balanced_pieces`) instead of by each row alone."""
     lengths = [int(L) for L in lengths]
+    unit = balanced_chunk(lengths, chunk, budget, N) if budget else chunk
     out = []
     for b in order(lengths):
         L = lengths[b]
-        c, n = piece_keys(L, chunk, S, N), pieces(L, chunk, S, N)
+        c, n = (balanced_pieces(L, unit, S, N) if budget else (piece_keys(L, chunk, S, N), pieces(L, chunk, S, N)))
         for j in range(n):
             out.append(Item(b, j, j * c, L if j == n - 1 else min((j + 1) * c, L)))
     return out

@@ -16,14 +16,17 @@ from test_qlen import assert_close_qlen, problem
 
 
 def listed(p) -> list[int]:
-    """The list a plan's last call wrote: its count, then its items."""
+    """The list a plan's last call wrote: its count, its unit, then its items."""
     items = p.workspace.items.tolist()
-    return items[: 1 + items[0]]
+    return items[: 2 + items[0]]
 
 
 def expected(p, lens) -> list[int]:
     d = p.decision
-    return worklist.encode(worklist.work_list(lens, d.chunk, d.splits, d.tile.BLOCK_N), d.splits)
+    N = d.tile.BLOCK_N
+    unit = worklist.balanced_chunk(lens, d.chunk, d.budget, N) if d.budget else d.chunk
+    count, *items = worklist.encode(worklist.work_list(lens, d.chunk, d.splits, N, d.budget), d.splits)
+    return [count, unit, *items]
 
 
 def rand_problem(lens, H_q, H_kv, D, dtype=torch.float32, seed=0, L_max=None):
@@ -48,10 +51,11 @@ def test_model_cuts_each_row_by_its_own_length_and_lists_the_longest_first():
 
 
 @given(st.lists(st.integers(0, 3000), min_size=1, max_size=40), st.sampled_from([16, 64, 128]),
-       st.integers(1, 8), st.integers(1, 32))
+       st.integers(1, 8), st.integers(1, 32), st.sampled_from([0, 1, 7, 66]))
 @hyp_settings(300)
-def test_model_pieces_cover_every_row_once_within_the_cap(lens, N, chunk_tiles, S):
-    items = worklist.work_list(lens, chunk_tiles * N, S, N)
+def test_model_pieces_cover_every_row_once_within_the_cap(lens, N, chunk_tiles, S, budget):
+    """Every row's pieces tile it in order, at most S of them, by each row alone (budget 0) or by the batch."""
+    items = worklist.work_list(lens, chunk_tiles * N, S, N, budget)
     assert len(items) <= worklist.capacity(len(lens), S)
     for b, L in enumerate(lens):
         mine = [it for it in items if it.b == b]
@@ -59,6 +63,19 @@ def test_model_pieces_cover_every_row_once_within_the_cap(lens, N, chunk_tiles, 
         assert mine[0].start == 0 and mine[-1].end == L
         assert all(a.end == c.start for a, c in zip(mine, mine[1:]))
         assert all(it.start < it.end for it in mine) or L == 0
+
+
+def test_pieces_sized_by_the_batch_follow_its_total():
+    """A budget of items: equal rows near the unit stay whole (no sliver piece), one long row among short ones is
+    cut into about its share of the budget, and the whole batch comes to about the budget."""
+    N = 128
+    assert worklist.balanced_pieces(8192, 8064, 32, N) == (8192, 1)            # within half a unit: one piece
+    lens = [131072] + [1000] * 7
+    unit = worklist.balanced_chunk(lens, 4 * N, 33, N)
+    items = worklist.work_list(lens, 4 * N, 32, N, budget=33)
+    assert unit == N * -(-(1024 + 7 * 8) // 33)
+    assert 28 <= sum(it.b == 0 for it in items) <= 32 and len(items) <= 33 + 8
+    assert len(worklist.work_list([8192] * 32, 4 * N, 32, N, budget=33)) == 32   # a whole row a piece
 
 
 # ------------------------------------------------------------------------------------- the device list

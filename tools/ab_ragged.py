@@ -14,7 +14,7 @@ combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``
 plan of NAME with ``num_splits=S``; ``+longest_first``: the plan made with ``longest_first=True`` (e.g.
 ``unified#1+longest_first``: whole rows launched longest first, what run 44's ``unified#1`` ran at 68c1242;
 ``+device``: the plan made without the lengths (a capacity plan, as ``decode_attention`` with lengths on the
-device makes); ``+WORK_CHUNK_TILES=T``: a work-list plan's pieces of at least T tiles, ``+WORK_SPLITS=S`` at most S a row,
+device makes); ``+WORK_CHUNK_TILES=T``: a work-list plan's pieces of at least T tiles, ``+WORK_SPLITS=S`` at most S a row, ``+WORK_WAVES=W`` W programs an SM,
 ``+DEVICE_SCHEDULE=1``: ``auto`` without lengths takes the work list (:mod:`fdlib.plan`);
 ``+stale_order``: the plan's longest-first order reversed, so that every program sorts, as after the lengths change
 order under a plan: :func:`stale_order`);
@@ -135,7 +135,7 @@ def main(argv=None):
     sk, kc, pl = sys.modules["fdlib.kernels.streamk"], sys.modules["fdlib.kernels.config"], sys.modules["fdlib.plan"]
     constants = {"ROW_WINDOW": sk, "MIN_BLOCK_B": sk, "MAX_REGISTERS": sk, "PERSISTENT_PER_SM": kc,
                  "TABLE_REGS_MAX": pl, "WORK_CHUNK_TILES": pl,
-                 "WORK_SPLITS": pl, "DEVICE_SCHEDULE": pl}
+                 "WORK_SPLITS": pl, "WORK_WAVES": pl, "DEVICE_SCHEDULE": pl}
     for i, text in enumerate(args.cases.split(",")):
         try:
             shape, page = ragged.parse_case(text)

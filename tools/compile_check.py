@@ -44,7 +44,7 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3, aligned=F
     if "K_SCALE" in kernel.arg_names:   # a 16-bit cache unless the case names its scales (8-bit caches)
         meta = {"K_SCALE": 0, "V_SCALE": 0, **meta}
     if "WORK" in kernel.arg_names:      # no work list unless the case names one
-        meta = {"WORK": 0, "WORK_B": 0, **meta}
+        meta = {"WORK": 0, "WORK_B": 0, "WORK_P": 0, **meta}
     for i, name in enumerate(kernel.arg_names):
         if name in meta:
             sig[name], constexprs[(i,)] = "constexpr", meta[name]
@@ -108,11 +108,12 @@ def cases():
                 yield (f"unified PAGE={page}{q} TABLE_REGS=64", unified.unified_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                        dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s,
                             TAKE_TICKET=tile.take_ticket, PAGE=page, PACK=1, ORDER_B=0, TABLE_REGS=64))
-            for work_b in (0, 16):   # a work list: read from the schedule kernel's, or listed in registers
-                yield (f"unified PAGE={page}{q} WORK WORK_B={work_b}", unified.unified_kernel,
-                       h16 + UNIFIED + ["*i32"] + NO_SCALES,
+            for work_b, work_p in ((0, 0), (16, 0), (0, 33), (16, 33)):   # a work list: the schedule kernel's or
+                yield (f"unified PAGE={page}{q} WORK WORK_B={work_b} WORK_P={work_p}",   # listed in registers;
+                       unified.unified_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,    # pieces sized by the batch
                        dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
-                            PAGE=page, PACK=1, ORDER_B=0, TABLE_REGS=0, WORK=1 + 64 * 16, WORK_B=work_b))
+                            PAGE=page, PACK=1, ORDER_B=0, TABLE_REGS=0, WORK=2 + 64 * 32, WORK_B=work_b,
+                            WORK_P=work_p))
             # ONE_CHUNK: the loop without the per-tile chunk-end work; ALONE: no partial stored, no ticket
             for one, alone in ((False, False), (True, False), (False, True), (True, True)):
                 name = f"invariant PAGE={page}{q}{' ONE_CHUNK' if one else ''}{' ALONE' if alone else ''}"
@@ -197,10 +198,10 @@ SCALE_MODES = {"tensor": 1, "head": 2, "token": 3}   # fdlib.quant.SCALE_CODES: 
 
 def schedule_cases():
     """The work list's schedule kernel (fdlib.kernels.worklist) for S = 16 and 64."""
-    for S in (16, 64):
-        yield (f"schedule S={S}", worklist.schedule_kernel, ["*i32", "*i32", "*i32"],
+    for S, balanced in ((16, False), (32, True), (64, False)):
+        yield (f"schedule S={S} BALANCED={balanced}", worklist.schedule_kernel, ["*i32", "*i32", "*i32"],
                dict(S=S, BLOCK_N=128, BLOCK_R=worklist.SCHEDULE_ROWS, BLOCK_C=worklist.SCHEDULE_COLS,
-                    BLOCK_S=S), 4)
+                    BLOCK_S=S, BALANCED=balanced), 4)
 
 
 def kv8_cases():

@@ -1,5 +1,5 @@
 """A small work-list workload for compute-sanitizer (memcheck, racecheck): the schedule kernel and the unified
-kernel over its list, contiguous and over shuffled pages of 16, ragged lengths with 0 and 1, lengths outside
+kernel over its list, contiguous and over shuffled pages of 8, ragged lengths with 0 and 1, lengths outside
 0..L_max (clamped on the device), a call with fewer sequences than planned, a batch of 300 rows (several
 schedule programs, ties across their blocks), back-to-back calls with new lengths in the same tensor, and the
 batch-invariant plan; every output checked against float64.
@@ -39,8 +39,8 @@ for B, lens in ((3, [600, 0, 1]), (5, [129, 600, 64, 1, 333]), (300, [(37 * b) %
     if B > 1:
         bad[1] = -3
     check(p.run(q, k, v, bad), q, k, v, bad)
-    # over shuffled pages of 16
-    page = 16
+    # over shuffled pages of 8
+    page = 8
     n = B * L // page
     perm = torch.randperm(n, device="cuda")
     kp, vp = torch.empty(n, page, H_kv, D, device="cuda", dtype=torch.float16), torch.empty_like(k).view(n, page, H_kv, D)

@@ -56,6 +56,7 @@ FDLIB_METHODS = {
     "persistent": ("persistent", None),
     "balanced": ("balanced", None),
     "streamk": ("streamk", None),
+    "worklist": ("worklist", None),
     "invariant": ("auto", None),
     "auto": ("auto", None),
 }

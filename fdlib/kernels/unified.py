@@ -51,7 +51,7 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher, check_pack, packed_kv, paging, q_len_of, scale_args, strides4
-from .worklist import pieces_of, work_item
+from .worklist import piece_rule, work_item
 from .tile import (LOG2E, attend_group, combine_blocks, finish_row, first_table, load_lengths, longest_first,
                    split_range, take_ticket, tile_update, timeline_record, timeline_start)
 
@@ -72,13 +72,15 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                    Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, PACK: tl.constexpr = 1,
                    ORDER_B: tl.constexpr = 0, TABLE_REGS: tl.constexpr = 0, K_SCALE: tl.constexpr = 0,
-                   V_SCALE: tl.constexpr = 0, WORK: tl.constexpr = 0, WORK_B: tl.constexpr = 0):
+                   V_SCALE: tl.constexpr = 0, WORK: tl.constexpr = 0, WORK_B: tl.constexpr = 0,
+                   WORK_P: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
     h_kv = tl.program_id(0)   # the KV heads of a sequence are launched together (see the module doc)
     if WORK > 0:              # item i of the work list right before the counters (fdlib.kernels.worklist)
-        b, split = work_item(COUNTERS - WORK, LENS, tl.program_id(1) + tl.num_programs(1) * tl.program_id(2),
-                             tl.num_programs(1), chunk, tl.num_programs(2), L_MAX, h_kv == 0, BLOCK_N, WORK_B)
+        b, split, unit = work_item(COUNTERS - WORK, LENS, tl.program_id(1) + tl.num_programs(1) * tl.program_id(2),
+                                   tl.num_programs(1), chunk, tl.num_programs(2), L_MAX, h_kv == 0, BLOCK_N, WORK_B,
+                                   WORK_P)
     elif ORDER_B > 0:           # place i of the grid runs the i-th longest sequence (see the module doc)
         b = longest_first(LENS, COUNTERS - ORDER_B, tl.program_id(1), tl.num_programs(1), L_MAX, ORDER_B)
     else:
@@ -90,8 +92,8 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
     else:
         first = None
     L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
-    if WORK > 0:              # the row's pieces by its own length: c(L) (fdlib.worklist)
-        chunk, _ = pieces_of(L, chunk, tl.num_programs(2), BLOCK_N)
+    if WORK > 0:              # the row's pieces: by its own length, or by the batch's unit (fdlib.worklist)
+        chunk, _ = piece_rule(L, unit, tl.num_programs(2), BLOCK_N, WORK_P > 0)
     # at most the launched splits, so that the ticket count always reaches n_splits - 1 and the counter
     # is reset, even if a length exceeds the plan's L_cap (lengths grown since planning): the last split
     # then runs to L
@@ -168,7 +170,8 @@ def scratch_flag(device) -> torch.Tensor:
 def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn=None, ticket_fn=None,
                      dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1,
                      timeline: bool = False, pack: int = 1, order: int = 0, table_regs: int = 0,
-                     scale_modes: tuple = (0, 0), work: int = 0, work_b: int = 0) -> Launcher:
+                     scale_modes: tuple = (0, 0), work: int = 0, work_b: int = 0,
+                     work_p: int = 0) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles,
     the page size (0: a contiguous cache) and the query tokens per sequence (group × q_len rows a program).
     ``merge_splits``: size the merge's blocks for this many splits instead of the launched ones
@@ -180,7 +183,8 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
     (K_SCALE, V_SCALE) of an 8-bit cache (:data:`fdlib.quant.SCALE_CODES`), (0, 0) for a 16-bit one. ``work``: 0, or
     the room of a work list right before the ticket counters (:mod:`fdlib.kernels.worklist`): program i runs item i,
     and ``splits`` is S, the most pieces a row is cut into; ``work_b``: 0, or a power of two >= the batch whose
-    lengths each program lists itself (:func:`~fdlib.kernels.worklist.work_item`)."""
+    lengths each program lists itself (:func:`~fdlib.kernels.worklist.work_item`); ``work_p``: 0, or the budget
+    of items pieces sized by the batch come to (:func:`fdlib.worklist.balanced_chunk`)."""
     if work and (order or table_regs):
         raise ValueError("work: a work-list launch takes its rows from the list; order and table_regs must be 0")
     check_pack(pack, D, q_len)
@@ -191,7 +195,7 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
                                          PAGE=page, Q_LEN=q_len, TIMELINE=timeline, PACK=pack, ORDER_B=order,
                                          TABLE_REGS=table_regs, K_SCALE=scale_modes[0], V_SCALE=scale_modes[1],
-                                         WORK=work, WORK_B=work_b, num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
+                                         WORK=work, WORK_B=work_b, WORK_P=work_p, num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
 
 
 def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag,
