@@ -190,10 +190,26 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
                     invariant=True, per_program=per_program)
 
 
-DEVICE_SCHEDULE = int(os.environ.get("FDLIB_DEVICE_SCHEDULE", "0"))
+DEVICE_SCHEDULE = int(os.environ.get("FDLIB_DEVICE_SCHEDULE", "1"))
 """1: ``auto`` without host lengths (``decode_attention`` with lengths on the device, or a plan captured before
-they are known) takes the work-list plan (:func:`worklist_decision`); 0: it plans every row for L_cap. The
-environment variable ``FDLIB_DEVICE_SCHEDULE`` sets it at import (for A/B runs of whole benchmarks)."""
+they are known) takes the work-list plan (:func:`worklist_decision`) where :func:`device_schedule_suits`; 0: it
+plans every row for L_cap. The environment variable ``FDLIB_DEVICE_SCHEDULE`` sets it at import (for A/B runs of
+whole benchmarks)."""
+WORK_MIN_BATCH, WORK_MIN_L = 2, 8192
+"""Where ``auto`` without lengths takes the work list: at least WORK_MIN_BATCH sequences that may be as long as
+WORK_MIN_L keys (L_cap: ``max_seqlen``, else L_max). On an H100 (``results/h100/worklist/``, bf16, graph µs, the
+read ceiling in the same run) the work list took 0.99-1.22x the host-lengths plan on the five serving batches of
+8-128 sequences of up to 16384-131072 keys, where the plan for L_cap took 1.03-2.67x (the batch with one row of
+131072 keys: 1.04 and 0.99 against 2.38 and 2.67); but 1.21 and 1.67x on B=256 rows of up to 2048 keys, where
+the plan for L_cap took 0.99 and 1.13x; and on equal rows 1.05-1.20x cuDNN's time at B=1 and at 4096 keys,
+1.01x at B=8 and 32 with 32768 keys."""
+
+
+def device_schedule_suits(B: int, L_cap: int, dtype, q_len: int = 1) -> bool:
+    """Whether ``auto`` made without host lengths takes the work list (:data:`DEVICE_SCHEDULE`,
+    WORK_MIN_BATCH, WORK_MIN_L): a batch of 16-bit K/V (an 8-bit cache's work list has not run on a GPU)."""
+    return (bool(DEVICE_SCHEDULE) and B >= WORK_MIN_BATCH and L_cap >= WORK_MIN_L
+            and isinstance(dtype, torch.dtype))
 WORK_SPLITS, WORK_CHUNK_TILES, WORK_WAVES = 32, 4, 2
 """A work-list plan (:mod:`fdlib.worklist`): rows cut into at most WORK_SPLITS pieces (S) of at least
 WORK_CHUNK_TILES tiles (``chunk``); pieces sized by the batch come to about WORK_WAVES programs an SM (the budget
@@ -300,8 +316,8 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if d is not None:
             return d
     q_rows = H_q // H_kv * q_len if q_len > 1 else 1
-    if method == "worklist" or (DEVICE_SCHEDULE and method == "auto" and lengths is None and num_splits is None
-                                and not batch_invariant):
+    if method == "worklist" or (method == "auto" and lengths is None and num_splits is None and not batch_invariant
+                                and device_schedule_suits(B, max_seqlen or L_max, dtype, q_len)):
         L_cap = max(lengths, default=1) if lengths is not None else max_seqlen
         return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, L_cap,
                                  "device lengths" if method == "auto" else "capacity")
