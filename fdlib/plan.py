@@ -28,7 +28,9 @@ The lengths a plan is made for are a performance hint, never a correctness condi
 * ``lengths`` (host ints, e.g. a list or a CPU tensor the serving engine already has): the cost model sees
   the real mix; nothing is read from the GPU.
 * ``max_seqlen``: a bound the caller promises; splits are chosen as if every row were that long.
-* neither: the cache's capacity L_max.
+* neither: the cache's capacity L_max. Where at least two sequences may be long (:func:`device_schedule_suits`)
+  ``auto`` then takes the work list sized by the batch (:mod:`fdlib.worklist`): the schedule is made on the
+  device at every call from the lengths it finds, so the plan needs none.
 
 A row longer than the plan's L_cap is still covered (the last split runs to the row's end; it is only
 slower). Lengths on the device outside 0..L_max are clamped there, so no kernel reads outside the cache,
