@@ -75,15 +75,16 @@ def calibrate(gpu: GPU | None = None, progress: bool = True) -> Calibration:
     """Time the unified kernel at :data:`CALIBRATION_POINTS` (a few seconds) and :func:`fit` BW, ρ, t_launch,
     t_wave, t_merge, t_split; the result is written to the disk cache (:func:`calibration_cached` reads it).
 
-    Each point is one :func:`fdlib.plan` (``method="unified"``, its split count forced) whose
-    :meth:`~fdlib.plan.DecodePlan.run` is timed under CUDA graphs (``triton.testing.do_bench_cudagraph``,
-    median), cycling over enough copies of the KV cache (at least 4·60 MB in all, at most 8) that the L2
-    does not hold the one being read.
+    Each point is one launch of the unified kernel (:func:`fdlib.kernels.unified.run_unified`) at the tiles
+    and the chunk of its forced split count (:func:`~fdlib.kernels.config.tile_config_for`,
+    :func:`~fdlib.kernels.config.chunk_for`: what ``fdlib.plan(..., method="unified", num_splits=s)`` launches,
+    without going through the planner, whose ``auto`` reads this calibration), timed under CUDA graphs
+    (``triton.testing.do_bench_cudagraph``, median), cycling over enough copies of the KV cache (at least
+    4·60 MB in all, at most 8) that the L2 does not hold the one being read.
     """
     import torch
     import triton
 
-    from .plan import plan
     gpu = gpu or resolve(None)
     points = CALIBRATION_POINTS
     D, H_q = 128, 32
@@ -96,23 +97,46 @@ def calibrate(gpu: GPU | None = None, progress: bool = True) -> Calibration:
         except ImportError:
             pass
     for B, H_kv, L, s in it:
-        q = torch.randn(B, H_q, D, device="cuda", dtype=torch.float16)
         copies = max(1, min(8, -(-4 * 60_000_000 // (2 * B * L * H_kv * D * 2))))
-        kv = [(torch.randn(B, L, H_kv, D, device="cuda", dtype=torch.float16),
-               torch.randn(B, L, H_kv, D, device="cuda", dtype=torch.float16)) for _ in range(copies)]
-        p = plan(B, H_q, H_kv, D, L, dtype=torch.float16, device=q.device, method="unified", num_splits=s)
-        state = {"i": 0}
-
-        def fn():
-            k, v = kv[state["i"] % copies]
-            state["i"] += 1
-            p.run(q, k, v)
+        fn, _ = unified_point(B, H_q, H_kv, D, L, s, copies)
+        fn()   # compiled before capture
         t = triton.testing.do_bench_cudagraph(fn, rep=10, return_mode="median") * 1e3
         rows.append((B, H_kv, L, s, t))
-        del kv, p
+        del fn
     cal = fit(rows, gpu, D)
     _save(gpu, cal)
     return cal
+
+
+def unified_point(B: int, H_q: int, H_kv: int, D: int, L: int, s: int, copies: int = 1, device="cuda",
+                  compiled: bool = True):
+    """(fn, (q, kv, out, lse)) of one calibration point: ``fn()`` launches the unified kernel on the next of
+    ``copies`` fp16 KV caches of B rows of L keys at ``s`` splits, with the tiles and chunk the planner gives a
+    forced split count (``compiled``: a GPU's tiles, else the interpreter's), into preallocated outputs and
+    workspace (nothing allocated per call, so it can be captured)."""
+    import torch
+
+    from .kernels.config import chunk_for
+    from .kernels.unified import run_unified
+    q = torch.randn(B, H_q, D, device=device, dtype=torch.float16)
+    kv = [(torch.randn(B, L, H_kv, D, device=device, dtype=torch.float16),
+           torch.randn(B, L, H_kv, D, device=device, dtype=torch.float16)) for _ in range(copies)]
+    cfg = tile_config_for(D, L, compiled_mode=compiled, elem_bytes=2, rows=B * H_kv)
+    chunk, splits = chunk_for(L, s, cfg.BLOCK_N)
+    f32 = dict(dtype=torch.float32, device=device)
+    out, lse = torch.empty_like(q), torch.empty(B, H_q, **f32)
+    parts = (dict(o_part=torch.empty(B, H_q, splits, D, **f32), lse_part=torch.empty(B, H_q, splits, **f32))
+             if splits > 1 else {})
+    ws = dict(parts, counters=torch.zeros(B * H_kv, dtype=torch.int32, device=device),
+              flag=torch.zeros(1, dtype=torch.int32, device=device))
+    lens = torch.full((B,), L, dtype=torch.int32, device=device)
+    state = {"i": 0}
+
+    def fn():
+        k, v = kv[state["i"] % copies]
+        state["i"] += 1
+        run_unified(q, k, v, lens, D ** -0.5, chunk, splits, cfg, out, lse, **ws)
+    return fn, (q, kv, out, lse)
 
 
 def _save(gpu: GPU, cal: Calibration) -> None:

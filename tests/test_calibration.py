@@ -103,6 +103,26 @@ def _fdlib_imports(path: Path) -> set[str]:
 
 def test_only_calibration_measures():
     """No import of the API anywhere in the formulas (a lazy one closed the cycle api -> splits -> costmodel
-    -> api before); the calibration reaches the kernels through the planner only."""
+    -> api before); the calibration times the kernels directly, never through the planner, whose auto reads it
+    (no circle calibration -> plan -> splits -> calibration)."""
     assert _fdlib_imports(ROOT / "fdlib" / "costmodel.py") <= {".gpus", ".kernels.config", ".occupancy", ".calibration"}
-    assert _fdlib_imports(ROOT / "fdlib" / "calibration.py") <= {".costmodel", ".gpus", ".kernels.config", ".plan"}
+    assert _fdlib_imports(ROOT / "fdlib" / "calibration.py") <= {".costmodel", ".gpus", ".kernels.config",
+                                                                 ".kernels.unified"}
+
+
+@pytest.mark.parametrize("s", [1, 3])
+def test_a_calibration_point_launches_what_a_forced_unified_plan_launches(s):
+    """calibrate() times the unified kernel directly (no planner): the same bits as
+    fdlib.plan(method="unified", num_splits=s).run on the same inputs, launch after launch."""
+    import torch
+    import fdlib
+    from fdlib import runtime
+    from fdlib.calibration import unified_point
+    B, H_q, H_kv, D, L = 2, 4, 2, 32, 70
+    fn, (q, kv, out, lse) = unified_point(B, H_q, H_kv, D, L, s, copies=2, device=runtime.DEVICE,
+                                          compiled=not runtime.INTERPRET)
+    p = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float16, device=runtime.DEVICE, method="unified", num_splits=s)
+    for k, v in kv:
+        fn()
+        want, want_lse = p.run(q, k, v, return_lse=True)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
