@@ -81,3 +81,15 @@ def test_the_explorer_leaves_the_notebooks_figures_alone():
         assert matplotlib.get_backend() == "svg" and plt.get_fignums() == figures
     finally:
         matplotlib.use(backend)
+
+
+def test_the_explorer_shows_pieces_sized_by_the_batch():
+    """budget > 0: the explorer draws the list a call planned without lengths runs (fdlib.worklist's balanced
+    mode): one long row among short ones is cut into about its share of the budget, unlike budget 0."""
+    pytest.importorskip("ipywidgets")
+    from fdlib.course.worklist_view import worklist_explorer
+    ex = worklist_explorer(B=8, L=1024, dist="zipf", chunk=16, S=16, N=16, budget=0)
+    by_row = list(ex.items)
+    ex.controls["budget"].value = 8
+    assert ex.items == worklist.work_list(ex.lengths, 16, 16, 16, 8) != by_row
+    assert "budget of 8 items" in ex._fig.texts[0].get_text()

@@ -98,6 +98,8 @@ B_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
 L_OPTIONS = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
 CHUNK_OPTIONS = [16, 32, 64, 128, 256, 512]
 S_OPTIONS = [1, 2, 4, 8, 16]
+BUDGET_OPTIONS = [0, 4, 8, 16, 32, 64]
+"""Items a batch's pieces are sized to (:func:`fdlib.worklist.balanced_chunk`); 0: each row cut by its own length."""
 DISTS = [("constant: every row L", "constant"), ("uniform in [1, 2L]", "uniform"),
          ("Zipf-like: most short, a few long (mean L)", "zipf")]
 
@@ -110,7 +112,7 @@ def _make_class():
         """Sliders (B, mean L, histogram, chunk, S) and the figure of :func:`draw_work_list`; ``lengths`` and
         ``items`` hold what is drawn."""
 
-        def __init__(self, B=8, L=1024, dist="uniform", chunk=64, S=4, N=16, seed=0):
+        def __init__(self, B=8, L=1024, dist="uniform", chunk=64, S=4, N=16, seed=0, budget=0):
             ragged_lengths(dist, 1, 1)               # ValueError naming dist unless it is a histogram
             style, lay = {"description_width": "120px"}, W.Layout(width="380px")
             pick = lambda opts, v: sorted(set(opts) | {v})           # noqa: E731
@@ -125,6 +127,8 @@ def _make_class():
                                            description="chunk (keys)", style=style, layout=lay),
                 "S": W.SelectionSlider(options=pick(S_OPTIONS, S), value=S, description="S (most pieces)",
                                        style=style, layout=lay),
+                "budget": W.SelectionSlider(options=pick(BUDGET_OPTIONS, budget), value=budget,
+                                            description="budget (0: by row)", style=style, layout=lay),
             }
             self.readout = W.HTML()
             self.image = W.Image(format="png", layout=W.Layout(width="800px"))
@@ -139,9 +143,12 @@ def _make_class():
         def update(self):
             c = {k: w.value for k, w in self.controls.items()}
             self.lengths = ragged_lengths(c["dist"], c["B"], c["L"], self.seed)
-            self.items = worklist.work_list(self.lengths, c["chunk"], c["S"], self.N)
+            self.items = worklist.work_list(self.lengths, c["chunk"], c["S"], self.N, c["budget"])
+            cut = (f"pieces sized by the batch: a budget of {c['budget']} items, unit "
+                   f"{worklist.balanced_chunk(self.lengths, c['chunk'], c['budget'], self.N)} keys" if c["budget"]
+                   else "each row cut by its own length")
             draw_work_list(self.lengths, c["chunk"], c["S"], self.N, self.items, fig=self._fig,
-                           title=f"{c['dist']} lengths of mean {c['L']}, B = {c['B']} (the Python model, no device)")
+                           title=f"{c['dist']} lengths of mean {c['L']}, B = {c['B']}; {cut} (the Python model)")
             buf = io.BytesIO()
             self._fig.savefig(buf, format="png")
             self.image.value = buf.getvalue()
@@ -162,7 +169,9 @@ _CLS = None
 
 def worklist_explorer(**defaults):
     """The work-list explorer (an ipywidgets VBox): ``B, L`` (the mean length), ``dist`` (``"constant"``,
-    ``"uniform"`` or ``"zipf"``), ``chunk, S, N, seed``."""
+    ``"uniform"`` or ``"zipf"``), ``chunk, S, N, seed``, and ``budget``: 0, each row cut by its own length (what
+    Lab 06's exercise lists), or the items a batch's pieces are sized to (what a call planned without its lengths
+    runs, :func:`fdlib.worklist.balanced_chunk`)."""
     global _CLS
     if _CLS is None:
         _CLS = _make_class()
