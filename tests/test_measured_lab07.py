@@ -175,8 +175,9 @@ def test_the_invariant_schedules_table_is_the_serving_file():
 def test_what_the_lesson_says_about_the_invariant_work_list_holds():
     """Lab 07: the work list with batch_invariant=True cuts each row by its length alone, max(4, ⌈tiles/32⌉)
     tiles (the invariant kernel's formula's shape, max(1, ⌈tiles/16⌉)), merged in piece order; faster than the
-    invariant kernel in 11 of the 12 (batch, cache) pairs whose rows may reach 8192 keys, 1.58-1.69× on 256 rows of up to 2048
-    keys; batch_invariant=True keeps the invariant kernel. Each number the prose writes is printed by the cell."""
+    invariant kernel in 11 of the 12 (batch, cache) pairs whose rows may reach 8192 keys, 1.58-1.69× on 256 rows
+    of up to 2048 keys; batch_invariant=True keeps the invariant kernel. Each number the prose writes is printed
+    by the cell."""
     import torch
 
     from fdlib import worklist

@@ -260,7 +260,7 @@ def load_serving(path=None) -> Serving:
                    prov["date_utc"][:10])
 
 
-def _cache(layout: str, run: Serving) -> str:
+def cache_name(layout: str, run: Serving) -> str:
     page = {r["page_size"] for k, r in run.records.items() if k[1] == "paged"}
     return f"pages of {page.pop()}" if layout == "paged" and len(page) == 1 else layout
 
@@ -274,7 +274,7 @@ def serving_rows(run: Serving) -> list[list[str]]:
             host = run.records[case, layout, "plan_host"]
             cells = [f"{run.us(case, layout, row):.1f} µs {run.ratio(case, layout, row):.2f}× "
                      f"{run.records[case, layout, row]['pct_ceiling']:.0f}%" for row, _ in SERVING_COLUMNS]
-            rows.append([str(case), _cache(layout, run), f"{host['graph_us']:.1f} µs {host['pct_ceiling']:.0f}%",
+            rows.append([str(case), cache_name(layout, run), f"{host['graph_us']:.1f} µs {host['pct_ceiling']:.0f}%",
                          *cells])
     return rows
 
@@ -289,7 +289,7 @@ def default_suits(run: Serving, case: int) -> bool:
     return device_schedule_suits(c["B"], max(c["lengths"]), torch.bfloat16)
 
 
-def _span(lo_hi) -> str:
+def span_text(lo_hi) -> str:
     lo, hi = lo_hi
     return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}×"
 
@@ -322,12 +322,12 @@ def serving(path=None) -> str:
               for n, c in sorted(run.cases.items())]
     lines += ["", format_rows(serving_rows(run)), "", "× the host-lengths plan, over the two caches:"]
     one, chat, short = f["one_long"], f["chat"], f["short"]
-    lines += [f"  batch {one['case']}, one long row: plan for L_max {_span(one['old'])}, "
-              f"work list {_span(one['worklist'])}",
-              f"  batch {chat['case']}, lognormal lengths: work list {_span(chat['worklist'])}",
+    lines += [f"  batch {one['case']}, one long row: plan for L_max {span_text(one['old'])}, "
+              f"work list {span_text(one['worklist'])}",
+              f"  batch {chat['case']}, lognormal lengths: work list {span_text(chat['worklist'])}",
               f"  batch {short['case']}, {run.cases[short['case']]['name']}: work list "
-              f"{_span(short['worklist'])}, plan for L_max {_span(short['old'])}",
-              f"The work list captured, over the work list called: {_span(f['captured'])} on every batch",
+              f"{span_text(short['worklist'])}, plan for L_max {span_text(short['old'])}",
+              f"The work list captured, over the work list called: {span_text(f['captured'])} on every batch",
               f"The default call takes the work list on batches {', '.join(map(str, f['work_list_batches']))} "
               f"(>= 2 rows, the longest >= {WORK_MIN_L} keys),",
               "  the plan for L_max on the others", ""]
