@@ -172,3 +172,120 @@ def test_a_missing_or_foreign_file_is_named(tmp_path):
         show_measured("ragged", results_dir=tmp_path, show=False)
     with pytest.raises(ValueError, match="unknown kernel"):
         M.schedule_of({"kernel": "naive"})
+
+
+# ------------------------------------------------------------------------- the serving batches (results/h100/worklist)
+def _serving_raw():
+    data = json.loads(M.SERVING.read_text())
+    return data, {(r["case"], r["layout"], r["row"]): r for r in data["records"] if r["status"] == "ok"}
+
+
+def _span(recs, case, row, over="plan_host"):
+    xs = [recs[case, lay, row]["graph_us"] / recs[case, lay, over]["graph_us"] for lay in ("paged", "contiguous")]
+    lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
+    return f"{lo}×" if lo == hi else f"{lo}-{hi}×"
+
+
+def test_the_serving_table_is_what_the_file_holds():
+    """Every cell of M.serving()'s table recomputed from the raw JSON: the host-lengths plan, then the plan for
+    L_max, the work list called and captured, each as µs, × the host plan, % of the ceiling."""
+    data, recs = _serving_raw()
+    text = M.serving()
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 110
+    header = next(i for i, l in enumerate(lines) if l.startswith("#  cache"))
+    assert [c.strip() for c in lines[header].split("  ") if c.strip()] == ["#", "cache", "host lengths",
+                                                                            "plan for L_max", "work list", "captured"]
+    body = lines[header + 2:header + 2 + 2 * len(data["cases"])]
+    i = 0
+    for case in sorted(c["case"] for c in data["cases"]):
+        for lay, cache in (("paged", "pages of 16"), ("contiguous", "contiguous")):
+            host = recs[case, lay, "plan_host"]
+            want = [str(case), cache, f"{host['graph_us']:.1f} µs {host['pct_ceiling']:.0f}%"]
+            for row in ("default", "worklist", "worklist@captured"):
+                r = recs[case, lay, row]
+                want.append(f"{r['graph_us']:.1f} µs {r['graph_us'] / host['graph_us']:.2f}× {r['pct_ceiling']:.0f}%")
+            assert [c.strip() for c in body[i].split("  ") if c.strip()] == want, body[i]
+            i += 1
+    flat = " ".join(text.split())
+    assert f"recorded on {data['provenance']['device']} {data['provenance']['date_utc'][:10]}" in flat
+    assert "results/h100/worklist/serving.json" in flat and f"({data['ceiling']['tbs']:.2f} TB/s" in flat
+
+
+def test_what_the_lesson_says_about_the_serving_batches_holds():
+    """Lab 06's reading of the serving run: each span it writes is the file's, over the two caches, and printed
+    by the cell (M.serving()); the batches it names are the ones the file holds."""
+    from fdlib.plan import WORK_MIN_L, device_schedule_suits
+    data, recs = _serving_raw()
+    cases = {c["case"]: c for c in data["cases"]}
+    one = next(n for n, c in cases.items() if c["law"][0] == "one_long")
+    chat = next(n for n, c in cases.items() if c["law"][0] == "lognormal")
+    short = next(n for n, c in cases.items() if c["B"] == 256 and max(c["lengths"]) <= 2048)
+    assert cases[short]["law"] == ["uniform", 2048]
+    captured = [recs[n, lay, "worklist@captured"]["graph_us"] / recs[n, lay, "worklist"]["graph_us"]
+                for n in cases for lay in ("paged", "contiguous")]
+    cap = f"{min(captured):.2f}-{max(captured):.2f}×"
+    suits = [n for n in sorted(cases) if device_schedule_suits(cases[n]["B"], max(cases[n]["lengths"]),
+                                                               __import__("torch").bfloat16)]
+    assert WORK_MIN_L == 8192 and suits == [1, 2, 3, 4, 5]
+    said = (f"Planned for L_max, the batch with one long row takes {_span(recs, one, 'default')} the host plan's "
+            f"time; the work list {_span(recs, one, 'worklist')}, and captured, {cap} the call: the graph follows "
+            f"the lengths it finds. The work list falls short on many short rows: {_span(recs, chat, 'worklist')} on "
+            f"the lognormal batch, {_span(recs, short, 'worklist')} on 256 rows of up to 2048 keys, where the plan "
+            f"for L_max takes {_span(recs, short, 'default')}. So the default call takes it only where two rows or "
+            f"more may reach {WORK_MIN_L} keys (`fdlib.plan.device_schedule_suits`): batches 1 to 5.")
+    assert said in _lesson(), said
+    printed = " ".join(M.serving().split())
+    for words in (f"batch {one}, one long row: plan for L_max {_span(recs, one, 'default')}, work list "
+                  f"{_span(recs, one, 'worklist')}",
+                  f"batch {chat}, lognormal lengths: work list {_span(recs, chat, 'worklist')}",
+                  f"batch {short}, B=256 32:8, uniform 1..2048: work list {_span(recs, short, 'worklist')}, plan "
+                  f"for L_max {_span(recs, short, 'default')}",
+                  f"over the work list called: {cap} on every batch",
+                  f"takes the work list on batches 1, 2, 3, 4, 5 (>= 2 rows, the longest >= {WORK_MIN_L} keys)"):
+        assert words in printed, words
+    # where the work list falls short, it is short rows: every other batch of the default's is within 1.11x
+    worst = {n: max(recs[n, lay, "worklist"]["graph_us"] / recs[n, lay, "plan_host"]["graph_us"]
+                    for lay in ("paged", "contiguous")) for n in cases}
+    assert sorted(worst, key=worst.get)[-2:] == [chat, short] and worst[one] < 1.05
+
+
+def test_what_section_4_says_about_the_default_calls_schedule_holds():
+    """Section 4: batches of up to 16 sequences need no schedule launch; the default call's pieces are sized by
+    the batch, a unit of section 3's c over a budget of about two programs per SM, rows cut into equal pieces of
+    whole tiles (fdlib.worklist.balanced_chunk, balanced_pieces), and depend on the batchmates."""
+    from fdlib import worklist
+    from fdlib.kernels.worklist import INLINE_BATCH
+    from fdlib.plan import WORK_WAVES, decide
+    import torch
+    text = _lesson()
+    assert "one more small launch" not in text
+    assert ("Before a batch of more than 16 sequences, one small launch reads the lengths and writes the list; up to "
+            "16, none: each attention program lists the few lengths in its registers.") in text
+    assert INLINE_BATCH == 16 and WORK_WAVES == 2
+    assert "P about two programs per SM (`fdlib.worklist.balanced_chunk`)" in text
+    assert "equal pieces of whole tiles (`fdlib.worklist.balanced_pieces`)" in text
+    # the default call (no host lengths) plans the work list sized by the batch, inline up to 16 sequences
+    for B, inline in ((16, True), (17, False)):
+        d = decide(B, 32, 8, 128, 32768, torch.float16)
+        assert d.kernel == "worklist" and d.budget > 0 and bool(d.inline) == inline
+    # the unit is section 3's c (tiles over the budget), at least chunk; equal whole-tile pieces
+    N, chunk, P = 16, 64, 5
+    lens = [700, 90, 0, 300, 300, 1500, 17, 260]
+    tiles = [max(1, -(-L // N)) for L in lens]
+    c = worklist.balanced_chunk(lens, chunk, P, N)
+    assert c == N * max(chunk // N, -(-sum(tiles) // P))
+    for L in lens:
+        keys, n = worklist.balanced_pieces(L, c, 32, N)
+        assert keys % N == 0 and n * keys >= L and (n - 1) * keys < max(L, 1)
+    # sized by the batch, a row's cut follows its batchmates
+    alone = worklist.balanced_pieces(1500, worklist.balanced_chunk([1500], chunk, P, N), 32, N)
+    assert alone != worklist.balanced_pieces(1500, c, 32, N)
+
+
+def test_a_missing_or_foreign_serving_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="serving.json"):
+        M.serving(tmp_path / "serving.json")
+    (tmp_path / "serving.json").write_text(json.dumps({"kind": "ragged"}))
+    with pytest.raises(ValueError, match="expected a --serving run"):
+        M.serving(tmp_path / "serving.json")

@@ -141,3 +141,76 @@ def test_the_window_the_lesson_writes_is_fdlibs():
         assert math.isclose(w.lo, math.log(L) - 125 * math.log(2), rel_tol=1e-12) and w.lo > exact.LN_FLT_MIN
         assert math.isclose(w.hi, exact.LN_FLT_MAX - math.log(L) - math.log(65504), rel_tol=1e-12)
     assert "an underflow only loses a tiny term" not in text
+
+
+# ------------------------------------------ batch_invariant=True: the invariant kernel and the work list (H100)
+def _serving():
+    from fdlib.course.measured import lab06
+    data = json.loads(lab06.SERVING.read_text())
+    return data, {(r["case"], r["layout"], r["row"]): r["graph_us"] for r in data["records"] if r["status"] == "ok"}
+
+
+def test_the_invariant_schedules_table_is_the_serving_file():
+    """Every cell of invariant_schedules() recomputed from the raw JSON of Lab 06's serving run."""
+    data, t = _serving()
+    text = view07.invariant_schedules()
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 110
+    assert [c.strip() for c in lines[0].split("  ") if c.strip()] == ["#", "batch", "cache", "invariant kernel",
+                                                                    "work list, invariant", "work list / kernel"]
+    i = 2
+    for c in sorted(data["cases"], key=lambda c: c["case"]):
+        for lay, cache in (("paged", "pages of 16"), ("contiguous", "contiguous")):
+            host = t[c["case"], lay, "plan_host"]
+            kern, wl = t[c["case"], lay, "invariant"], t[c["case"], lay, "worklist+invariant"]
+            want = [str(c["case"]), c["name"].split(",")[0], cache, f"{kern:.1f} µs {kern / host:.2f}×",
+                    f"{wl:.1f} µs {wl / host:.2f}×", f"{wl / kern:.2f}"]
+            assert [x.strip() for x in lines[i].split("  ") if x.strip()] == want, lines[i]
+            i += 1
+    flat = " ".join(text.split())
+    assert f"recorded on {data['provenance']['device']} {data['provenance']['date_utc'][:10]}" in flat
+    assert "results/h100/worklist/serving.json" in flat
+
+
+def test_what_the_lesson_says_about_the_invariant_work_list_holds():
+    """Lab 07: the work list with batch_invariant=True cuts each row by its length alone, max(4, ⌈tiles/32⌉)
+    tiles (the invariant kernel's formula's shape, max(1, ⌈tiles/16⌉)), merged in piece order; faster than the
+    invariant kernel in 11 of the 12 (batch, cache) pairs whose rows may reach 8192 keys, 1.58-1.69× on 256 rows
+    of up to 2048 keys; batch_invariant=True keeps the invariant kernel. Each number the prose writes is printed
+    by the cell."""
+    import torch
+
+    from fdlib import worklist
+    from fdlib.kernels import invariant
+    from fdlib.plan import WORK_CHUNK_TILES, WORK_MIN_L, WORK_SPLITS, decide
+    text = " ".join(LESSON.read_text(encoding="utf-8").split())
+    assert ("`method=\"worklist\", batch_invariant=True` cuts each row by its own length alone, into at most 32 "
+            "pieces of max(4, ⌈tiles/32⌉) tiles (the shape of the formula above), and merges a row's partials in "
+            "piece order.") in text
+    assert (WORK_SPLITS, WORK_CHUNK_TILES, invariant.CHUNKS, invariant.MIN_TILES) == (32, 4, 16, 1)
+    N = 128
+    for L in (1, 100, 2049, 8192, 32768, 131072):
+        tiles = -(-L // N)
+        assert worklist.piece_keys(L, WORK_CHUNK_TILES * N, WORK_SPLITS, N) == N * max(4, -(-tiles // 32))
+        assert invariant.row_chunks(L, N)[0] == N * max(1, -(-tiles // 16))
+    d = decide(300, 32, 8, 128, 4096, torch.float16, method="worklist", batch_invariant=True)
+    assert d.kernel == "worklist" and d.invariant and d.budget == 0
+    assert decide(300, 32, 8, 128, 4096, torch.float16, batch_invariant=True).kernel == "invariant"
+
+    data, t = _serving()
+    cases = {c["case"]: c for c in data["cases"]}
+    over = {(n, lay): t[n, lay, "worklist+invariant"] / t[n, lay, "invariant"] for n in cases
+            for lay in ("paged", "contiguous")}
+    long_ = [k for k in over if max(cases[k[0]]["lengths"]) >= WORK_MIN_L]
+    short = [n for n, c in cases.items() if c["B"] == 256 and c["law"] == ["uniform", 2048]]
+    assert len(short) == 1 and {k[0] for k in over} - {k[0] for k in long_} == set(short)
+    xs = [over[short[0], lay] for lay in ("paged", "contiguous")]
+    span = f"{min(xs):.2f}-{max(xs):.2f}×"
+    faster = sum(over[k] < 1 for k in long_)
+    said = (f"On the batches whose rows may reach {WORK_MIN_L} keys, the work list is faster than the invariant "
+            f"kernel in {faster} of {len(long_)} (two caches each), but takes {span} its time on 256 rows of up to "
+            f"2048 keys: `batch_invariant=True` keeps the invariant kernel.")
+    assert said in text, said
+    printed = " ".join(view07.invariant_schedules().split())
+    assert f"two caches each: the work list faster in {faster} of {len(long_)}," in printed
+    assert f"Batch {short[0]}, B=256 32:8, uniform 1..2048: the work list {span} the kernel's time" in printed

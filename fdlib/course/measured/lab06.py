@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import Shown, gmean, skipped_reason, view
+from . import RESULTS, Shown, gmean, skipped_reason, view
 
 CONTIGUOUS = "ragged-fp16-auto.json"
 PAGED = "ragged-fp16-page16-auto.json"
@@ -126,7 +126,7 @@ def schedule_rows(grids) -> list[list[str]]:
 def schedules(results_dir=None) -> str:
     """The schedules ``auto`` ran in the view's two runs, by side of the :data:`LARGE_MB` line, as printed text
     (:func:`schedule_rows`)."""
-    from . import RESULTS, format_rows
+    from . import format_rows
     d = Path(results_dir if results_dir is not None else RESULTS)
     return format_rows(schedule_rows([load_grid(d / CONTIGUOUS), load_grid(d / PAGED)]))
 
@@ -137,7 +137,7 @@ def recorded_makespans(results_dir=None, name: str = TIMELINE) -> dict:
     import statistics
 
     from ..timeline import load_recorded
-    from . import RESULTS, shown_path
+    from . import shown_path
     path = Path(results_dir if results_dir is not None else RESULTS) / name
     tls = load_recorded(path)
     out = {tl.info["method"]: statistics.median(tl.info["makespans_us"]) for tl in tls}
@@ -207,3 +207,134 @@ def ragged(results_dir) -> Shown:
         f"% ceiling: the geometric mean over a row's batches of (K/V bytes / time) / read ceiling; >= {TARGET_PCT}%: "
         f"how many of its batches of at least {LARGE_MB} MB read {TARGET_PCT}% of the ceiling or more.")
     return Shown(fig, table_rows(grids), caption, [f"results/h200/{CONTIGUOUS}", f"results/h200/{PAGED}"])
+
+
+# ------------------------------------------------------------------------------------ the serving batches, on an H100
+SERVING = RESULTS.parent / "h100" / "worklist" / "serving.json"
+"""``python -m fdlib.bench --serving --methods worklist,worklist@captured,worklist+invariant,invariant`` on an H100:
+seven serving batches (bf16, D = 128), pages of 16 (shuffled) and a contiguous cache, CUDA-graph times, the read
+ceiling measured in the same run. Its rows (a record's ``row``): ``plan_host`` (planned from the host lengths),
+``default`` (planned without them, every row for L_max: :data:`fdlib.plan.DEVICE_SCHEDULE` off), ``captured``
+(that plan captured in a graph before the lengths are known), ``worklist`` (``method="worklist"``, the pieces
+sized by the batch), ``worklist@captured``, ``worklist+invariant`` (``method="worklist", batch_invariant=True``:
+pieces by each row alone) and ``invariant`` (``batch_invariant=True``: the invariant kernel)."""
+SERVING_COLUMNS = (("default", "plan for L_max"), ("worklist", "work list"), ("worklist@captured", "captured"))
+"""The serving table's columns after the host-lengths plan: (row, heading)."""
+CACHES = ("paged", "contiguous")
+
+
+@dataclass
+class Serving:
+    """One ``--serving`` run: its records by (case, layout, row), the cases by number, ceiling and provenance."""
+    path: Path
+    records: dict
+    cases: dict
+    ceiling_tbs: float
+    device: str
+    date: str
+
+    def us(self, case: int, layout: str, row: str) -> float:
+        return self.records[case, layout, row]["graph_us"]
+
+    def ratio(self, case: int, layout: str, row: str) -> float:
+        """time(row) / time(the host-lengths plan) on one batch and cache."""
+        return self.us(case, layout, row) / self.us(case, layout, "plan_host")
+
+    def span(self, case: int, row: str, over: str = "plan_host") -> tuple[float, float]:
+        """(least, most) of time(row) / time(over) over the two caches."""
+        xs = [self.us(case, lay, row) / self.us(case, lay, over) for lay in CACHES]
+        return min(xs), max(xs)
+
+
+def load_serving(path=None) -> Serving:
+    """The records of a ``--serving`` run (status ok, a CUDA-graph time), or a named error."""
+    path = Path(path if path is not None else SERVING)
+    if not path.exists():
+        raise FileNotFoundError(f"path: expected the recorded serving run {path.name} in {path.parent}, found none")
+    data = json.loads(path.read_text())
+    if data.get("kind") != "serving":
+        raise ValueError(f"{path.name}: expected a --serving run (kind 'serving'), got kind {data.get('kind')!r}")
+    recs = {(r["case"], r["layout"], r["row"]): r for r in data["records"] if r["status"] == "ok" and r.get("graph_us")}
+    prov = data["provenance"]
+    return Serving(path, recs, {c["case"]: c for c in data["cases"]}, float(data["ceiling"]["tbs"]), prov["device"],
+                   prov["date_utc"][:10])
+
+
+def cache_name(layout: str, run: Serving) -> str:
+    page = {r["page_size"] for k, r in run.records.items() if k[1] == "paged"}
+    return f"pages of {page.pop()}" if layout == "paged" and len(page) == 1 else layout
+
+
+def serving_rows(run: Serving) -> list[list[str]]:
+    """Header, then per batch and cache: the host-lengths plan (µs, % of the ceiling), then each of
+    :data:`SERVING_COLUMNS` as µs, × the host-lengths plan, % of the ceiling."""
+    rows = [["#", "cache", "host lengths", *(h for _, h in SERVING_COLUMNS)]]
+    for case in sorted(run.cases):
+        for layout in CACHES:
+            host = run.records[case, layout, "plan_host"]
+            cells = [f"{run.us(case, layout, row):.1f} µs {run.ratio(case, layout, row):.2f}× "
+                     f"{run.records[case, layout, row]['pct_ceiling']:.0f}%" for row, _ in SERVING_COLUMNS]
+            rows.append([str(case), cache_name(layout, run), f"{host['graph_us']:.1f} µs {host['pct_ceiling']:.0f}%",
+                         *cells])
+    return rows
+
+
+def default_suits(run: Serving, case: int) -> bool:
+    """Whether the default call, planned without host lengths, takes the work list on a batch
+    (:func:`fdlib.plan.device_schedule_suits` for its B and longest row, bf16 as the run)."""
+    import torch
+
+    from ...plan import device_schedule_suits
+    c = run.cases[case]
+    return device_schedule_suits(c["B"], max(c["lengths"]), torch.bfloat16)
+
+
+def span_text(lo_hi) -> str:
+    lo, hi = lo_hi
+    return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}×"
+
+
+def serving_findings(run: Serving) -> dict:
+    """The batches the lesson reads, found by their lengths, and the spans it quotes (least-most over the two
+    caches, × the host-lengths plan): ``one_long`` (one row far longer than the rest), ``chat`` (lognormal
+    lengths), ``short`` (many rows, none of WORK_MIN_L keys); ``captured``: the captured work list over the called
+    one, on every batch and cache."""
+    by_law = {c["law"][0]: n for n, c in run.cases.items()}
+    short = max((n for n, c in run.cases.items() if not default_suits(run, n)), key=lambda n: run.cases[n]["B"])
+    found = {"one_long": by_law["one_long"], "chat": by_law["lognormal"], "short": short}
+    out = {name: {"case": n, "old": run.span(n, "default"), "worklist": run.span(n, "worklist")}
+           for name, n in found.items()}
+    caps = [run.us(n, lay, "worklist@captured") / run.us(n, lay, "worklist") for n in run.cases for lay in CACHES]
+    out["captured"] = (min(caps), max(caps))
+    out["work_list_batches"] = [n for n in sorted(run.cases) if default_suits(run, n)]
+    return out
+
+
+def serving(path=None) -> str:
+    """The serving batches as printed text: the batches, the table (:func:`serving_rows`), what the lesson reads
+    from it (:func:`serving_findings`), and a caption naming the file."""
+    from . import format_rows, shown_path, wrap_caption
+    from ...plan import WORK_MIN_L
+    run = load_serving(path)
+    f = serving_findings(run)
+    lines = ["The batches (bf16, D = 128):"]
+    lines += [f"  {n}  {c['name']}, {run.records[n, 'paged', 'plan_host']['kv_mb']:.0f} MB of K and V"
+              for n, c in sorted(run.cases.items())]
+    lines += ["", format_rows(serving_rows(run)), "", "× the host-lengths plan, over the two caches:"]
+    one, chat, short = f["one_long"], f["chat"], f["short"]
+    lines += [f"  batch {one['case']}, one long row: plan for L_max {span_text(one['old'])}, "
+              f"work list {span_text(one['worklist'])}",
+              f"  batch {chat['case']}, lognormal lengths: work list {span_text(chat['worklist'])}",
+              f"  batch {short['case']}, {run.cases[short['case']]['name']}: work list "
+              f"{span_text(short['worklist'])}, plan for L_max {span_text(short['old'])}",
+              f"The work list captured, over the work list called: {span_text(f['captured'])} on every batch",
+              f"The default call takes the work list on batches {', '.join(map(str, f['work_list_batches']))} "
+              f"(>= 2 rows, the longest >= {WORK_MIN_L} keys),",
+              "  the plan for L_max on the others", ""]
+    lines.append(wrap_caption(
+        f"{shown_path(run.path)}, recorded on {run.device} {run.date}: CUDA-graph times (µs), × the host-lengths "
+        f"plan's, % of the read ceiling ({run.ceiling_tbs:.2f} TB/s, measured in the same run). host lengths: "
+        f"planned from the lengths on the host; plan for L_max: planned without them, every row for the longest; "
+        f"work list: method=\"worklist\", the lengths on the device; captured: the same, captured in a CUDA graph "
+        f"before the lengths are known and replayed with them."))
+    return "\n".join(lines)

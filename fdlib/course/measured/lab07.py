@@ -124,3 +124,42 @@ def exact(results_dir: Path) -> Shown:
         f"pass 1 alone on {sum(r['pass1'] < 1 for r in rows)}, most on {_shape(fast1['shape'])} "
         f"({fast1['pass1']:.3f}); the most rows recomputed in any call: {max(r['recompute'] for r in rows):.0%}.")
     return Shown(fig, table, caption, [inv_path, um_path])
+
+
+# ------------------------------------------------------------- batch_invariant=True: two schedules, on an H100
+INVARIANT_ROWS = (("invariant", "invariant kernel"), ("worklist+invariant", "work list, invariant"))
+"""The two batch-invariant rows of Lab 06's serving run (:data:`fdlib.course.measured.lab06.SERVING`): (row,
+heading). ``invariant``: ``batch_invariant=True`` (the invariant kernel); ``worklist+invariant``:
+``method="worklist", batch_invariant=True`` (pieces by each row's length alone)."""
+
+
+def invariant_schedules(path=None) -> str:
+    """The two batch-invariant schedules on Lab 06's serving batches, as printed text: per batch and cache, each
+    one's µs and × the host-lengths plan, and the work list's time over the invariant kernel's; then how many
+    batches of long rows (a row that may reach :data:`fdlib.plan.WORK_MIN_L` keys) the work list is faster on, and
+    its span on the others; a caption naming the file."""
+    from . import format_rows, wrap_caption
+    from .lab06 import CACHES, cache_name, load_serving, span_text
+    from ...plan import WORK_MIN_L
+    run = load_serving(path)
+    rows = [["#", "batch", "cache", *(h for _, h in INVARIANT_ROWS), "work list / kernel"]]
+    over = {}
+    for case, c in sorted(run.cases.items()):
+        for layout in CACHES:
+            over[case, layout] = run.us(case, layout, "worklist+invariant") / run.us(case, layout, "invariant")
+            rows.append([str(case), c["name"].split(",")[0], cache_name(layout, run),
+                         *(f"{run.us(case, layout, r):.1f} µs {run.ratio(case, layout, r):.2f}×"
+                           for r, _ in INVARIANT_ROWS), f"{over[case, layout]:.2f}"])
+    long_ = [k for k in over if max(run.cases[k[0]]["lengths"]) >= WORK_MIN_L]
+    short = sorted({k[0] for k in over} - {k[0] for k in long_})
+    faster = [k for k in long_ if over[k] < 1]
+    lines = [format_rows(rows), "",
+             f"Batches whose rows may reach {WORK_MIN_L} keys, two caches each: the work list faster in "
+             f"{len(faster)} of {len(long_)},",
+             f"  {min(over[k] for k in long_):.2f}-{max(over[k] for k in long_):.2f}× the kernel's time"]
+    lines += [f"Batch {n}, {run.cases[n]['name']}: the work list "
+              f"{span_text(run.span(n, 'worklist+invariant', 'invariant'))} the kernel's time" for n in short]
+    lines += ["", wrap_caption(
+        f"{shown_path(run.path)} (Lab 06's serving batches, bf16, D = 128), recorded on {run.device} {run.date}: "
+        f"CUDA-graph times, × the time of the plan made from the host lengths.")]
+    return "\n".join(lines)
