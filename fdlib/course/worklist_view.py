@@ -144,13 +144,13 @@ def _make_class():
             c = {k: w.value for k, w in self.controls.items()}
             self.lengths = ragged_lengths(c["dist"], c["B"], c["L"], self.seed)
             self.items = worklist.work_list(self.lengths, c["chunk"], c["S"], self.N, c["budget"])
-            cut = (f"pieces sized by the batch: a budget of {c['budget']} items, unit "
+            cut = (f"sized by the batch: a budget of {c['budget']} items, unit "
                    f"{worklist.balanced_chunk(self.lengths, c['chunk'], c['budget'], self.N)} keys" if c["budget"]
                    else "each row cut by its own length")
             draw_work_list(self.lengths, c["chunk"], c["S"], self.N, self.items, fig=self._fig,
-                           title=f"{c['dist']} lengths of mean {c['L']}, B = {c['B']}; {cut} (the Python model)")
+                           title=f"{c['dist']}, mean {c['L']}, B = {c['B']}; {cut}")
             buf = io.BytesIO()
-            self._fig.savefig(buf, format="png")
+            self._fig.savefig(buf, format="png", bbox_inches="tight")   # the legend and labels outside the axes too
             self.image.value = buf.getvalue()
             pieces = [sum(1 for it in self.items if it.b == b) for b in range(len(self.lengths))]
             keys = [it.end - it.start for it in self.items]
