@@ -5,7 +5,8 @@
 A method is a plan method (``auto``, ``streamk``, ``balanced``, ``unified``, ``split``, ``persistent``), or
 ``streamk@NxWxS`` / ``persistent@NxWxS``: that kernel with BLOCK_N = N keys, W warps and S pipeline stages in place
 of :func:`fdlib.kernels.config.persistent_config`'s, ``balanced@NxWxS`` / ``unified@NxWxS`` / ``split@NxWxS`` /
-``auto@NxWxS``: the same in place of the plan's :func:`fdlib.kernels.config.tile_config` (auto's one-wave tiles
+``auto@NxWxS``: the same in place of the plan's :func:`fdlib.kernels.config.tile_config` (``worklist@NxWxS``: of
+its :func:`~fdlib.kernels.config.tile_config_for`) (auto's one-wave tiles
 then off: :func:`grid_tiles`), or ``streamk+NAME=VALUE``: the stream-K
 kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW, MIN_BLOCK_B or MAX_REGISTERS,
 :mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM, or :mod:`fdlib.plan`'s
@@ -76,8 +77,11 @@ def grid_tiles(tiles, method: str = "auto"):
     restored on the way out."""
     plan_module = sys.modules["fdlib.plan"]          # the module (fdlib.plan is the function)
     saved = plan_module.tile_config, plan_module.one_wave_suits, plan_module.persistent_config
+    saved_for = plan_module.tile_config_for
     if tiles is not None and method in ROW_WALKERS:
         plan_module.persistent_config = lambda *a, **k: tiles
+    elif tiles is not None and method == "worklist":   # its tiles come from tile_config_for (worklist_decision)
+        plan_module.tile_config_for = lambda *a, **k: tiles
     elif tiles is not None:
         plan_module.tile_config = lambda *a, **k: tiles
         plan_module.one_wave_suits = lambda *a, **k: False
@@ -85,6 +89,7 @@ def grid_tiles(tiles, method: str = "auto"):
         yield
     finally:
         plan_module.tile_config, plan_module.one_wave_suits, plan_module.persistent_config = saved
+        plan_module.tile_config_for = saved_for
 
 
 @contextlib.contextmanager
