@@ -227,11 +227,14 @@ def worklist_decision(B: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int 
                       basis: str = "capacity") -> Decision:
     r"""The work-list plan (:mod:`fdlib.worklist`, :mod:`fdlib.kernels.worklist`): S = ``num_splits`` (default
     WORK_SPLITS) pieces a row at most, of at least ``chunk`` = WORK_CHUNK_TILES · BLOCK_N keys; the schedule is
-    made on the device at every call from the lengths it finds, so the plan needs none. Its tiles depend on
+    made on the device at every call from the lengths it finds, so the plan needs none. Rows are cut into pieces
+    sized by the batch (the decision's ``budget``: ⌈WORK_WAVES · SMs / H_kv⌉ items, :func:`fdlib.worklist.balanced_chunk`),
+    or with ``invariant`` (``batch_invariant=True``) by each row's own length alone (budget 0). Its tiles depend on
     D, the dtype, the query rows and (unless ``invariant``) whether the cache is paged, never on B or L_max: with
-    ``invariant`` (``batch_invariant=True``) they are those of :func:`invariant_decision`, the same over pages
-    and contiguous caches, so a sequence's out and lse are the same bits whatever its batchmates, the batch
-    size, its place in the batch and the layout."""
+    ``invariant`` they are those of :func:`invariant_decision`, the same over pages and contiguous caches, so a
+    sequence's out and lse are the same bits whatever its batchmates, the batch size, its place in the batch and
+    the layout. Batches of at most INLINE_BATCH sequences are listed in the attention kernel's registers
+    (``inline``), with no schedule launch."""
     S = WORK_SPLITS if num_splits is None else min(int(num_splits), MAX_SPLITS)
     tile = tile_config_for(D, 1 << 30, compiled_mode=not runtime.INTERPRET, elem_bytes=dtype.itemsize,
                            rows=1 << 30, q_rows=q_rows, paged=0 if invariant else paged)
