@@ -286,3 +286,16 @@ def test_the_default_call_with_device_lengths_runs_the_work_list_vs_float64():
     assert api.plan_for(q, k, v, L).kernel == "worklist"
     out, lse = fdlib.decode_attention(q, k, v, L, return_lse=True)
     assert_attention_close(out, lse, q, k, v, L, what="default call, work list")
+
+
+@given(st.lists(st.integers(0, 96), min_size=1, max_size=24), st.integers(1, 6), st.booleans())
+@hyp_settings(12)
+def test_the_device_list_is_the_models_for_random_batches(lens, S, invariant):
+    """Random ragged batches (both sides of the in-register limit of 16 rows), pieces sized by the batch or by each
+    row alone: the list the kernels write equals the model's, and every row's output matches float64."""
+    q, k, v, L = rand_problem(lens, 2, 1, 16, seed=len(lens), L_max=96)
+    p = fdlib.plan(len(lens), 2, 1, 16, 96, dtype=torch.float32, device=DEVICE, method="worklist", num_splits=S,
+                   batch_invariant=invariant)
+    out, lse = p.run(q, k, v, L, return_lse=True)
+    assert listed(p) == expected(p, lens)
+    assert_attention_close(out, lse, q, k, v, L, what=f"worklist S={S} invariant={invariant} {lens}")
