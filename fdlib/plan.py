@@ -505,9 +505,12 @@ class DecodePlan:
                     f"B={self.B}, H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, "
                     f"{str(self.dtype)[6:]} on {self.device}; workspace {self.workspace.nbytes()} bytes")
         if d.kernel == "worklist":
-            inv = "batch-invariant, " if d.invariant else ""
-            return (f"DecodePlan: worklist kernel ({inv}each row cut by its own length into <= {d.splits} pieces of "
-                    f">= {d.chunk} keys, listed longest first on the device at every call){tile}; B={self.B}, "
+            cut = (f"batch-invariant, each row cut by its own length into <= {d.splits} pieces of >= {d.chunk} keys"
+                   if not d.budget else f"rows cut into <= {d.splits} equal pieces sized by the batch (a budget of "
+                   f"{d.budget} items, pieces of >= {d.chunk} keys)")
+            listed = "in each program's registers" if d.inline else "by a schedule kernel"
+            return (f"DecodePlan: worklist kernel ({cut}, listed longest first {listed} at every call){tile}; "
+                    f"B={self.B}, "
                     f"H_q={self.H_q}, H_kv={self.H_kv}, D={self.D}, L_max={self.L_max}{paged}, "
                     f"{str(self.dtype)[6:]} on {self.device}; workspace {self.workspace.nbytes()} bytes")
         if d.invariant:
