@@ -7,9 +7,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD FDLIB_DEVICE_SCHEDULE=1
-R="$OUT/def"; mkdir -p "$R"
-pack() { tar czf "$OUT/def.tgz.tmp" -C "$OUT" def && mv "$OUT/def.tgz.tmp" "$OUT/def.tgz"; }
-provenance "$R/gpu.txt"
+start_run "$OUT" def
 timeout 120 python -m fdlib.bench --serving --warmup 10 --rep 30 --graph-rep 10 \
   --budget-s 100 --out "$R" --name serving > "$R/serving.log" 2> "$R/serving.err"
 echo "bench rc=$?" >> "$R/serving.log"; sed -n '/## Summary/,/## Every row/p' "$R/serving.log" | head -30; pack

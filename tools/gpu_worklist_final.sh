@@ -9,9 +9,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD FDLIB_DEVICE_SCHEDULE=0
-R="$OUT/fin"; mkdir -p "$R"
-pack() { tar czf "$OUT/fin.tgz.tmp" -C "$OUT" fin && mv "$OUT/fin.tgz.tmp" "$OUT/fin.tgz"; }
-provenance "$R/gpu.txt"
+start_run "$OUT" fin
 timeout 100 python -m pytest tests/test_worklist.py -q -rs -x -p no:cacheprovider > "$R/gpu-tests.txt" 2>&1
 echo "pytest rc=$?" >> "$R/gpu-tests.txt"; tail -3 "$R/gpu-tests.txt"; pack
 timeout 230 python -m fdlib.bench --serving --methods worklist,worklist@captured,worklist+invariant,invariant \

@@ -9,9 +9,7 @@ source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 bash tools/gpu_default_run.sh "$OUT"
-R="$OUT/next"; mkdir -p "$R"
-pack() { tar czf "$OUT/next.tgz.tmp" -C "$OUT" next && mv "$OUT/next.tgz.tmp" "$OUT/next.tgz"; }
-provenance "$R/gpu.txt"
+start_run "$OUT" next
 timeout 200 python tools/ab_ragged.py "$R/ab-short-rows.json" \
   --methods "auto,auto+device,worklist,worklist@64x4x3,worklist@64x4x2,worklist@32x4x3" \
   --cases "256:32:8:uniform:1024:0,256:32:8:uniform:1024:16,128:32:8:zipf:2048:0,128:32:8:zipf:2048:16,32:32:8:uniform:16384:0,32:32:8:constant:8192:0" \

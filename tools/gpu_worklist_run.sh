@@ -10,9 +10,7 @@ OUT=${1:?output folder}
 METHODS=${2:-auto,auto+device,worklist,worklist#32,worklist#64,worklist+WORK_CHUNK_TILES=8,worklist#32+WORK_CHUNK_TILES=8}
 CASES=${3:-32:32:8:uniform:16384:16,8:32:8:onelong:131072:16,128:32:8:zipf:2048:16,256:32:8:uniform:1024:16,1:32:8:constant:131072:16,48:64:8:uniform:8192:16,32:32:8:uniform:16384:0,8:32:8:onelong:131072:0,32:32:8:constant:8192:0,1:32:8:constant:8192:0}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-R="$OUT/wl"; mkdir -p "$R"
-pack() { tar czf "$OUT/wl.tgz.tmp" -C "$OUT" wl && mv "$OUT/wl.tgz.tmp" "$OUT/wl.tgz"; }
-provenance "$R/gpu.txt"
+start_run "$OUT" wl
 timeout 80 python -m pytest tests/test_worklist.py tests/test_invariance.py tests/test_longest_first.py -q -rs -x \
   -p no:cacheprovider > "$R/gpu-tests.txt" 2>&1; echo "pytest rc=$?" >> "$R/gpu-tests.txt"
 tail -4 "$R/gpu-tests.txt"
