@@ -16,8 +16,8 @@ from helpers import cell_function
 
 NAME = "lab06.work_list"
 
-OK, DROP_EMPTY, DROP_LAST, TWICE, SHORTEST_FIRST, TIES, COUNT, ROUND_ROBIN, BATCH_ORDER, NO_CAP, J_REVERSED = \
-    (tl.constexpr(i) for i in range(11))
+OK, DROP_EMPTY, DROP_LAST, TWICE, SHORTEST_FIRST, TIES, COUNT, ROUND_ROBIN, BATCH_ORDER, NO_CAP, J_REVERSED, \
+    PADDING, FIRST_AXIS = (tl.constexpr(i) for i in range(13))
 
 
 @triton.jit
@@ -36,6 +36,8 @@ def _list(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     if MISTAKE == NO_CAP:
         c = chunk // BLOCK_N + 0 * tiles                          # no cap of S pieces
     n = tl.where(live, tl.cdiv(tiles, c), 0)
+    if MISTAKE == PADDING:
+        n = tl.cdiv(tiles, c)                                     # the padding rows >= B get a piece each
     longer = L[None, :] > L[:, None]
     if MISTAKE == SHORTEST_FIRST:
         longer = L[None, :] < L[:, None]
@@ -46,6 +48,8 @@ def _list(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     if MISTAKE == BATCH_ORDER:
         before = lower                                            # no sort
     first = tl.sum(tl.where(before, n[None, :], 0), axis=1)
+    if MISTAKE == FIRST_AXIS:
+        first = tl.sum(tl.where(before, n[None, :], 0), axis=0)   # summed along the wrong axis
     total = tl.sum(n, axis=0)
     if MISTAKE == COUNT:
         total = tl.sum(live.to(tl.int32), axis=0)                 # rows, not items
@@ -59,7 +63,10 @@ def _list(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
             at = first + n - 1 - j
         if MISTAKE == ROUND_ROBIN:                                # piece 0 of every row, then piece 1, ...
             at = tl.sum(tl.minimum(n, j), axis=0) + tl.sum(tl.where(before & (n[None, :] > j), 1, 0), axis=1)
-        tl.store(OUT + 1 + at, rows * S + j, mask=(j < n) & live)
+        keep = (j < n) & live
+        if MISTAKE == PADDING:
+            keep = j < n
+        tl.store(OUT + 1 + at, rows * S + j, mask=keep)
 
 
 # one kernel a mistake (a Triton kernel cannot close over a Python variable)
@@ -119,6 +126,16 @@ def _j_reversed(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.const
 
 
 @triton.jit
+def _padding(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, PADDING)
+
+
+@triton.jit
+def _first_axis(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    _list(LENS, OUT, B, chunk, S, BLOCK_N, BLOCK_B, FIRST_AXIS)
+
+
+@triton.jit
 def _rows_one_by_one(LENS, OUT, B, chunk, S, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
     """Correct, written differently: a loop over the rows, each one's place counted from the others' lengths."""
     rows = tl.arange(0, BLOCK_B)
@@ -152,6 +169,8 @@ WRONG = {
     "rows in batch order": (_batch_order, "longest first"),
     "pieces of chunk keys, no cap of S": (_no_cap, "more than S = 4 pieces"),
     "a row's pieces in reverse": (_j_reversed, "a row's pieces go j = 0, 1"),
+    "the padding rows (>= B) cut into pieces": (_padding, "the padding rows"),
+    "first summed along the wrong axis": (_first_axis, "stored at the wrong place"),
     "no @triton.jit": (_plain_python, "expected a @triton.jit function"),
 }
 

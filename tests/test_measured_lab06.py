@@ -231,20 +231,24 @@ def test_what_the_lesson_says_about_the_serving_batches_holds():
     said = (f"Planned for L_max, the batch with one long row takes {_span(recs, one, 'default')} the host plan's "
             f"time; the work list {_span(recs, one, 'worklist')}, and captured, {cap} the call: the graph follows "
             f"the lengths it finds. The work list falls short on many short rows: {_span(recs, chat, 'worklist')} on "
-            f"the lognormal batch, {_span(recs, short, 'worklist')} on 256 rows of up to 2048 keys, where the plan "
-            f"for L_max takes {_span(recs, short, 'default')}. So the default call takes it only where two rows or "
-            f"more may reach {WORK_MIN_L} keys (`fdlib.plan.device_schedule_suits`): batches 1 to 5.")
+            f"the lognormal batch (the plan for L_max: {_span(recs, chat, 'default')}), "
+            f"{_span(recs, short, 'worklist')} on 256 rows of up to 2048 keys (the plan for L_max: "
+            f"{_span(recs, short, 'default')}). So a call without the lengths takes the work list only where B ≥ 2 "
+            f"and L_max ≥ {WORK_MIN_L} (`fdlib.plan.device_schedule_suits`): batches 1 to 5.")
     assert said in _lesson(), said
     printed = " ".join(M.serving().split())
     for words in (f"batch {one}, one long row: plan for L_max {_span(recs, one, 'default')}, work list "
                   f"{_span(recs, one, 'worklist')}",
-                  f"batch {chat}, lognormal lengths: work list {_span(recs, chat, 'worklist')}",
+                  f"batch {chat}, lognormal lengths: work list {_span(recs, chat, 'worklist')}, plan for L_max "
+                  f"{_span(recs, chat, 'default')}",
                   f"batch {short}, B=256 32:8, uniform 1..2048: work list {_span(recs, short, 'worklist')}, plan "
                   f"for L_max {_span(recs, short, 'default')}",
                   f"over the work list called: {cap} on every batch",
                   f"takes the work list on batches 1, 2, 3, 4, 5 (>= 2 rows, the longest >= {WORK_MIN_L} keys)"):
         assert words in printed, words
     # where the work list falls short, it is short rows: every other batch of the default's is within 1.11x
+    for lay in ("paged", "contiguous"):
+        assert recs[chat, lay, "default"]["graph_us"] > recs[chat, lay, "worklist"]["graph_us"], lay
     worst = {n: max(recs[n, lay, "worklist"]["graph_us"] / recs[n, lay, "plan_host"]["graph_us"]
                     for lay in ("paged", "contiguous")) for n in cases}
     assert sorted(worst, key=worst.get)[-2:] == [chat, short] and worst[one] < 1.05
@@ -289,3 +293,21 @@ def test_a_missing_or_foreign_serving_file_is_named(tmp_path):
     (tmp_path / "serving.json").write_text(json.dumps({"kind": "ragged"}))
     with pytest.raises(ValueError, match="expected a --serving run"):
         M.serving(tmp_path / "serving.json")
+
+
+def test_what_section_4_says_about_its_work_list_figure_holds():
+    """Section 4 reads its batch's cut in these words; the cell prints c(L) and n(L) of each row from fdlib.worklist."""
+    from fdlib import worklist
+    lens, chunk, S, N = [700, 90, 0, 300, 300, 1500, 17, 260], 64, 4, 16
+    assert f"wl_lengths, CHUNK, S, BLOCK_N = {lens}, {chunk}, {S}, {N}" in LESSON.read_text(encoding="utf-8")
+    cut = {b: (worklist.piece_keys(L, chunk, S, N) // N, worklist.pieces(L, chunk, S, N)) for b, L in enumerate(lens)}
+    assert [b for b, L in enumerate(lens) if L <= chunk] == [2, 6] and all(cut[b][1] == 1 for b in (2, 6))
+    assert lens[1] == 90 and cut[1] == (4, 2)
+    assert all(cut[b][1] == S for b, L in enumerate(lens) if L > chunk * S)
+    assert lens[3] == lens[4] == 300 and cut[3] == cut[4] == (5, 4) and lens[5] == max(lens) == 1500 and cut[5] == (24, 4)
+    said = ("rows of up to chunk = 64 keys stay whole; row 1's 90 keys become 2 pieces of 4 tiles; rows longer than "
+            "chunk·S = 256 keys become S = 4 pieces, of c(L) = 5 tiles at 300 keys (rows 3, 4), 24 at 1500 (row 5). "
+            "Right, the items in launch order: row 5's first, the empty row (a cross) last.")
+    assert said in _lesson(), said
+    items = worklist.work_list(lens, chunk, S, N)
+    assert items[0].b == 5 and items[-1].b == 2 and lens[2] == 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 
 from .. import worklist
+from .explorer import DIST_OPTIONS as DISTS
 from .explorer_model import ragged_lengths
 from .timeline import SEQUENCE_COLORS
 
@@ -100,8 +101,6 @@ CHUNK_OPTIONS = [16, 32, 64, 128, 256, 512]
 S_OPTIONS = [1, 2, 4, 8, 16]
 BUDGET_OPTIONS = [0, 4, 8, 16, 32, 64]
 """Items a batch's pieces are sized to (:func:`fdlib.worklist.balanced_chunk`); 0: each row cut by its own length."""
-DISTS = [("constant: every row L", "constant"), ("uniform in [1, 2L]", "uniform"),
-         ("Zipf-like: most short, a few long (mean L)", "zipf")]
 
 
 def _make_class():
@@ -114,7 +113,7 @@ def _make_class():
 
         def __init__(self, B=8, L=1024, dist="uniform", chunk=64, S=4, N=16, seed=0, budget=0):
             ragged_lengths(dist, 1, 1)               # ValueError naming dist unless it is a histogram
-            style, lay = {"description_width": "120px"}, W.Layout(width="380px")
+            style, lay = {"description_width": "135px"}, W.Layout(width="405px")   # every label whole
             pick = lambda opts, v: sorted(set(opts) | {v})           # noqa: E731
             self.N, self.seed = int(N), int(seed)
             self.controls = {
@@ -122,7 +121,8 @@ def _make_class():
                                        layout=lay),
                 "L": W.SelectionSlider(options=pick(L_OPTIONS, L), value=L, description="mean length L",
                                        style=style, layout=lay),
-                "dist": W.Dropdown(options=DISTS, value=dist, description="lengths", style=style, layout=lay),
+                "dist": W.Dropdown(options=DISTS, value=dist, description="lengths", style=style,
+                                   layout=W.Layout(width="470px")),          # its longest choice whole
                 "chunk": W.SelectionSlider(options=pick(CHUNK_OPTIONS, chunk), value=chunk,
                                            description="chunk (keys)", style=style, layout=lay),
                 "S": W.SelectionSlider(options=pick(S_OPTIONS, S), value=S, description="S (most pieces)",
@@ -133,7 +133,7 @@ def _make_class():
             self.readout = W.HTML()
             self.image = W.Image(format="png", layout=W.Layout(width="800px"))
             self.image.add_class("fdlib-worklist-image")
-            self._fig = Figure(figsize=(9.5, 3.4), dpi=80)     # drawn into the image only
+            self._fig = Figure(figsize=(9.5, 3.4), dpi=80, layout="constrained")   # drawn into the image only
             for w in self.controls.values():
                 w.observe(lambda _change: self.update(), names="value")
             super().__init__([W.HBox([W.VBox(list(self.controls.values())), self.readout]), self.image])

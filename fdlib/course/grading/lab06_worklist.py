@@ -114,16 +114,26 @@ def explain(buf: list[int], lengths, chunk: int, S: int, N: int) -> str | None:
                 f"= {chunk * S}) was cut into more than S = {S} pieces. A piece holds c(L) = "
                 f"max(chunk/BLOCK_N, ⌈tiles/S⌉) tiles, which grows with L so that n(L) ≤ S: "
                 f"{_why_pieces(lengths[b], chunk, S, N)}")
+    pads = sorted({code // S for code in body if code != FILL and B <= code // S < block_rows(B) and code % S == 0})
+    if pads and count == n + block_rows(B) - B:
+        return (f"OUT holds pieces of rows b = {pads[:4]}{'...' if len(pads) > 4 else ''}, and the count "
+                f"{count} is {block_rows(B) - B} too many: the padding rows (rows >= B = {B} of the BLOCK_B = "
+                f"{block_rows(B)}) were cut into pieces. Set n = 0 where rows >= B (tl.where), so that they add "
+                f"nothing to the count and store nothing")
     if past:
         return (f"OUT[{1 + past[0]}] was written, past the list's room of B·S = {cap} items (expected {n} items): "
-                f"a row is at most S pieces, and the list is at most B·S items")
+                f"a row has more than S pieces, or a piece is stored at the wrong place. Piece j of row b goes to "
+                f"OUT[1 + first_b + j], first_b = the pieces of the rows that go before b (the sum over them of n, "
+                f"one number per row b)")
     if not 0 <= count <= cap:
         return f"the count OUT[0] = {count} is outside 0..B·S = {cap} (expected {n}): the count is wrong"
     items = body[:count]
     for i, code in enumerate(items):
         if code == FILL:
             return (f"item {i} (OUT[{1 + i}]) was never written, though the count OUT[0] says {count} items "
-                    f"(expected {n}): the count is wrong, or a store is masked off")
+                    f"(expected {n}): the count is wrong, a store is masked off, or a piece is stored at the wrong "
+                    f"place (piece j of row b goes to OUT[1 + first_b + j], first_b = the pieces of the rows that "
+                    f"go before b)")
         if not 0 <= code < cap:
             return (f"item {i} is {code}, which is no code b·S + j of a row b < B = {B} (expected "
                     f"{want[1 + i] if i < n else 'no item there'}): store b * S + j")

@@ -324,7 +324,8 @@ def serving(path=None) -> str:
     one, chat, short = f["one_long"], f["chat"], f["short"]
     lines += [f"  batch {one['case']}, one long row: plan for L_max {span_text(one['old'])}, "
               f"work list {span_text(one['worklist'])}",
-              f"  batch {chat['case']}, lognormal lengths: work list {span_text(chat['worklist'])}",
+              f"  batch {chat['case']}, lognormal lengths: work list {span_text(chat['worklist'])}, plan for L_max "
+              f"{span_text(chat['old'])}",
               f"  batch {short['case']}, {run.cases[short['case']]['name']}: work list "
               f"{span_text(short['worklist'])}, plan for L_max {span_text(short['old'])}",
               f"The work list captured, over the work list called: {span_text(f['captured'])} on every batch",
