@@ -299,3 +299,17 @@ def test_the_device_list_is_the_models_for_random_batches(lens, S, invariant):
     out, lse = p.run(q, k, v, L, return_lse=True)
     assert listed(p) == expected(p, lens)
     assert_attention_close(out, lse, q, k, v, L, what=f"worklist S={S} invariant={invariant} {lens}")
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("granularity", ["tensor", "head", "token"])
+def test_an_8bit_cache_through_the_work_list_vs_float64(kv_dtype, granularity):
+    """method="worklist" on an 8-bit cache (fdlib.quant): against float64 of the cache it stands for."""
+    from fdlib import quant
+    lens = [80, 5, 0, 33]
+    q, k, v, L = rand_problem(lens, 4, 2, 32, dtype=torch.float16, seed=12)
+    k8, ks = fdlib.quantize_kv(k.float(), kv_dtype, granularity)
+    v8, vs = fdlib.quantize_kv(v.float(), kv_dtype, granularity)
+    out, lse = fdlib.decode_attention(q, k8, v8, L, k_scale=ks, v_scale=vs, method="worklist", return_lse=True)
+    kd, vd = quant.dequantize_kv(k8, ks), quant.dequantize_kv(v8, vs)
+    assert_attention_close(out, lse, q, kd, vd, L, what=f"worklist {kv_dtype} {granularity}")

@@ -10,7 +10,9 @@ OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 bash tools/gpu_default_run.sh "$OUT"
 start_run "$OUT" next
-timeout 200 python tools/ab_ragged.py "$R/ab-short-rows.json" \
+timeout 70 python -m pytest tests/test_worklist.py -q -rs -x -p no:cacheprovider > "$R/gpu-tests.txt" 2>&1
+echo "pytest rc=$?" >> "$R/gpu-tests.txt"; tail -2 "$R/gpu-tests.txt"; pack
+timeout 170 python tools/ab_ragged.py "$R/ab-short-rows.json" \
   --methods "auto,auto+device,worklist,worklist@64x4x3,worklist@64x4x2,worklist@32x4x3" \
   --cases "256:32:8:uniform:1024:0,256:32:8:uniform:1024:16,128:32:8:zipf:2048:0,128:32:8:zipf:2048:16,32:32:8:uniform:16384:0,32:32:8:constant:8192:0" \
   2>&1 | grep -v Warn | tee "$R/ab-short-rows.log"; pack
