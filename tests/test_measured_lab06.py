@@ -267,7 +267,10 @@ def test_what_section_4_says_about_the_default_calls_schedule_holds():
     assert ("Before a batch of more than 16 sequences, one small launch reads the lengths and writes the list; up to "
             "16, none: each attention program lists the few lengths in its registers.") in text
     assert INLINE_BATCH == 16 and WORK_WAVES == 2
-    assert "P about two programs per SM (`fdlib.worklist.balanced_chunk`)" in text
+    assert "P·H_kv about two programs per SM (`fdlib.worklist.balanced_chunk`)" in text
+    from fdlib.splits import sm_count
+    H_kv = 8
+    assert decide(32, 32, H_kv, 128, 32768, torch.float16).budget == -(-WORK_WAVES * sm_count() // H_kv)
     assert "equal pieces of whole tiles (`fdlib.worklist.balanced_pieces`)" in text
     # the default call (no host lengths) plans the work list sized by the batch, inline up to 16 sequences
     for B, inline in ((16, True), (17, False)):
