@@ -321,8 +321,9 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if d is not None:
             return d
     q_rows = H_q // H_kv * q_len if q_len > 1 else 1
+    bound = L_max if max_seqlen is None else max_seqlen   # max_seqlen=0 is a bound (every row empty), not None
     if method == "worklist" or (method == "auto" and lengths is None and num_splits is None and not batch_invariant
-                                and device_schedule_suits(B, max_seqlen or L_max, dtype, q_len)):
+                                and device_schedule_suits(B, bound, dtype, q_len)):
         L_cap = max(lengths, default=1) if lengths is not None else max_seqlen
         return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, L_cap,
                                  "device lengths" if method == "auto" else "capacity")

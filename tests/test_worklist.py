@@ -277,6 +277,24 @@ def test_auto_without_lengths_takes_the_work_list_where_the_rule_says():
     assert kernel(4, 8192, kv_dtype=torch.int8).kernel != "worklist"
 
 
+def test_a_max_seqlen_of_0_is_a_bound_below_the_rule_not_none():
+    """max_seqlen=0 (every row empty) is a bound of 0 keys, below WORK_MIN_L as 1 is: not read as "no bound"
+    (L_max), so auto plans it as it plans max_seqlen=1."""
+    def kernel(**kw):
+        return fdlib.plan(4, 4, 2, 16, 8192, dtype=torch.float16, device=DEVICE, **kw).decision.kernel
+
+    assert kernel() == "worklist"
+    assert kernel(max_seqlen=0) == kernel(max_seqlen=1) != "worklist"
+
+
+def test_decode_attentions_doc_names_every_method():
+    """Every method the argument check accepts is described where decode_attention documents ``method``."""
+    from fdlib.validate import METHODS
+    doc = fdlib.decode_attention.__doc__
+    method_doc = doc[doc.index("method:"):doc.index("num_splits:")]
+    assert [m for m in METHODS if f'``"{m}"``' not in method_doc] == []
+
+
 def test_the_default_call_with_device_lengths_runs_the_work_list_vs_float64():
     """decode_attention(q, k, v, lens) with a cache of 8192 keys and ragged lengths: the work list sized by the
     batch (one row long, one short, one empty), against float64."""
