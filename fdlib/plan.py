@@ -8,8 +8,8 @@ depends on the shapes alone is decided once, by :func:`plan`, and kept in a froz
   near-equal work items on the device, :mod:`fdlib.schedule`), ``"streamk"`` (a few programs per SM, as many
   for every KV head, take equal shares of their head's tiles, rows cut wherever the shares fall:
   :mod:`fdlib.kernels.streamk`),
-  ``"worklist"`` (each row cut by its own length, the pieces listed longest first on the device at every call:
-  :mod:`fdlib.worklist`), ``"invariant"`` (``batch_invariant=True``) or ``"naive"`` (PyTorch); for a contiguous cache
+  ``"worklist"`` (rows cut into pieces sized by the batch, or with ``batch_invariant=True`` by each row's own
+  length, the pieces listed longest first on the device at every call: :mod:`fdlib.worklist`), ``"invariant"`` (``batch_invariant=True``) or ``"naive"`` (PyTorch); for a contiguous cache
   ``[B, L_max, H_kv, D]`` or pages ``[n_pages, page_size, H_kv, D]`` behind a block table;
 * the tiles (BLOCK_N keys, warps, stages), the split count and the chunk of keys each split covers,
   :math:`\text{chunk} = \lceil\lceil L_{cap}/\text{splits}\rceil / N\rceil\cdot N`, chosen by the cost model
@@ -430,7 +430,8 @@ class Workspace:
     lse: torch.Tensor                # [B, q_len, H_q] float32, for calls that do not ask for lse
     full_lengths: torch.Tensor       # [B] int32, all L_max: calls that pass no cache_seqlens
     order: torch.Tensor | None = None   # [ORDER_B] int32 right before counters, in their buffer: the order to check
-    items: torch.Tensor | None = None   # [1 + B·S] int32 right before counters: the work list (fdlib.worklist)
+    items: torch.Tensor | None = None   # [2 + B·S] int32 right before counters: the work list (its count, its
+    #                                     unit, then its items: work_room, fdlib.kernels.worklist)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if t is not None)
