@@ -674,7 +674,7 @@ class DecodePlan:
                                    self.H_q // self.H_kv * self.q_len * d.pack, d.tile)
         elif d.kernel == "worklist":   # the list from the lengths, then the pieces it lists
             if not d.inline:
-                go[0](*schedule_args(lens, ws.items, ws.flag, d.chunk, self.L_max, d.budget))
+                go[0](*schedule_args(lens, q.shape[0], ws.items, ws.flag, d.chunk, self.L_max, d.budget))
             go[-1](*unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse, ws.o_part,
                                 ws.lse_part, ws.counters, ws.flag, bt, times, 1, scales))
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program

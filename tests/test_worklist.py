@@ -10,6 +10,7 @@ from hypothesis import given, strategies as st
 
 import fdlib
 from fdlib import worklist
+from fdlib.kernels.worklist import INLINE_BATCH
 from helpers import DEVICE, INTERPRET, assert_attention_close, hyp_settings
 from test_paged import paged_problem
 from test_qlen import assert_close_qlen, problem
@@ -172,6 +173,21 @@ def test_fewer_sequences_than_planned():
     p = fdlib.plan(6, 4, 2, 16, 120, dtype=torch.float32, device=DEVICE, method="worklist")
     out, lse = p.run(q, k, v, L, return_lse=True)
     assert_attention_close(out, lse, q, k, v, L, what="worklist B'=3 of 6")
+    assert listed(p) == expected(p, lens)
+
+
+@pytest.mark.parametrize("invariant", (False, True))
+def test_fewer_sequences_than_planned_and_no_lengths_lists_only_the_calls_rows(invariant):
+    """cache_seqlens=None (every row L_max) with B' < B through the schedule kernel (B > INLINE_BATCH): the list
+    holds the call's B' rows only, never the plan's other rows, whose q, K, V and out the call does not have."""
+    B, L_max = INLINE_BATCH + 4, 64
+    lens = [L_max] * 2
+    q, k, v, L = rand_problem(lens, 2, 1, 16, seed=4, L_max=L_max)
+    p = fdlib.plan(B, 2, 1, 16, L_max, dtype=torch.float32, device=DEVICE, method="worklist",
+                   batch_invariant=invariant)
+    assert not p.decision.inline
+    out, lse = p.run(q, k, v, return_lse=True)
+    assert_attention_close(out, lse, q, k, v, L, what=f"worklist B'=2 of {B}, no lengths")
     assert listed(p) == expected(p, lens)
 
 
