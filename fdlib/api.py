@@ -87,7 +87,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             programs per SM walking all rows, no split), ``"balanced"`` (ragged batches: the batch cut into work
             items of near-equal size on the device, :mod:`fdlib.schedule`), ``"streamk"`` (a few programs per
             SM, as many for every KV head, take equal shares of their head's tiles, rows cut wherever the
-            shares fall: :mod:`fdlib.kernels.streamk`), ``"naive"`` (PyTorch
+            shares fall: :mod:`fdlib.kernels.streamk`), ``"worklist"`` (each call's rows cut into at most
+            ``num_splits`` pieces, default :data:`fdlib.plan.WORK_SPLITS`, listed longest first on the device from
+            the lengths it finds, so a plan needs none: :mod:`fdlib.worklist`; pieces sized by the batch, or with
+            ``batch_invariant=True`` by each row's own length), ``"naive"`` (PyTorch
             matmul-softmax-matmul) or ``"unified_max"`` (FlashDecoding++'s fixed-φ softmax with exact
             recomputation of rows whose logits leave the safe window: :func:`fdlib.exact.unified_max_attention`,
             φ estimated from each row's first keys; one query token, planned per call, not batch-invariant).

@@ -8,8 +8,8 @@ depends on the shapes alone is decided once, by :func:`plan`, and kept in a froz
   near-equal work items on the device, :mod:`fdlib.schedule`), ``"streamk"`` (a few programs per SM, as many
   for every KV head, take equal shares of their head's tiles, rows cut wherever the shares fall:
   :mod:`fdlib.kernels.streamk`),
-  ``"worklist"`` (each row cut by its own length, the pieces listed longest first on the device at every call:
-  :mod:`fdlib.worklist`), ``"invariant"`` (``batch_invariant=True``) or ``"naive"`` (PyTorch); for a contiguous cache
+  ``"worklist"`` (rows cut into pieces sized by the batch, or with ``batch_invariant=True`` by each row's own
+  length, the pieces listed longest first on the device at every call: :mod:`fdlib.worklist`), ``"invariant"`` (``batch_invariant=True``) or ``"naive"`` (PyTorch); for a contiguous cache
   ``[B, L_max, H_kv, D]`` or pages ``[n_pages, page_size, H_kv, D]`` behind a block table;
 * the tiles (BLOCK_N keys, warps, stages), the split count and the chunk of keys each split covers,
   :math:`\text{chunk} = \lceil\lceil L_{cap}/\text{splits}\rceil / N\rceil\cdot N`, chosen by the cost model
@@ -321,8 +321,9 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if d is not None:
             return d
     q_rows = H_q // H_kv * q_len if q_len > 1 else 1
+    bound = L_max if max_seqlen is None else max_seqlen   # max_seqlen=0 is a bound (every row empty), not None
     if method == "worklist" or (method == "auto" and lengths is None and num_splits is None and not batch_invariant
-                                and device_schedule_suits(B, max_seqlen or L_max, dtype, q_len)):
+                                and device_schedule_suits(B, bound, dtype, q_len)):
         L_cap = max(lengths, default=1) if lengths is not None else max_seqlen
         return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, L_cap,
                                  "device lengths" if method == "auto" else "capacity")
@@ -429,7 +430,8 @@ class Workspace:
     lse: torch.Tensor                # [B, q_len, H_q] float32, for calls that do not ask for lse
     full_lengths: torch.Tensor       # [B] int32, all L_max: calls that pass no cache_seqlens
     order: torch.Tensor | None = None   # [ORDER_B] int32 right before counters, in their buffer: the order to check
-    items: torch.Tensor | None = None   # [1 + B·S] int32 right before counters: the work list (fdlib.worklist)
+    items: torch.Tensor | None = None   # [2 + B·S] int32 right before counters: the work list (its count, its
+    #                                     unit, then its items: work_room, fdlib.kernels.worklist)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if t is not None)
@@ -672,7 +674,7 @@ class DecodePlan:
                                    self.H_q // self.H_kv * self.q_len * d.pack, d.tile)
         elif d.kernel == "worklist":   # the list from the lengths, then the pieces it lists
             if not d.inline:
-                go[0](*schedule_args(lens, ws.items, ws.flag, d.chunk, self.L_max, d.budget))
+                go[0](*schedule_args(lens, q.shape[0], ws.items, ws.flag, d.chunk, self.L_max, d.budget))
             go[-1](*unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse, ws.o_part,
                                 ws.lse_part, ws.counters, ws.flag, bt, times, 1, scales))
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program

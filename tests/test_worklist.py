@@ -10,6 +10,7 @@ from hypothesis import given, strategies as st
 
 import fdlib
 from fdlib import worklist
+from fdlib.kernels.worklist import INLINE_BATCH
 from helpers import DEVICE, INTERPRET, assert_attention_close, hyp_settings
 from test_paged import paged_problem
 from test_qlen import assert_close_qlen, problem
@@ -175,6 +176,21 @@ def test_fewer_sequences_than_planned():
     assert listed(p) == expected(p, lens)
 
 
+@pytest.mark.parametrize("invariant", (False, True))
+def test_fewer_sequences_than_planned_and_no_lengths_lists_only_the_calls_rows(invariant):
+    """cache_seqlens=None (every row L_max) with B' < B through the schedule kernel (B > INLINE_BATCH): the list
+    holds the call's B' rows only, never the plan's other rows, whose q, K, V and out the call does not have."""
+    B, L_max = INLINE_BATCH + 4, 64
+    lens = [L_max] * 2
+    q, k, v, L = rand_problem(lens, 2, 1, 16, seed=4, L_max=L_max)
+    p = fdlib.plan(B, 2, 1, 16, L_max, dtype=torch.float32, device=DEVICE, method="worklist",
+                   batch_invariant=invariant)
+    assert not p.decision.inline
+    out, lse = p.run(q, k, v, return_lse=True)
+    assert_attention_close(out, lse, q, k, v, L, what=f"worklist B'=2 of {B}, no lengths")
+    assert listed(p) == expected(p, lens)
+
+
 @pytest.mark.skipif(INTERPRET, reason="on the CPU runtime lengths are host lengths, refused when out of range")
 def test_a_length_outside_the_cache_is_clamped_and_flagged():
     lens = [5, 40]
@@ -275,6 +291,24 @@ def test_auto_without_lengths_takes_the_work_list_where_the_rule_says():
     assert kernel(4, 8192, lengths=[8192, 1, 2, 3]).kernel != "worklist"
     assert kernel(4, 8192, batch_invariant=True).kernel != "worklist"
     assert kernel(4, 8192, kv_dtype=torch.int8).kernel != "worklist"
+
+
+def test_a_max_seqlen_of_0_is_a_bound_below_the_rule_not_none():
+    """max_seqlen=0 (every row empty) is a bound of 0 keys, below WORK_MIN_L as 1 is: not read as "no bound"
+    (L_max), so auto plans it as it plans max_seqlen=1."""
+    def kernel(**kw):
+        return fdlib.plan(4, 4, 2, 16, 8192, dtype=torch.float16, device=DEVICE, **kw).decision.kernel
+
+    assert kernel() == "worklist"
+    assert kernel(max_seqlen=0) == kernel(max_seqlen=1) != "worklist"
+
+
+def test_decode_attentions_doc_names_every_method():
+    """Every method the argument check accepts is described where decode_attention documents ``method``."""
+    from fdlib.validate import METHODS
+    doc = fdlib.decode_attention.__doc__
+    method_doc = doc[doc.index("method:"):doc.index("num_splits:")]
+    assert [m for m in METHODS if f'``"{m}"``' not in method_doc] == []
 
 
 def test_the_default_call_with_device_lengths_runs_the_work_list_vs_float64():

@@ -154,7 +154,7 @@ def schedule_launcher(S: int, block_n: int, balanced: bool = False, dtype_slots=
                                           num_stages=1), dtype_slots)
 
 
-def schedule_args(lens, items, flag, chunk: int, L_max: int, budget: int = 0):
-    """(grid, pointers, scalars) of one launch over the B = ``lens.shape[0]`` rows of a call."""
-    B = lens.shape[0]
+def schedule_args(lens, B: int, items, flag, chunk: int, L_max: int, budget: int = 0):
+    """(grid, pointers, scalars) of one launch over the B rows of a call (q's, which may be fewer than ``lens``
+    holds: a call without lengths reads the first B of the plan's all-L_max ones)."""
     return (triton.cdiv(B, SCHEDULE_ROWS),), (lens, items, flag), (B, chunk, L_max, max(budget, 1))
