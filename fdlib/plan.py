@@ -207,11 +207,20 @@ the plan for L_cap took 0.99 and 1.13x; and on equal rows 1.05-1.20x cuDNN's tim
 1.01x at B=8 and 32 with 32768 keys."""
 
 
-def device_schedule_suits(B: int, L_cap: int, dtype, q_len: int = 1) -> bool:
+WORK_MAX_PARTIALS = 256 << 20
+"""The most bytes of split partials a default work-list plan may hold: its partials have room for S pieces of every
+row (``[B, q_len, H_q, S, D]`` float32), 541 MB at B=512, H_q=64, D=128, where the plan for L_cap of so large a batch
+holds none; beyond, ``auto`` keeps that plan. Every measured serving batch holds at most 68 MB."""
+
+
+def device_schedule_suits(B: int, L_cap: int, dtype, q_len: int = 1, partial_bytes: int = 0) -> bool:
     """Whether ``auto`` made without host lengths takes the work list (:data:`DEVICE_SCHEDULE`,
-    WORK_MIN_BATCH, WORK_MIN_L): a batch of 16-bit K/V (an 8-bit cache's work list has not run on a GPU)."""
+    WORK_MIN_BATCH, WORK_MIN_L): a batch of 16-bit K/V (an 8-bit cache's work list has not run on a GPU) whose
+    partials, ``partial_bytes``, fit WORK_MAX_PARTIALS."""
     return (bool(DEVICE_SCHEDULE) and B >= WORK_MIN_BATCH and L_cap >= WORK_MIN_L
-            and isinstance(dtype, torch.dtype))
+            and isinstance(dtype, torch.dtype) and partial_bytes <= WORK_MAX_PARTIALS)
+
+
 WORK_SPLITS, WORK_CHUNK_TILES, WORK_WAVES = 32, 4, 2
 """A work-list plan (:mod:`fdlib.worklist`): rows cut into at most WORK_SPLITS pieces (S) of at least
 WORK_CHUNK_TILES tiles (``chunk``); pieces sized by the batch come to about WORK_WAVES programs an SM (the budget
@@ -323,7 +332,8 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     q_rows = H_q // H_kv * q_len if q_len > 1 else 1
     bound = L_max if max_seqlen is None else max_seqlen   # max_seqlen=0 is a bound (every row empty), not None
     if method == "worklist" or (method == "auto" and lengths is None and num_splits is None and not batch_invariant
-                                and device_schedule_suits(B, bound, dtype, q_len)):
+                                and device_schedule_suits(B, bound, dtype, q_len,
+                                                          workspace_bytes(B * WORK_SPLITS, H_q, D, q_len))):
         L_cap = max(lengths, default=1) if lengths is not None else max_seqlen
         return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, L_cap,
                                  "device lengths" if method == "auto" else "capacity")

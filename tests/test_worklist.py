@@ -291,6 +291,10 @@ def test_auto_without_lengths_takes_the_work_list_where_the_rule_says():
     assert kernel(4, 8192, lengths=[8192, 1, 2, 3]).kernel != "worklist"
     assert kernel(4, 8192, batch_invariant=True).kernel != "worklist"
     assert kernel(4, 8192, kv_dtype=torch.int8).kernel != "worklist"
+    # a batch whose partials (room for S pieces of every row) would pass WORK_MAX_PARTIALS keeps the plan for L_cap
+    big = fdlib.plan(512, 64, 8, 128, 8192, dtype=torch.float16, device=DEVICE).decision
+    assert big.kernel != "worklist"
+    assert fdlib.plan(128, 32, 8, 128, 8192, dtype=torch.float16, device=DEVICE).decision.kernel == "worklist"
 
 
 def test_a_max_seqlen_of_0_is_a_bound_below_the_rule_not_none():

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from fdlib.plan import device_schedule_suits
+from fdlib.plan import WORK_SPLITS, device_schedule_suits, workspace_bytes
 
 
 def main(path: str) -> None:
@@ -33,7 +33,8 @@ def main(path: str) -> None:
         if row != "plan_host":
             continue
         old = rows[(case, layout, "default")]
-        suits = device_schedule_suits(host["B"], host["L_max"], torch.bfloat16)
+        suits = device_schedule_suits(host["B"], host["L_max"], torch.bfloat16, 1,
+                                      workspace_bytes(host["B"] * WORK_SPLITS, host["H_q"], host["D"]))
         now = rows[(case, layout, "worklist")] if suits else old
         x = now["us"] / host["us"]
         worst = max(worst, x)
