@@ -50,6 +50,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def piece(b: int, j: int, L: int, c: int, n: int) -> Item:
+    """Piece j of row b's n pieces of c keys (L keys in all): keys [j·c, min((j+1)·c, L)), the last one running to L
+    (the kernels' ``split_range``)."""
+    return Item(b, j, j * c, L if j == n - 1 else min((j + 1) * c, L))
+
+
 def piece_keys(L: int, chunk: int, S: int, N: int) -> int:
     """c(L): the keys of each piece of a row of L keys (its last piece may hold fewer)."""
     return max(chunk, N * cdiv(cdiv(max(L, 0), N), S))
@@ -94,7 +100,7 @@ def work_list(lengths, chunk: int, S: int, N: int, budget: int = 0) -> list[Item
         L = lengths[b]
         c, n = (balanced_pieces(L, unit, S, N) if budget else (piece_keys(L, chunk, S, N), pieces(L, chunk, S, N)))
         for j in range(n):
-            out.append(Item(b, j, j * c, L if j == n - 1 else min((j + 1) * c, L)))
+            out.append(piece(b, j, L, c, n))
     return out
 
 

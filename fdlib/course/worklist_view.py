@@ -34,7 +34,7 @@ def items_of(buf, lengths, chunk: int, S: int, N: int) -> list[worklist.Item]:
         b, j = divmod(code, S)
         L = int(lengths[b])
         c, n = worklist.piece_keys(L, chunk, S, N), worklist.pieces(L, chunk, S, N)
-        out.append(worklist.Item(b, j, j * c, L if j == n - 1 else min((j + 1) * c, L)))
+        out.append(worklist.piece(b, j, L, c, n))
     return out
 
 

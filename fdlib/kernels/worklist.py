@@ -30,6 +30,13 @@ from .tile import load_lengths
 
 
 @triton.jit
+def peek_lengths(LENS, idx, mask, L_MAX):
+    """The lengths ``idx`` clamped to 0..L_max as :func:`~fdlib.kernels.tile.load_lengths` clamps them, without
+    touching the flag: read to list other rows, whose own loads set it."""
+    return tl.minimum(tl.maximum(tl.load(LENS + idx, mask=mask, other=0), 0), L_MAX).to(tl.int32)
+
+
+@triton.jit
 def pieces_of(L, chunk, S, BLOCK_N: tl.constexpr):
     """(c(L), n(L)) of :mod:`fdlib.worklist`: the keys of each piece of a row of L keys, and its pieces."""
     c = tl.maximum(chunk, BLOCK_N * tl.cdiv(tl.cdiv(L, BLOCK_N), S))
@@ -77,7 +84,7 @@ def work_item(ITEMS, LENS, i, n_batch, chunk, S, L_MAX, write, BLOCK_N: tl.const
     if INLINE_B > 0:
         rows = tl.arange(0, INLINE_B)
         real = rows < n_batch
-        L = tl.minimum(tl.maximum(tl.load(LENS + rows, mask=real, other=0), 0), L_MAX).to(tl.int32)
+        L = peek_lengths(LENS, rows, real, L_MAX)
         if BUDGET > 0:
             unit = batch_unit(tl.sum(tl.where(real, tl.maximum(tl.cdiv(L, BLOCK_N), 1), 0), 0), chunk, BUDGET,
                               BLOCK_N)
@@ -112,7 +119,7 @@ def schedule_kernel(LENS, ITEMS, FLAG, n_batch, chunk, L_MAX, budget, S: tl.cons
         tiles_sum = 0
         for c0 in range(0, n_batch, BLOCK_C):
             cols = c0 + tl.arange(0, BLOCK_C)
-            Lc = tl.minimum(tl.maximum(tl.load(LENS + cols, mask=cols < n_batch, other=0), 0), L_MAX).to(tl.int32)
+            Lc = peek_lengths(LENS, cols, cols < n_batch, L_MAX)
             tiles_sum += tl.sum(tl.where(cols < n_batch, tl.maximum(tl.cdiv(Lc, BLOCK_N), 1), 0), 0)
         unit = batch_unit(tiles_sum, chunk, budget, BLOCK_N)
     else:
@@ -124,7 +131,7 @@ def schedule_kernel(LENS, ITEMS, FLAG, n_batch, chunk, L_MAX, budget, S: tl.cons
     for c0 in range(0, n_batch, BLOCK_C):                     # pass 2: every row of the batch, BLOCK_C at a time
         cols = c0 + tl.arange(0, BLOCK_C)
         there = cols < n_batch
-        Lc = tl.minimum(tl.maximum(tl.load(LENS + cols, mask=there, other=0), 0), L_MAX).to(tl.int32)
+        Lc = peek_lengths(LENS, cols, there, L_MAX)
         c_cols, nc = piece_rule(Lc, unit, S, BLOCK_N, BALANCED)
         nc = tl.where(there, nc, 0)
         first += list_place(L, rows, Lc, cols, nc)
