@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Stream-K made without host lengths: its launch (P = H_kv·P_h programs, every B length read in registers on the
+# device) depends on shapes alone, so the plan made without lengths is the host-lengths plan's kernel wherever
+# that plan took stream-K. This call times it as the default call and as a graph captured before the lengths are
+# known on the serving batches, and against auto (host lengths), the work list and today's default on constant
+# and ragged --ragged shapes (the dense penalty a schedule blind to the lengths pays). About 8 minutes.
+#   bash tools/gpu_streamk_device.sh OUTDIR
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+OUT=${1:?output folder}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+start_run "$OUT" skd
+timeout 200 python -m fdlib.bench --serving --methods streamk,streamk@captured --warmup 10 --rep 30 --graph-rep 10 \
+  --budget-s 180 --out "$R" --name serving-streamk > "$R/serving-streamk.log" 2> "$R/serving-streamk.err"
+echo "bench rc=$?" >> "$R/serving-streamk.log"; sed -n '/## Summary/,/## Every row/p' "$R/serving-streamk.log" | head -30
+rm -f "$R"/*.err; pack
+timeout 330 python tools/ab_ragged.py "$R/ab-streamk-device.json" \
+  --methods "auto,auto+device,streamk+device,worklist" \
+  --cases "8:32:8:constant:1024:0,8:32:8:constant:8192:0,8:32:8:constant:32768:0,32:32:8:constant:1024:0,32:32:8:constant:8192:0,32:32:8:constant:32768:0,128:32:8:constant:1024:0,128:32:8:constant:8192:0,8:32:32:constant:32768:16,32:32:8:constant:8192:16,8:32:8:uniform:1024:0,8:32:8:zipf:8192:0,8:32:32:uniform:32768:0,32:32:32:zipf:1024:0,128:32:32:uniform:8192:16" \
+  2>&1 | grep -v Warn | tee "$R/ab-streamk-device.log"; pack
