@@ -685,8 +685,10 @@ class DecodePlan:
         elif d.kernel == "worklist":   # the list from the lengths, then the pieces it lists
             if not d.inline:
                 go[0](*schedule_args(lens, q.shape[0], ws.items, ws.flag, d.chunk, self.L_max, d.budget))
-            go[-1](*unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse, ws.o_part,
-                                ws.lse_part, ws.counters, ws.flag, bt, times, 1, scales))
+            grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse,
+                                               ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times, 1, scales)
+            B_call = q.shape[0]   # programs for the list's room only (S pieces a row stay the partials' layout)
+            go[-1]((grid[0], B_call, -(-worklist.capacity(B_call, d.splits, d.budget) // B_call)), ptrs, scalars)
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.per_program, d.splits, out,
                                                lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times,
@@ -1068,7 +1070,7 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
     if d.kernel == "worklist":   # the schedule kernel, unless each program lists the lengths itself
         main = unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                 timeline=timeline, scale_modes=modes, work=work_room(B, d), work_b=d.inline,
-                                work_p=d.budget)
+                                work_p=d.budget, work_s=d.splits)
         return (main,) if d.inline else (schedule_launcher(d.splits, d.tile.BLOCK_N, d.budget > 0), main)
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
@@ -1140,9 +1142,9 @@ _OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 def work_room(B: int, d: Decision) -> int:
-    """Int32 entries of a work-list plan's list (its count, its unit, then at most B·S items); 0 for other
-    kernels."""
-    return 2 + worklist.capacity(B, d.splits) if d.kernel == "worklist" else 0
+    """Int32 entries of a work-list plan's list (its count, its unit, then at most B·S items, budget + B where
+    sized by the batch: :func:`fdlib.worklist.capacity`); 0 for other kernels."""
+    return 2 + worklist.capacity(B, d.splits, d.budget) if d.kernel == "worklist" else 0
 
 
 def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:

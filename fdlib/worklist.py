@@ -17,7 +17,8 @@ row's pieces consecutive, j = 0, 1, …. Program i of the launch computes item i
 starts the largest pieces first and fills the end of the launch with the small ones; programs past the end of
 the list exit at once. The list is written by a small kernel (:mod:`fdlib.kernels.worklist`) into the plan's
 workspace at every call, so the host never reads a length and a captured graph replayed with new lengths
-schedules them anew. At most :math:`B \cdot S` items: the grid and the workspace are fixed at plan time.
+schedules them anew. At most :math:`B \cdot S` items (:func:`capacity`; sized by the batch, below, at most budget + B):
+the grid and the workspace are fixed at plan time.
 
 **Batch-invariant by construction**: a row's pieces depend on (L, chunk, S, N) only, and its pieces' partials
 are merged in piece order (:func:`fdlib.kernels.tile.combine_heads`) whoever merges; so with chunk, S and the
@@ -109,6 +110,8 @@ def encode(items, S: int) -> list[int]:
     return [len(items)] + [it.b * S + it.j for it in items]
 
 
-def capacity(B: int, S: int) -> int:
-    """The most items a batch of B rows can have: the list's room (the launch's grid along the items)."""
-    return B * S
+def capacity(B: int, S: int, budget: int = 0) -> int:
+    r"""The most items a batch of B rows can have: the list's room (the launch's grid along the items). B·S cut by
+    each row; sized by the batch at most budget + B: :math:`n_b \le t_b/c_t + 1` for the unit's
+    :math:`c_t \ge \sum_b t_b / \text{budget}` tiles, so :math:`\sum_b n_b \le \text{budget} + B`."""
+    return min(B * S, budget + B) if budget else B * S

@@ -57,7 +57,7 @@ def test_model_cuts_each_row_by_its_own_length_and_lists_the_longest_first():
 def test_model_pieces_cover_every_row_once_within_the_cap(lens, N, chunk_tiles, S, budget):
     """Every row's pieces tile it in order, at most S of them, by each row alone (budget 0) or by the batch."""
     items = worklist.work_list(lens, chunk_tiles * N, S, N, budget)
-    assert len(items) <= worklist.capacity(len(lens), S)
+    assert len(items) <= worklist.capacity(len(lens), S, budget)   # the grid holds the list (plan.work_room)
     for b, L in enumerate(lens):
         mine = [it for it in items if it.b == b]
         assert 1 <= len(mine) <= S and [it.j for it in mine] == list(range(len(mine)))

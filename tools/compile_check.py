@@ -44,7 +44,7 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3, aligned=F
     if "K_SCALE" in kernel.arg_names:   # a 16-bit cache unless the case names its scales (8-bit caches)
         meta = {"K_SCALE": 0, "V_SCALE": 0, **meta}
     if "WORK" in kernel.arg_names:      # no work list unless the case names one
-        meta = {"WORK": 0, "WORK_B": 0, "WORK_P": 0, **meta}
+        meta = {"WORK": 0, "WORK_B": 0, "WORK_P": 0, "WORK_S": 0, **meta}
     for i, name in enumerate(kernel.arg_names):
         if name in meta:
             sig[name], constexprs[(i,)] = "constexpr", meta[name]
@@ -113,7 +113,7 @@ def cases():
                        unified.unified_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,    # pieces sized by the batch
                        dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, TAKE_TICKET=tile.take_ticket,
                             PAGE=page, PACK=1, ORDER_B=0, TABLE_REGS=0, WORK=2 + 64 * 32, WORK_B=work_b,
-                            WORK_P=work_p))
+                            WORK_P=work_p, WORK_S=32))
             # ONE_CHUNK: the loop without the per-tile chunk-end work; ALONE: no partial stored, no ticket
             for one, alone in ((False, False), (True, False), (False, True), (True, True)):
                 name = f"invariant PAGE={page}{q}{' ONE_CHUNK' if one else ''}{' ALONE' if alone else ''}"

@@ -37,8 +37,9 @@ reads, and sorts them only where it fails.
 
 A work list (``WORK`` > 0, :mod:`fdlib.kernels.worklist`): program (h_kv, i), i counted in launch order, reads
 item i of the list a schedule kernel wrote right before the ticket counters, a sequence b and a piece j, and
-cuts the row by its own length (:mod:`fdlib.worklist`: pieces of c(L) keys, at most S = the grid's third
-axis); programs past the list's end exit at once. The rows then start longest first and a row's pieces
+cuts the row by its own length (:mod:`fdlib.worklist`: pieces of c(L) keys, at most S = ``WORK_S``); the grid
+is ``(H_kv, B, ⌈room/B⌉)`` for the list's room (:func:`fdlib.worklist.capacity`), and programs past the list's
+end exit at once. The rows then start longest first and a row's pieces
 depend on its length alone.
 
 In the interpreter the programs run one after another; the ticket still decides who merges.
@@ -73,14 +74,13 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False, PACK: tl.constexpr = 1,
                    ORDER_B: tl.constexpr = 0, TABLE_REGS: tl.constexpr = 0, K_SCALE: tl.constexpr = 0,
                    V_SCALE: tl.constexpr = 0, WORK: tl.constexpr = 0, WORK_B: tl.constexpr = 0,
-                   WORK_P: tl.constexpr = 0):
+                   WORK_P: tl.constexpr = 0, WORK_S: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
     h_kv = tl.program_id(0)   # the KV heads of a sequence are launched together (see the module doc)
     if WORK > 0:              # item i of the work list right before the counters (fdlib.kernels.worklist)
         b, split, unit = work_item(COUNTERS - WORK, LENS, tl.program_id(1) + tl.num_programs(1) * tl.program_id(2),
-                                   tl.num_programs(1), chunk, tl.num_programs(2), L_MAX, h_kv == 0, BLOCK_N, WORK_B,
-                                   WORK_P)
+                                   tl.num_programs(1), chunk, WORK_S, L_MAX, h_kv == 0, BLOCK_N, WORK_B, WORK_P)
     elif ORDER_B > 0:           # place i of the grid runs the i-th longest sequence (see the module doc)
         b = longest_first(LENS, COUNTERS - ORDER_B, tl.program_id(1), tl.num_programs(1), L_MAX, ORDER_B)
     else:
@@ -93,11 +93,13 @@ def unified_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         first = None
     L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
     if WORK > 0:              # the row's pieces: by its own length, or by the batch's unit (fdlib.worklist)
-        chunk, _ = piece_rule(L, unit, tl.num_programs(2), BLOCK_N, WORK_P > 0)
-    # at most the launched splits, so that the ticket count always reaches n_splits - 1 and the counter
-    # is reset, even if a length exceeds the plan's L_cap (lengths grown since planning): the last split
-    # then runs to L
-    n_splits = tl.minimum(tl.maximum(tl.cdiv(L, chunk), 1), tl.num_programs(2))
+        chunk, _ = piece_rule(L, unit, WORK_S, BLOCK_N, WORK_P > 0)
+        n_splits = tl.minimum(tl.maximum(tl.cdiv(L, chunk), 1), WORK_S)
+    else:
+        # at most the launched splits, so that the ticket count always reaches n_splits - 1 and the counter
+        # is reset, even if a length exceeds the plan's L_cap (lengths grown since planning): the last split
+        # then runs to L
+        n_splits = tl.minimum(tl.maximum(tl.cdiv(L, chunk), 1), tl.num_programs(2))
     if split < n_splits:
         start, end = split_range(split, n_splits, chunk, L)
         o, lse, rows, mask_gd = attend_group(Q, K, V, b, h_kv, start, end, L, stride_qb, stride_qt, stride_qh,
@@ -171,7 +173,7 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
                      dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1,
                      timeline: bool = False, pack: int = 1, order: int = 0, table_regs: int = 0,
                      scale_modes: tuple = (0, 0), work: int = 0, work_b: int = 0,
-                     work_p: int = 0) -> Launcher:
+                     work_p: int = 0, work_s: int = 0) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles,
     the page size (0: a contiguous cache) and the query tokens per sequence (group × q_len rows a program).
     ``merge_splits``: size the merge's blocks for this many splits instead of the launched ones
@@ -184,7 +186,8 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
     the room of a work list right before the ticket counters (:mod:`fdlib.kernels.worklist`): program i runs item i,
     and ``splits`` is S, the most pieces a row is cut into; ``work_b``: 0, or a power of two >= the batch whose
     lengths each program lists itself (:func:`~fdlib.kernels.worklist.work_item`); ``work_p``: 0, or the budget
-    of items pieces sized by the batch come to (:func:`fdlib.worklist.balanced_chunk`)."""
+    of items pieces sized by the batch come to (:func:`fdlib.worklist.balanced_chunk`); ``work_s``: S, the most
+    pieces a work-list row is cut into (the grid's third axis then holds only the list's room)."""
     if work and (order or table_regs):
         raise ValueError("work: a work-list launch takes its rows from the list; order and table_regs must be 0")
     check_pack(pack, D, q_len)
@@ -195,7 +198,9 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
                                          TILE_UPDATE=tile_update_fn or tile_update, TAKE_TICKET=ticket_fn or take_ticket,
                                          PAGE=page, Q_LEN=q_len, TIMELINE=timeline, PACK=pack, ORDER_B=order,
                                          TABLE_REGS=table_regs, K_SCALE=scale_modes[0], V_SCALE=scale_modes[1],
-                                         WORK=work, WORK_B=work_b, WORK_P=work_p, num_warps=cfg.num_warps, num_stages=cfg.num_stages), dtype_slots)
+                                         WORK=work, WORK_B=work_b, WORK_P=work_p,
+                                         WORK_S=(work_s or splits) if work else 0, num_warps=cfg.num_warps,
+                                         num_stages=cfg.num_stages), dtype_slots)
 
 
 def unified_args(q, k_cache, v_cache, lens, scale, chunk, splits, out, lse, o_part, lse_part, counters, flag,
