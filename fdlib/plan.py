@@ -28,9 +28,10 @@ The lengths a plan is made for are a performance hint, never a correctness condi
 * ``lengths`` (host ints, e.g. a list or a CPU tensor the serving engine already has): the cost model sees
   the real mix; nothing is read from the GPU.
 * ``max_seqlen``: a bound the caller promises; splits are chosen as if every row were that long.
-* neither: the cache's capacity L_max. Where at least two sequences may be long (:func:`device_schedule_suits`)
-  ``auto`` then takes the work list sized by the batch (:mod:`fdlib.worklist`): the schedule is made on the
-  device at every call from the lengths it finds, so the plan needs none.
+* neither: the cache's capacity L_max. For a batch of two or more sequences (:func:`device_schedule_suits`)
+  ``auto`` then takes stream-K (:mod:`fdlib.kernels.streamk`), whose launch depends on the shapes alone: every
+  program reads the lengths on the device and takes its equal share of the batch's tiles, at every call, so
+  the plan needs none.
 
 A row longer than the plan's L_cap is still covered (the last split runs to the row's end; it is only
 slower). Lengths on the device outside 0..L_max are clamped there, so no kernel reads outside the cache,
@@ -194,31 +195,26 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
 
 DEVICE_SCHEDULE = int(os.environ.get("FDLIB_DEVICE_SCHEDULE", "1"))
 """1: ``auto`` without host lengths (``decode_attention`` with lengths on the device, or a plan captured before
-they are known) takes the work-list plan (:func:`worklist_decision`) where :func:`device_schedule_suits`; 0: it
-plans every row for L_cap. The environment variable ``FDLIB_DEVICE_SCHEDULE`` sets it at import (for A/B runs of
-whole benchmarks)."""
-WORK_MIN_BATCH, WORK_MIN_L = 2, 8192
-"""Where ``auto`` without lengths takes the work list: at least WORK_MIN_BATCH sequences that may be as long as
-WORK_MIN_L keys (L_cap: ``max_seqlen``, else L_max). On an H100 (``results/h100/worklist/``, bf16, graph µs, the
-read ceiling in the same run) the work list took 0.99-1.22x the host-lengths plan on the five serving batches of
-8-128 sequences of up to 16384-131072 keys, where the plan for L_cap took 1.03-2.67x (the batch with one row of
-131072 keys: 1.04 and 0.99 against 2.38 and 2.67); but 1.21 and 1.67x on B=256 rows of up to 2048 keys, where
-the plan for L_cap took 0.99 and 1.13x; and on equal rows 1.05-1.20x cuDNN's time at B=1 and at 4096 keys,
-1.01x at B=8 and 32 with 32768 keys."""
+they are known) takes the stream-K plan where :func:`device_schedule_suits`; 0: it plans every row for L_cap. The
+environment variable ``FDLIB_DEVICE_SCHEDULE`` sets it at import (for A/B runs of whole benchmarks)."""
 
 
-WORK_MAX_PARTIALS = 256 << 20
-"""The most bytes of split partials a default work-list plan may hold: its partials have room for S pieces of every
-row (``[B, q_len, H_q, S, D]`` float32), 541 MB at B=512, H_q=64, D=128, where the plan for L_cap of so large a batch
-holds none; beyond, ``auto`` keeps that plan. Every measured serving batch holds at most 68 MB."""
+def device_schedule_suits(B: int, dtype, q_len: int = 1) -> bool:
+    r"""Whether ``auto`` made without host lengths takes stream-K (:data:`DEVICE_SCHEDULE`): at least two
+    sequences (at most :data:`fdlib.kernels.streamk.MAX_BATCH`), one query token, 16- or 32-bit K/V.
 
-
-def device_schedule_suits(B: int, L_cap: int, dtype, q_len: int = 1, partial_bytes: int = 0) -> bool:
-    """Whether ``auto`` made without host lengths takes the work list (:data:`DEVICE_SCHEDULE`,
-    WORK_MIN_BATCH, WORK_MIN_L): a batch of 16-bit K/V (an 8-bit cache's work list has not run on a GPU) whose
-    partials, ``partial_bytes``, fit WORK_MAX_PARTIALS."""
-    return (bool(DEVICE_SCHEDULE) and B >= WORK_MIN_BATCH and L_cap >= WORK_MIN_L
-            and isinstance(dtype, torch.dtype) and partial_bytes <= WORK_MAX_PARTIALS)
+    Stream-K's launch depends on the shapes alone (H_kv·P_h programs, :func:`~fdlib.kernels.streamk.streamk_programs`):
+    every program reads the B lengths on the device and takes its equal share of the batch's tiles, so the plan
+    made without lengths is the very kernel the host-lengths plan runs on ragged batches, and a captured graph
+    replays balanced. On an H100 (``results/h100/streamk-device/``, bf16, graph µs, the read ceiling in the same
+    run) it took 0.99-1.00x the host-lengths plan on the six serving batches of 8-256 sequences, pages of 16 and
+    contiguous, called and captured (93-97% of the ceiling), where the plan for L_cap took up to 2.67x; on equal
+    rows, where the host plan runs the unified kernel, 1.02-1.07x. One sequence keeps the plan for L_cap (its
+    splits: exact for a full row); an 8-bit cache's stream-K and several query tokens have not been timed
+    without lengths, and keep it too."""
+    from .kernels.streamk import MAX_BATCH
+    return (bool(DEVICE_SCHEDULE) and 2 <= B <= MAX_BATCH and q_len == 1 and isinstance(dtype, torch.dtype)
+            and dtype.itemsize >= 2)
 
 
 WORK_SPLITS, WORK_CHUNK_TILES, WORK_WAVES = 32, 4, 2
@@ -330,13 +326,9 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if d is not None:
             return d
     q_rows = H_q // H_kv * q_len if q_len > 1 else 1
-    bound = L_max if max_seqlen is None else max_seqlen   # max_seqlen=0 is a bound (every row empty), not None
-    if method == "worklist" or (method == "auto" and lengths is None and num_splits is None and not batch_invariant
-                                and device_schedule_suits(B, bound, dtype, q_len,
-                                                          workspace_bytes(B * WORK_SPLITS, H_q, D, q_len))):
+    if method == "worklist":
         L_cap = max(lengths, default=1) if lengths is not None else max_seqlen
-        return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, L_cap,
-                                 "device lengths" if method == "auto" else "capacity")
+        return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, L_cap)
     if batch_invariant:
         if method not in ("auto", "unified") or num_splits is not None:
             raise ValueError(f"batch_invariant: runs its own kernel, at chunks fixed by each row's length; pass "
@@ -355,7 +347,9 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     elem_bytes = dtype.itemsize
     tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv, q_rows=q_rows, paged=paged)
     kernel = method
-    if method in ("persistent", "streamk"):
+    if method == "auto" and lengths is None and num_splits is None and device_schedule_suits(B, dtype, q_len):
+        kernel, basis = "streamk", "device lengths"   # shares made on the device from the lengths it finds
+    if kernel in ("persistent", "streamk"):
         num_splits = 1
     elif method == "auto" and num_splits is None:
         kernel, num_splits = choose_auto(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged=paged)

@@ -275,55 +275,12 @@ def test_a_captured_graph_replayed_with_ragged_lengths_on_a_gpu():
         assert listed(p) == expected(p, lens)
 
 
-# ------------------------------------------------------------------------------------------ the default call
-def test_auto_without_lengths_takes_the_work_list_where_the_rule_says():
-    """decode_attention's plan without host lengths: the work list sized by the batch for >= 2 sequences that may
-    be >= 8192 keys (16-bit K/V); the plan for L_cap for one sequence, short caches, a max_seqlen below the bound,
-    host lengths, batch_invariant=True and 8-bit caches."""
-    def kernel(B, L_max, **kw):
-        return fdlib.plan(B, 4, 2, 16, L_max, dtype=torch.float16, device=DEVICE, **kw).decision
-
-    d = kernel(2, 8192)
-    assert d.kernel == "worklist" and d.budget > 0 and not d.invariant
-    assert kernel(1, 8192).kernel != "worklist"
-    assert kernel(4, 4096).kernel != "worklist"
-    assert kernel(4, 8192, max_seqlen=1000).kernel != "worklist"
-    assert kernel(4, 8192, lengths=[8192, 1, 2, 3]).kernel != "worklist"
-    assert kernel(4, 8192, batch_invariant=True).kernel != "worklist"
-    assert kernel(4, 8192, kv_dtype=torch.int8).kernel != "worklist"
-    # a batch whose partials (room for S pieces of every row) would pass WORK_MAX_PARTIALS keeps the plan for L_cap
-    big = fdlib.plan(512, 64, 8, 128, 8192, dtype=torch.float16, device=DEVICE).decision
-    assert big.kernel != "worklist"
-    assert fdlib.plan(128, 32, 8, 128, 8192, dtype=torch.float16, device=DEVICE).decision.kernel == "worklist"
-
-
-def test_a_max_seqlen_of_0_is_a_bound_below_the_rule_not_none():
-    """max_seqlen=0 (every row empty) is a bound of 0 keys, below WORK_MIN_L as 1 is: not read as "no bound"
-    (L_max), so auto plans it as it plans max_seqlen=1."""
-    def kernel(**kw):
-        return fdlib.plan(4, 4, 2, 16, 8192, dtype=torch.float16, device=DEVICE, **kw).decision.kernel
-
-    assert kernel() == "worklist"
-    assert kernel(max_seqlen=0) == kernel(max_seqlen=1) != "worklist"
-
-
 def test_decode_attentions_doc_names_every_method():
     """Every method the argument check accepts is described where decode_attention documents ``method``."""
     from fdlib.validate import METHODS
     doc = fdlib.decode_attention.__doc__
     method_doc = doc[doc.index("method:"):doc.index("num_splits:")]
     assert [m for m in METHODS if f'``"{m}"``' not in method_doc] == []
-
-
-def test_the_default_call_with_device_lengths_runs_the_work_list_vs_float64():
-    """decode_attention(q, k, v, lens) with a cache of 8192 keys and ragged lengths: the work list sized by the
-    batch (one row long, one short, one empty), against float64."""
-    from fdlib import api
-    lens = [8192, 300, 0]
-    q, k, v, L = rand_problem(lens, 2, 1, 16, seed=9, L_max=8192)
-    assert api.plan_for(q, k, v, L).kernel == "worklist"
-    out, lse = fdlib.decode_attention(q, k, v, L, return_lse=True)
-    assert_attention_close(out, lse, q, k, v, L, what="default call, work list")
 
 
 @given(st.lists(st.integers(0, 96), min_size=1, max_size=24), st.integers(1, 6), st.booleans())

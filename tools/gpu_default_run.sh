@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The default call as it lands (FDLIB_DEVICE_SCHEDULE=1: auto without host lengths takes the work list where
+# The default call as it lands (FDLIB_DEVICE_SCHEDULE=1: auto without host lengths takes the device schedule where
 # fdlib.plan.device_schedule_suits): the serving batches (host-lengths plan, default call, captured graph,
 # batch-invariant work list) and a dense grid against cuDNN, in one call of about 3 minutes. Packs OUTDIR/def.tgz.
 #   bash tools/gpu_default_run.sh OUTDIR

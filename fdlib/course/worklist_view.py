@@ -156,7 +156,8 @@ def _make_class():
             keys = [it.end - it.start for it in self.items]
             self.readout.value = (
                 f"<div style='font-family:monospace;font-size:0.9em;line-height:1.4'>"
-                f"{len(self.items)} items (room for B·S = {worklist.capacity(len(self.lengths), c['S'])})<br>"
+                f"{len(self.items)} items (room for "
+                f"{'budget + B' if c['budget'] else 'B·S'} = {worklist.capacity(len(self.lengths), c['S'], c['budget'])})<br>"
                 f"pieces per row: {min(pieces)} to {max(pieces)}<br>"
                 f"keys per piece: {min(keys)} to {max(keys)}<br>"
                 f"first program: row {self.items[0].b}, {keys[0]} keys</div>")
