@@ -82,7 +82,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
             interpreter) q's device is the host, so there a CPU tensor is checked exactly as a list is.
         scale: multiplies q·k (default 1/√D).
         method: ``"auto"`` (splits from the cost model; the unified kernel, or the persistent one when every
-            row is one split of a short cache and there are many rows: :func:`fdlib.splits.choose_kernel`),
+            row is one split of a short cache and there are many rows: :func:`fdlib.splits.choose_kernel`; with
+            lengths on the device and two or more sequences, stream-K, whose shares are made on the device:
+            :func:`fdlib.plan.device_schedule_suits`),
             ``"unified"``, ``"split"`` (stage 1 + stage 2 kernels), ``"persistent"`` (one launch of a few
             programs per SM walking all rows, no split), ``"balanced"`` (ragged batches: the batch cut into work
             items of near-equal size on the device, :mod:`fdlib.schedule`), ``"streamk"`` (a few programs per
@@ -174,7 +176,7 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
         key = (q.shape, k_cache.shape, q.dtype, q.device, scale, type(scale), method, num_splits, type(num_splits),
                max_seqlen, type(max_seqlen), None if block_table is None else block_table.shape, batch_invariant,
                type(batch_invariant), q.shape[1] if q.dim() == 4 else 1, k_cache.dtype,
-               quant.scale_key(k_scale), quant.scale_key(v_scale), adjacent)
+               quant.scale_key(k_scale), quant.scale_key(v_scale), adjacent, cache_seqlens is None)
         p = _PLANS.get(key)
     except (AttributeError, TypeError):   # not tensors, or unhashable arguments: the checks say which
         key, p = None, None
@@ -188,7 +190,9 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
     p = plan(pr.B, pr.H_q, pr.H_kv, pr.D, pr.L_max, dtype=q.dtype, device=q.device, max_seqlen=max_seqlen,
              scale=scale, method=method, num_splits=num_splits, page_size=pr.page_size or None,
              batch_invariant=batch_invariant, q_len=pr.q_len,
-             pack_heads=None if key is None or key[-1] else False,   # packed heads need them side by side
+             pack_heads=None if key is None or key[-2] else False,   # packed heads need them side by side
+             # no cache_seqlens: every row is L_max, lengths the host knows (equal rows: the exact plan)
+             lengths=[pr.L_max] * pr.B if cache_seqlens is None else None,
              clamp_flag=_flag(q.device), kv_dtype=kv and kv.dtype, k_scale=kv and kv.k, v_scale=kv and kv.v)
     _PLANS[key] = p
     while len(_PLANS) > PLAN_CACHE_SIZE:

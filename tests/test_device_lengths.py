@@ -96,3 +96,16 @@ def test_a_captured_graph_replayed_with_ragged_lengths_on_a_gpu():
         graph.replay()
         torch.cuda.synchronize()
         assert_attention_close(out, lse, q, k, v, L, what=f"captured stream-K paged={paged}")
+
+
+def test_a_call_without_cache_seqlens_is_planned_for_its_equal_rows():
+    """decode_attention(q, k, v) with no lengths: every row is L_max, which the host knows, so auto plans those
+    equal rows exactly (not stream-K, which a call with lengths on the device takes), and both are right."""
+    lens = [96] * 3
+    q, k, v, L = rand_problem(lens, 4, 2, 32, seed=4, L_max=96)
+    none, dev = api.plan_for(q, k, v), api.plan_for(q, k, v, L)
+    assert none.decision.basis == "host lengths" and none.decision.kernel != "streamk"
+    assert dev.decision.kernel == "streamk" and none is not dev
+    for call in ((q, k, v), (q, k, v, L)):
+        out, lse = fdlib.decode_attention(*call, return_lse=True)
+        assert_attention_close(out, lse, q, k, v, L, what=f"{len(call)} arguments")

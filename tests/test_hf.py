@@ -425,9 +425,10 @@ def test_gpu_captured_step_replays_as_lengths_grow(gpu_model):
             pos += 1
 
 
-def test_a_long_cache_runs_the_work_list_and_generates_what_sdpa_generates(model):
-    """A DecodeCache of 8192 keys for three sequences: its plan has no host lengths, so auto takes the work list
-    sized by the batch (fdlib.plan.device_schedule_suits); the tokens and scores are sdpa's."""
+def test_a_long_cache_runs_stream_k_and_generates_what_sdpa_generates(model):
+    """A DecodeCache of 8192 keys for three sequences: its plan has no host lengths, so auto takes stream-K, its
+    shares made on the device from the lengths (fdlib.plan.device_schedule_suits); the tokens and scores are
+    sdpa's."""
     ids, mask = left_padded([5, 9, 3], 1)
     cache = assert_same_generation(model, ids, mask, 4, max_cache_len=8192)
-    assert cache.plan(1, cache.scale).kernel == "worklist"
+    assert cache.plan(1, cache.scale).kernel == "streamk"

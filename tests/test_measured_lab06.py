@@ -174,90 +174,93 @@ def test_a_missing_or_foreign_file_is_named(tmp_path):
         M.schedule_of({"kernel": "naive"})
 
 
-# ------------------------------------------------------------------------- the serving batches (results/h100/worklist)
-def _serving_raw():
-    data = json.loads(M.SERVING.read_text())
+# --------------------------------------------------------------------- the serving batches (results/h100/streamk-device)
+def _serving_raw(path):
+    data = json.loads(path.read_text())
     return data, {(r["case"], r["layout"], r["row"]): r for r in data["records"] if r["status"] == "ok"}
 
 
-def _span(recs, case, row, over="plan_host"):
-    xs = [recs[case, lay, row]["graph_us"] / recs[case, lay, over]["graph_us"] for lay in ("paged", "contiguous")]
+def _span_text(xs):
     lo, hi = f"{min(xs):.2f}", f"{max(xs):.2f}"
     return f"{lo}×" if lo == hi else f"{lo}-{hi}×"
 
 
+def _ratios(recs, row, keep=lambda r: True, layouts=("paged", "contiguous")):
+    return [r["graph_us"] / recs[c, lay, "plan_host"]["graph_us"] for (c, lay, rw), r in recs.items()
+            if rw == row and lay in layouts and keep(r)]
+
+
 def test_the_serving_table_is_what_the_file_holds():
-    """Every cell of M.serving()'s table recomputed from the raw JSON: the host-lengths plan, then the plan for
-    L_max, the work list called and captured, each as µs, × the host plan, % of the ceiling."""
-    data, recs = _serving_raw()
+    """Every cell of M.serving()'s table recomputed from the raw JSON: the host-lengths plan, then the default call
+    and the captured graph, each as µs, × the host plan, % of the ceiling."""
+    data, recs = _serving_raw(M.SERVING)
     text = M.serving()
     lines = text.splitlines()
     assert max(map(len, lines)) <= 110
     header = next(i for i, l in enumerate(lines) if l.startswith("#  cache"))
     assert [c.strip() for c in lines[header].split("  ") if c.strip()] == ["#", "cache", "host lengths",
-                                                                            "plan for L_max", "work list", "captured"]
+                                                                            "default call", "captured"]
     body = lines[header + 2:header + 2 + 2 * len(data["cases"])]
     i = 0
     for case in sorted(c["case"] for c in data["cases"]):
         for lay, cache in (("paged", "pages of 16"), ("contiguous", "contiguous")):
             host = recs[case, lay, "plan_host"]
             want = [str(case), cache, f"{host['graph_us']:.1f} µs {host['pct_ceiling']:.0f}%"]
-            for row in ("default", "worklist", "worklist@captured"):
+            for row in ("default", "captured"):
                 r = recs[case, lay, row]
                 want.append(f"{r['graph_us']:.1f} µs {r['graph_us'] / host['graph_us']:.2f}× {r['pct_ceiling']:.0f}%")
             assert [c.strip() for c in body[i].split("  ") if c.strip()] == want, body[i]
             i += 1
     flat = " ".join(text.split())
     assert f"recorded on {data['provenance']['device']} {data['provenance']['date_utc'][:10]}" in flat
-    assert "results/h100/worklist/serving.json" in flat and f"({data['ceiling']['tbs']:.2f} TB/s" in flat
+    assert "results/h100/streamk-device/landed/serving.json" in flat and f"({data['ceiling']['tbs']:.2f} TB/s" in flat
+    for path in (M.SERVING_BEFORE, M.SERVING_WORKLIST, M.EQUAL_ROWS):
+        assert str(path.relative_to(RESULTS.parent.parent)) in flat, path
 
 
 def test_what_the_lesson_says_about_the_serving_batches_holds():
-    """Lab 06's reading of the serving run: each span it writes is the file's, over the two caches, and printed
-    by the cell (M.serving()); the batches it names are the ones the file holds."""
-    from fdlib.plan import WORK_MIN_L, device_schedule_suits
-    data, recs = _serving_raw()
+    """Lab 06's reading of the serving runs: each span it writes is recomputed from the raw files and printed by
+    the cell (M.serving()); the default call ran stream-K on batches 1-6, the host plan too."""
+    data, recs = _serving_raw(M.SERVING)
     cases = {c["case"]: c for c in data["cases"]}
-    one = next(n for n, c in cases.items() if c["law"][0] == "one_long")
-    chat = next(n for n, c in cases.items() if c["law"][0] == "lognormal")
-    short = next(n for n, c in cases.items() if c["B"] == 256 and max(c["lengths"]) <= 2048)
-    assert cases[short]["law"] == ["uniform", 2048]
-    captured = [recs[n, lay, "worklist@captured"]["graph_us"] / recs[n, lay, "worklist"]["graph_us"]
-                for n in cases for lay in ("paged", "contiguous")]
-    cap = f"{min(captured):.2f}-{max(captured):.2f}×"
-    suits = [n for n in sorted(cases) if device_schedule_suits(cases[n]["B"], max(cases[n]["lengths"]),
-                                                               __import__("torch").bfloat16)]
-    assert WORK_MIN_L == 8192 and suits == [1, 2, 3, 4, 5]
-    said = (f"Planned for L_max, the batch with one long row takes {_span(recs, one, 'default')} the host plan's "
-            f"time; the work list {_span(recs, one, 'worklist')}, and captured, {cap} the call: the graph follows "
-            f"the lengths it finds. The work list falls short on many short rows: {_span(recs, chat, 'worklist')} on "
-            f"the lognormal batch (the plan for L_max: {_span(recs, chat, 'default')}), "
-            f"{_span(recs, short, 'worklist')} on 256 rows of up to 2048 keys (the plan for L_max: "
-            f"{_span(recs, short, 'default')}). So a call without the lengths takes the work list only where B ≥ 2 "
-            f"and L_max ≥ {WORK_MIN_L} (`fdlib.plan.device_schedule_suits`): batches 1 to 5.")
+    assert [n for n in sorted(cases) if recs[n, "paged", "default"]["kernel"] == "streamk"
+            == recs[n, "contiguous", "default"]["kernel"]] == [1, 2, 3, 4, 5, 6]
+    assert all(recs[n, lay, "plan_host"]["kernel"] == "streamk" for n in range(1, 7) for lay in ("paged", "contiguous"))
+    default, captured = _span_text(_ratios(recs, "default")), _span_text(_ratios(recs, "captured"))
+    pct = [r["pct_ceiling"] for (c, lay, rw), r in recs.items() if rw == "default"]
+    pct = f"{min(pct):.0f}-{max(pct):.0f}%"
+    bdata, brecs = _serving_raw(M.SERVING_BEFORE)
+    one = next(c["case"] for c in bdata["cases"] if c["law"][0] == "one_long")
+    assert brecs[one, "paged", "default"]["kernel"] != "worklist"
+    before = _span_text(_ratios({k: r for k, r in brecs.items() if k[0] == one}, "default"))
+    _, wrecs = _serving_raw(M.SERVING_WORKLIST)
+    is_wl = lambda r: r["kernel"] == "worklist"
+    wl_c = _span_text(_ratios(wrecs, "default", is_wl, ("contiguous",)))
+    wl_p = _span_text(_ratios(wrecs, "default", is_wl, ("paged",)))
+    eq = {}
+    for r in json.loads(M.EQUAL_ROWS.read_text())["records"]:
+        if r["dist"] == "constant":
+            eq.setdefault((r["B"], r["H_q"], r["H_kv"], r["mean"], r["page_size"]), {})[r["method"]] = r["graph_us"]
+    equal = _span_text([m["streamk+device"] / m["auto"] for m in eq.values()])
+    said = (f"Without the lengths, stream-K takes {default} the host plan's time on every batch and cache, {pct} of "
+            f"the ceiling, and captured {captured}: on batches 1-6 the host plan runs stream-K too, the same launch. "
+            f"Planned for L_max instead, the batch with one long row took {before}. Section 4's work list, sized by "
+            f"the batch, came within {wl_c} on contiguous caches but {wl_p} over pages. The cost of being blind to "
+            f"the lengths: on equal rows, where the host plan runs the unified kernel, stream-K takes {equal}.")
     assert said in _lesson(), said
     printed = " ".join(M.serving().split())
-    for words in (f"batch {one}, one long row: plan for L_max {_span(recs, one, 'default')}, work list "
-                  f"{_span(recs, one, 'worklist')}",
-                  f"batch {chat}, lognormal lengths: work list {_span(recs, chat, 'worklist')}, plan for L_max "
-                  f"{_span(recs, chat, 'default')}",
-                  f"batch {short}, B=256 32:8, uniform 1..2048: work list {_span(recs, short, 'worklist')}, plan "
-                  f"for L_max {_span(recs, short, 'default')}",
-                  f"over the work list called: {cap} on every batch",
-                  f"takes the work list on batches 1, 2, 3, 4, 5 (>= 2 rows, the longest >= {WORK_MIN_L} keys)"):
+    for words in (f"default call: {default} on every batch and cache, {pct} of the ceiling; stream-K on batches 1-6",
+                  "the host plan ran stream-K there too: the same launch", f"captured: {captured}",
+                  f"before, planned for L_max: batch {one}, one long row, {before}",
+                  f"contiguous {wl_c}, pages of 16 {wl_p}", f"over auto with host lengths: {equal}"):
         assert words in printed, words
-    # where the work list falls short, it is short rows: every other batch of the default's is within 1.11x
-    for lay in ("paged", "contiguous"):
-        assert recs[chat, lay, "default"]["graph_us"] > recs[chat, lay, "worklist"]["graph_us"], lay
-    worst = {n: max(recs[n, lay, "worklist"]["graph_us"] / recs[n, lay, "plan_host"]["graph_us"]
-                    for lay in ("paged", "contiguous")) for n in cases}
-    assert sorted(worst, key=worst.get)[-2:] == [chat, short] and worst[one] < 1.05
 
 
 def test_what_section_4_says_about_the_default_calls_schedule_holds():
-    """Section 4: batches of up to 16 sequences need no schedule launch; the default call's pieces are sized by
-    the batch, a unit of section 3's c over a budget of about two programs per SM, rows cut into equal pieces of
-    whole tiles (fdlib.worklist.balanced_chunk, balanced_pieces), and depend on the batchmates."""
+    """Section 4: batches of up to 16 sequences need no schedule launch; pieces sized by the batch are a unit of
+    section 3's c over a budget of about two programs per SM, rows cut into equal pieces of whole tiles
+    (fdlib.worklist.balanced_chunk, balanced_pieces) that depend on the batchmates, at most P + B of them; the
+    default call runs stream-K, whose launch depends on the shapes alone."""
     from fdlib import worklist
     from fdlib.kernels.worklist import INLINE_BATCH
     from fdlib.plan import WORK_WAVES, decide
@@ -270,12 +273,19 @@ def test_what_section_4_says_about_the_default_calls_schedule_holds():
     assert "P·H_kv about two programs per SM (`fdlib.worklist.balanced_chunk`)" in text
     from fdlib.splits import sm_count
     H_kv = 8
-    assert decide(32, 32, H_kv, 128, 32768, torch.float16).budget == -(-WORK_WAVES * sm_count() // H_kv)
-    assert "equal pieces of whole tiles (`fdlib.worklist.balanced_pieces`)" in text
-    # the default call (no host lengths) plans the work list sized by the batch, inline up to 16 sequences
+    d = decide(32, 32, H_kv, 128, 32768, torch.float16, method="worklist")
+    assert d.budget == -(-WORK_WAVES * sm_count() // H_kv)
+    assert "equal pieces of whole tiles\n(`fdlib.worklist.balanced_pieces`)" in text or \
+        "equal pieces of whole tiles (`fdlib.worklist.balanced_pieces`)" in " ".join(text.split())
+    assert "so the grid needs room for P + B items, not B·S" in " ".join(text.split())
+    assert worklist.capacity(32, 32, d.budget) == d.budget + 32 < 32 * 32
     for B, inline in ((16, True), (17, False)):
-        d = decide(B, 32, 8, 128, 32768, torch.float16)
+        d = decide(B, 32, 8, 128, 32768, torch.float16, method="worklist")
         assert d.kernel == "worklist" and d.budget > 0 and bool(d.inline) == inline
+    # the default call (no host lengths) runs stream-K for two or more sequences
+    assert "Without host lengths, `auto` runs it for two or more sequences" in " ".join(text.split())
+    assert decide(2, 32, 8, 128, 32768, torch.float16).kernel == "streamk"
+    assert decide(1, 32, 8, 128, 32768, torch.float16).kernel != "streamk"
     # the unit is section 3's c (tiles over the budget), at least chunk; equal whole-tile pieces
     N, chunk, P = 16, 64, 5
     lens = [700, 90, 0, 300, 300, 1500, 17, 260]

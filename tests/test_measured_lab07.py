@@ -145,8 +145,7 @@ def test_the_window_the_lesson_writes_is_fdlibs():
 
 # ------------------------------------------ batch_invariant=True: the invariant kernel and the work list (H100)
 def _serving():
-    from fdlib.course.measured import lab06
-    data = json.loads(lab06.SERVING.read_text())
+    data = json.loads(view07.INVARIANT_SERVING.read_text())
     return data, {(r["case"], r["layout"], r["row"]): r["graph_us"] for r in data["records"] if r["status"] == "ok"}
 
 
@@ -182,7 +181,8 @@ def test_what_the_lesson_says_about_the_invariant_work_list_holds():
 
     from fdlib import worklist
     from fdlib.kernels import invariant
-    from fdlib.plan import WORK_CHUNK_TILES, WORK_MIN_L, WORK_SPLITS, decide
+    from fdlib.plan import WORK_CHUNK_TILES, WORK_SPLITS, decide
+    WORK_MIN_L = view07.LONG_ROWS
     text = " ".join(LESSON.read_text(encoding="utf-8").split())
     assert ("`method=\"worklist\", batch_invariant=True` cuts each row by its own length alone, into at most 32 "
             "pieces of max(4, ⌈tiles/32⌉) tiles (the shape of the formula above), and merges a row's partials in "

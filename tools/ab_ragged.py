@@ -16,7 +16,7 @@ plan of NAME with ``num_splits=S``; ``+longest_first``: the plan made with ``lon
 ``unified#1+longest_first``: whole rows launched longest first, what run 44's ``unified#1`` ran at 68c1242;
 ``+device``: the plan made without the lengths (a capacity plan, as ``decode_attention`` with lengths on the
 device makes); ``+WORK_CHUNK_TILES=T``: a work-list plan's pieces of at least T tiles, ``+WORK_SPLITS=S`` at most S a row, ``+WORK_WAVES=W`` W programs an SM,
-``+DEVICE_SCHEDULE=1``: ``auto`` without lengths takes the work list (:mod:`fdlib.plan`);
+``+DEVICE_SCHEDULE=1``: ``auto`` without lengths takes stream-K (:func:`fdlib.plan.device_schedule_suits`);
 ``+stale_order``: the plan's longest-first order reversed, so that every program sorts, as after the lengths change
 order under a plan: :func:`stale_order`);
 ``row_read`` / ``row_read@W`` / ``row_read#S@W``: the batch's rows and pages walked in tiles of 64 keys by one

@@ -210,15 +210,21 @@ def ragged(results_dir) -> Shown:
 
 
 # ------------------------------------------------------------------------------------ the serving batches, on an H100
-SERVING = RESULTS.parent / "h100" / "worklist" / "serving.json"
-"""``python -m fdlib.bench --serving --methods worklist,worklist@captured,worklist+invariant,invariant`` on an H100:
-seven serving batches (bf16, D = 128), pages of 16 (shuffled) and a contiguous cache, CUDA-graph times, the read
-ceiling measured in the same run. Its rows (a record's ``row``): ``plan_host`` (planned from the host lengths),
-``default`` (planned without them, every row for L_max: :data:`fdlib.plan.DEVICE_SCHEDULE` off), ``captured``
-(that plan captured in a graph before the lengths are known), ``worklist`` (``method="worklist"``, the pieces
-sized by the batch), ``worklist@captured``, ``worklist+invariant`` (``method="worklist", batch_invariant=True``:
-pieces by each row alone) and ``invariant`` (``batch_invariant=True``: the invariant kernel)."""
-SERVING_COLUMNS = (("default", "plan for L_max"), ("worklist", "work list"), ("worklist@captured", "captured"))
+SERVING = RESULTS.parent / "h100" / "streamk-device" / "landed" / "serving.json"
+"""``python -m fdlib.bench --serving`` on an H100: seven serving batches (bf16, D = 128), pages of 16 (shuffled) and a
+contiguous cache, CUDA-graph times, the read ceiling measured in the same run. Its rows (a record's ``row``):
+``plan_host`` (planned from the host lengths), ``default`` (``decode_attention`` with the lengths on the device:
+stream-K for two or more sequences, :func:`fdlib.plan.device_schedule_suits`) and ``captured`` (that plan
+captured in a graph before the lengths are known, replayed with them)."""
+SERVING_BEFORE = RESULTS.parent / "h100" / "worklist" / "serving.json"
+"""The same batches, an earlier run whose ``default`` rows planned every row for L_max (the device schedule off)."""
+SERVING_WORKLIST = RESULTS.parent / "h100" / "streamk-device" / "serving-streamk.json"
+"""The same batches, a run whose ``default`` rows ran section 4's work list sized by the batch (kernel
+``worklist``) on batches 1-5."""
+EQUAL_ROWS = RESULTS.parent / "h100" / "streamk-device" / "ab-streamk-device.json"
+"""``tools/ab_ragged.py``: ``auto`` from host lengths against stream-K planned without them (``streamk+device``), on
+batches of equal rows among others."""
+SERVING_COLUMNS = (("default", "default call"), ("captured", "captured"))
 """The serving table's columns after the host-lengths plan: (row, heading)."""
 CACHES = ("paged", "contiguous")
 
@@ -279,63 +285,72 @@ def serving_rows(run: Serving) -> list[list[str]]:
     return rows
 
 
-def default_suits(run: Serving, case: int) -> bool:
-    """Whether the default call, planned without host lengths, takes the work list on a batch
-    (:func:`fdlib.plan.device_schedule_suits` for its B and longest row, bf16 as the run)."""
-    import torch
-
-    from ...plan import device_schedule_suits
-    c = run.cases[case]
-    return device_schedule_suits(c["B"], max(c["lengths"]), torch.bfloat16)
-
-
 def span_text(lo_hi) -> str:
     lo, hi = lo_hi
     return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}×"
 
 
-def serving_findings(run: Serving) -> dict:
-    """The batches the lesson reads, found by their lengths, and the spans it quotes (least-most over the two
-    caches, × the host-lengths plan): ``one_long`` (one row far longer than the rest), ``chat`` (lognormal
-    lengths), ``short`` (many rows, none of WORK_MIN_L keys); ``captured``: the captured work list over the called
-    one, on every batch and cache."""
-    by_law = {c["law"][0]: n for n, c in run.cases.items()}
-    short = max((n for n, c in run.cases.items() if not default_suits(run, n)), key=lambda n: run.cases[n]["B"])
-    found = {"one_long": by_law["one_long"], "chat": by_law["lognormal"], "short": short}
-    out = {name: {"case": n, "old": run.span(n, "default"), "worklist": run.span(n, "worklist")}
-           for name, n in found.items()}
-    caps = [run.us(n, lay, "worklist@captured") / run.us(n, lay, "worklist") for n in run.cases for lay in CACHES]
-    out["captured"] = (min(caps), max(caps))
-    out["work_list_batches"] = [n for n in sorted(run.cases) if default_suits(run, n)]
-    return out
+def serving_findings(run: Serving, before: Serving, worklist_run: Serving, equal: list) -> dict:
+    """What the lesson reads, each a (least, most) span of time / the host-lengths plan's: ``default`` and
+    ``captured`` over every batch and cache of ``run`` (``pct``: the default's % of the ceiling), ``streamk``: the
+    batches where the default ran stream-K, and ``same``: whether the host plan ran it there too; ``before``: the
+    plan for L_max on the batch with one long row (``one_long``); ``worklist``: the work list sized by the batch,
+    per cache, over the batches it ran; ``equal``: stream-K planned without lengths over ``auto`` from host lengths
+    on the equal-row batches of ``equal`` (records of an ab_ragged run)."""
+    keys = [(n, lay) for n in sorted(run.cases) for lay in CACHES]
+    ratios = {row: [run.ratio(n, lay, row) for n, lay in keys] for row, _ in SERVING_COLUMNS}
+    pct = [run.records[n, lay, "default"]["pct_ceiling"] for n, lay in keys]
+    streamk = [n for n in sorted(run.cases) if all(run.records[n, lay, "default"]["kernel"] == "streamk"
+                                                   for lay in CACHES)]
+    same = all(run.records[n, lay, "plan_host"]["kernel"] == "streamk" for n in streamk for lay in CACHES)
+    one_long = next(n for n, c in before.cases.items() if c["law"][0] == "one_long")
+    wl = {lay: [worklist_run.ratio(n, lay, "default") for n in sorted(worklist_run.cases)
+                if worklist_run.records[n, lay, "default"]["kernel"] == "worklist"] for lay in CACHES}
+    by = {}
+    for r in equal:
+        if r["dist"] == "constant" and r["status"] == "ok":
+            by.setdefault((r["B"], r["H_q"], r["H_kv"], r["mean"], r["page_size"]), {})[r["method"]] = r["graph_us"]
+    eq = [m["streamk+device"] / m["auto"] for m in by.values() if {"auto", "streamk+device"} <= set(m)]
+    return {"default": (min(ratios["default"]), max(ratios["default"])), "pct": (min(pct), max(pct)),
+            "captured": (min(ratios["captured"]), max(ratios["captured"])), "streamk": streamk, "same": same,
+            "one_long": one_long, "before": before.span(one_long, "default"),
+            "worklist": {lay: (min(x), max(x)) for lay, x in wl.items()}, "wl_batches": len(wl["paged"]),
+            "equal": (min(eq), max(eq)), "equal_batches": len(eq)}
+
+
+def batches_text(ns) -> str:
+    return f"{ns[0]}-{ns[-1]}" if ns == list(range(ns[0], ns[-1] + 1)) else ", ".join(map(str, ns))
 
 
 def serving(path=None) -> str:
     """The serving batches as printed text: the batches, the table (:func:`serving_rows`), what the lesson reads
-    from it (:func:`serving_findings`), and a caption naming the file."""
+    (:func:`serving_findings`, with the earlier runs of :data:`SERVING_BEFORE`, :data:`SERVING_WORKLIST` and
+    :data:`EQUAL_ROWS`), and a caption naming the files."""
     from . import format_rows, shown_path, wrap_caption
-    from ...plan import WORK_MIN_L
     run = load_serving(path)
-    f = serving_findings(run)
+    before, wl_run = load_serving(SERVING_BEFORE), load_serving(SERVING_WORKLIST)
+    if not EQUAL_ROWS.exists():
+        raise FileNotFoundError(f"path: expected the recorded run {EQUAL_ROWS.name} in {EQUAL_ROWS.parent}, found none")
+    f = serving_findings(run, before, wl_run, json.loads(EQUAL_ROWS.read_text())["records"])
+    pct = f"{f['pct'][0]:.0f}-{f['pct'][1]:.0f}%"
     lines = ["The batches (bf16, D = 128):"]
     lines += [f"  {n}  {c['name']}, {run.records[n, 'paged', 'plan_host']['kv_mb']:.0f} MB of K and V"
               for n, c in sorted(run.cases.items())]
-    lines += ["", format_rows(serving_rows(run)), "", "× the host-lengths plan, over the two caches:"]
-    one, chat, short = f["one_long"], f["chat"], f["short"]
-    lines += [f"  batch {one['case']}, one long row: plan for L_max {span_text(one['old'])}, "
-              f"work list {span_text(one['worklist'])}",
-              f"  batch {chat['case']}, lognormal lengths: work list {span_text(chat['worklist'])}, plan for L_max "
-              f"{span_text(chat['old'])}",
-              f"  batch {short['case']}, {run.cases[short['case']]['name']}: work list "
-              f"{span_text(short['worklist'])}, plan for L_max {span_text(short['old'])}",
-              f"The work list captured, over the work list called: {span_text(f['captured'])} on every batch",
-              f"The default call takes the work list on batches {', '.join(map(str, f['work_list_batches']))} "
-              f"(>= 2 rows, the longest >= {WORK_MIN_L} keys),",
-              "  the plan for L_max on the others", ""]
+    lines += ["", format_rows(serving_rows(run)), "", "× the host-lengths plan:",
+              f"  default call: {span_text(f['default'])} on every batch and cache, {pct} of the ceiling; "
+              f"stream-K on batches {batches_text(f['streamk'])}",
+              f"  (the host plan ran stream-K there too: {'the same launch' if f['same'] else 'not everywhere'})",
+              f"  captured: {span_text(f['captured'])}",
+              f"  before, planned for L_max: batch {f['one_long']}, one long row, {span_text(f['before'])}",
+              f"  section 4's work list sized by the batch ({f['wl_batches']} batches): contiguous "
+              f"{span_text(f['worklist']['contiguous'])}, pages of 16 {span_text(f['worklist']['paged'])}",
+              f"  stream-K without lengths on {f['equal_batches']} batches of equal rows, over auto with host lengths: "
+              f"{span_text(f['equal'])}", ""]
     lines.append(wrap_caption(
         f"{shown_path(run.path)}, recorded on {run.device} {run.date}: CUDA-graph times (µs), × the host-lengths "
         f"plan's, % of the read ceiling ({run.ceiling_tbs:.2f} TB/s, measured in the same run). host lengths: "
-        f"planned from the lengths on the host; plan for L_max: planned without them, every row for the longest; "
-        f"work list: method=\"worklist\", the lengths on the device; captured: the same, captured in a CUDA graph "
-        f"before the lengths are known and replayed with them."))
+        f"planned from the lengths on the host; default call: decode_attention with the lengths on the device; "
+        f"captured: the same plan captured in a CUDA graph before the lengths are known and replayed with them. "
+        f"Earlier runs, same GPU and batches: {shown_path(before.path)} (the plan for L_max), "
+        f"{shown_path(wl_run.path)} (the work list), {shown_path(EQUAL_ROWS)} (equal rows)."))
     return "\n".join(lines)

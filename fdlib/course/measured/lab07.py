@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import Shown, gmean, load, provenance, shown_path, skipped_reason, view
+from . import RESULTS, Shown, gmean, load, provenance, shown_path, skipped_reason, view
 
 INVARIANT = "invariant-fp16.json"
 UNIFIED_MAX = "unified-max.json"
@@ -127,21 +127,23 @@ def exact(results_dir: Path) -> Shown:
 
 
 # ------------------------------------------------------------- batch_invariant=True: two schedules, on an H100
+INVARIANT_SERVING = RESULTS.parent / "h100" / "worklist" / "serving.json"
+"""A ``--serving`` run of Lab 06's seven batches with the two batch-invariant rows, on an H100."""
+LONG_ROWS = 8192
+"""The table's grouping: batches whose rows may reach this many keys (the longest row drawn), and the others."""
 INVARIANT_ROWS = (("invariant", "invariant kernel"), ("worklist+invariant", "work list, invariant"))
-"""The two batch-invariant rows of Lab 06's serving run (:data:`fdlib.course.measured.lab06.SERVING`): (row,
-heading). ``invariant``: ``batch_invariant=True`` (the invariant kernel); ``worklist+invariant``:
+"""The two batch-invariant rows of :data:`INVARIANT_SERVING`: (row, heading). ``invariant``: ``batch_invariant=True`` (the invariant kernel); ``worklist+invariant``:
 ``method="worklist", batch_invariant=True`` (pieces by each row's length alone)."""
 
 
 def invariant_schedules(path=None) -> str:
     """The two batch-invariant schedules on Lab 06's serving batches, as printed text: per batch and cache, each
     one's µs and × the host-lengths plan, and the work list's time over the invariant kernel's; then how many
-    batches of long rows (a row that may reach :data:`fdlib.plan.WORK_MIN_L` keys) the work list is faster on, and
+    batches of long rows (a row that may reach :data:`LONG_ROWS` keys) the work list is faster on, and
     its span on the others; a caption naming the file."""
     from . import format_rows, wrap_caption
     from .lab06 import CACHES, cache_name, load_serving, span_text
-    from ...plan import WORK_MIN_L
-    run = load_serving(path)
+    run = load_serving(INVARIANT_SERVING if path is None else path)
     rows = [["#", "batch", "cache", *(h for _, h in INVARIANT_ROWS), "work list / kernel"]]
     over = {}
     for case, c in sorted(run.cases.items()):
@@ -150,11 +152,11 @@ def invariant_schedules(path=None) -> str:
             rows.append([str(case), c["name"].split(",")[0], cache_name(layout, run),
                          *(f"{run.us(case, layout, r):.1f} µs {run.ratio(case, layout, r):.2f}×"
                            for r, _ in INVARIANT_ROWS), f"{over[case, layout]:.2f}"])
-    long_ = [k for k in over if max(run.cases[k[0]]["lengths"]) >= WORK_MIN_L]
+    long_ = [k for k in over if max(run.cases[k[0]]["lengths"]) >= LONG_ROWS]
     short = sorted({k[0] for k in over} - {k[0] for k in long_})
     faster = [k for k in long_ if over[k] < 1]
     lines = [format_rows(rows), "",
-             f"Batches whose rows may reach {WORK_MIN_L} keys, two caches each: the work list faster in "
+             f"Batches whose rows may reach {LONG_ROWS} keys, two caches each: the work list faster in "
              f"{len(faster)} of {len(long_)},",
              f"  {min(over[k] for k in long_):.2f}-{max(over[k] for k in long_):.2f}× the kernel's time"]
     lines += [f"Batch {n}, {run.cases[n]['name']}: the work list "
