@@ -14,7 +14,7 @@ from fdlib import api
 from fdlib.kernels.streamk import MAX_BATCH
 from helpers import DEVICE, INTERPRET, assert_attention_close
 from test_paged import paged_problem
-from test_worklist import rand_problem
+from test_worklist import captured_replays, rand_problem
 
 
 def decision(B=4, L_max=8192, **kw):
@@ -72,30 +72,8 @@ def test_a_plan_made_without_lengths_follows_new_lengths_in_the_same_tensor(page
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_a_captured_graph_replayed_with_ragged_lengths_on_a_gpu():
     """Captured while every row is L_max, replayed after ragged lengths are written into the same tensor:
-    contiguous and over pages, bf16, against float64."""
-    H_q, H_kv, D, L_max, page = 32, 8, 128, 4096, 16
-    lens = [4096, 1, 0, 2049, 77, 4000, 128, 129]
-    B = len(lens)
-    g = torch.Generator().manual_seed(5)
-    q, kp, vp, bt, k, v, L = paged_problem(g, B, H_q, H_kv, D, page, L_max // page, B * L_max // page, lens,
-                                           dtype=torch.bfloat16, share=False, unused=0)
-    for paged in (False, True):
-        p = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=torch.bfloat16, device=DEVICE,
-                       page_size=page if paged else None)
-        assert p.decision.kernel == "streamk"
-        args = (q, kp, vp) if paged else (q, k, v)
-        kw = dict(block_table=bt) if paged else {}
-        L.fill_(L_max)
-        out = torch.empty_like(q)
-        lse = torch.empty(B, H_q, dtype=torch.float32, device=DEVICE)
-        p.run(*args, L, out=out, lse=lse, **kw)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            p.run(*args, L, out=out, lse=lse, **kw)
-        L.copy_(torch.tensor(lens, dtype=torch.int32))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_attention_close(out, lse, q, k, v, L, what=f"captured stream-K paged={paged}")
+    contiguous and over pages, bf16, against float64 (test_worklist.captured_replays): auto's stream-K."""
+    assert [p.decision.kernel for p, _ in captured_replays()] == ["streamk", "streamk"]
 
 
 def test_a_call_without_cache_seqlens_is_planned_for_its_equal_rows():

@@ -246,10 +246,10 @@ def test_batch_invariant_by_construction():
                            torch.tensor([L_row], dtype=torch.int32), what="invariant row")
 
 
-@pytest.mark.skipif(INTERPRET, reason="CUDA graphs need a GPU")
-def test_a_captured_graph_replayed_with_ragged_lengths_on_a_gpu():
-    """Captured while every row is L_max, replayed after ragged lengths are written into the same tensor:
-    contiguous and over pages, against float64."""
+def captured_replays(**plan_kw):
+    """Yield (plan, lengths) after each of two replays, contiguous then over pages of 16: a plan made without
+    lengths (``plan_kw``), captured while every row is L_max, replayed after ragged lengths are written into the
+    same tensor, checked against float64 (bf16, 32:8, D=128, rows of 0 to 4096 keys)."""
     H_q, H_kv, D, L_max, page = 32, 8, 128, 4096, 16
     lens = [4096, 1, 0, 2049, 77, 4000, 128, 129]
     B = len(lens)
@@ -257,8 +257,8 @@ def test_a_captured_graph_replayed_with_ragged_lengths_on_a_gpu():
     q, kp, vp, bt, k, v, L = paged_problem(g, B, H_q, H_kv, D, page, L_max // page, B * L_max // page, lens,
                                            dtype=torch.bfloat16, share=False, unused=0)
     for paged in (False, True):
-        p = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=torch.bfloat16, device=DEVICE, method="worklist",
-                       page_size=page if paged else None)
+        p = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=torch.bfloat16, device=DEVICE,
+                       page_size=page if paged else None, **plan_kw)
         args = (q, kp, vp) if paged else (q, k, v)
         kw = dict(block_table=bt) if paged else {}
         L.fill_(L_max)
@@ -271,7 +271,15 @@ def test_a_captured_graph_replayed_with_ragged_lengths_on_a_gpu():
         L.copy_(torch.tensor(lens, dtype=torch.int32))
         graph.replay()
         torch.cuda.synchronize()
-        assert_attention_close(out, lse, q, k, v, L, what=f"captured worklist paged={paged}")
+        assert_attention_close(out, lse, q, k, v, L, what=f"captured {p.decision.kernel} paged={paged}")
+        yield p, lens
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_captured_graph_replayed_with_ragged_lengths_on_a_gpu():
+    """Captured while every row is L_max, replayed after ragged lengths are written into the same tensor:
+    contiguous and over pages, against float64; the list the replay wrote is the model's."""
+    for p, lens in captured_replays(method="worklist"):
         assert listed(p) == expected(p, lens)
 
 
