@@ -242,11 +242,17 @@ def test_what_the_lesson_says_about_the_serving_batches_holds():
         if r["dist"] == "constant":
             eq.setdefault((r["B"], r["H_q"], r["H_kv"], r["mean"], r["page_size"]), {})[r["method"]] = r["graph_us"]
     equal = _span_text([m["streamk+device"] / m["auto"] for m in eq.values()])
-    said = (f"Without the lengths, stream-K takes {default} the host plan's time on every batch and cache, {pct} of "
-            f"the ceiling, and captured {captured}: on batches 1-6 the host plan runs stream-K too, the same launch. "
+    # the default call's span covers every batch; stream-K only where B >= 2 (batch 7 is one sequence)
+    assert cases[7]["B"] == 1 and recs[7, "paged", "default"]["kernel"] != "streamk"
+    # on the equal rows the host plan ran the unified or the persistent kernel, never stream-K
+    assert {r["kernel"] for r in json.loads(M.EQUAL_ROWS.read_text())["records"]
+            if r["dist"] == "constant" and r["method"] == "auto"} == {"unified", "persistent"}
+    said = (f"Without the lengths, the default call takes {default} the host plan's time on every batch and cache, "
+            f"{pct} of the ceiling, and captured {captured}: on batches 1-6 both run stream-K, the same launch. "
             f"Planned for L_max instead, the batch with one long row took {before}. Section 4's work list, sized by "
-            f"the batch, came within {wl_c} on contiguous caches but {wl_p} over pages. The cost of being blind to "
-            f"the lengths: on equal rows, where the host plan runs the unified kernel, stream-K takes {equal}.")
+            f"the batch, took {wl_c} on contiguous caches but {wl_p} over pages. The cost of being blind to "
+            f"the lengths: on equal rows, where the host plan runs the unified or the persistent kernel, stream-K "
+            f"takes {equal}.")
     assert said in _lesson(), said
     printed = " ".join(M.serving().split())
     for words in (f"default call: {default} on every batch and cache, {pct} of the ceiling; stream-K on batches 1-6",
@@ -286,6 +292,9 @@ def test_what_section_4_says_about_the_default_calls_schedule_holds():
     assert "Without host lengths, `auto` runs it for two or more sequences" in " ".join(text.split())
     assert decide(2, 32, 8, 128, 32768, torch.float16).kernel == "streamk"
     assert decide(1, 32, 8, 128, 32768, torch.float16).kernel != "streamk"
+    assert "its launch (one program per SM slot) depends on the shapes alone" in " ".join(text.split())
+    assert '`method="worklist"` runs the work list.' in text
+    assert decide(2, 32, 8, 128, 32768, torch.float16, method="worklist").kernel == "worklist"
     # the unit is section 3's c (tiles over the budget), at least chunk; equal whole-tile pieces
     N, chunk, P = 16, 64, 5
     lens = [700, 90, 0, 300, 300, 1500, 17, 260]

@@ -84,8 +84,8 @@ def test_the_explorer_leaves_the_notebooks_figures_alone():
 
 
 def test_the_explorer_shows_pieces_sized_by_the_batch():
-    """budget > 0: the explorer draws the list a call planned without lengths runs (fdlib.worklist's balanced
-    mode): one long row among short ones is cut into about its share of the budget, unlike budget 0."""
+    """budget > 0: the explorer draws the list ``method="worklist"`` runs (fdlib.worklist's balanced mode): one
+    long row among short ones is cut into about its share of the budget, unlike budget 0."""
     pytest.importorskip("ipywidgets")
     from fdlib.course.worklist_view import worklist_explorer
     ex = worklist_explorer(B=8, L=1024, dist="zipf", chunk=16, S=16, N=16, budget=0)
@@ -93,3 +93,33 @@ def test_the_explorer_shows_pieces_sized_by_the_batch():
     ex.controls["budget"].value = 8
     assert ex.items == worklist.work_list(ex.lengths, 16, 16, 16, 8) != by_row
     assert "budget of 8 items" in ex._fig.texts[0].get_text()
+
+
+def test_the_readout_names_the_bound_that_sets_the_room():
+    """The readout's "room for X = n" is true arithmetic: budget + B where that is the smaller bound, else B·S
+    (fdlib.worklist.capacity), and the list fits in it."""
+    pytest.importorskip("ipywidgets")
+    import re
+    from fdlib.course.worklist_view import worklist_explorer
+    ex = worklist_explorer(B=32, L=1024, dist="zipf", chunk=64, S=4, N=16, budget=0)
+    for B, budget in ((32, 0), (32, 32), (8, 32), (8, 4), (1, 64)):
+        ex.controls["B"].value, ex.controls["budget"].value = B, budget
+        m = re.search(r"(\d+) items \(room for (budget \+ B|B·S) = (\d+)\)", ex.readout.value)
+        assert m, ex.readout.value
+        said = budget + B if m[2] == "budget + B" else B * 4
+        assert int(m[3]) == said == worklist.capacity(B, 4, budget) and int(m[1]) <= said, (B, budget, m[0])
+
+
+def test_the_programs_axis_has_whole_numbers():
+    """Program i is a whole number: the launch-order axis never ticks 2.5."""
+    import matplotlib.pyplot as plt
+    from fdlib.course.explorer_model import ragged_lengths
+    lengths = ragged_lengths("zipf", 8, 1024, 0)
+    items = worklist.work_list(lengths, 64, 4, 16, 32)
+    fig = draw_work_list(lengths, 64, 4, 16, items)
+    fig.canvas.draw()
+    right = fig.axes[1]
+    assert right.get_xlabel().startswith("program i")
+    ticks = [x for x in right.get_xticks() if right.get_xlim()[0] <= x <= right.get_xlim()[1]]
+    assert len(ticks) >= 3 and all(float(x).is_integer() for x in ticks), ticks
+    plt.close(fig)

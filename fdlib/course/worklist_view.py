@@ -47,6 +47,7 @@ def draw_work_list(lengths, chunk: int, S: int, N: int, items=None, fig=None, ti
     count n(L_b) above it; right, programs i = 0, 1, ... in launch order, bar i the keys of item i, coloured by its
     row. ``items``: the list to draw (default: :func:`fdlib.worklist.work_list`, the model). Returns the figure."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     lengths = [int(L) for L in lengths]
     items = worklist.work_list(lengths, chunk, S, N) if items is None else list(items)
@@ -82,6 +83,7 @@ def draw_work_list(lengths, chunk: int, S: int, N: int, items=None, fig=None, ti
     right.set_ylabel("keys in the piece")
     right.set_title(f"the work list: {len(items)} items, longest rows first", fontsize=9.5)
     right.set_xlim(-0.7, max(len(items), 1) - 0.3)
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))     # programs are whole numbers
     right.grid(axis="x", visible=False)
     from matplotlib.patches import Patch
     handles = [Patch(facecolor=_color(b), label=f"row {b}: L={L}") for b, L in enumerate(lengths)] \
@@ -101,6 +103,13 @@ CHUNK_OPTIONS = [16, 32, 64, 128, 256, 512]
 S_OPTIONS = [1, 2, 4, 8, 16]
 BUDGET_OPTIONS = [0, 4, 8, 16, 32, 64]
 """Items a batch's pieces are sized to (:func:`fdlib.worklist.balanced_chunk`); 0: each row cut by its own length."""
+
+
+def room_text(B: int, S: int, budget: int) -> str:
+    """The list's room as the readout states it: ``budget + B = n`` where that is the smaller bound, else
+    ``B·S = n`` (:func:`fdlib.worklist.capacity`)."""
+    room = worklist.capacity(B, S, budget)
+    return f"{'budget + B' if budget and room == budget + B else 'B·S'} = {room}"
 
 
 def _make_class():
@@ -156,8 +165,7 @@ def _make_class():
             keys = [it.end - it.start for it in self.items]
             self.readout.value = (
                 f"<div style='font-family:monospace;font-size:0.9em;line-height:1.4'>"
-                f"{len(self.items)} items (room for "
-                f"{'budget + B' if c['budget'] else 'B·S'} = {worklist.capacity(len(self.lengths), c['S'], c['budget'])})<br>"
+                f"{len(self.items)} items (room for {room_text(len(self.lengths), c['S'], c['budget'])})<br>"
                 f"pieces per row: {min(pieces)} to {max(pieces)}<br>"
                 f"keys per piece: {min(keys)} to {max(keys)}<br>"
                 f"first program: row {self.items[0].b}, {keys[0]} keys</div>")
@@ -171,8 +179,8 @@ _CLS = None
 def worklist_explorer(**defaults):
     """The work-list explorer (an ipywidgets VBox): ``B, L`` (the mean length), ``dist`` (``"constant"``,
     ``"uniform"`` or ``"zipf"``), ``chunk, S, N, seed``, and ``budget``: 0, each row cut by its own length (what
-    Lab 06's exercise lists), or the items a batch's pieces are sized to (what a call planned without its lengths
-    runs, :func:`fdlib.worklist.balanced_chunk`)."""
+    Lab 06's exercise lists), or the items a batch's pieces are sized to (what ``method="worklist"`` runs,
+    :func:`fdlib.worklist.balanced_chunk`)."""
     global _CLS
     if _CLS is None:
         _CLS = _make_class()
