@@ -208,8 +208,9 @@ def device_schedule_suits(B: int, dtype, q_len: int = 1) -> bool:
     made without lengths is the very kernel the host-lengths plan runs on ragged batches, and a captured graph
     replays balanced. On an H100 (``results/h100/streamk-device/``, bf16, graph µs, the read ceiling in the same
     run) it took 0.99-1.00x the host-lengths plan on the six serving batches of 8-256 sequences, pages of 16 and
-    contiguous, called and captured (93-97% of the ceiling), where the plan for L_cap took up to 2.67x; on equal
-    rows, where the host plan runs the unified kernel, 1.02-1.07x. One sequence keeps the plan for L_cap (its
+    contiguous, called and captured (93-97% of the ceiling, ``serving-streamk.md``), where the plan for L_cap took
+    up to 2.67x; with this rule the default call took 0.99-1.01x on all seven batches (91-95%, ``landed/``); on
+    equal rows, where the host plan runs the unified or the persistent kernel, 1.02-1.07x. One sequence keeps the plan for L_cap (its
     splits: exact for a full row); an 8-bit cache's stream-K and several query tokens have not been timed
     without lengths, and keep it too."""
     from .kernels.streamk import MAX_BATCH

@@ -24,7 +24,7 @@ the grid and the workspace are fixed at plan time.
 are merged in piece order (:func:`fdlib.kernels.tile.combine_heads`) whoever merges; so with chunk, S and the
 tiles fixed independently of the batch, a sequence's result is the same bits whatever its batchmates.
 
-**Sized by the batch** (a plan's ``budget`` > 0, what a call planned without its lengths runs): the same list,
+**Sized by the batch** (a plan's ``budget`` > 0, ``method="worklist"`` without ``batch_invariant``): the same list,
 but the pieces' size follows the whole batch, as FlashMLA's scheduler cuts :math:`\sum_b` blocks evenly: a unit
 :math:`c = N\max(\text{chunk}/N, \lceil \sum_b t_b / \text{budget}\rceil)` for the rows' tiles
 :math:`t_b = \max(1, \lceil L_b/N \rceil)`, and row b cut into :math:`n_b = \min(S, \max(1,
@@ -68,8 +68,8 @@ def pieces(L: int, chunk: int, S: int, N: int) -> int:
 
 
 def balanced_chunk(lengths, chunk: int, budget: int, N: int) -> int:
-    r"""The unit c (keys) a batch's pieces are sized by when the plan gives a ``budget`` of items (the default
-    call's schedule, below): :math:`c = N\max(\text{chunk}/N,\ \lceil \sum_b \max(1, \lceil L_b/N\rceil) /
+    r"""The unit c (keys) a batch's pieces are sized by when the plan gives a ``budget`` of items (sized by
+    the batch, the module doc): :math:`c = N\max(\text{chunk}/N,\ \lceil \sum_b \max(1, \lceil L_b/N\rceil) /
     \text{budget} \rceil)`, so the batch's tiles come to about ``budget`` pieces however they are spread."""
     tiles = sum(max(1, cdiv(max(int(L), 0), N)) for L in lengths)
     return N * max(chunk // N, cdiv(tiles, budget))
