@@ -43,9 +43,10 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     ragged host lengths where :func:`streamk_suits` (over pages also where a program streams
     STREAMK_PAGED_MIN_TILES tiles or more,
     :func:`streamk_tiles_per_program`), and over pages for equal host lengths where a program streams
-    STREAMK_PAGED_DENSE_TILES tiles or more; the balanced kernel for ragged host lengths where :func:`balance_gain`
-    predicts it faster (BALANCED_GAIN, over pages BALANCED_GAIN_PAGED); then the persistent kernel where
-    :func:`choose_kernel` takes it at one split. In the interpreter (no SMs, no timing): the unified kernel at
+    STREAMK_PAGED_DENSE_TILES tiles or more; then the persistent kernel where :func:`choose_kernel` takes it at
+    one split. The balanced kernel is not among them (``method="balanced"`` still runs it): on an H100, every
+    kernel forced on 24 batches from host lengths (``results/h100/kernel-grid/``), it was never the fastest by
+    more than 0.4%, and the unified kernel or stream-K came within 0.4% of the fastest on every batch. In the interpreter (no SMs, no timing): the unified kernel at
     :func:`simple_rule`'s splits."""
     if runtime.INTERPRET:
         splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths, paged)
@@ -64,10 +65,6 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
             if paged and streamk_tiles_per_program(H_kv, D, dtype, lengths, paged) >= (
                     STREAMK_PAGED_MIN_TILES if ragged else STREAMK_PAGED_DENSE_TILES):
                 return "streamk", 1
-        if ragged:
-            gain, bal = best_balanced(lengths, H_kv, D, dtype, L_cap, splits, paged)
-            if gain < (BALANCED_GAIN_PAGED if paged else BALANCED_GAIN):
-                return "balanced", bal
         if kernel == "split":
             return kernel, splits
     from .kernels.config import chunk_for
@@ -115,22 +112,6 @@ TWO_STAGE_SPLITS = 32
 # unified kernel up to the epilogues measured there, and the two-stage path beyond, where nothing was measured.
 PAGED_EPILOGUE_WORK = 24_768
 
-# The balanced kernel takes a ragged batch when the model below predicts it at most this fraction of the
-# split schedule's time: its items pay a partial write and a merge that the model leaves out.
-BALANCED_GAIN = 0.9
-# Over pages the split schedule's long rows gather through the table as well; on the H200 (pages of 16, B=32, 32:8,
-# results/h200/ragged-b32-mean16k-page16-2026-11-30.json) the model predicted 0.91 and 0.93 for the uniform and Zipf
-# batches and the balanced kernel measured 0.92 of auto's unified time on both. Since paged tiles read their table
-# rows a tile ahead (64-key tiles, PAGED_BLOCK_N), the unified kernel streams pages nearly as fast as a contiguous
-# cache. On the paged ragged grid (H200, fp16, pages of 16, the code of 35787c5 on one machine:
-# results/h200/ragged-fp16-page16-35787c5.json and ragged-fp16-page16-unified-split.json) the balanced kernel took
-# 0.907-1.154x the unified kernel's time on the 33 ragged batches, geometric mean 1.010. It was more than 3% faster on
-# 5: where the model predicts 0.895 and 0.964 (B=128 Zipf mean 1024, 0.907 and 0.964), 0.981 (B=8 32:32 uniform mean
-# 8192, 0.967), and on two batches of 64 rows that the model gets wrong (B=8 32:8, predicted above 1.08, measured
-# 0.922 and 0.960). Taking the balanced kernel where the model's gain is below 0.95 and the unified kernel elsewhere
-# gives 82.3% of the read ceiling in geometric mean over those files' 50 shapes, the same as the unified kernel alone;
-# the earlier rule (the balanced kernel for every ragged batch of a row per SM) 81.7%.
-BALANCED_GAIN_PAGED = 0.95
 START_KEYS = 128     # a program's start-up (launch, q and lengths loads, pipeline fill), in keys of D=128 streamed
 
 
