@@ -276,7 +276,9 @@ def pack_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, pack_h
     if pack_heads is None and not packs_by_default(B, H_kv, D, P, dtype, kw.get("lengths"), kw.get("max_seqlen"),
                                                    L_max):
         return None
-    d = decide(B, H_q, H_kv // P, D * P, L_max, dtype, pack_heads=False, **kw)
+    # asked for (True), the pack is planned for L_cap even without host lengths; by default stream-K's device
+    # schedule, unpacked, takes such a call (robust to a ragged batch the pack's plan cannot see)
+    d = decide(B, H_q, H_kv // P, D * P, L_max, dtype, pack_heads=False, device_schedule=pack_heads is not True, **kw)
     return replace(d, pack=P) if d.kernel in ("unified", "split") else None
 
 
@@ -302,7 +304,7 @@ def packs_by_default(B: int, H_kv: int, D: int, P: int, dtype, lengths, max_seql
 def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=None, max_seqlen=None,
            method: str = "auto", num_splits: int | None = None, batch_invariant: bool = False,
            q_len: int = 1, paged: int = 0, pack_heads: bool | None = None,
-           longest_first: bool | None = None) -> Decision:
+           longest_first: bool | None = None, device_schedule: bool = True) -> Decision:
     """The kernel, tiles, splits and chunk for a batch of these sizes on this runtime (see the module doc).
     ``lengths``: host ints, one per sequence, or None; ``max_seqlen``: a host int bound, or None;
     ``batch_invariant``: :func:`invariant_decision`. ``q_len`` query tokens per sequence: a program holds
@@ -310,7 +312,9 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     cost model sees as H_q·q_len query heads (the same K/V bytes, q_len times the queries and outputs).
     ``pack_heads``: read small adjacent KV heads several at a time (:func:`pack_decision`). ``longest_first``:
     the unified kernel launches the sequences longest first (:func:`longest_first_order`): None where ``auto``'s
-    rule takes it (:func:`fdlib.splits.longest_first_suits`), True always (``method="unified"`` only), False never."""
+    rule takes it (:func:`fdlib.splits.longest_first_suits`), True always (``method="unified"`` only), False never.
+    ``device_schedule``: False keeps ``auto`` without lengths from stream-K (:func:`device_schedule_suits`), for
+    a plan of packed heads asked for (:func:`pack_decision`)."""
     if longest_first and method != "unified":
         raise ValueError(f"longest_first: True orders the unified kernel's sequences; pass method='unified', got "
                          f"method={method!r}")
@@ -348,7 +352,8 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     elem_bytes = dtype.itemsize
     tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv, q_rows=q_rows, paged=paged)
     kernel = method
-    if method == "auto" and lengths is None and num_splits is None and device_schedule_suits(B, dtype, q_len):
+    if (method == "auto" and lengths is None and num_splits is None and device_schedule
+            and device_schedule_suits(B, dtype, q_len)):
         kernel, basis = "streamk", "device lengths"   # shares made on the device from the lengths it finds
     if kernel in ("persistent", "streamk"):
         num_splits = 1

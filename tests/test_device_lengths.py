@@ -87,3 +87,17 @@ def test_a_call_without_cache_seqlens_is_planned_for_its_equal_rows():
     for call in ((q, k, v), (q, k, v, L)):
         out, lse = fdlib.decode_attention(*call, return_lse=True)
         assert_attention_close(out, lse, q, k, v, L, what=f"{len(call)} arguments")
+
+
+def test_packed_heads_without_lengths_pack_only_when_asked(monkeypatch):
+    """Small heads (D=64, H_kv=2) without host lengths: asked for (pack_heads=True), the pack, planned for L_cap;
+    by default, even where packing would be the default (packs_by_default), stream-K unpacked: its device
+    schedule follows a ragged batch that the pack's plan cannot see."""
+    plan_module = sys.modules["fdlib.plan"]
+    monkeypatch.setattr(plan_module, "packs_by_default", lambda *a: True)
+    p = fdlib.plan(4, 8, 2, 64, 128, dtype=torch.float16, device=DEVICE, pack_heads=True)
+    assert p.decision.pack == 2 and p.decision.kernel in ("unified", "split")
+    d = fdlib.plan(4, 8, 2, 64, 128, dtype=torch.float16, device=DEVICE).decision
+    assert d.kernel == "streamk" and d.pack == 1
+    d = fdlib.plan(4, 8, 2, 64, 128, dtype=torch.float16, device=DEVICE, lengths=[128] * 4).decision
+    assert d.pack == 2

@@ -115,11 +115,13 @@ def test_what_the_lesson_says_about_the_schedules_holds():
         "kernel (one program per SM slot, walking whole rows); over pages, stream-K takes the largest;",
         "ragged lengths run stream-K, except over pages on rows of about a thousand keys: there the unified kernel "
         "runs, whole rows longest first.",
-        "The balanced schedule of section 3 runs only on small batches, left of the line.",
+        "In that run the balanced schedule of section 3 ran only on small batches, left of the line; `auto` no longer "
+        "takes it.",
         "right of the line, `auto` reads 90% of the ceiling or more on nearly every batch (the table above counts them)",
     ]
     for words in said:
         assert words in text, words
+    # "auto no longer takes it": test_balance_choice.test_auto_never_takes_the_balanced_kernel_whatever_its_model_predicts
     flat, paged = _raw(M.CONTIGUOUS), _raw(M.PAGED)
     big = [r for r in flat + paged if r["kv_mb"] >= 512]
     # equal lengths, right of the line: unified or persistent on a contiguous cache; stream-K on the largest paged
