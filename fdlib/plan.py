@@ -874,20 +874,29 @@ class _Noted:
 def host_lengths(cache_seqlens, B: int, L_max: int, device, name: str = "cache_seqlens") -> torch.Tensor:
     """Lengths the caller has on the host (a list, tuple or CPU tensor) as an int32 CPU tensor, checked:
     ``ValueError`` naming ``name`` when the count or a value is wrong. Reads no GPU memory."""
-    if isinstance(cache_seqlens, torch.Tensor):
-        if cache_seqlens.device.type != "cpu":
-            where = "on q's device ({device}) or on the host (CPU)" if name == "cache_seqlens" else "on the host (CPU)"
-            raise ValueError(f"{name}: must be {where.format(device=device)}, got {cache_seqlens.device}")
-        if cache_seqlens.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"{name}: dtype must be torch.int32 or torch.int64, got {cache_seqlens.dtype}")
-        t = cache_seqlens.to(torch.int32)
-    else:
-        check_lengths_type(cache_seqlens, name, optional=False)   # a list or tuple of ints from here on
-        t = torch.tensor(cache_seqlens, dtype=torch.int32)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        return torch.tensor(checked_length_list(cache_seqlens, B, L_max, name), dtype=torch.int32)
+    if cache_seqlens.device.type != "cpu":
+        where = "on q's device ({device}) or on the host (CPU)" if name == "cache_seqlens" else "on the host (CPU)"
+        raise ValueError(f"{name}: must be {where.format(device=device)}, got {cache_seqlens.device}")
+    if cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: dtype must be torch.int32 or torch.int64, got {cache_seqlens.dtype}")
+    t = cache_seqlens.to(torch.int32)
     if tuple(t.shape) != (B,):
         raise ValueError(f"{name}: expected {B} lengths (one per sequence), got shape {list(t.shape)}")
     check_length_values(t, L_max, name)
     return t
+
+
+def checked_length_list(lengths, B: int, L_max: int, name: str = "cache_seqlens") -> list:
+    """A list or tuple of B ints in 0..L_max, checked in Python (no tensor is made or read); ``TypeError`` or
+    ``ValueError`` naming ``name``."""
+    check_lengths_type(lengths, name, optional=False)
+    if len(lengths) != B:
+        raise ValueError(f"{name}: expected {B} lengths (one per sequence), got shape [{len(lengths)}]")
+    if lengths:
+        _length_range(min(lengths), max(lengths), L_max, name)
+    return list(lengths)
 
 
 def check_length_values(t: torch.Tensor, L_max: int, name: str = "cache_seqlens") -> None:
@@ -1003,7 +1012,9 @@ def plan(B: int, H_q: int, H_kv: int, D: int, L_max: int, *, dtype=torch.float16
             raise ValueError(f"page_size: L_max={L_max} must be a positive multiple of page_size={page_size}")
     scale = check_scale(scale, D)
     device = check_device(device)
-    if lengths is not None:
+    if isinstance(lengths, (list, tuple)):   # checked in Python: a call's own all-L_max lengths read no tensor
+        lengths = tuple(checked_length_list(lengths, B, L_max, name="lengths"))
+    elif lengths is not None:
         lengths = tuple(host_lengths(lengths, B, L_max, device, name="lengths").tolist())
     check_max_seqlen(max_seqlen, L_max)
     if method != "naive":

@@ -121,9 +121,9 @@ def test_auto_through_the_persistent_kernel_is_right():
     B = PERSISTENT_MIN_WAVES * sm_count() // 2
     lens = [(7 * i) % (2 * N + 2) for i in range(B)]
     q, k, v, lens_t = make_problem(B, 2 * N + 1, 6, 2, 32, torch.float32, seed=5, lens=lens)
-    # planned for the capacity: with these ragged host lengths a GPU's auto takes the stream-K kernel instead
-    # (fdlib.splits.streamk_suits)
-    p = fdlib.plan(B, 6, 2, 32, 2 * N + 1, dtype=torch.float32)
+    # planned for equal rows at the capacity: with these ragged host lengths a GPU's auto takes the stream-K
+    # kernel instead (fdlib.splits.streamk_suits), and so does a plan made without lengths (device_schedule_suits)
+    p = fdlib.plan(B, 6, 2, 32, 2 * N + 1, dtype=torch.float32, lengths=[2 * N + 1] * B)
     if p.splits != 1:
         pytest.skip("the split rule splits this shape here; the persistent path is not taken")
     assert p.kernel == "persistent"
