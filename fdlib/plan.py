@@ -688,7 +688,8 @@ class DecodePlan:
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse,
                                                ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times, 1, scales)
             B_call = q.shape[0]   # programs for the list's room only (S pieces a row stay the partials' layout)
-            go[-1]((grid[0], B_call, -(-worklist.capacity(B_call, d.splits, d.budget) // B_call)), ptrs, scalars)
+            go[-1]((grid[0], B_call, -(-worklist.capacity(B_call, d.splits, d.budget) // max(B_call, 1))), ptrs,
+                   scalars)   # no sequences (B' = 0): an empty grid, as the other kernels launch
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.per_program, d.splits, out,
                                                lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times,
@@ -717,6 +718,7 @@ class DecodePlan:
         else:
             if self.kv is not None:   # the cache it stands for, in float32
                 k_cache, v_cache = quant.dequantize_kv(k_cache, k_scale), quant.dequantize_kv(v_cache, v_scale)
+            lens = lens[: q.shape[0]]   # the call's B' rows (a call without lengths: the plan's all-L_max hold B)
             clamped = lens.clamp(0, self.L_max)
             ws.flag.copy_(torch.maximum(ws.flag, (clamped != lens).any().to(torch.int32)))
             if bt is not None:   # gather the pages into [B, L_max, H_kv, D]; indices clamped to the pool

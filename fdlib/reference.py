@@ -60,7 +60,8 @@ def _softmax_av(s, v_cache, dtype, lengths, q_len=None):
     past = torch.arange(L_max, device=v.device)[None, :] >= lengths.to(v.device)[:, None]
     v = v.masked_fill(past[:, None, :, None], 0)
     o = torch.matmul(p, v)                                # [B, H_kv, q_len·group, D]
-    o = o.reshape(B, H_kv, q_len, group, -1).transpose(1, 2).reshape(B, q_len, H_kv * group, -1)
+    D = o.shape[-1]   # by name, not -1: a batch of no sequences has no elements to infer it from
+    o = o.reshape(B, H_kv, q_len, group, D).transpose(1, 2).reshape(B, q_len, H_kv * group, D)
     return o, lse.reshape(B, H_kv, q_len, group).transpose(1, 2).reshape(B, q_len, H_kv * group)
 
 

@@ -68,6 +68,20 @@ def test_smaller_batch_4d_q_and_default_lengths():
     assert_attention_close(p.run(q, k, v), None, q, k, v, full, what="no lengths")
 
 
+@pytest.mark.parametrize("method", METHODS + ("worklist",))
+def test_fewer_sequences_than_planned_without_lengths(method):
+    """A plan for B=4 called with 2, 1 and no sequences and no lengths (every row L_max; the plan's all-L_max
+    lengths hold 4 rows, the call's q 2, 1 or 0): every method answers the call's rows, against float64."""
+    p = fdlib.plan(4, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE, method=method)
+    for B in (2, 1, 0):
+        q, k, v, _ = make_problem(B, 37, 6, 2, 80, torch.float32, seed=B)
+        out, lse = p.run(q, k, v, return_lse=True)
+        assert out.shape == q.shape and lse.shape == (B, 6)
+        if B:
+            full = torch.full((B,), 37, dtype=torch.int32, device=DEVICE)
+            assert_attention_close(out, lse, q, k, v, full, what=f"{method}: B'={B} of 4, no lengths")
+
+
 def test_host_lengths_are_read_without_the_device_and_checked_at_once():
     q, k, v, lens = small()
     p = fdlib.plan(3, 6, 2, 80, 37, dtype=torch.float32, device=DEVICE, lengths=[37, 16, 1])
