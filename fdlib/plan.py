@@ -464,7 +464,8 @@ class DecodePlan:
     :math:`i = (p_0 n_1 + p_1) n_2 + p_2`: for stage 1 (the two-stage path times stage 1 only) program
     (b, h_kv, split) is row :math:`(b H_{kv} + h_{kv})\,\text{splits} + \text{split}`, for the unified kernel
     (h_kv, b, split) is row :math:`(h_{kv} B + b)\,\text{splits} + \text{split}` (b: the place in the
-    longest-first order where the plan launches its sequences longest first); for the
+    longest-first order where the plan launches its sequences longest first); for the work list (h_kv, b, k) is
+    row :math:`(h_{kv} B + b)\,n_2 + k`, item :math:`b + Bk` of the list, :math:`n_2` = :func:`work_grid`; for the
     balanced kernel (item, h_kv) is :math:`\text{item}\cdot H_{kv} + h_{kv}`; a persistent program writes one
     row for all its rows. Programs with nothing to do (a split past its row's end, an item past the work
     list) still write theirs, with start ≈ end. A call with fewer sequences than planned leaves the rows of the
@@ -688,8 +689,7 @@ class DecodePlan:
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, out, lse,
                                                ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times, 1, scales)
             B_call = q.shape[0]   # programs for the list's room only (S pieces a row stay the partials' layout)
-            go[-1]((grid[0], B_call, -(-worklist.capacity(B_call, d.splits, d.budget) // max(B_call, 1))), ptrs,
-                   scalars)   # no sequences (B' = 0): an empty grid, as the other kernels launch
+            go[-1]((grid[0], B_call, work_grid(B_call, d)), ptrs, scalars)
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.per_program, d.splits, out,
                                                lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times,
@@ -740,8 +740,10 @@ class DecodePlan:
         for the two-stage path, stage 1's."""
         B = self.B if B is None else B
         d = self.decision
-        if d.kernel in ("unified", "split", "worklist"):
+        if d.kernel in ("unified", "split"):
             return B * self.H_kv // d.pack * d.splits
+        if d.kernel == "worklist":   # the grid (H_kv, B, ⌈room / B⌉) of the list's room (_launch)
+            return self.H_kv * B * work_grid(B, d)
         if d.kernel == "invariant":
             return B * self.H_kv * -(-d.splits // d.per_program)
         if d.kernel == "balanced":
@@ -1158,6 +1160,13 @@ def work_room(B: int, d: Decision) -> int:
     """Int32 entries of a work-list plan's list (its count, its unit, then at most B·S items, budget + B where
     sized by the batch: :func:`fdlib.worklist.capacity`); 0 for other kernels."""
     return 2 + worklist.capacity(B, d.splits, d.budget) if d.kernel == "worklist" else 0
+
+
+def work_grid(B: int, d: Decision) -> int:
+    """The third axis of a work-list launch over B sequences, (H_kv, B, ⌈room / B⌉): programs for the list's room
+    only (:func:`fdlib.worklist.capacity`), S pieces a row staying the partials' layout; 0 for no sequences (an
+    empty grid, as the other kernels launch for B' = 0)."""
+    return -(-worklist.capacity(B, d.splits, d.budget) // max(B, 1))
 
 
 def workspace_bytes(slots: int, H_q: int, D: int, q_len: int = 1) -> int:

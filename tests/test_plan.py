@@ -242,7 +242,8 @@ def test_torch_compile_fullgraph_without_a_graph_break():
 @pytest.mark.parametrize("method,want", [
     ("unified", lambda p: 3 * 2 * p.splits), ("split", lambda p: 3 * 2 * p.splits),
     ("balanced", lambda p: (p.decision.budget + 3) * 2), ("persistent", lambda p: min(p.decision.programs, 3 * 2)),
-    ("streamk", lambda p: p.decision.programs)])
+    ("streamk", lambda p: p.decision.programs),
+    ("worklist", lambda p: 2 * 3 * -(-min(3 * p.splits, p.decision.budget + 3) // 3))])   # the list's room
 def test_timeline_buffer_is_sized_for_the_launch(method, want):
     """One zeroed int64 row of (SM id, start ns, end ns) per program of one launch (stage 1's for the two-stage
     path); the normal launch path never builds the TIMELINE kernels."""
