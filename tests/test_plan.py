@@ -270,7 +270,7 @@ def test_timeline_in_the_interpreter_raises_a_clear_error():
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="needs a CUDA GPU and compiled kernels")
-@pytest.mark.parametrize("method", ["unified", "split", "balanced", "persistent", "streamk"])
+@pytest.mark.parametrize("method", ["unified", "split", "balanced", "persistent", "streamk", "worklist"])
 def test_timeline_on_the_gpu_records_every_program(method):
     """Each launched program writes its SM (0 <= sm < SMs) and start <= end (ns, within the call's wall time);
     results equal the normal launch bitwise; a bad buffer is refused."""
