@@ -190,7 +190,7 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
     p = plan(pr.B, pr.H_q, pr.H_kv, pr.D, pr.L_max, dtype=q.dtype, device=q.device, max_seqlen=max_seqlen,
              scale=scale, method=method, num_splits=num_splits, page_size=pr.page_size or None,
              batch_invariant=batch_invariant, q_len=pr.q_len,
-             pack_heads=None if key is None or key[-2] else False,   # packed heads need them side by side
+             pack_heads=None if key is None or adjacent else False,   # packed heads need them side by side
              # no cache_seqlens: every row is L_max, lengths the host knows (equal rows: the exact plan)
              lengths=[pr.L_max] * pr.B if cache_seqlens is None else None,
              clamp_flag=_flag(q.device), kv_dtype=kv and kv.dtype, k_scale=kv and kv.k, v_scale=kv and kv.v)

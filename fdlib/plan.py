@@ -9,7 +9,8 @@ depends on the shapes alone is decided once, by :func:`plan`, and kept in a froz
   for every KV head, take equal shares of their head's tiles, rows cut wherever the shares fall:
   :mod:`fdlib.kernels.streamk`),
   ``"worklist"`` (rows cut into pieces sized by the batch, or with ``batch_invariant=True`` by each row's own
-  length, the pieces listed longest first on the device at every call: :mod:`fdlib.worklist`), ``"invariant"`` (``batch_invariant=True``) or ``"naive"`` (PyTorch); for a contiguous cache
+  length, the pieces listed longest first on the device at every call: :mod:`fdlib.worklist`), ``"invariant"``
+  (``batch_invariant=True``) or ``"naive"`` (PyTorch); for a contiguous cache
   ``[B, L_max, H_kv, D]`` or pages ``[n_pages, page_size, H_kv, D]`` behind a block table;
 * the tiles (BLOCK_N keys, warps, stages), the split count and the chunk of keys each split covers,
   :math:`\text{chunk} = \lceil\lceil L_{cap}/\text{splits}\rceil / N\rceil\cdot N`, chosen by the cost model
@@ -203,18 +204,17 @@ def device_schedule_suits(B: int, dtype, q_len: int = 1) -> bool:
     r"""Whether ``auto`` made without host lengths takes stream-K (:data:`DEVICE_SCHEDULE`): at least two
     sequences (at most :data:`fdlib.kernels.streamk.MAX_BATCH`), one query token, 16- or 32-bit K/V.
 
-    Stream-K's launch depends on the shapes alone (H_kv·P_h programs, :func:`~fdlib.kernels.streamk.streamk_programs`):
-    every program reads the B lengths on the device and takes its equal share of the batch's tiles, so the plan
+    Stream-K's launch depends on the shapes alone (H_kv·P_h programs,
+    :func:`~fdlib.kernels.streamk.streamk_programs`): every program reads the B lengths on the device and takes its equal share of the batch's tiles, so the plan
     made without lengths is the very kernel the host-lengths plan runs on ragged batches, and a captured graph
     replays balanced. On an H100 (``results/h100/streamk-device/``, bf16, graph µs, the read ceiling in the same
     run) it took 0.99-1.00x the host-lengths plan on the six serving batches of 8-256 sequences, pages of 16 and
     contiguous, called and captured (93-97% of the ceiling, ``serving-streamk.md``), where the plan for L_cap took
     up to 2.67x; with this rule the default call took 0.99-1.01x on all seven batches (91-95%, ``landed/``); on
-    equal rows, where the host plan runs the unified or the persistent kernel, 1.02-1.07x. One sequence keeps the plan for L_cap (its
-    splits: exact for a full row); an 8-bit cache's stream-K and several query tokens have not been timed
-    without lengths, and keep it too."""
-    from .kernels.streamk import MAX_BATCH
-    return (bool(DEVICE_SCHEDULE) and 2 <= B <= MAX_BATCH and q_len == 1 and isinstance(dtype, torch.dtype)
+    equal rows, where the host plan runs the unified or the persistent kernel, 1.02-1.07x. One sequence keeps
+    the plan for L_cap (its splits: exact for a full row); an 8-bit cache's stream-K and several query tokens
+    have not been timed without lengths, and keep it too."""
+    return (bool(DEVICE_SCHEDULE) and 2 <= B <= STREAMK_MAX_BATCH and q_len == 1 and isinstance(dtype, torch.dtype)
             and dtype.itemsize >= 2)
 
 
@@ -234,8 +234,8 @@ def worklist_decision(B: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int 
     r"""The work-list plan (:mod:`fdlib.worklist`, :mod:`fdlib.kernels.worklist`): S = ``num_splits`` (default
     WORK_SPLITS) pieces a row at most, of at least ``chunk`` = WORK_CHUNK_TILES · BLOCK_N keys; the schedule is
     made on the device at every call from the lengths it finds, so the plan needs none. Rows are cut into pieces
-    sized by the batch (the decision's ``budget``: ⌈WORK_WAVES · SMs / H_kv⌉ items, :func:`fdlib.worklist.balanced_chunk`),
-    or with ``invariant`` (``batch_invariant=True``) by each row's own length alone (budget 0). Its tiles depend on
+    sized by the batch (the decision's ``budget``: ⌈WORK_WAVES · SMs / H_kv⌉ items,
+    :func:`fdlib.worklist.balanced_chunk`), or with ``invariant`` (``batch_invariant=True``) by each row's own length alone (budget 0). Its tiles depend on
     D, the dtype, the query rows and (unless ``invariant``) whether the cache is paged, never on B or L_max: with
     ``invariant`` they are those of :func:`invariant_decision`, the same over pages and contiguous caches, so a
     sequence's out and lse are the same bits whatever its batchmates, the batch size, its place in the batch and
@@ -1085,7 +1085,7 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
     if d.kernel == "worklist":   # the schedule kernel, unless each program lists the lengths itself
         main = unified_launcher(dtype, group, D, d.splits, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                 timeline=timeline, scale_modes=modes, work=work_room(B, d), work_b=d.inline,
-                                work_p=d.budget, work_s=d.splits)
+                                work_p=d.budget)
         return (main,) if d.inline else (schedule_launcher(d.splits, d.tile.BLOCK_N, d.budget > 0), main)
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,

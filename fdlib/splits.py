@@ -46,8 +46,8 @@ def choose_auto(B: int, H_q: int, H_kv: int, D: int, dtype, L_cap: int, lengths=
     STREAMK_PAGED_DENSE_TILES tiles or more; then the persistent kernel where :func:`choose_kernel` takes it at
     one split. The balanced kernel is not among them (``method="balanced"`` still runs it): on an H100, every
     kernel forced on 24 batches from host lengths (``results/h100/kernel-grid/``), it was never the fastest by
-    more than 0.4%, and the unified kernel or stream-K came within 0.4% of the fastest on every batch. In the interpreter (no SMs, no timing): the unified kernel at
-    :func:`simple_rule`'s splits."""
+    more than 0.4%, and the unified kernel or stream-K came within 0.4% of the fastest on every batch. In the
+    interpreter (no SMs, no timing): the unified kernel at :func:`simple_rule`'s splits."""
     if runtime.INTERPRET:
         splits = choose_splits(B, H_q, H_kv, D, dtype, L_cap, lengths, paged)
     else:

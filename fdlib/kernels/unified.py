@@ -173,7 +173,7 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
                      dtype_slots=None, page: int = 0, merge_splits: int | None = None, q_len: int = 1,
                      timeline: bool = False, pack: int = 1, order: int = 0, table_regs: int = 0,
                      scale_modes: tuple = (0, 0), work: int = 0, work_b: int = 0,
-                     work_p: int = 0, work_s: int = 0) -> Launcher:
+                     work_p: int = 0) -> Launcher:
     """The unified kernel with its constexprs fixed for q's dtype, the group, D, the launched splits, the tiles,
     the page size (0: a contiguous cache) and the query tokens per sequence (group × q_len rows a program).
     ``merge_splits``: size the merge's blocks for this many splits instead of the launched ones
@@ -186,8 +186,8 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
     the room of a work list right before the ticket counters (:mod:`fdlib.kernels.worklist`): program i runs item i,
     and ``splits`` is S, the most pieces a row is cut into; ``work_b``: 0, or a power of two >= the batch whose
     lengths each program lists itself (:func:`~fdlib.kernels.worklist.work_item`); ``work_p``: 0, or the budget
-    of items pieces sized by the batch come to (:func:`fdlib.worklist.balanced_chunk`); ``work_s``: S, the most
-    pieces a work-list row is cut into (the grid's third axis then holds only the list's room)."""
+    of items pieces sized by the batch come to (:func:`fdlib.worklist.balanced_chunk`). A work-list launch's
+    third grid axis holds only the list's room, so S reaches the kernel as the constexpr WORK_S."""
     if work and (order or table_regs):
         raise ValueError("work: a work-list launch takes its rows from the list; order and table_regs must be 0")
     check_pack(pack, D, q_len)
@@ -199,7 +199,7 @@ def unified_launcher(dtype, group: int, D: int, splits: int, cfg, tile_update_fn
                                          PAGE=page, Q_LEN=q_len, TIMELINE=timeline, PACK=pack, ORDER_B=order,
                                          TABLE_REGS=table_regs, K_SCALE=scale_modes[0], V_SCALE=scale_modes[1],
                                          WORK=work, WORK_B=work_b, WORK_P=work_p,
-                                         WORK_S=(work_s or splits) if work else 0, num_warps=cfg.num_warps,
+                                         WORK_S=splits if work else 0, num_warps=cfg.num_warps,
                                          num_stages=cfg.num_stages), dtype_slots)
 
 

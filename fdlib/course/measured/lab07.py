@@ -132,8 +132,9 @@ INVARIANT_SERVING = RESULTS.parent / "h100" / "worklist" / "serving.json"
 LONG_ROWS = 8192
 """The table's grouping: batches whose rows may reach this many keys (the longest row drawn), and the others."""
 INVARIANT_ROWS = (("invariant", "invariant kernel"), ("worklist+invariant", "work list, invariant"))
-"""The two batch-invariant rows of :data:`INVARIANT_SERVING`: (row, heading). ``invariant``: ``batch_invariant=True`` (the invariant kernel); ``worklist+invariant``:
-``method="worklist", batch_invariant=True`` (pieces by each row's length alone)."""
+"""The two batch-invariant rows of :data:`INVARIANT_SERVING`: (row, heading). ``invariant``:
+``batch_invariant=True`` (the invariant kernel); ``worklist+invariant``: ``method="worklist", batch_invariant=True``
+(pieces by each row's length alone)."""
 
 
 def invariant_schedules(path=None) -> str:
