@@ -79,7 +79,8 @@ def parser() -> argparse.ArgumentParser:
                         "B 1 and 8, L 8k, 64k, 256k, fp16; methods split, unified, persistent, auto, cudnn")
     m.add_argument("--ragged", action="store_true",
                    help="ragged batches (constant, uniform and Zipf-like lengths of mean 1k, 8k, 32k; B 8, 32, 128; "
-                        "32:8 and 32:32; fp16 and bf16): fdlib's methods, effective bandwidth of the rows' bytes")
+                        "32:8 and 32:32; fp16 and bf16): fdlib's methods, effective bandwidth of the rows' bytes; "
+                        "methods 'default' and 'captured' run auto without host lengths (fdlib.bench.ragged)")
     m.add_argument("--page-size", type=int, help="with --ragged: a paged cache of this many keys a page")
     m.add_argument("--page-order", choices=("shuffled", "sequential"), default="shuffled",
                    help="with --page-size: each sequence's pages anywhere in the pool (default) or consecutive")

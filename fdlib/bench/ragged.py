@@ -15,7 +15,10 @@ must read are :math:`2\sum_b L_b H_{kv} D\,\text{elem}`; effective bandwidth is 
 ceiling compares it with the read ceiling measured in the same run. SDPA takes no ragged lengths without a mask, so
 the peers are fdlib's own methods. Each method is planned per batch from the batch's lengths on the host
 (``fdlib.plan(..., lengths=...)``, outside the timed region), and the timed step is ``plan.run``: a serving engine
-knows its lengths when it builds a step, as FlashInfer's ``plan()`` outside a graph and ``run()`` inside it do. With
+knows its lengths when it builds a step, as FlashInfer's ``plan()`` outside a graph and ``run()`` inside it do. Two more
+methods time ``auto`` as it runs without host lengths (:data:`PROTOCOLS`): ``default``, the call
+``decode_attention(q, k, v, lens)`` with the lengths on the device, and ``captured``, a graph captured while every
+length reads L_max and replayed with the batch's lengths. With
 lengths, ``auto`` may take the stream-K or balanced kernel (:func:`fdlib.splits.choose_auto`). Timings as in the
 dense bench (:mod:`fdlib.bench.timing`: eager with the L2 flushed, CUDA graphs rotating over copies of the inputs).
 An 8-bit cache (``--kv-dtype``, ``--kv-scale``: :mod:`fdlib.bench.kv8`): the pool quantized as it is stored, per-token
@@ -30,7 +33,7 @@ import torch
 from .. import runtime
 from . import kv8
 from .harness import DTYPES, Progress, measure_ceiling_or_none, provenance, reference_rows, rel_error
-from .timing import Rotating, copies_for_l2, free_memory, synchronize, time_eager, time_graph
+from .timing import Rotating, copies_for_l2, free_memory, synchronize, time_eager, time_graph, time_graph_after
 
 DISTS = ("constant", "uniform", "zipf")
 RAGGED_GRID = dict(B=(8, 32, 128), heads=((32, 8), (32, 32)), D=(128,), dtypes=("float16", "bfloat16"),
@@ -185,35 +188,71 @@ def case_inputs(shape, lens, page_size, seed, page_order, stored, graphs):
     return [inp] + [tuple(kv8.clone(t) for t in inp) for _ in range(n - 1)], ref
 
 
+PROTOCOLS = ("default", "captured")
+"""Method names of :func:`_measure` that time auto as a serving engine calls it without host lengths:
+``default`` is ``fdlib.decode_attention(q, k, v, lens)`` with the lengths on the device (its cached plan, made
+without reading them); ``captured`` is a plan made without lengths whose call is captured in a CUDA graph while
+its lengths tensor holds L_max in every row, replayed after the batch's lengths are copied into that tensor
+(:func:`fdlib.bench.timing.time_graph_after`; the interpreter runs one call with L_max, then one with the lengths)."""
+
+
 def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=None):
     """One method's record on one batch (``num_splits``: the plan's forced split count, None for its own;
-    ``plan_kw``: more arguments of :func:`fdlib.plan`, e.g. ``longest_first=True``)."""
+    ``plan_kw``: more arguments of :func:`fdlib.plan`, e.g. ``longest_first=True``); ``name`` in
+    :data:`PROTOCOLS`: auto without host lengths."""
     import fdlib
+    from ..api import plan_for
     from ..validate import check_inputs
     rec = dict(base, method=name, status="ok")
+    held = []                                   # captured: (the tensor the graph reads, the batch's lengths)
 
     def make(c):
         """A serving step: plan once for this batch from its host lengths (outside any graph), run every call."""
         q, k, v, lens, bt, *scales = c
         ks, vs = scales or (None, None)
-        shape = check_inputs(q, k, v, lens, None, name, None, False, bt, ks, vs)   # the checked sizes of these tensors
+        if name == "default":
+            p = plan_for(q, k, v, lens, block_table=bt, k_scale=ks, v_scale=vs)
+            return p, (lambda: fdlib.decode_attention(q, k, v, lens, block_table=bt, k_scale=ks, v_scale=vs))
+        method = "auto" if name == "captured" else name
+        shape = check_inputs(q, k, v, lens, None, method, None, False, bt, ks, vs)   # the checked sizes of these tensors
         kv = shape.kv
-        kw = dict(lengths=lens.tolist(), method=name, page_size=shape.page_size or None, num_splits=num_splits,
+        kw = dict(lengths=None if name == "captured" else lens.tolist(), method=method,
+                  page_size=shape.page_size or None, num_splits=num_splits,
                   kv_dtype=kv and kv.dtype, k_scale=kv and kv.k, v_scale=kv and kv.v)
         kw.update(plan_kw or {})   # lengths=None: a plan made without them, as decode_attention's
         p = fdlib.plan(shape.B, shape.H_q, shape.H_kv, shape.D, shape.L_max, dtype=q.dtype, device=q.device, **kw)
-        return p, (lambda: p.run(q, k, v, lens, block_table=bt, k_scale=ks, v_scale=vs))
-    plans, calls = zip(*(make(c) for c in copies))
+        if name != "captured":
+            return p, (lambda: p.run(q, k, v, lens, block_table=bt, k_scale=ks, v_scale=vs))
+        at_capture, out = torch.full_like(lens, shape.L_max), torch.empty_like(q)
+        held.append((at_capture, lens))
+        return p, (lambda: p.run(q, k, v, at_capture, block_table=bt, k_scale=ks, v_scale=vs, out=out))
+
+    def set_lengths():
+        for at_capture, lens in held:
+            at_capture.copy_(lens)
     try:
-        out = calls[0]()
-        synchronize()
+        plans, calls = zip(*(make(c) for c in copies))
         d = plans[0].decision
-        rec.update(kernel=d.kernel, splits=d.splits, longest_first=bool(d.order), rel_err=rel_error(out, ref))
+        rec.update(kernel=d.kernel, splits=d.splits, longest_first=bool(d.order))
+        if name == "captured":
+            if settings["graphs"]:
+                rec["graph_us"] = time_graph_after(Rotating(calls), set_lengths, settings["graph_rep_ms"])
+            else:
+                calls[0]()
+                set_lengths()
+                rec["eager_us"] = time_eager(calls[0], settings["warmup_ms"], settings["rep_ms"],
+                                             settings["cpu_runs"])
+            out = calls[0]()
+        else:
+            out = calls[0]()
+        synchronize()
+        rec["rel_err"] = rel_error(out, ref)
         if not math.isfinite(rec["rel_err"]) or rec["rel_err"] >= 1e-2:
             return dict(rec, status="failed", reason=f"relative error {rec['rel_err']:.3g}")
-        rec["eager_us"] = time_eager(calls[0], settings["warmup_ms"], settings["rep_ms"], settings["cpu_runs"])
-        if settings["graphs"]:
-            rec["graph_us"] = time_graph(Rotating(calls), settings["graph_rep_ms"])
+        if name != "captured":
+            rec["eager_us"] = time_eager(calls[0], settings["warmup_ms"], settings["rep_ms"], settings["cpu_runs"])
+            if settings["graphs"]:
+                rec["graph_us"] = time_graph(Rotating(calls), settings["graph_rep_ms"])
     except Exception as e:  # noqa: BLE001 - one method's failure is recorded, the run goes on
         return dict(rec, status="error", reason=f"{type(e).__name__}: {e}"[:300])
     t = rec.get("graph_us") or rec["eager_us"]
@@ -241,10 +280,42 @@ def format_ragged_table(results) -> str:
         if r["status"] != "ok":
             lines.append(f"{lead} | {r['status']}: {r.get('reason', '')} | | |")
             continue
-        g = r.get("graph_us")
-        graph = "—" if g is None else f"{g:.1f}"
+        e, g = r.get("eager_us"), r.get("graph_us")
+        times = " / ".join("—" if t is None else f"{t:.1f}" for t in (e, g))
         pct = "" if r.get("pct_ceiling") is None else f"{r['pct_ceiling']:.0f}"
-        lines.append(f"{lead} {r.get('kernel')} | {r['eager_us']:.1f} / {graph} | {r['tbs']:.2f} | {pct} |")
+        lines.append(f"{lead} {r.get('kernel')} | {times} | {r['tbs']:.2f} | {pct} |")
     for s in results.get("skipped", []):
         lines.append(f"skipped: {s['dtype']} B={s['B']} {s['H_q']}:{s['H_kv']} {s['dist']} mean {s['mean']} ({s['reason']})")
-    return "\n".join(lines)
+    return "\n".join(lines + protocol_summary(results["records"]))
+
+
+def _time(r):
+    return r.get("graph_us") or r.get("eager_us")
+
+
+def protocol_summary(records) -> list[str]:
+    """Markdown lines: for each of :data:`PROTOCOLS` that ran, its time over ``auto``'s (planned from the host
+    lengths) on the same batch: worst, geometric mean, the batches over 1.05x, and the lowest % of the ceiling
+    on batches of >= 512 MB (issue 50's targets); nothing when neither ran beside ``auto``."""
+    key = lambda r: (r["dtype"], r["B"], r["H_q"], r["H_kv"], r["dist"], r["L_mean"], r["L_max"])   # noqa: E731
+    host = {key(r): _time(r) for r in records if r["method"] == "auto" and r["status"] == "ok"}
+    out = []
+    for name in PROTOCOLS:
+        rows = [(r, _time(r) / host[key(r)]) for r in records
+                if r["method"] == name and r["status"] == "ok" and host.get(key(r)) and _time(r)]
+        failed = [r for r in records if r["method"] == name and r["status"] != "ok"]
+        if not rows and not failed:
+            continue
+        out += ["", f"**{name}** (auto without host lengths) / auto planned from host lengths:"]
+        if rows:
+            ratios = [x for _, x in rows]
+            gmean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            big = [r.get("pct_ceiling") for r, _ in rows if r["kv_mb"] >= 512 and r.get("pct_ceiling") is not None]
+            over = [f"B={r['B']} {r['H_q']}:{r['H_kv']} {r['dist']} {r['L_mean']:.0f} ({x:.2f}x)"
+                    for r, x in rows if x > 1.05]
+            out.append(f"{len(rows)} batches: worst {max(ratios):.3f}x, geometric mean {gmean:.3f}x; "
+                       f"over 1.05x: {', '.join(over) or 'none'}"
+                       + (f"; lowest % of ceiling at >= 512 MB: {min(big):.0f}% ({len(big)} batches)" if big else ""))
+        if failed:
+            out.append(f"not ok: {len(failed)} ({', '.join(r['status'] for r in failed)})")
+    return out
