@@ -122,6 +122,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--page-order", default="shuffled", choices=("shuffled", "sequential"),
                     help="where a paged batch's pages lie in the pool: shuffled (default) or each row's in order")
+    ap.add_argument("--max-kv-gb", type=float, default=20.0,
+                    help="skip batches whose cache stores more than this (GB, default 20, as the --ragged bench)")
     ap.add_argument("--resources", action="store_true",
                     help="also list every kernel compiled (registers, spills, shared memory: "
                          "tools/kernel_resources.py)")
@@ -148,6 +150,9 @@ def main(argv=None):
         except ValueError as e:
             raise SystemExit(str(e)) from None
         base, stored = ragged.case_record(shape, lens, page)
+        if stored > args.max_kv_gb * 1e9:
+            print(f"{text}: skipped, cache {stored / 1e9:.1f} GB > --max-kv-gb {args.max_kv_gb:g}")
+            continue
         copies, ref = ragged.case_inputs(shape, lens, page, args.seed + i, args.page_order, stored, gpu)
         for method in args.methods.split(","):
             if method == "flat_read" or _parts(method)[0] == "row_read":
