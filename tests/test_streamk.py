@@ -110,3 +110,45 @@ def test_paged_cache_agrees_with_contiguous():
     assert_attention_close(out, lse, q, k, v, lens_t, what="streamk paged")
     dense = fdlib.decode_attention(q, k, v, lens_t, method="streamk", return_lse=True)
     torch.testing.assert_close(out, dense[0], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("B,P_h,expect", [(8, 33, 32), (16, 33, 32), (32, 33, 32), (33, 33, 33), (1, 33, 33),
+                                          (4, 8, 8), (3, 8, 8), (5, 8, 8), (12, 33, 33), (40, 33, 33)])
+def test_equal_rows_are_cut_into_whole_pieces(B, P_h, expect):
+    """On rows of equal length the shares are B·⌊P_h/B⌋ when that leaves at most one program in ALIGN_IDLE
+    idle: every row is cut into the same number of pieces and no share holds parts of two rows (B=8 of 33
+    programs: 32, four pieces a row); else P_h shares cut wherever they fall (B=12: 24 would idle 9 of 33)."""
+    from fdlib.kernels.streamk import ALIGN_IDLE, active_shares
+    assert ALIGN_IDLE == 8
+    tiles = [64] * B
+    assert active_shares(tiles, P_h) == expect
+    rows = shares(tiles, P_h)
+    if expect % B == 0 and expect < P_h:
+        assert all(r["p_b"] - r["p_a"] + 1 == expect // B for r in rows)          # the same pieces a row
+        assert [r["p_a"] for r in rows] == [b * expect // B for b in range(B)]   # each row's own shares
+    assert active_shares([64] * (B - 1) + [63], P_h) == P_h or B == 1            # one row shorter: not equal
+
+
+def test_equal_rows_aligned_vs_float64(monkeypatch):
+    """The kernel takes the same rule (B rows of equal length, fewer rows than shares): against float64, and
+    the same output as with the rule off (ALIGN_IDLE = 0), where the shares cut rows wherever they fall."""
+    import fdlib.kernels.streamk as sk
+    H_q, H_kv, D = 4, 2, 16
+    probe = fdlib.plan(2, H_q, H_kv, D, 64, dtype=torch.float32, device=DEVICE, method="streamk").decision
+    N, P_h = probe.tile.BLOCK_N, probe.programs // H_kv
+    B = max(1, P_h // 3 - 1)                      # several pieces a row, and P_h not a multiple of B
+    L = 5 * N + 3
+    assert sk.active_shares([6] * B, P_h) == B * (P_h // B) or P_h // B * B * 8 < 7 * P_h
+    g = torch.Generator().manual_seed(B)
+    q = torch.randn(B, H_q, D, generator=g).to(DEVICE)
+    k, v = (torch.randn(B, L, H_kv, D, generator=g).to(DEVICE) for _ in range(2))
+    lens_t = torch.full((B,), L, dtype=torch.int32, device=DEVICE)
+    out, lse = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float32, device=DEVICE, method="streamk").run(
+        q, k, v, lens_t, return_lse=True)
+    assert_attention_close(out, lse, q, k, v, lens_t, what=f"streamk, {B} equal rows")
+    monkeypatch.setattr(sk, "ALIGN_IDLE", 0)
+    assert sk.active_shares([6] * B, P_h) == P_h
+    cut = fdlib.plan(B, H_q, H_kv, D, L, dtype=torch.float32, device=DEVICE, method="streamk").run(
+        q, k, v, lens_t, return_lse=True)
+    torch.testing.assert_close(out, cut[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, cut[1], rtol=1e-5, atol=1e-5)

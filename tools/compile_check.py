@@ -141,7 +141,7 @@ def cases():
                         MIN_TILES=invariant.MIN_TILES), cfg.num_warps, FEW_STAGES)
             yield (f"streamk PAGE={page}{q}", streamk.streamk_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                    dict(common, BLOCK_N=64, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW,
-                        PAGE=page))
+                        ALIGN=streamk.ALIGN_IDLE, PAGE=page))
             yield (f"balanced PAGE={page}{q}", balanced.balanced_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                    dict(common, BLOCK_N=cfg.BLOCK_N, BLOCK_H=block_h, BLOCK_S=block_s, BLOCK_B=64, PAGE=page))
     # the TIMELINE=True variants (per-program SM id and start/end times, DecodePlan.run(timeline=...))
@@ -158,7 +158,8 @@ def cases():
     yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"] + NO_SCALES,
            dict(timed, BLOCK_N=64, ROWS=2, CHUNKS=0, MIN_TILES=1))
     yield ("streamk TIMELINE", streamk.streamk_kernel, h16 + UNIFIED + ["*i64"] + NO_SCALES,
-           dict(timed, BLOCK_N=64, BLOCK_H=4, BLOCK_S=16, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW))
+           dict(timed, BLOCK_N=64, BLOCK_H=4, BLOCK_S=16, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW,
+                ALIGN=streamk.ALIGN_IDLE))
     yield ("balanced TIMELINE", balanced.balanced_kernel, h16 + UNIFIED + ["*i64"] + NO_SCALES,
            dict(timed, BLOCK_N=128, BLOCK_H=4, BLOCK_S=16, BLOCK_B=64))
     # the most query rows a program can hold: group 16 × q_len 16 = 256 rows (8 warps, 16-key tiles)
@@ -248,7 +249,7 @@ def kv8_cases():
                dict(common(), BLOCK_N=cp.BLOCK_N, ROWS=2, PAGE=page, CHUNKS=0, MIN_TILES=1))
         yield (f"streamk e4m3 K:token V:token PAGE={page}", streamk.streamk_kernel, ptrs("e4m3", UNIFIED),
                dict(common(), BLOCK_N=cp.BLOCK_N, BLOCK_H=bh, BLOCK_S=bs, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW,
-                    PAGE=page))
+                    ALIGN=streamk.ALIGN_IDLE, PAGE=page))
         yield (f"balanced e4m3 K:token V:token PAGE={page}", balanced.balanced_kernel, ptrs("e4m3", UNIFIED),
                dict(common(), BLOCK_N=c.BLOCK_N, BLOCK_H=bh, BLOCK_S=bs, BLOCK_B=64, PAGE=page))
         inv = tile_config_for(D, 1 << 30, compiled_mode=True, elem_bytes=1, rows=1 << 30)

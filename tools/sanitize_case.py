@@ -1,5 +1,5 @@
 """A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split, unified and persistent
-paths, ragged lengths including 0 and 1, back-to-back unified calls (ticket counters reused), checked vs float64;
+paths, ragged lengths including 0 and 1 and equal rows (stream-K's shares then cut each into whole pieces), back-to-back unified calls (ticket counters reused), checked vs float64;
 lengths outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a
 smaller batch than planned; a paged, ragged batch (shared and unused pages, pages of 4 and 16) through every
 method; q_len = 4; the stream-K and batch-invariant kernels; stream-K over many short rows, each share crossing
@@ -21,7 +21,7 @@ q = torch.randn(B, H_q, D, device="cuda", dtype=torch.float16)
 k = torch.randn(B, L, H_kv, D, device="cuda", dtype=torch.float16)
 v = torch.randn(B, L, H_kv, D, device="cuda", dtype=torch.float16)
 worst = 0.0
-for lens in ([300, 0, 1], [129, 300, 64], [1, 2, 299]):
+for lens in ([300, 0, 1], [129, 300, 64], [1, 2, 299], [300, 300, 300]):   # equal rows: stream-K's whole pieces
     lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
     ref, _ = fdlib.reference_attention(q, k, v, lens)
     for method, splits in (("split", 3), ("unified", 3), ("unified", 5), ("unified", 1), ("persistent", None),

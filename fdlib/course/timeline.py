@@ -401,7 +401,7 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
     else:   # as fdlib.kernels.streamk launches it: the persistent kernel's tiles, PERSISTENT_PER_SM programs an SM,
         # P_h shares a KV head over that head's rows in sequence order, program p = q·H_kv + h
         from ..kernels.config import PERSISTENT_PER_SM, persistent_config
-        from ..kernels.streamk import streamk_programs
+        from ..kernels.streamk import active_shares, streamk_programs
         sk = persistent_config(D, dtype_bytes, compiled_mode=True)
         N = sk.BLOCK_N
         r = costmodel.kernel_programs_per_sm(g, D, dtype_bytes, N, sk.num_warps, sk.num_stages)
@@ -411,7 +411,8 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
         tiles = [max(1, -(-L // N)) for L in lengths]
         bounds = np.concatenate([[0], np.cumsum(tiles)])   # sequence b: tiles [bounds[b], bounds[b+1]) of each head
         T = int(bounds[-1])
-        cuts = [q * T // min(P_h, T) for q in range(min(P_h, T) + 1)] + [T] * max(0, P_h - T)
+        P_a = active_shares(tiles, P_h)                     # the shares that take part, as the kernel's rule
+        cuts = [q * T // P_a for q in range(P_a + 1)] + [T] * (P_h - P_a)
         parts: dict = {}
         for p in range(P):
             q, h = divmod(p, H_kv)

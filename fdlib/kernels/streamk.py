@@ -53,6 +53,11 @@ MIN_BLOCK_B = 32
 32:32 constant 8192 keys 260.0 against 242.3 µs, as fast as the persistent kernel's 242.2; B=8 32:8 uniform
 mean 32768 247.1 against 233.6)."""
 
+ALIGN_IDLE = 8
+"""On rows of equal length the shares are B·⌊P_h/B⌋ (each row cut into the same number of pieces, no share
+holding parts of two rows) where that leaves at most one program in ALIGN_IDLE without a share
+(:func:`active_shares`); 0: never (every launch P_h shares, cut wherever they fall)."""
+
 MAX_REGISTERS = None
 """A cap on the registers a thread (Triton's ``maxnreg``), so that more programs fit on an SM; None: the
 compiler's choice."""
@@ -119,7 +124,7 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                    BLOCK_H: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_B: tl.constexpr, FP32_DOT: tl.constexpr,
                    TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr = 1,
                    TIMELINE: tl.constexpr = False, BLOCK_W: tl.constexpr = ROW_WINDOW, K_SCALE: tl.constexpr = 0,
-                   V_SCALE: tl.constexpr = 0):
+                   V_SCALE: tl.constexpr = 0, ALIGN: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
     P_h = tl.num_programs(0) // H_KV                       # shares a head (the launch is H_kv·P_h programs)
@@ -128,7 +133,14 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
     offs_b, lens, tiles = batch_tiles(LENS, n_batch, L_MAX, FLAG, BLOCK_B, BLOCK_N)
     ends = tl.cumsum(tiles, 0)                                          # E_b
     T = tl.sum(tiles, 0)
-    P = tl.maximum(tl.minimum(P_h, T), 1)    # the shares taking part: each has >= 1 tile (module doc)
+    # the shares taking part (active_shares): each has >= 1 tile; on rows of equal length, a multiple of B that
+    # cuts every row into the same number of whole pieces, where at most one program in ALIGN_IDLE is left idle
+    P = P_h
+    if ALIGN > 0:
+        s = P_h // n_batch
+        equal = tl.min(tl.where(offs_b < n_batch, tiles, 2147483647), 0) == tl.max(tiles, 0)
+        P = tl.where(equal & (s >= 1) & (ALIGN * n_batch * s >= (ALIGN - 1) * P_h), n_batch * s, P_h)
+    P = tl.maximum(tl.minimum(P, T), 1)
     t0 = (q.to(tl.int64) * T // P).to(tl.int32)
     t1 = ((q.to(tl.int64) + 1) * T // P).to(tl.int32)
     base = 2 * P_h * h + 1                                              # slot of piece 0 of share 0 of head h
@@ -228,13 +240,28 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         timeline_record(TIMES, t_start)
 
 
+def active_shares(row_tiles, programs: int) -> int:
+    """P, the shares of one KV head that take part, of P_h = ``programs`` launched, for rows of ``row_tiles``
+    tiles (the kernel's rule): at most T, at least 1; on rows of equal length, B·⌊P_h/B⌋ where that leaves at
+    most one program in ALIGN_IDLE idle, so that every row is cut into ⌊P_h/B⌋ pieces of equal tiles and no share
+    ends one row and begins another (no merge across rows, as the unified kernel's splits); else P_h.
+
+    .. math::  P = \max(1, \min(T, P')), \quad P' = \begin{cases} B\lfloor P_h/B\rfloor & T_b \text{ all equal},
+               \ A\,B\lfloor P_h/B\rfloor \ge (A-1)P_h \\ P_h & \text{else} \end{cases}"""
+    B, T = len(row_tiles), sum(row_tiles)
+    s = programs // B
+    aligned = (ALIGN_IDLE > 0 and len(set(row_tiles)) == 1 and s >= 1
+               and ALIGN_IDLE * B * s >= (ALIGN_IDLE - 1) * programs)
+    return max(1, min(T, B * s if aligned else programs))
+
+
 def shares(row_tiles, programs: int) -> list[dict]:
     """The kernel's schedule of one KV head, on the host (tests and figures): for rows of ``row_tiles`` tiles
     each (one per sequence, in order) and P_h = ``programs`` shares, one dict per row: its tiles [start, end),
     the shares p_a .. p_b that touch it, and the slots of its pieces within the head's 2·P_h (empty for a row
     inside one share; head h adds 2·P_h·h)."""
     T = sum(row_tiles)
-    programs = min(programs, T)   # as the kernel: only programs with at least one tile take part
+    programs = active_shares(row_tiles, programs)   # as the kernel: the shares that take part
     rows, start = [], 0
     for n in row_tiles:
         end = start + n
@@ -271,7 +298,7 @@ def streamk_launcher(dtype, group: int, D: int, B: int, cfg, dtype_slots=None, p
                                          BLOCK_W=min(ROW_WINDOW, block_b),
                                          FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, PAGE=page, Q_LEN=q_len,
                                          TIMELINE=timeline, K_SCALE=scale_modes[0], V_SCALE=scale_modes[1],
-                                         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                         ALIGN=ALIGN_IDLE, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                                          **caps),
                     dtype_slots)
 
