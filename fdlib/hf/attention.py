@@ -100,6 +100,7 @@ def fdlib_attention_forward(module, query, key, value, attention_mask, dropout: 
             real = None
         return _sdpa(module, query, key, value, causal_padding_mask(T, real), scaling, kwargs), None
     layer_idx, cache._awaiting = cache._awaiting, None
+    ACTIVE.cache = None   # taken: the next layer's update hands it again, and a dropped cache is freed
     if cache.kv8 is not None and torch.compiler.is_compiling():   # refused when it runs, before anything moves
         return cache.refused_step(query), None
     B = key.shape[0]

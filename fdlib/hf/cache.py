@@ -69,7 +69,7 @@ def _refuse_kv8():
 
 class _Active:
     """The cache whose ``update`` ran last: the ``"fdlib"`` attention function reads it (HF hands the cache to
-    ``update``, not to the attention function)."""
+    ``update``, not to the attention function) and clears it, so that nothing here keeps a cache alive."""
     cache = None
 
 
