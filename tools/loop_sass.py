@@ -86,7 +86,8 @@ def cases():
             yield (f"unified PAGE={page} TABLE_REGS=64", unified.unified_kernel, uni,
                    dict(unified_meta, TABLE_REGS=64))
         yield (f"streamk PAGE={page}", streamk.streamk_kernel, uni,
-               dict(common, BLOCK_H=bh, BLOCK_S=bs, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW, PAGE=page))
+               dict(common, BLOCK_H=bh, BLOCK_S=bs, BLOCK_B=128, BLOCK_W=streamk.ROW_WINDOW,
+                    ALIGN=streamk.ALIGN_IDLE, PAGE=page))
         yield (f"persistent PAGE={page}", persistent.persistent_kernel, per,
                dict(common, ROWS=2, PAGE=page, CHUNKS=0, MIN_TILES=1))
 
