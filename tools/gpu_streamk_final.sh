@@ -11,7 +11,7 @@ source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 start_run "$OUT" fin
-timeout 100 python -m pytest tests/test_hf.py -m gpu -q -rs -p no:cacheprovider > "$R/gpu-tests-hf.txt" 2>&1
+timeout 90 python -m pytest tests/test_hf.py -m gpu -q -rs -p no:cacheprovider > "$R/gpu-tests-hf.txt" 2>&1
 echo "pytest rc=$?" >> "$R/gpu-tests-hf.txt"; tail -3 "$R/gpu-tests-hf.txt"; pack
 bash tools/gpu_device_ragged.sh "$OUT" 16
 bash tools/gpu_device_ragged.sh "$OUT" 0
@@ -21,6 +21,6 @@ timeout 60 python tools/ab_ragged.py "$R/ab-equal-rows.json" --methods auto,stre
 timeout 120 python -m fdlib.bench --serving --warmup 10 --rep 30 --graph-rep 10 --budget-s 100 --out "$R" \
   --name serving > "$R/serving.log" 2> "$R/serving.err"
 echo "bench rc=$?" >> "$R/serving.log"; sed -n '/## Summary/,/## Every row/p' "$R/serving.log" | head -20; pack
-timeout 100 python -m fdlib.bench --generate --cases 8:32768 --variants hf_dynamic,fdlib_eager,fdlib_graph \
-  --budget-s 80 --out "$R" --name generate-b8 > "$R/generate-b8.log" 2>&1
+timeout 80 python -m fdlib.bench --generate --cases 8:32768 --variants hf_dynamic,fdlib_eager,fdlib_graph \
+  --budget-s 60 --out "$R" --name generate-b8 > "$R/generate-b8.log" 2>&1
 echo "bench rc=$?" >> "$R/generate-b8.log"; grep -E "^\| 8" "$R/generate-b8.log" | cut -c1-150; rm -f "$R"/*.err; pack
