@@ -307,3 +307,20 @@ def test_plot_labels_name_the_head_dim_where_it_varies():
     shapes = [dict(dtype="float16", B=1, H_q=16, H_kv=4, L=8192, D=d) for d in (64, 128, 256)]
     labels = [report._shape_label(r, short=True) for r in shapes]
     assert len(set(labels)) == 3 and labels[1] == "fp16 B1 16:4 L8192" and labels[0].endswith("D64")
+
+
+def test_auto_records_the_kernel_the_timed_call_ran(monkeypatch):
+    """The dense bench times decode_attention with the lengths on the device; the kernel its record names is the
+    plan of that call (stream-K at B >= 2: fdlib.plan.device_schedule_suits), not the plan of a call without
+    lengths (every row L_max, which the host knows: the unified kernel). The records named the latter while the
+    former ran."""
+    import fdlib.api
+    ran = []
+    real = fdlib.api.DecodePlan.run
+    monkeypatch.setattr(fdlib.api.DecodePlan, "run", lambda self, *a, **k: ran.append(self.decision.kernel) or
+                        real(self, *a, **k))
+    res = run_benchmark(B=[2], L=[40], heads=[(4, 2)], D=[32], dtypes=["float32"], methods=["auto"], quick=True,
+                        progress=False, ceiling=False)
+    (rec,) = [r for r in res["records"] if r["method"] == "auto"]
+    assert rec["status"] == "ok" and ran and set(ran) == {"streamk"}, (rec, ran)
+    assert rec["kernel"] == "streamk", rec

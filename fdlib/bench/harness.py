@@ -304,7 +304,7 @@ def _run_methods(shape, built, settings, seed):
                 if m.kind == "fdlib":
                     rec.update(M.fdlib_splits(fd_base.q, fd_base.k, fd_base.v, m.info["fdlib_method"],
                                                m.info["num_splits"], m.info.get("batch_invariant", False),
-                                               fd_base.k_scale, fd_base.v_scale))
+                                               fd_base.k_scale, fd_base.v_scale, fd_base.lens))
             except Exception as e:  # noqa: BLE001 - a method that raises is recorded, the run goes on
                 status = "unavailable" if (m.kind == "peer" or _is_oom(e)) else "error"
                 rec = {"method": name, "kind": m.kind, **m.info, "status": status, "reason": _short(e)}
@@ -529,7 +529,7 @@ def _sweep_shape(shape, cands, settings, seed, block_n, timing):
     row["l2_copies"] = n_copies
     tol = tolerance(shape["dtype"])
     L = shape["L"]
-    auto = M.fdlib_splits(base.q, base.k, base.v, "auto", None)
+    auto = M.fdlib_splits(base.q, base.k, base.v, "auto", None, lens=base.lens)
     cm = _costmodel_choice(shape)
     chosen = {"fdlib_auto": {"splits": auto.get("splits"), "requested": auto.get("splits_requested")},
               "costmodel": cm, "fa2_rule": _fa2_rule_choice(shape)}

@@ -189,13 +189,15 @@ def to_layout(inp: Inputs, layout: str) -> Inputs:
 
 
 def fdlib_splits(q, k, v, fd_method: str, num_splits: int | None, batch_invariant: bool = False, k_scale=None,
-                 v_scale=None) -> dict:
+                 v_scale=None, lens=None) -> dict:
     """The split count fdlib asks for and the one it launches for a full-length cache, and auto's kernel:
-    the plan ``decode_attention`` runs for these inputs (None if unknowable)."""
+    the plan ``decode_attention`` runs for these inputs (None if unknowable); ``lens``: the lengths the timed call
+    passes (a call without them is planned for rows the host knows are equal, one with them on the device is
+    not: :func:`fdlib.api.plan_for`)."""
     if fd_method == "naive":
         return {"splits_requested": None, "splits": None}
     try:
-        d = plan_for(q, k, v, method=fd_method, num_splits=num_splits, batch_invariant=batch_invariant,
+        d = plan_for(q, k, v, lens, method=fd_method, num_splits=num_splits, batch_invariant=batch_invariant,
                      k_scale=k_scale, v_scale=v_scale).decision
         rec = {"splits_requested": num_splits if num_splits is not None else d.splits, "splits": d.splits}
         if fd_method == "auto":
