@@ -176,7 +176,7 @@ def test_a_missing_or_foreign_file_is_named(tmp_path):
         M.schedule_of({"kernel": "naive"})
 
 
-# --------------------------------------------------------------------- the serving batches (results/h100/streamk-device)
+# --------------------------------------------------------------------- the serving batches (results/h100/device-ragged)
 def _serving_raw(path):
     data = json.loads(path.read_text())
     return data, {(r["case"], r["layout"], r["row"]): r for r in data["records"] if r["status"] == "ok"}
@@ -215,7 +215,7 @@ def test_the_serving_table_is_what_the_file_holds():
             i += 1
     flat = " ".join(text.split())
     assert f"recorded on {data['provenance']['device']} {data['provenance']['date_utc'][:10]}" in flat
-    assert "results/h100/streamk-device/landed/serving.json" in flat and f"({data['ceiling']['tbs']:.2f} TB/s" in flat
+    assert "results/h100/device-ragged/final/serving.json" in flat and f"({data['ceiling']['tbs']:.2f} TB/s" in flat
     for path in (M.SERVING_BEFORE, M.SERVING_WORKLIST, M.EQUAL_ROWS):
         assert str(path.relative_to(RESULTS.parent.parent)) in flat, path
 
@@ -291,10 +291,10 @@ def test_what_section_4_says_about_the_default_calls_schedule_holds():
         d = decide(B, 32, 8, 128, 32768, torch.float16, method="worklist")
         assert d.kernel == "worklist" and d.budget > 0 and bool(d.inline) == inline
     # the default call (no host lengths) runs stream-K for two or more sequences
-    assert "Without host lengths, `auto` runs it for two or more sequences" in " ".join(text.split())
+    assert "Without host lengths, `auto` runs it for B ≥ 2" in " ".join(text.split())
     assert decide(2, 32, 8, 128, 32768, torch.float16).kernel == "streamk"
     assert decide(1, 32, 8, 128, 32768, torch.float16).kernel != "streamk"
-    assert "its launch (one program per SM slot) depends on the shapes alone" in " ".join(text.split())
+    assert "so its launch depends on the shapes alone" in " ".join(text.split())
     assert '`method="worklist"` runs the work list.' in text
     assert decide(2, 32, 8, 128, 32768, torch.float16, method="worklist").kernel == "worklist"
     # the unit is section 3's c (tiles over the budget), at least chunk; equal whole-tile pieces
@@ -335,3 +335,18 @@ def test_what_section_4_says_about_its_work_list_figure_holds():
     assert said in _lesson(), said
     items = worklist.work_list(lens, chunk, S, N)
     assert items[0].b == 5 and items[-1].b == 2 and lens[2] == 0
+
+
+def test_what_section_3_says_about_stream_k_on_equal_rows_holds():
+    """'On equal rows, fdlib cuts each row into whole, equal pieces': the kernel's rule (host mirror
+    fdlib.kernels.streamk.shares) on equal rows of an H100's launch (P_h = 33 a head at H_kv = 8) gives every row
+    the same number of pieces and no share two rows; on unequal rows the shares cut rows where they fall."""
+    from fdlib.kernels.streamk import shares, streamk_programs
+    assert "On equal rows, fdlib cuts each row into whole, equal pieces." in " ".join(_lesson().split())
+    P_h = streamk_programs(8, 2 * 132, 1) // 8
+    for B in (4, 8, 16, 32):
+        rows = shares([16] * B, P_h)
+        pieces = {r["p_b"] - r["p_a"] + 1 for r in rows}
+        assert len(pieces) == 1 and all(rows[i]["p_b"] < rows[i + 1]["p_a"] for i in range(B - 1)), (B, rows)
+    rows = shares([16] * 31 + [17], P_h)
+    assert any(rows[i]["p_b"] == rows[i + 1]["p_a"] for i in range(31))     # a share ends one row, begins the next

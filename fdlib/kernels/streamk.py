@@ -14,7 +14,12 @@ equal shares instead of whole rows). Programs launched together, :math:`p = qH_{
 hold the same share of neighbouring heads, so they read the same tokens at the same time, as the persistent
 kernel's neighbouring rows do; shares laid over the rows (b, h) in order put each program's tiles far from its
 neighbours' and streamed up to 9% slower on the H200 (B=32 32:32, rows of 1024 keys: 133.4 against 122.8 µs,
-results/h200/ragged-fp16-streamk-fc2f57f.json and ragged-fp16-49e0d6b.json). Fewer tiles than programs:
+results/h200/ragged-fp16-streamk-fc2f57f.json and ragged-fp16-49e0d6b.json). On rows of equal length
+(:math:`T_b` all equal) with :math:`s = \lfloor P_h/B\rfloor \ge 1` and at most one program in ALIGN_IDLE
+left idle, only :math:`P = sB` shares take part: each row is then cut into s pieces of whole tiles and no share
+holds parts of two rows, the decomposition of the unified kernel's splits (:func:`active_shares`; on an H100, B=32
+32:8 rows of 1024 keys took 1.02x the host plan's time instead of 1.11x, results/h100/device-ragged/align).
+Fewer tiles than programs:
 only the first T shares of each head take part, one tile each, so that every share of :math:`q_a \dots q_b`
 holds a piece of a cut row and its n pieces lie in n consecutive slots. Tile t of a head belongs to sequence
 :math:`b = \#\{b : E_b \le t\}`, :math:`E_b = T_0 + \dots + T_b`, tile :math:`j = t - E_{b-1}` of its row (all
