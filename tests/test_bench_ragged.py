@@ -206,3 +206,26 @@ def test_ab_ragged_stale_order(tmp_path):
     recs = json.loads(out.read_text())["records"]
     assert [r["longest_first"] for r in recs] == [True, True]
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 for r in recs), recs
+
+
+def test_default_and_captured_rows_run_auto_without_host_lengths(monkeypatch):
+    """The ragged bench's 'default' (decode_attention with the lengths in a tensor) and 'captured' (the call made
+    while every length reads L_max, then run with the batch's) rows: stream-K at B >= 2, right against float64,
+    and summarised against auto from host lengths. A captured row whose lengths are never copied in (the host
+    action skipped) is caught as wrong, not timed."""
+    from fdlib.bench import ragged
+    from fdlib.bench.ragged import format_ragged_table
+    res = run_ragged(quick=True, methods=("auto", "default", "captured"), dists=("uniform",), progress=False,
+                     ceiling=False)
+    recs = {r["method"]: r for r in res["records"]}
+    assert set(recs) == {"auto", "default", "captured"}
+    for name in ("default", "captured"):
+        assert recs[name]["status"] == "ok" and recs[name]["kernel"] == "streamk" and recs[name]["rel_err"] < 1e-2
+    text = format_ragged_table(res)
+    assert "**default** (auto without host lengths) / auto planned from host lengths:" in text
+    assert "**captured**" in text and "1 batches: worst" in text
+    real = ragged.captured_call
+    monkeypatch.setattr(ragged, "captured_call", lambda run, lens, L_max: (real(run, lens, L_max)[0], lambda: None))
+    res = run_ragged(quick=True, methods=("captured",), dists=("uniform",), progress=False, ceiling=False)
+    (rec,) = res["records"]
+    assert rec["status"] == "failed" and "relative error" in rec["reason"], rec

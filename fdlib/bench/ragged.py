@@ -33,7 +33,8 @@ import torch
 from .. import runtime
 from . import kv8
 from .harness import DTYPES, Progress, measure_ceiling_or_none, provenance, reference_rows, rel_error
-from .timing import Rotating, copies_for_l2, free_memory, synchronize, time_eager, time_graph, time_graph_after
+from .timing import (Rotating, captured_call, copies_for_l2, free_memory, synchronize, time_eager, time_graph,
+                     time_graph_after)
 
 DISTS = ("constant", "uniform", "zipf")
 RAGGED_GRID = dict(B=(8, 32, 128), heads=((32, 8), (32, 32)), D=(128,), dtypes=("float16", "bfloat16"),
@@ -204,7 +205,7 @@ def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=N
     from ..api import plan_for
     from ..validate import check_inputs
     rec = dict(base, method=name, status="ok")
-    held = []                                   # captured: (the tensor the graph reads, the batch's lengths)
+    held = []                                   # captured: each copy's host action before the replays
 
     def make(c):
         """A serving step: plan once for this batch from its host lengths (outside any graph), run every call."""
@@ -214,7 +215,7 @@ def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=N
             p = plan_for(q, k, v, lens, block_table=bt, k_scale=ks, v_scale=vs)
             return p, (lambda: fdlib.decode_attention(q, k, v, lens, block_table=bt, k_scale=ks, v_scale=vs))
         method = "auto" if name == "captured" else name
-        shape = check_inputs(q, k, v, lens, None, method, None, False, bt, ks, vs)   # the checked sizes of these tensors
+        shape = check_inputs(q, k, v, lens, None, method, None, False, bt, ks, vs)   # these tensors' checked sizes
         kv = shape.kv
         kw = dict(lengths=None if name == "captured" else lens.tolist(), method=method,
                   page_size=shape.page_size or None, num_splits=num_splits,
@@ -223,13 +224,15 @@ def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=N
         p = fdlib.plan(shape.B, shape.H_q, shape.H_kv, shape.D, shape.L_max, dtype=q.dtype, device=q.device, **kw)
         if name != "captured":
             return p, (lambda: p.run(q, k, v, lens, block_table=bt, k_scale=ks, v_scale=vs))
-        at_capture, out = torch.full_like(lens, shape.L_max), torch.empty_like(q)
-        held.append((at_capture, lens))
-        return p, (lambda: p.run(q, k, v, at_capture, block_table=bt, k_scale=ks, v_scale=vs, out=out))
+        out = torch.empty_like(q)
+        call, put = captured_call(lambda at: p.run(q, k, v, at, block_table=bt, k_scale=ks, v_scale=vs, out=out),
+                                  lens, shape.L_max)
+        held.append(put)
+        return p, call
 
     def set_lengths():
-        for at_capture, lens in held:
-            at_capture.copy_(lens)
+        for put in held:
+            put()
     try:
         plans, calls = zip(*(make(c) for c in copies))
         d = plans[0].decision

@@ -58,7 +58,7 @@ import torch
 from .. import runtime
 from .harness import Progress, _short, measure_ceiling_or_none, provenance, rel_error, tolerance
 from .ragged import case_inputs, case_record, draw_lengths
-from .timing import Rotating, free_memory, synchronize, time_eager, time_graph, time_graph_after
+from .timing import Rotating, captured_call, free_memory, synchronize, time_eager, time_graph, time_graph_after
 
 PAGE_SIZE = 16
 LAYOUTS = (("paged", PAGE_SIZE), ("contiguous", 0))
@@ -143,13 +143,12 @@ def base_rows() -> tuple[Row, ...]:
 
 @dataclass
 class Step:
-    """One input copy's call, the tensor its answer lands in, its plan's decision; a captured row's own lengths
-    tensor (``lens``, L_max at capture) and the batch's lengths to copy into it (``ragged``)."""
+    """One input copy's call, the tensor its answer lands in, its plan's decision; a captured row's host action
+    before the replays (``set_lengths``: :func:`~fdlib.bench.timing.captured_call`)."""
     call: object
     out: torch.Tensor | None = None
     decision: object = None
-    lens: torch.Tensor | None = None
-    ragged: torch.Tensor | None = None
+    set_lengths: object = None
 
 
 def _step(row: Row, c) -> Step:
@@ -166,15 +165,15 @@ def _step(row: Row, c) -> Step:
                    num_splits=row.splits, batch_invariant=row.invariant)
     if not row.captured:
         return Step(lambda: p.run(q, k, v, lens, block_table=bt), decision=p.decision)
-    held = torch.full_like(lens, s.L_max)          # what the graph sees at capture
     out = torch.empty_like(q)
-    return Step(lambda: p.run(q, k, v, held, block_table=bt, out=out), out, p.decision, held, lens)
+    call, put = captured_call(lambda held: p.run(q, k, v, held, block_table=bt, out=out), lens, s.L_max)
+    return Step(call, out, p.decision, put)
 
 
 def set_lengths(steps) -> None:
     """The captured protocol's one host action: the batch's lengths copied into the tensors the graph reads."""
     for s in steps:
-        s.lens.copy_(s.ragged)
+        s.set_lengths()
 
 
 def measure_row(row: Row, copies, ref, base: dict, settings: dict) -> dict:

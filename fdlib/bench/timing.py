@@ -118,6 +118,15 @@ def time_graph_after(fn, before_replay, rep_ms: float = 20) -> float:
     return statistics.median(times) * 1e3
 
 
+def captured_call(run, lens: torch.Tensor, L_max: int):
+    """(call, set_lengths) of the captured protocol: ``call()`` is ``run(held)``, where ``held`` is a lengths
+    tensor holding L_max in every row (what a graph captured before the lengths are known sees); ``set_lengths()``
+    is the one host action before the replays, the batch's ``lens`` copied into ``held``
+    (:func:`time_graph_after`)."""
+    held = torch.full_like(lens, L_max)
+    return (lambda: run(held)), (lambda: held.copy_(lens))
+
+
 def synchronize():
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
