@@ -300,3 +300,19 @@ def test_piece_boundaries_after_a_stretch_with_nothing_streaming():
     assert [(pid, kind, key[0] if key else None) for pid, kind, key, _, _ in parts] == [
         (0, "stream", "a"), (0, "stream", "b"), (1, "start-up", "c"), (1, "stream", "c"), (1, "stream", "d")]
     assert [x for *_, a, b in parts for x in (a, b)] == pytest.approx([0, 1, 1, 2, 2, 3, 3, 4, 4, 5])
+
+
+def test_stream_k_model_on_equal_rows_takes_the_kernels_shares():
+    """On equal rows the model's stream-K schedule takes the kernel's shares (fdlib.kernels.streamk.active_shares):
+    B = 8 rows of 16 tiles and 33 shares a head give 32 shares with work, four whole pieces a row, and the mode
+    says so; on ragged rows every launched share has work."""
+    from fdlib.kernels.config import persistent_config
+    from fdlib.kernels.streamk import active_shares
+    N = persistent_config(128, 2, compiled_mode=True).BLOCK_N
+    t = T.model_timeline([16 * N] * 8, 32, 8, 128, 2, schedule="stream-k", gpu="H100 SXM")
+    P_h = t.info["programs"] // 8
+    P_a = active_shares([16] * 8, P_h)
+    assert P_a < P_h and t.info["shares"] == 8 * P_a and t.info["tiles_per_program"] == 8 * 16 / P_a
+    assert f"{8 * P_a} with a share" in t.mode
+    r = T.model_timeline([N, 40 * N, 3 * N] + [16 * N] * 5, 32, 8, 128, 2, schedule="stream-k", gpu="H100 SXM")
+    assert r.info["shares"] == r.info["programs"] and "with a share" not in r.mode

@@ -430,9 +430,11 @@ def model_timeline(lengths, H_q: int, H_kv: int, D: int = 128, dtype_bytes: int 
             progs.append(_Program(tuple(pieces), cal.t_wave_us + (len(pieces) - 1) * cal.t_split_us if pieces
                                   else 0.0, row))
         merge = {key: _merge_cost(cal, n, group, D) for key, n in parts.items()}
-        info.update(programs=P, tiles=T * H_kv, tiles_per_program=T / P_h)
+        info.update(programs=P, shares=P_a * H_kv, tiles=T * H_kv, tiles_per_program=T / P_a)
         per_head = f", {P_h} for each KV head" if H_kv > 1 else ""
-        mode = f"stream-K schedule: {P} programs of ~{T / P_h:.1f} tiles each{per_head}, one in each slot ({r} an SM)"
+        taking = f", {P_a * H_kv} with a share" if P_a < P_h else ""
+        mode = (f"stream-K schedule: {P} programs{per_head}{taking}, ~{T / P_a:.1f} tiles a share, one in each slot "
+                f"({r} an SM)")
     sm, start, end, raw = simulate(progs, g.sms, r, cal.bw_tbs, cal.rho_tbs, merge, parts=True)
     work = np.array([bool(p.pieces) for p in progs], dtype=bool)
     kept = np.cumsum(work) - 1                               # a working program's index in the Timeline's arrays
