@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -386,3 +387,23 @@ def test_static_figure_keeps_its_margins_under_the_course_style(no_results):
     assert title.y0 - sq.y1 >= 6 and sub.y0 - title.y1 >= 12, (title, sq, sub)
     label = next(t for t in maps[0].texts if "per row" in t.get_text()).get_window_extent(r)
     assert label.x0 >= 0 and label.x1 < sq.x0, (label, sq)
+
+
+def test_the_readout_shows_what_the_default_call_runs():
+    """For two or more sequences the summary adds the launch decode_attention runs with the lengths on the device
+    (stream-K: fdlib.plan.device_schedule_suits), from the timeline model: the same programs, shares, makespan and
+    idle share as timeline.model_timeline's stream-K schedule of those lengths; one sequence runs another kernel
+    (no line), and equal rows show fewer shares with work than programs (whole pieces a row)."""
+    from fdlib.course import explorer_model as M
+    from fdlib.course.timeline import model_timeline
+    s = M.summary(B=32, H_q=32, H_kv=8, L=16384, splits=6, dist="uniform")
+    t = model_timeline(M.ragged_lengths("uniform", 32, 16384), 32, 8, schedule="stream-k", gpu="H200")
+    (line,) = [x for x in s.lines() if x.startswith("default call")]
+    assert (s.streamk_programs, s.streamk_shares, s.streamk_us) == (t.info["programs"], t.info["shares"], t.makespan)
+    assert f"stream-K, {t.info['programs']} programs" in line and f"makespan {t.makespan:.1f} µs" in line
+    eq = M.summary(B=8, H_q=32, H_kv=8, L=1024, splits=1)
+    assert 0 < eq.streamk_shares < eq.streamk_programs
+    one = M.summary(B=1, H_q=32, H_kv=8, L=131072, splits=16)
+    assert one.streamk_programs == 0 and not any(x.startswith("default call") for x in one.lines())
+    lesson = (Path(__file__).resolve().parents[1] / "notebooks" / "src" / "06_paged_ragged.md").read_text()
+    assert "The explorer shows both, and the default call's stream-K, for a length histogram." in " ".join(lesson.split())

@@ -11,7 +11,8 @@ This module draws them:
   and predicted time vs splits with the cost model's choice and any recorded results;
 * :func:`explorer` -- the interactive widget (sliders, toggles, a length histogram: constant, uniform or
   Zipf-like lengths of mean L, a PNG redrawn on every move, and on a GPU a button that times the real kernels,
-  :func:`measure`). For a ragged histogram the readout adds the balanced schedule next to the split one.
+  :func:`measure`). For a ragged histogram the readout adds the balanced schedule next to the split one; for two
+  or more sequences, the stream-K launch that ``decode_attention`` runs with the lengths on the device.
 """
 from __future__ import annotations
 

@@ -20,7 +20,10 @@ A **length histogram** (``dist``: ``"constant"``, ``"uniform"`` in [1, 2L], ``"z
 :math:`H\sum_b \max(1, \lceil L_b/\text{chunk}\rceil)` programs with chunk sized for the longest row, and the
 summary adds the balanced schedule (:mod:`fdlib.schedule`, budget B·splits as the plan sets it) priced by the same
 cost-model formula over its items (:func:`balanced_time`), and both schedules' idle SM share from the timeline model
-(:mod:`fdlib.course.timeline`, up to :data:`TIMELINE_MAX_PROGRAMS` programs).
+(:mod:`fdlib.course.timeline`, up to :data:`TIMELINE_MAX_PROGRAMS` programs). For any histogram, where
+``decode_attention`` with the lengths on the device runs stream-K (:func:`fdlib.plan.device_schedule_suits`: two
+or more sequences), the summary adds that launch from the timeline model: programs, shares with work, tiles a
+share, makespan and idle SMs.
 
 r, the splits a launch really has and every predicted time come from the cost model
 (:func:`fdlib.costmodel.explain`, r by :func:`fdlib.costmodel.kernel_programs_per_sm`) and the planner
@@ -122,6 +125,11 @@ class Summary:
     idle_split: float | None = None      # timeline model: share of SM time idle (None: not computed)
     idle_balanced: float | None = None
     q_len: int = 1               # query tokens per sequence: group × q_len rows a program, the same K/V bytes
+    streamk_programs: int = 0    # the default call without host lengths (stream-K; 0: it runs another kernel)
+    streamk_shares: int = 0      # programs with a share of the tiles (fewer on equal rows: whole pieces a row)
+    streamk_tiles: float = 0.0   # tiles a share
+    streamk_us: float | None = None      # timeline model: its makespan and idle SM share
+    idle_streamk: float | None = None
 
     @property
     def group(self) -> int:
@@ -184,6 +192,10 @@ class Summary:
                 out.append(f"SMs idle (timeline model): split {self.idle_split:.1%}, balanced {self.idle_balanced:.1%}")
             else:
                 out.append(f"SMs idle (timeline model): not computed above {TIMELINE_MAX_PROGRAMS} programs")
+        if self.streamk_programs:
+            out.append(f"default call, lengths on the device: stream-K, {self.streamk_programs} programs "
+                       f"({self.streamk_shares} with a share), ~{self.streamk_tiles:.1f} tiles a share, makespan "
+                       f"{self.streamk_us:.1f} µs, SMs idle {self.idle_streamk:.1%} [timeline model]")
         return out
 
     def __str__(self) -> str:
@@ -294,6 +306,14 @@ def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=Tru
             extra["idle_split"] = model_timeline(lens, H_q, heads, schedule="split" if not unified else "unified",
                                                  **kw).idle_fraction
             extra["idle_balanced"] = model_timeline(lens, H_q, heads, schedule="balanced", **kw).idle_fraction
+    if gqa and unified and _default_streamk(B, dtype_bytes, q_len):
+        from ..calibration import calibration_for
+        from .timeline import model_timeline
+        sk = model_timeline(lens, H_q, heads, D=int(D), dtype_bytes=int(dtype_bytes), gpu=g, schedule="stream-k",
+                            cal=calibration_for(g))
+        extra.update(streamk_programs=sk.info["programs"], streamk_shares=sk.info["shares"],
+                     streamk_tiles=sk.info["tiles_per_program"], streamk_us=sk.makespan,
+                     idle_streamk=sk.idle_fraction)
     summ = Summary(gpu=g.name, sms=g.sms, B=int(B), H_q=int(H_q), H_kv=int(H_kv), L=int(L), D=int(D),
                    dtype_bytes=int(dtype_bytes), gqa=bool(gqa), unified=bool(unified), splits=int(splits),
                    splits_used=used, block_n=block_n, programs=P,
@@ -303,6 +323,15 @@ def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=Tru
                    predicted_us=t, predicted_exact=exact, chosen_splits=int(ex.chosen), chosen_us=chosen_t,
                    q_len=int(q_len), **extra)
     return summ, s, ex
+
+
+def _default_streamk(B: int, dtype_bytes: int, q_len: int) -> bool:
+    """Whether ``decode_attention`` with the lengths on the device runs stream-K for this batch
+    (:func:`fdlib.plan.device_schedule_suits`, for a K/V element of ``dtype_bytes`` bytes)."""
+    import torch
+    from ..plan import device_schedule_suits
+    dtype = {1: torch.int8, 2: torch.float16, 4: torch.float32}.get(int(dtype_bytes), torch.float16)
+    return device_schedule_suits(int(B), dtype, int(q_len))
 
 
 def summary(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: bool = True, unified: bool = True,
