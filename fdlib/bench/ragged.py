@@ -205,10 +205,11 @@ def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=N
     from ..api import plan_for
     from ..validate import check_inputs
     rec = dict(base, method=name, status="ok")
-    held = []                                   # captured: each copy's host action before the replays
+    held = []                                   # captured: each copy's (host action before the replays, output)
 
     def make(c):
-        """A serving step: plan once for this batch from its host lengths (outside any graph), run every call."""
+        """A serving step: plan once for this batch (outside any graph; from its host lengths unless ``name`` is
+        a protocol), run every call."""
         q, k, v, lens, bt, *scales = c
         ks, vs = scales or (None, None)
         if name == "default":
@@ -227,17 +228,17 @@ def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=N
         out = torch.empty_like(q)
         call, put = captured_call(lambda at: p.run(q, k, v, at, block_table=bt, k_scale=ks, v_scale=vs, out=out),
                                   lens, shape.L_max)
-        held.append(put)
+        held.append((put, out))
         return p, call
 
     def set_lengths():
-        for put in held:
+        for put, _ in held:
             put()
     try:
         plans, calls = zip(*(make(c) for c in copies))
         d = plans[0].decision
         rec.update(kernel=d.kernel, splits=d.splits, longest_first=bool(d.order))
-        if name == "captured":
+        if name == "captured":   # the answer checked is what the replays (or the interpreter's calls) wrote
             if settings["graphs"]:
                 rec["graph_us"] = time_graph_after(Rotating(calls), set_lengths, settings["graph_rep_ms"])
             else:
@@ -245,7 +246,7 @@ def _measure(name, copies, ref, base, settings, ceil, num_splits=None, plan_kw=N
                 set_lengths()
                 rec["eager_us"] = time_eager(calls[0], settings["warmup_ms"], settings["rep_ms"],
                                              settings["cpu_runs"])
-            out = calls[0]()
+            out = held[0][1]
         else:
             out = calls[0]()
         synchronize()
@@ -299,7 +300,8 @@ def _time(r):
 def protocol_summary(records) -> list[str]:
     """Markdown lines: for each of :data:`PROTOCOLS` that ran, its time over ``auto``'s (planned from the host
     lengths) on the same batch: worst, geometric mean, the batches over 1.05x, and the lowest % of the ceiling
-    on batches of >= 512 MB (issue 50's targets); nothing when neither ran beside ``auto``."""
+    on batches of >= 512 MB (what a default call without host lengths is held to); nothing when neither ran beside
+    ``auto``."""
     key = lambda r: (r["dtype"], r["B"], r["H_q"], r["H_kv"], r["dist"], r["L_mean"], r["L_max"])   # noqa: E731
     host = {key(r): _time(r) for r in records if r["method"] == "auto" and r["status"] == "ok"}
     out = []
