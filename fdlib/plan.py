@@ -205,8 +205,8 @@ def device_schedule_suits(B: int, dtype, q_len: int = 1) -> bool:
     sequences (at most :data:`fdlib.kernels.streamk.MAX_BATCH`), one query token, 16- or 32-bit K/V.
 
     Stream-K's launch depends on the shapes alone (H_kv·P_h programs,
-    :func:`~fdlib.kernels.streamk.streamk_programs`): every program reads the B lengths on the device and takes its equal share of the batch's tiles, so the plan
-    made without lengths is the very kernel the host-lengths plan runs on ragged batches, and a captured graph
+    :func:`~fdlib.kernels.streamk.streamk_programs`): every program reads the B lengths on the device and takes its
+    equal share of the batch's tiles, so the plan made without lengths is the very kernel the host-lengths plan runs on ragged batches, and a captured graph
     replays balanced. On an H100 (``results/h100/streamk-device/``, bf16, graph µs, the read ceiling in the same
     run) it took 0.99-1.00x the host-lengths plan on the six serving batches of 8-256 sequences, pages of 16 and
     contiguous, called and captured (93-97% of the ceiling, ``serving-streamk.md``), where the plan for L_cap took
@@ -235,7 +235,8 @@ def worklist_decision(B: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int 
     WORK_SPLITS) pieces a row at most, of at least ``chunk`` = WORK_CHUNK_TILES · BLOCK_N keys; the schedule is
     made on the device at every call from the lengths it finds, so the plan needs none. Rows are cut into pieces
     sized by the batch (the decision's ``budget``: ⌈WORK_WAVES · SMs / H_kv⌉ items,
-    :func:`fdlib.worklist.balanced_chunk`), or with ``invariant`` (``batch_invariant=True``) by each row's own length alone (budget 0). Its tiles depend on
+    :func:`fdlib.worklist.balanced_chunk`), or with ``invariant`` (``batch_invariant=True``) by each row's own length
+    alone (budget 0). Its tiles depend on
     D, the dtype, the query rows and (unless ``invariant``) whether the cache is paged, never on B or L_max: with
     ``invariant`` they are those of :func:`invariant_decision`, the same over pages and contiguous caches, so a
     sequence's out and lse are the same bits whatever its batchmates, the batch size, its place in the batch and

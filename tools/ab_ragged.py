@@ -8,7 +8,8 @@ of :func:`fdlib.kernels.config.persistent_config`'s, ``balanced@NxWxS`` / ``unif
 ``auto@NxWxS``: the same in place of the plan's :func:`fdlib.kernels.config.tile_config` (``worklist@NxWxS``: of
 its :func:`~fdlib.kernels.config.tile_config_for`) (auto's one-wave tiles
 then off: :func:`grid_tiles`), or ``streamk+NAME=VALUE``: the stream-K
-kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW, ALIGN_IDLE, MIN_BLOCK_B or MAX_REGISTERS,
+kernel with the integer constant NAME (:mod:`fdlib.kernels.streamk`'s ROW_WINDOW, ALIGN_IDLE, MIN_BLOCK_B or
+MAX_REGISTERS,
 :mod:`fdlib.kernels.config`'s PERSISTENT_PER_SM, the row walkers' programs per SM, or :mod:`fdlib.plan`'s
 TABLE_REGS_MAX, the most block-table entries a unified split holds in registers) set to VALUE; both may be
 combined, ``streamk@64x4x3+PERSISTENT_PER_SM=3``; ``NAME#S`` (e.g. ``unified#4``, before any ``@`` or ``+``): the
@@ -140,8 +141,8 @@ def main(argv=None):
     ceil = measure_ceiling_or_none(gpu, 4, settings)
     records = []
     sk, kc, pl = sys.modules["fdlib.kernels.streamk"], sys.modules["fdlib.kernels.config"], sys.modules["fdlib.plan"]
-    constants = {"ROW_WINDOW": sk, "ALIGN_IDLE": sk, "MIN_BLOCK_B": sk, "MAX_REGISTERS": sk, "PERSISTENT_PER_SM": kc,
-                 "TABLE_REGS_MAX": pl, "WORK_CHUNK_TILES": pl,
+    constants = {"ROW_WINDOW": sk, "ALIGN_IDLE": sk, "MIN_BLOCK_B": sk, "MAX_REGISTERS": sk,
+                 "PERSISTENT_PER_SM": kc, "TABLE_REGS_MAX": pl, "WORK_CHUNK_TILES": pl,
                  "WORK_SPLITS": pl, "WORK_WAVES": pl, "DEVICE_SCHEDULE": pl}
     for i, text in enumerate(args.cases.split(",")):
         try:

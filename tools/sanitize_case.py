@@ -1,5 +1,6 @@
 """A small decode-attention workload for compute-sanitizer (memcheck, racecheck): split, unified and persistent
-paths, ragged lengths including 0 and 1 and equal rows (stream-K's shares then cut each into whole pieces), back-to-back unified calls (ticket counters reused), checked vs float64;
+paths, ragged lengths including 0 and 1 and equal rows (stream-K's shares then cut each into whole pieces),
+back-to-back unified calls (ticket counters reused), checked vs float64;
 lengths outside 0..L_max on the device (clamped by the kernels, never read past the cache); a plan run with a
 smaller batch than planned; a paged, ragged batch (shared and unused pages, pages of 4 and 16) through every
 method; q_len = 4; the stream-K and batch-invariant kernels; stream-K over many short rows, each share crossing
