@@ -141,10 +141,12 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
     # the shares taking part (active_shares): each has >= 1 tile; on rows of equal length, a multiple of B that
     # cuts every row into the same number of whole pieces, where at most one program in ALIGN_IDLE is left idle
     P = P_h
+    one_row = False      # every share lies in one row (aligned shares on equal rows)
     if ALIGN > 0:
         s = P_h // n_batch
         equal = tl.min(tl.where(offs_b < n_batch, tiles, 2147483647), 0) == tl.max(tiles, 0)
-        P = tl.where(equal & (s >= 1) & (ALIGN * n_batch * s >= (ALIGN - 1) * P_h), n_batch * s, P_h)
+        one_row = equal & (s >= 1) & (ALIGN * n_batch * s >= (ALIGN - 1) * P_h)
+        P = tl.where(one_row, n_batch * s, P_h)
     P = tl.maximum(tl.minimum(P, T), 1)
     t0 = (q.to(tl.int64) * T // P).to(tl.int32)
     t1 = ((q.to(tl.int64) + 1) * T // P).to(tl.int32)
@@ -161,86 +163,116 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
         SC = (KS, VS, stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul)
         SC_h = head_row(SC, h, K_SCALE, V_SCALE)
         qk = k_scaled(qk_scale, SC_h, K_SCALE)
-        if PAGE == 0:   # the queries of each tile's row, loaded with the tile (row_tile_update)
-            q_b, q_n = None, None
-        else:           # the queries of the row being streamed (q_b) and of the next row (q_n), a row ahead, so
-            # that a row's first tile does not wait on a load issued at the row before it ends: on the H200 over
-            # pages of 16, the same lengths, two rounds each (results/h200/ab/ab-qahead-{o,n}*.json), 0.980-0.988x
-            # the time at 32:8 (rows of 1024 to 8192 keys), 0.998-1.010x at 32:32
-            q_b = group_queries(Q, b_f, h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
-            q_n = group_queries(Q, tl.minimum(b_f + 1, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN,
-                                D, BLOCK_G, BLOCK_D)[0]
-        # the share's rows b_f .. b_last, walked in windows of BLOCK_W sequences: finding tile t's row in a
-        # window is a reduction within one warp, where one over all B (BLOCK_B = 128) crossed the warps with a
-        # barrier on every tile and streamed 13% slower on the H200 (B=128 32:32 uniform mean 1024: 552.4
-        # against 487.5 µs, results/h200/ragged-fp16-49e0d6b.json and ragged-fp16-20bb156.json)
-        b_last = tl.sum((ends <= t1 - 1).to(tl.int32), 0)
-        offs_w = tl.arange(0, BLOCK_W)
-        for w0 in range(b_f, b_last + 1, BLOCK_W):
-            in_w = w0 + offs_w <= b_last
-            lens_w = load_lengths(LENS, w0 + offs_w, in_w, L_MAX, FLAG)
-            tiles_w = tl.where(in_w, tl.maximum(tl.cdiv(lens_w, BLOCK_N), 1), 0)
-            e0 = tl.sum(tl.where(offs_b < w0, tiles, 0), 0)              # the window's first tile, E_{w0-1}
-            ends_w = e0 + tl.cumsum(tiles_w, 0)
-            t_lo = tl.maximum(t0, e0)
+        if one_row:
+            # the share lies in row b_f, tiles j_f .. j_f + t1 - t0 - 1: the unified kernel's loop over one split
+            # (the row's queries loaded once, no search for a tile's row, the row's end once, after the loop)
+            q_row = group_queries(Q, b_f, h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
+            sc_b = scale_row(SC, b_f, h, PAGE, K_SCALE, V_SCALE)
             if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.paged_tile_rows)
-                b_n, T_n, j_n, L_n = tile_row(t_lo, offs_w, ends_w, tiles_w, lens_w)
-                ahead_n = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages, FLAG,
-                                          stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
-            for t in range(t_lo, tl.minimum(t1, e0 + tl.sum(tiles_w, 0))):
+                ahead_ln = paged_tile_rows(BT, b_f, j_f * BLOCK_N, L_f, offs_n, stride_bt, n_pages, FLAG, stride_kb,
+                                           stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
+            for i_l in range(0, t1 - t0):
+                j_l = j_f + i_l
                 if PAGE >= TABLE_AHEAD_PAGE:
-                    b, T_b, j, L, ahead = b_n + w0, T_n, j_n, L_n, ahead_n
-                    b_n, T_n, j_n, L_n = tile_row(t + 1, offs_w, ends_w, tiles_w, lens_w)
-                    ahead_n = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages, FLAG,
-                                              stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
+                    ahead_l = ahead_ln
+                    ahead_ln = paged_tile_rows(BT, b_f, (j_l + 1) * BLOCK_N, L_f, offs_n, stride_bt, n_pages, FLAG,
+                                               stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
                 else:
-                    b, T_b, j, L = tile_row(t, offs_w, ends_w, tiles_w, lens_w)
-                    b += w0
-                    ahead = None
-                m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d, mask_d,
-                                            k_offs, v_offs, qk, stride_qb, stride_qt, stride_qh, stride_kb,
+                    ahead_l = None
+                m, l, acc = row_tile_update(Q, K, V, b_f, h, j_l * BLOCK_N, L_f, m, l, acc, offs_g, offs_n, offs_d,
+                                            mask_d, k_offs, v_offs, qk, stride_qb, stride_qt, stride_qh, stride_kb,
                                             stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt,
                                             n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE,
-                                            PAGE, ahead, q_b, scale_row(SC, b, h, PAGE, K_SCALE, V_SCALE), K_SCALE,
-                                            V_SCALE)
-                # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
-                # earlier) goes to its slot; either way the next row starts from the empty state. Over pages
-                # that is a branch taken once a row, and the next row's queries are loaded there: normalising,
-                # storing masked and loading the queries every tile cost the sm_90 build 253 of its 734
-                # instructions a tile that ends no row (tools/loop_sass.py), and with the branch 10 paged batches
-                # took 0.866-0.978x the time (geometric mean 0.904; results/h200/ab/ab-rowend-*.json). On a
-                # contiguous cache, in the same call, 6 batches took 0.997-1.023x (rows of 1024 keys 1.007-1.023x),
-                # so there every tile does it, masked.
-                last = j == T_b - 1
-                if PAGE == 0:
-                    m, l, acc = end_row(m, l, acc, last, last & (t - j >= t0), last & (t - j < t0), offs_g, mask_gd,
-                                        h, b, slot_f, O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob,
-                                        stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D,
-                                        SC_h, V_SCALE)
-                elif last:
-                    m, l, acc = end_row(m, l, acc, True, t - j >= t0, t - j < t0, offs_g, mask_gd, h, b, slot_f,
-                                        O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot, stride_oh,
-                                        stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D, SC_h, V_SCALE)
-                    q_b = q_n
-                    q_n = group_queries(Q, tl.minimum(b + 2, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP,
-                                        Q_LEN, D, BLOCK_G, BLOCK_D)[0]
-        # the last row, continued by later shares: its piece from the state the loop ended in
-        b_l, T_l, j_l, L_l = tile_row(t1 - 1, offs_b, ends, tiles, lens)
-        q_al = program_of(t1 - 1 - j_l, T, P)
-        cont = t1 - 1 - j_l + T_l > t1                                    # the row's last tile lies past t1 - 1
-        if cont:
-            o, lse = finish_state(m, l, acc, SC_h, V_SCALE)
-            store_partial(o, lse, offs_g, mask_gd, 0, base + q_al + q, O_PART, GROUP * D, D, stride_pp, LSE_PART,
-                          GROUP * n_slots, n_slots, True, GROUP, Q_LEN, BLOCK_D)
-        if (j_f > 0) & (t0 - j_f + T_f <= t1):                           # the first row ended here, begun earlier
-            hand_off(b_f, h, base + 2 * q_af, q - q_af + 1, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp,
-                     n_slots, stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
-                     GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D)
-        if cont:
-            q_bl = program_of(t1 - 1 - j_l + T_l - 1, T, P)
-            hand_off(b_l, h, base + 2 * q_al, q_bl - q_al + 1, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp,
-                     n_slots, stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
-                     GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D)
+                                            PAGE, ahead_l, q_row, sc_b, K_SCALE, V_SCALE)
+            n_l = program_of(t0 - j_f + T_f - 1, T, P) - q_af + 1                # the row's pieces
+            end_row(m, l, acc, True, n_l == 1, n_l > 1, offs_g, mask_gd, h, b_f, slot_f, O_PART, LSE_PART, OUT, LSE,
+                    stride_pp, n_slots, stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP,
+                    Q_LEN, D, BLOCK_D, SC_h, V_SCALE)
+            if n_l > 1:
+                hand_off(b_f, h, base + 2 * q_af, n_l, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp, n_slots,
+                         stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
+                         GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D)
+        else:
+            if PAGE == 0:   # the queries of each tile's row, loaded with the tile (row_tile_update)
+                q_b, q_n = None, None
+            else:           # the queries of the row being streamed (q_b) and of the next row (q_n), a row ahead, so
+                # that a row's first tile does not wait on a load issued at the row before it ends: on the H200 over
+                # pages of 16, the same lengths, two rounds each (results/h200/ab/ab-qahead-{o,n}*.json), 0.980-0.988x
+                # the time at 32:8 (rows of 1024 to 8192 keys), 0.998-1.010x at 32:32
+                q_b = group_queries(Q, b_f, h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
+                q_n = group_queries(Q, tl.minimum(b_f + 1, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN,
+                                    D, BLOCK_G, BLOCK_D)[0]
+            # the share's rows b_f .. b_last, walked in windows of BLOCK_W sequences: finding tile t's row in a
+            # window is a reduction within one warp, where one over all B (BLOCK_B = 128) crossed the warps with a
+            # barrier on every tile and streamed 13% slower on the H200 (B=128 32:32 uniform mean 1024: 552.4
+            # against 487.5 µs, results/h200/ragged-fp16-49e0d6b.json and ragged-fp16-20bb156.json)
+            b_last = tl.sum((ends <= t1 - 1).to(tl.int32), 0)
+            offs_w = tl.arange(0, BLOCK_W)
+            for w0 in range(b_f, b_last + 1, BLOCK_W):
+                in_w = w0 + offs_w <= b_last
+                lens_w = load_lengths(LENS, w0 + offs_w, in_w, L_MAX, FLAG)
+                tiles_w = tl.where(in_w, tl.maximum(tl.cdiv(lens_w, BLOCK_N), 1), 0)
+                e0 = tl.sum(tl.where(offs_b < w0, tiles, 0), 0)              # the window's first tile, E_{w0-1}
+                ends_w = e0 + tl.cumsum(tiles_w, 0)
+                t_lo = tl.maximum(t0, e0)
+                if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.paged_tile_rows)
+                    b_n, T_n, j_n, L_n = tile_row(t_lo, offs_w, ends_w, tiles_w, lens_w)
+                    ahead_n = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages, FLAG,
+                                               stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
+                for t in range(t_lo, tl.minimum(t1, e0 + tl.sum(tiles_w, 0))):
+                    if PAGE >= TABLE_AHEAD_PAGE:
+                        b, T_b, j, L, ahead = b_n + w0, T_n, j_n, L_n, ahead_n
+                        b_n, T_n, j_n, L_n = tile_row(t + 1, offs_w, ends_w, tiles_w, lens_w)
+                        ahead_n = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages, FLAG,
+                                                  stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
+                    else:
+                        b, T_b, j, L = tile_row(t, offs_w, ends_w, tiles_w, lens_w)
+                        b += w0
+                        ahead = None
+                    m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d, mask_d,
+                                                k_offs, v_offs, qk, stride_qb, stride_qt, stride_qh, stride_kb,
+                                                stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt,
+                                                n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE,
+                                                PAGE, ahead, q_b, scale_row(SC, b, h, PAGE, K_SCALE, V_SCALE), K_SCALE,
+                                                V_SCALE)
+                    # tile t ends its row: a row begun in this share is written whole, the first row's piece (begun
+                    # earlier) goes to its slot; either way the next row starts from the empty state. Over pages
+                    # that is a branch taken once a row, and the next row's queries are loaded there: normalising,
+                    # storing masked and loading the queries every tile cost the sm_90 build 253 of its 734
+                    # instructions a tile that ends no row (tools/loop_sass.py), and with the branch 10 paged batches
+                    # took 0.866-0.978x the time (geometric mean 0.904; results/h200/ab/ab-rowend-*.json). On a
+                    # contiguous cache, in the same call, 6 batches took 0.997-1.023x (rows of 1024 keys 1.007-1.023x),
+                    # so there every tile does it, masked.
+                    last = j == T_b - 1
+                    if PAGE == 0:
+                        m, l, acc = end_row(m, l, acc, last, last & (t - j >= t0), last & (t - j < t0), offs_g, mask_gd,
+                                            h, b, slot_f, O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob,
+                                            stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D,
+                                            SC_h, V_SCALE)
+                    elif last:
+                        m, l, acc = end_row(m, l, acc, True, t - j >= t0, t - j < t0, offs_g, mask_gd, h, b, slot_f,
+                                            O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot, stride_oh,
+                                            stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D, SC_h, V_SCALE)
+                        q_b = q_n
+                        q_n = group_queries(Q, tl.minimum(b + 2, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP,
+                                            Q_LEN, D, BLOCK_G, BLOCK_D)[0]
+            # the last row, continued by later shares: its piece from the state the loop ended in
+            b_l, T_l, j_l, L_l = tile_row(t1 - 1, offs_b, ends, tiles, lens)
+            q_al = program_of(t1 - 1 - j_l, T, P)
+            cont = t1 - 1 - j_l + T_l > t1                                    # the row's last tile lies past t1 - 1
+            if cont:
+                o, lse = finish_state(m, l, acc, SC_h, V_SCALE)
+                store_partial(o, lse, offs_g, mask_gd, 0, base + q_al + q, O_PART, GROUP * D, D, stride_pp, LSE_PART,
+                              GROUP * n_slots, n_slots, True, GROUP, Q_LEN, BLOCK_D)
+            if (j_f > 0) & (t0 - j_f + T_f <= t1):                           # the first row ended here, begun earlier
+                hand_off(b_f, h, base + 2 * q_af, q - q_af + 1, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp,
+                         n_slots, stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
+                         GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D)
+            if cont:
+                q_bl = program_of(t1 - 1 - j_l + T_l - 1, T, P)
+                hand_off(b_l, h, base + 2 * q_al, q_bl - q_al + 1, O_PART, LSE_PART, COUNTERS, OUT, LSE, stride_pp,
+                         n_slots, stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, H_KV,
+                         GROUP, Q_LEN, BLOCK_H, BLOCK_S, BLOCK_D, D)
     if TIMELINE:
         timeline_record(TIMES, t_start)
 
