@@ -47,23 +47,34 @@ def sass_lines(compiled) -> tuple[list[tuple[int, str]], dict[str, int]]:
     return code, labels
 
 
-def kv_loop(compiled) -> tuple[list[str], int]:
-    """The instructions of the innermost loop (a backward branch's region) that holds tensor-core instructions,
-    and how many of them a tile skips when no conditional branch inside the loop is taken (a row's end)."""
+def kv_loops(compiled) -> list[tuple[list[str], int]]:
+    """Every innermost loop (a backward branch's region holding no other such loop) that holds tensor-core
+    instructions, smallest first: its instructions, and how many of them a tile skips when no conditional branch
+    inside the loop is taken (a row's end). A kernel with two tile loops (stream-K: a share inside one row, and
+    the general walk over rows) has two."""
     code, labels = sass_lines(compiled)
-    best = None
+    loops = []
     for addr, ins in code:
         target = re.search(r"BRA\s.*\.L_x_(\d+)", ins)
         if target and labels.get(target.group(1), addr) < addr:
             body = [(a, i) for a, i in code if labels[target.group(1)] <= a <= addr]
-            if any("MMA" in i for _, i in body) and (best is None or len(body) < len(best)):
-                best = body
-    skipped, end = 0, best[-1][0]
-    for a, ins in best:   # forward conditional branches over the rare work (stores at a row's end)
-        target = re.search(r"^@!?P\w+\s+BRA\s.*\.L_x_(\d+)", ins)
-        if target and a < labels[target.group(1)] <= end:
-            skipped = max(skipped, sum(1 for b, _ in best if a < b < labels[target.group(1)]))
-    return [i for _, i in best], skipped
+            if any("MMA" in i for _, i in body):
+                loops.append(body)
+    inner = [b for b in loops if not any(o is not b and b[0][0] <= o[0][0] and o[-1][0] <= b[-1][0] for o in loops)]
+    out = []
+    for body in sorted(inner, key=len):
+        skipped, end = 0, body[-1][0]
+        for a, ins in body:   # forward conditional branches over the rare work (stores at a row's end)
+            target = re.search(r"^@!?P\w+\s+BRA\s.*\.L_x_(\d+)", ins)
+            if target and a < labels[target.group(1)] <= end:
+                skipped = max(skipped, sum(1 for b, _ in body if a < b < labels[target.group(1)]))
+        out.append(([i for _, i in body], skipped))
+    return out
+
+
+def kv_loop(compiled) -> tuple[list[str], int]:
+    """The smallest of :func:`kv_loops`: the loop a kernel with one tile loop runs."""
+    return kv_loops(compiled)[0]
 
 
 def opcode(ins: str) -> str:

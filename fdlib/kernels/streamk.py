@@ -200,8 +200,8 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                 # pages of 16, the same lengths, two rounds each (results/h200/ab/ab-qahead-{o,n}*.json), 0.980-0.988x
                 # the time at 32:8 (rows of 1024 to 8192 keys), 0.998-1.010x at 32:32
                 q_b = group_queries(Q, b_f, h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
-                q_n = group_queries(Q, tl.minimum(b_f + 1, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP, Q_LEN,
-                                    D, BLOCK_G, BLOCK_D)[0]
+                q_n = group_queries(Q, tl.minimum(b_f + 1, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP,
+                                    Q_LEN, D, BLOCK_G, BLOCK_D)[0]
             # the share's rows b_f .. b_last, walked in windows of BLOCK_W sequences: finding tile t's row in a
             # window is a reduction within one warp, where one over all B (BLOCK_B = 128) crossed the warps with a
             # barrier on every tile and streamed 13% slower on the H200 (B=128 32:32 uniform mean 1024: 552.4
@@ -224,13 +224,14 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                         b, T_b, j, L, ahead = b_n + w0, T_n, j_n, L_n, ahead_n
                         b_n, T_n, j_n, L_n = tile_row(t + 1, offs_w, ends_w, tiles_w, lens_w)
                         ahead_n = paged_tile_rows(BT, b_n + w0, j_n * BLOCK_N, L_n, offs_n, stride_bt, n_pages, FLAG,
-                                                  stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE, V_SCALE)
+                                                  stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC, K_SCALE,
+                                                  V_SCALE)
                     else:
                         b, T_b, j, L = tile_row(t, offs_w, ends_w, tiles_w, lens_w)
                         b += w0
                         ahead = None
-                    m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d, mask_d,
-                                                k_offs, v_offs, qk, stride_qb, stride_qt, stride_qh, stride_kb,
+                    m, l, acc = row_tile_update(Q, K, V, b, h, j * BLOCK_N, L, m, l, acc, offs_g, offs_n, offs_d,
+                                                mask_d, k_offs, v_offs, qk, stride_qb, stride_qt, stride_qh, stride_kb,
                                                 stride_kl, stride_kh, stride_vb, stride_vl, stride_vh, BT, stride_bt,
                                                 n_pages, FLAG, GROUP, Q_LEN, D, BLOCK_G, BLOCK_D, FP32_DOT, TILE_UPDATE,
                                                 PAGE, ahead, q_b, scale_row(SC, b, h, PAGE, K_SCALE, V_SCALE), K_SCALE,
@@ -245,17 +246,18 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
                     # so there every tile does it, masked.
                     last = j == T_b - 1
                     if PAGE == 0:
-                        m, l, acc = end_row(m, l, acc, last, last & (t - j >= t0), last & (t - j < t0), offs_g, mask_gd,
-                                            h, b, slot_f, O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob,
-                                            stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D,
-                                            SC_h, V_SCALE)
+                        m, l, acc = end_row(m, l, acc, last, last & (t - j >= t0), last & (t - j < t0), offs_g,
+                                            mask_gd, h, b, slot_f, O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots,
+                                            stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh, GROUP,
+                                            Q_LEN, D, BLOCK_D, SC_h, V_SCALE)
                     elif last:
                         m, l, acc = end_row(m, l, acc, True, t - j >= t0, t - j < t0, offs_g, mask_gd, h, b, slot_f,
-                                            O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot, stride_oh,
-                                            stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D, SC_h, V_SCALE)
+                                            O_PART, LSE_PART, OUT, LSE, stride_pp, n_slots, stride_ob, stride_ot,
+                                            stride_oh, stride_sb, stride_st, stride_sh, GROUP, Q_LEN, D, BLOCK_D, SC_h,
+                                            V_SCALE)
                         q_b = q_n
-                        q_n = group_queries(Q, tl.minimum(b + 2, n_batch - 1), h, stride_qb, stride_qt, stride_qh, GROUP,
-                                            Q_LEN, D, BLOCK_G, BLOCK_D)[0]
+                        q_n = group_queries(Q, tl.minimum(b + 2, n_batch - 1), h, stride_qb, stride_qt, stride_qh,
+                                            GROUP, Q_LEN, D, BLOCK_G, BLOCK_D)[0]
             # the last row, continued by later shares: its piece from the state the loop ended in
             b_l, T_l, j_l, L_l = tile_row(t1 - 1, offs_b, ends, tiles, lens)
             q_al = program_of(t1 - 1 - j_l, T, P)
