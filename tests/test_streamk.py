@@ -153,3 +153,52 @@ def test_equal_rows_aligned_vs_float64(monkeypatch):
         q, k, v, lens_t, return_lse=True)
     torch.testing.assert_close(out, cut[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse, cut[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("B", [1, 2, 4, 7])
+@pytest.mark.parametrize("page", [0, 4, 16])
+@pytest.mark.parametrize("q_len", [1, 2])
+def test_share_inside_one_row_vs_float64(B, page, q_len):
+    """Equal rows whose shares each lie inside one row (B·⌊P_h/B⌋ shares, the interpreter's P_h = 8 at one KV
+    head) take the unified kernel's loop over one split: against float64 on a contiguous cache and over pages
+    below and at TABLE_AHEAD_PAGE (the table read in the tile's iteration, and one tile ahead), with one and two
+    query tokens; rows of one piece (B = 7: 7 shares of 8) end with no merge, rows of several hand off to the merge."""
+    from fdlib.kernels.streamk import ALIGN_IDLE, active_shares
+    from fdlib.kernels.tile import TABLE_AHEAD_PAGE
+    assert 4 < TABLE_AHEAD_PAGE.value <= 16
+    H_q, H_kv, D = 6, 1, 80
+    probe = fdlib.plan(B, H_q, H_kv, D, 64, dtype=torch.float32, device=DEVICE, method="streamk").decision
+    N, P_h = probe.tile.BLOCK_N, probe.programs // H_kv
+    L = 3 * N + 5                                                     # 4 tiles a row, the last one short
+    s = P_h // B
+    assert s >= 1 and ALIGN_IDLE * B * s >= (ALIGN_IDLE - 1) * P_h   # the kernel's test for a share in one row
+    assert active_shares([4] * B, P_h) == min(B * s, 4 * B)
+    g = torch.Generator().manual_seed(10 * B + page + q_len)
+    if page:
+        max_pages = -(-L // page)
+        q2, kp, vp, bt, k, v, lens_t = paged_problem(g, B, H_q, H_kv, D, page, max_pages, B * max_pages + 3,
+                                                     [L] * B, share=False)
+        q = torch.randn(B, q_len, H_q, D, generator=g).to(DEVICE)
+        kp, vp, bt, k, v, lens_t = (x.to(DEVICE) for x in (kp, vp, bt, k, v, lens_t))
+        out, lse = fdlib.decode_attention(q, kp, vp, lens_t, block_table=bt, method="streamk", return_lse=True)
+    else:
+        q, k, v, lens_t = problem(B, q_len, H_q, H_kv, D, L, [L] * B, seed=B + q_len)
+        out, lse = fdlib.decode_attention(q, k, v, lens_t, method="streamk", return_lse=True)
+    assert_close_qlen(out, lse, q, k[:, :L], v[:, :L], lens_t, what=f"streamk B={B} page={page} q_len={q_len}")
+
+
+def test_share_inside_one_row_8bit_per_token():
+    """The loop over one row reads an 8-bit cache with per-token scales as the general loop does: the same
+    output as the cache it stands for, dequantized, through the same kernel, within float32 rounding."""
+    H_q, H_kv, D, B = 4, 1, 32, 4
+    probe = fdlib.plan(B, H_q, H_kv, D, 64, dtype=torch.float16, device=DEVICE, method="streamk").decision
+    L = 2 * probe.tile.BLOCK_N + 9
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(B, H_q, D, generator=g).to(torch.float16).to(DEVICE)
+    k, v = (torch.randn(B, L, H_kv, D, generator=g).to(DEVICE) for _ in range(2))
+    (k8, ks), (v8, vs) = (fdlib.quantize_kv(x, torch.float8_e4m3fn, "token") for x in (k, v))
+    lens_t = torch.full((B,), L, dtype=torch.int32, device=DEVICE)
+    out = fdlib.decode_attention(q, k8, v8, lens_t, method="streamk", k_scale=ks, v_scale=vs)
+    kd, vd = ((x.float() * s[..., None]).to(torch.float16) for x, s in ((k8, ks), (v8, vs)))
+    ref, _ = fdlib.reference_attention(q, kd, vd, lens_t)
+    torch.testing.assert_close(out.double().cpu(), ref.cpu().double(), rtol=2e-2, atol=2e-3)

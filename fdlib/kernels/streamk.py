@@ -280,7 +280,7 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
 
 
 def active_shares(row_tiles, programs: int) -> int:
-    """P, the shares of one KV head that take part, of P_h = ``programs`` launched, for rows of ``row_tiles``
+    r"""P, the shares of one KV head that take part, of P_h = ``programs`` launched, for rows of ``row_tiles``
     tiles (the kernel's rule): at most T, at least 1; on rows of equal length, B·⌊P_h/B⌋ where that leaves at
     most one program in ALIGN_IDLE idle, so that every row is cut into ⌊P_h/B⌋ pieces of equal tiles and no share
     ends one row and begins another (no merge across rows, as the unified kernel's splits); else P_h.
