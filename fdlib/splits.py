@@ -366,7 +366,18 @@ def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method, paged=0):
 
 
 PERSISTENT_MIN_WAVES = 2
-PERSISTENT_MAX_KEYS = 65536
+PERSISTENT_MAX_KEYS = {"H200": 65536, "H100": 1536}
+"""The most keys a persistent program streams for :func:`choose_kernel` to take it, by GPU (a key found in the live
+GPU's name; the interpreter's pretend GPU takes the H200's, other GPUs the smallest): where it was measured faster."""
+
+
+def persistent_max_keys() -> int:
+    """PERSISTENT_MAX_KEYS of the GPU the choices plan for (see there)."""
+    if runtime.INTERPRET:
+        return PERSISTENT_MAX_KEYS["H200"]
+    from .gpus import live_gpu
+    name = live_gpu().name
+    return next((keys for gpu, keys in PERSISTENT_MAX_KEYS.items() if gpu in name), min(PERSISTENT_MAX_KEYS.values()))
 
 
 def sm_count() -> int:
@@ -387,8 +398,8 @@ def persistent_per_sm() -> int:
 
 def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: int = 0) -> str:
     """The kernel ``method="auto"`` launches: ``"persistent"`` when every row is one split, there are at least
-    PERSISTENT_MIN_WAVES·SMs rows (B·H_kv), and each of its programs has little work, at most PERSISTENT_MAX_KEYS
-    keys (rows·L_cap / (SMs·programs per SM)); else ``"unified"``.
+    PERSISTENT_MIN_WAVES·SMs rows (B·H_kv), and each of its programs has little work, at most
+    :func:`persistent_max_keys` keys (rows·L_cap / (SMs·programs per SM)); else ``"unified"``.
 
     Why: with one split and many rows the plain grid starts one program per row, and each pays its start-up
     (launch, lengths and queries, pipeline fill and drain) at the same moment as its neighbours on the SM;
@@ -409,7 +420,11 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: int = 0) ->
     ``results/h200/ab/ab-persistent.json`` has 0.969x at B=64, 32:32, L=2048 and 0.989x at B=64, 32:32, L=8192.
     One earlier run disagrees at the two shapes of 63550 keys: the fp16 grid of 2026-11-30 22:22Z (git history)
     had 1.062x at B=64, 32:8, L=32768 and 1.020x at B=64, 32:32, L=8192, in a run whose timings of one kernel
-    varied by up to 9% on those 8.6 GB shapes. Beyond 65536 keys nothing was measured. The
+    varied by up to 9% on those 8.6 GB shapes. Beyond 65536 keys nothing was measured. An H100 differs
+    (``results/h100/streamk-lean/persistent/``, contiguous equal rows, 32:8 and 32:32, the same run): the persistent
+    kernel took 0.953x the unified kernel's time at 662 keys a program (B=64 32:8 rows of 512: 48.5 against 50.9 µs),
+    0.998x at 1324, and 1.007-1.030x from 1986 to 10592 keys (B=128 32:32 rows of 1024: 695.3 against 675.0), as in
+    ``results/h100/kernel-grid/ab-persistent-grid.md`` before it; hence its limit of 1536 keys, between. The
     persistent kernel's 64-key tiles fit three programs an SM, the unified kernel's 128-key tiles one
     (``results/h200/kernel-resources.json``: 74 against 136 KB of shared memory)."""
     if paged:
@@ -424,6 +439,6 @@ def choose_kernel(B: int, H_kv: int, L_cap: int, splits: int, paged: int = 0) ->
     rows = B * H_kv
     sms = sm_count()
     keys_per_program = rows * L_cap / (sms * persistent_per_sm())
-    if splits == 1 and rows >= PERSISTENT_MIN_WAVES * sms and keys_per_program <= PERSISTENT_MAX_KEYS:
+    if splits == 1 and rows >= PERSISTENT_MIN_WAVES * sms and keys_per_program <= persistent_max_keys():
         return "persistent"
     return "unified"

@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 import fdlib
 from fdlib.kernels.config import tile_config
 from fdlib.kernels.persistent import MAX_ROWS_PER_PROGRAM, programs_for, run_persistent
-from fdlib.splits import PERSISTENT_MAX_KEYS, PERSISTENT_MIN_WAVES, choose_kernel, persistent_per_sm, sm_count
+from fdlib.splits import PERSISTENT_MIN_WAVES, choose_kernel, persistent_max_keys, persistent_per_sm, sm_count
 from helpers import BLOCK_N, DEVICE, DTYPES, assert_attention_close, hyp_settings, make_problem
 
 N = BLOCK_N
@@ -108,7 +108,7 @@ def test_programs_for():
 def test_auto_picks_persistent_for_many_short_rows_of_one_split():
     sms = sm_count()
     rows = PERSISTENT_MIN_WAVES * sms
-    short = PERSISTENT_MAX_KEYS * sms * persistent_per_sm() // rows      # the longest L that still qualifies
+    short = persistent_max_keys() * sms * persistent_per_sm() // rows    # the longest L that still qualifies
 
     assert choose_kernel(rows, 1, short, 1) == "persistent"
     assert choose_kernel(rows, 1, short, 2) == "unified"                   # split rows need the merge
@@ -129,3 +129,15 @@ def test_auto_through_the_persistent_kernel_is_right():
     assert p.kernel == "persistent"
     out, lse = p.run(q, k, v, lens_t, return_lse=True)
     assert_attention_close(out, lse, q, k, v, lens_t, what="auto (persistent)")
+
+
+@pytest.mark.parametrize("name,keys", [("NVIDIA H100 80GB HBM3 (live)", 1536), ("NVIDIA H200 (live)", 65536),
+                                       ("NVIDIA A100-SXM4-80GB (live)", 1536)])
+def test_persistent_limit_by_gpu(monkeypatch, name, keys):
+    """The limit follows the live GPU's name (measured on H100 and H200 runs); a GPU not measured takes the
+    smallest, so that the persistent kernel runs only where it was measured faster."""
+    import fdlib.gpus as gpus
+    import fdlib.splits as splits
+    monkeypatch.setattr(splits.runtime, "INTERPRET", False)
+    monkeypatch.setattr(gpus, "live_gpu", lambda: gpus.GPU(name, sms=132, bandwidth_tbs=3.35, l2_mb=50))
+    assert splits.persistent_max_keys() == keys
