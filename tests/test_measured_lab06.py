@@ -215,7 +215,7 @@ def test_the_serving_table_is_what_the_file_holds():
             i += 1
     flat = " ".join(text.split())
     assert f"recorded on {data['provenance']['device']} {data['provenance']['date_utc'][:10]}" in flat
-    assert "results/h100/device-ragged/final/serving.json" in flat and f"({data['ceiling']['tbs']:.2f} TB/s" in flat
+    assert "results/h100/streamk-lean/final/serving.json" in flat and f"({data['ceiling']['tbs']:.2f} TB/s" in flat
     for path in (M.SERVING_BEFORE, M.SERVING_WORKLIST, M.EQUAL_ROWS):
         assert str(path.relative_to(RESULTS.parent.parent)) in flat, path
 

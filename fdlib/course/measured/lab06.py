@@ -210,7 +210,7 @@ def ragged(results_dir) -> Shown:
 
 
 # ------------------------------------------------------------------------------------ the serving batches, on an H100
-SERVING = RESULTS.parent / "h100" / "device-ragged" / "final" / "serving.json"
+SERVING = RESULTS.parent / "h100" / "streamk-lean" / "final" / "serving.json"
 """``python -m fdlib.bench --serving`` on an H100: seven serving batches (bf16, D = 128), pages of 16 (shuffled) and a
 contiguous cache, CUDA-graph times, the read ceiling measured in the same run. Its rows (a record's ``row``):
 ``plan_host`` (planned from the host lengths), ``default`` (``decode_attention`` with the lengths on the device:
@@ -221,7 +221,7 @@ SERVING_BEFORE = RESULTS.parent / "h100" / "worklist" / "serving.json"
 SERVING_WORKLIST = RESULTS.parent / "h100" / "streamk-device" / "serving-streamk.json"
 """The same batches, a run whose ``default`` rows ran section 4's work list sized by the batch (kernel
 ``worklist``) on batches 1-5."""
-EQUAL_ROWS = RESULTS.parent / "h100" / "device-ragged" / "final" / "ab-equal-rows.json"
+EQUAL_ROWS = RESULTS.parent / "h100" / "streamk-lean" / "final" / "ab-equal-rows.json"
 """``tools/ab_ragged.py``: ``auto`` from host lengths against stream-K planned without them (``streamk+device``), on
 batches of equal rows among others."""
 SERVING_COLUMNS = (("default", "default call"), ("captured", "captured"))
