@@ -143,7 +143,7 @@ def streamk_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT
     P = P_h
     one_row = False      # every share lies in one row (aligned shares on equal rows)
     if ALIGN > 0:
-        s = P_h // n_batch
+        s = P_h // tl.maximum(n_batch, 1)   # no sequences (a plan called with none): no division by 0
         equal = tl.min(tl.where(offs_b < n_batch, tiles, 2147483647), 0) == tl.max(tiles, 0)
         one_row = equal & (s >= 1) & (ALIGN * n_batch * s >= (ALIGN - 1) * P_h)
         P = tl.where(one_row, n_batch * s, P_h)
