@@ -211,7 +211,8 @@ def device_schedule_suits(B: int, dtype, q_len: int = 1) -> bool:
     run) it took 0.99-1.00x the host-lengths plan on the six serving batches of 8-256 sequences, pages of 16 and
     contiguous, called and captured (93-97% of the ceiling, ``serving-streamk.md``), where the plan for L_cap took
     up to 2.67x; with this rule the default call took 0.99-1.01x on all seven batches (91-95%, ``landed/``); on
-    equal rows, where the host plan runs the unified or the persistent kernel, 1.02-1.07x. One sequence keeps
+    equal rows, where the host plan runs the unified or the persistent kernel, 1.02-1.07x, and 1.00-1.03x since a
+    share inside one row runs the unified kernel's loop (``results/h100/streamk-lean/final/``). One sequence keeps
     the plan for L_cap (its splits: exact for a full row); an 8-bit cache's stream-K and several query tokens
     have not been timed without lengths, and keep it too."""
     return (bool(DEVICE_SCHEDULE) and 2 <= B <= STREAMK_MAX_BATCH and q_len == 1 and isinstance(dtype, torch.dtype)
