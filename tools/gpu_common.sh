@@ -13,3 +13,16 @@ start_run() {
 pack() {
   tar czf "$PACK_OUT/$PACK_NAME.tgz.tmp" -C "$PACK_OUT" "$PACK_NAME" && mv "$PACK_OUT/$PACK_NAME.tgz.tmp" "$PACK_OUT/$PACK_NAME.tgz"
 }
+# kernel_grid_cases: the 24 batches of results/h100/kernel-grid/ (B 8/32/128, 32:8 and 32:32, constant, uniform and
+# Zipf-like lengths of mean 1024-32768, contiguous and pages of 16), as tools/ab_ragged.py's --cases.
+kernel_grid_cases() {
+  local cases="" page c
+  for page in 0 16; do
+    for c in 8:32:8:constant:1024 8:32:8:uniform:8192 8:32:8:zipf:32768 32:32:8:constant:8192 32:32:8:uniform:1024 \
+             32:32:8:zipf:8192 32:32:8:uniform:32768 128:32:8:constant:1024 128:32:8:zipf:1024 128:32:8:uniform:8192 \
+             32:32:32:zipf:1024 32:32:32:constant:8192; do
+      cases="$cases${cases:+,}$c:$page"
+    done
+  done
+  echo "$cases"
+}

@@ -11,14 +11,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 start_run "$OUT" grid
 timeout 150 python -m pytest tests/test_hf.py -m gpu -q -rs -p no:cacheprovider > "$R/gpu-tests-hf.txt" 2>&1
 echo "pytest rc=$?" >> "$R/gpu-tests-hf.txt"; tail -3 "$R/gpu-tests-hf.txt"; pack
-CASES=""
-for page in 0 16; do
-  for c in 8:32:8:constant:1024 8:32:8:uniform:8192 8:32:8:zipf:32768 32:32:8:constant:8192 32:32:8:uniform:1024 \
-           32:32:8:zipf:8192 32:32:8:uniform:32768 128:32:8:constant:1024 128:32:8:zipf:1024 128:32:8:uniform:8192 \
-           32:32:32:zipf:1024 32:32:32:constant:8192; do
-    CASES="$CASES${CASES:+,}$c:$page"
-  done
-done
+CASES=$(kernel_grid_cases)
 timeout 330 python tools/ab_ragged.py "$R/ab-kernel-grid.json" \
   --methods "auto,unified,split,persistent,balanced,streamk" --cases "$CASES" \
   2>&1 | grep -v Warn > "$R/ab-kernel-grid.log"; tail -3 "$R/ab-kernel-grid.log"; pack

@@ -11,14 +11,7 @@ source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 start_run "$OUT" sgrid
-CASES=""
-for page in 0 16; do
-  for c in 8:32:8:constant:1024 8:32:8:uniform:8192 8:32:8:zipf:32768 32:32:8:constant:8192 32:32:8:uniform:1024 \
-           32:32:8:zipf:8192 32:32:8:uniform:32768 128:32:8:constant:1024 128:32:8:zipf:1024 128:32:8:uniform:8192 \
-           32:32:32:zipf:1024 32:32:32:constant:8192; do
-    CASES="$CASES${CASES:+,}$c:$page"
-  done
-done
+CASES=$(kernel_grid_cases)
 timeout 300 python tools/ab_ragged.py "$R/ab-grid.json" --methods "auto,unified,streamk,streamk+device" \
   --cases "$CASES" 2>&1 | grep -v Warn > "$R/ab-grid.log"; tail -3 "$R/ab-grid.log"; pack
 timeout 120 python tools/ab_ragged.py "$R/ab-persistent.json" --methods "auto,unified,persistent,streamk" \
