@@ -367,8 +367,9 @@ def _explain(B, H_q, H_kv, D, dtype, L_cap, lengths, method, paged=0):
 
 PERSISTENT_MIN_WAVES = 2
 PERSISTENT_MAX_KEYS = {"H200": 65536, "H100": 1536}
-"""The most keys a persistent program streams for :func:`choose_kernel` to take it, by GPU (a key found in the live
-GPU's name; the interpreter's pretend GPU takes the H200's, other GPUs the smallest): where it was measured faster."""
+"""The most keys a persistent program streams for :func:`choose_kernel` to take it, by GPU (a word of the live GPU's
+name: "NVIDIA H100 80GB HBM3"; the interpreter's pretend GPU takes the H200's, other GPUs, a GH200 among them, the
+smallest): where it was measured faster."""
 
 
 def persistent_max_keys() -> int:
@@ -377,7 +378,8 @@ def persistent_max_keys() -> int:
         return PERSISTENT_MAX_KEYS["H200"]
     from .gpus import live_gpu
     name = live_gpu().name
-    return next((keys for gpu, keys in PERSISTENT_MAX_KEYS.items() if gpu in name), min(PERSISTENT_MAX_KEYS.values()))
+    words = name.split()
+    return next((keys for gpu, keys in PERSISTENT_MAX_KEYS.items() if gpu in words), min(PERSISTENT_MAX_KEYS.values()))
 
 
 def sm_count() -> int:

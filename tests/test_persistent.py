@@ -132,7 +132,7 @@ def test_auto_through_the_persistent_kernel_is_right():
 
 
 @pytest.mark.parametrize("name,keys", [("NVIDIA H100 80GB HBM3 (live)", 1536), ("NVIDIA H200 (live)", 65536),
-                                       ("NVIDIA A100-SXM4-80GB (live)", 1536)])
+                                       ("NVIDIA A100-SXM4-80GB (live)", 1536), ("NVIDIA GH200 480GB (live)", 1536)])
 def test_persistent_limit_by_gpu(monkeypatch, name, keys):
     """The limit follows the live GPU's name (measured on H100 and H200 runs); a GPU not measured takes the
     smallest, so that the persistent kernel runs only where it was measured faster."""
