@@ -110,6 +110,13 @@ def launched_splits(L: int, splits: int, D: int, rows: int | None, elem_bytes: i
     return chunk_for(L, min(int(splits), MAX_SPLITS), tile.BLOCK_N)[1]
 
 
+INVARIANT_WAVES = int(os.environ.get("FDLIB_INVARIANT_WAVES", "1"))
+"""Waves of programs the batch-invariant schedule aims for (:func:`invariant_decision`): ⌊INVARIANT_WAVES · SMs /
+(B·H_kv)⌋ programs a row, at least one. 1 is the rule measured on the H200's dense grid; on the serving batches
+(``results/h100/streamk-lean/final/serving.md``) one program a row of B=24 28:4 rows of 1..65536 keys took 2.16x
+the host plan over pages, the longest row alone. The schedule never changes a bit of the results (only who
+computes which chunks), so the environment variable ``FDLIB_INVARIANT_WAVES`` sets it at import for A/B runs of
+whole benchmarks."""
 ONE_CHUNK_KEYS = 2048
 """A batch-invariant plan of several programs a row whose chunks have at least this many keys gives each program
 one chunk (the ONE_CHUNK kernel, no chunk-end work in its loop) rather than about one wave of programs. On an
@@ -148,9 +155,9 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     (:func:`~fdlib.kernels.invariant.row_chunks`), and the merge reading the chunks' partials in index order in
     blocks sized for CHUNKS. The batch decides only the schedule: each program computes ``per_program``
     consecutive chunks of its row (restarting the online softmax at each), chosen so that the launch has about
-    one wave of programs, :math:`\lfloor \text{SMs} / (B H_{kv}) \rfloor` a row (at least one, at most the
-    chunks of an ``L_cap`` row; ``L_cap``: the lengths the schedule is chosen for, default L_max), by a rule of
-    the shape alone, so the schedule is the same on every GPU of a kind (it took the unified kernel's split
+    INVARIANT_WAVES waves of programs, :math:`\lfloor W\,\text{SMs} / (B H_{kv}) \rfloor` a row (at least one,
+    at most the chunks of an ``L_cap`` row; ``L_cap``: the lengths the schedule is chosen for, default L_max), by a
+    rule of the shape alone, so the schedule is the same on every GPU of a kind (it took the unified kernel's split
     count before, which follows the live calibration: two H200s differed at B=1 32:8 L=2048, 9.0 against
     11.5 µs, ``results/README.md``); the ticket decides only *who* merges. So a sequence's out and
     lse are bitwise the same whatever its batchmates, the batch size, its place in the batch, the run, and
@@ -172,7 +179,7 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     chunk, n_max = row_chunks(max(L_max, 1), tile.BLOCK_N)[0], max_chunks(L_max, tile.BLOCK_N)
     chunk_cap, n_cap = row_chunks(L_cap, tile.BLOCK_N)
     sms = sm_count()
-    want = max(1, min(sms // (B * H_kv), n_cap))
+    want = max(1, min(INVARIANT_WAVES * sms // (B * H_kv), n_cap))
     # one program a row (want = 1): it takes every chunk any row can have (a shorter row may have more chunks
     # than an L_cap one), so the kernel is compiled ALONE: no partial stored, no ticket
     if want == 1:
@@ -206,15 +213,16 @@ def device_schedule_suits(B: int, dtype, q_len: int = 1) -> bool:
 
     Stream-K's launch depends on the shapes alone (H_kv·P_h programs,
     :func:`~fdlib.kernels.streamk.streamk_programs`): every program reads the B lengths on the device and takes its
-    equal share of the batch's tiles, so the plan made without lengths is the very kernel the host-lengths plan runs on ragged batches, and a captured graph
-    replays balanced. On an H100 (``results/h100/streamk-device/``, bf16, graph µs, the read ceiling in the same
-    run) it took 0.99-1.00x the host-lengths plan on the six serving batches of 8-256 sequences, pages of 16 and
-    contiguous, called and captured (93-97% of the ceiling, ``serving-streamk.md``), where the plan for L_cap took
-    up to 2.67x; with this rule the default call took 0.99-1.01x on all seven batches (91-95%, ``landed/``); on
-    equal rows, where the host plan runs the unified or the persistent kernel, 1.02-1.07x, and 1.00-1.03x since a
-    share inside one row runs the unified kernel's loop (``results/h100/streamk-lean/final/``). One sequence keeps
-    the plan for L_cap (its splits: exact for a full row); an 8-bit cache's stream-K and several query tokens
-    have not been timed without lengths, and keep it too."""
+    equal share of the batch's tiles, so the plan made without lengths is the very kernel the host-lengths plan runs
+    on ragged batches, and a captured graph replays balanced. On an H100 (``results/h100/streamk-device/``, bf16,
+    graph µs, the read ceiling in the same run) it took 0.99-1.00x the host-lengths plan on the six serving batches
+    of 8-256 sequences, pages of 16 and contiguous, called and captured (93-97% of the ceiling,
+    ``serving-streamk.md``), where the plan for L_cap took up to 2.67x; with this rule the default call took
+    0.99-1.01x on all seven batches (91-95%, ``landed/``); on equal rows, where the host plan runs the unified or
+    the persistent kernel, 1.02-1.07x, and 1.00-1.03x since a share inside one row runs the unified kernel's loop
+    (``results/h100/streamk-lean/final/``). One sequence keeps the plan for L_cap (its splits: exact for a full
+    row); an 8-bit cache's stream-K and several query tokens have not been timed without lengths, and keep it
+    too."""
     return (bool(DEVICE_SCHEDULE) and 2 <= B <= STREAMK_MAX_BATCH and q_len == 1 and isinstance(dtype, torch.dtype)
             and dtype.itemsize >= 2)
 

@@ -162,6 +162,26 @@ def test_the_schedule_rules_of_a_gpu_plan(monkeypatch):
             assert d.programs == 256 and d.rows_per_program == 2, d
 
 
+def test_invariant_waves_set_the_programs_a_row(monkeypatch):
+    """INVARIANT_WAVES = W aims the schedule at W waves of programs: ⌊W·SMs / (B·H_kv)⌋ programs a row (at most a
+    row's chunks), so rows fewer than the SMs get more than one program each (B=24 28:4: 96 rows of 132 SMs, one
+    program a row at W = 1, the longest row alone); the bits are the schedule's business only
+    (test_the_schedule_never_changes_the_bits)."""
+    import sys
+    plan_mod = sys.modules["fdlib.plan"]
+    monkeypatch.setattr(plan_mod.runtime, "INTERPRET", False)
+    monkeypatch.setattr(plan_mod, "sm_count", lambda: 132)
+    decide = lambda: plan_mod.invariant_decision(24, 28, 4, 128, 65536, torch.bfloat16)
+    assert plan_mod.INVARIANT_WAVES == 1
+    d = decide()
+    assert d.per_program >= d.splits, d                        # one program a row: every chunk (ALONE)
+    for waves, programs in ((2, 2), (3, 4)):                   # ⌊264 / 96⌋ = 2, ⌊396 / 96⌋ = 4
+        monkeypatch.setattr(plan_mod, "INVARIANT_WAVES", waves)
+        d = decide()
+        assert d.per_program == (1 if d.chunk >= plan_mod.ONE_CHUNK_KEYS else -(-d.splits // programs)), (waves, d)
+        assert d.per_program < d.splits, (waves, d)            # several programs a row: partials and the ticket
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fewer_pipeline_stages_never_change_the_bits(dtype, monkeypatch):
