@@ -1,4 +1,4 @@
-# Sourced by the tools/gpu_*_run.sh calls: what every call records first.
+# Sourced by the tools/gpu_*.sh calls: what every call records first, and the stages several of them run.
 # provenance FILE: the GPU, its memory and driver, torch/triton/transformers versions and the UTC date, into FILE.
 provenance() {
   { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -25,4 +25,16 @@ kernel_grid_cases() {
     done
   done
   echo "$cases"
+}
+# sanitize NAME SECONDS PREFIX [TOOL...]: compute-sanitizer with each TOOL (default memcheck and racecheck) on
+# tools/sanitize_NAME.py, at most SECONDS each, its output and exit status in $R/PREFIX-TOOL.txt; then pack. Nothing
+# where compute-sanitizer is missing.
+sanitize() {
+  local name=$1 secs=$2 prefix=$3 tool; shift 3
+  local tools=("$@"); [[ ${#tools[@]} -eq 0 ]] && tools=(memcheck racecheck)
+  command -v compute-sanitizer >/dev/null || return 0
+  for tool in "${tools[@]}"; do
+    timeout "$secs" compute-sanitizer --tool "$tool" python "tools/sanitize_$name.py" > "$R/$prefix-$tool.txt" 2>&1
+    echo "rc=$?" >> "$R/$prefix-$tool.txt"; tail -2 "$R/$prefix-$tool.txt"
+  done; pack
 }

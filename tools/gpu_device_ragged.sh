@@ -18,13 +18,9 @@ if [[ $STAGES == *tests* ]]; then
     "worklist or device or timeline or captured or fewer" -q -rs -p no:cacheprovider > "$R/gpu-tests.txt" 2>&1
   echo "pytest rc=$?" >> "$R/gpu-tests.txt"; tail -3 "$R/gpu-tests.txt"; pack
 fi
-if [[ $STAGES == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
-  for case in worklist case; do
-    for tool in memcheck racecheck; do
-      timeout 50 compute-sanitizer --tool $tool python tools/sanitize_$case.py > "$R/sanitize-$case-$tool.txt" 2>&1
-      echo "rc=$?" >> "$R/sanitize-$case-$tool.txt"; tail -2 "$R/sanitize-$case-$tool.txt"
-    done
-  done; pack
+if [[ $STAGES == *sanitize* ]]; then
+  sanitize worklist 50 sanitize-worklist
+  sanitize case 50 sanitize-case
 fi
 timeout 330 python -m fdlib.bench --ragged --dtype bfloat16 --methods auto,default,captured --page-size "$PAGE" \
   --warmup 10 --rep 30 --graph-rep 10 --no-progress --out "$R" --name ragged > "$R/ragged.log" 2>&1

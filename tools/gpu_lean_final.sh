@@ -14,8 +14,7 @@ start_run "$OUT" fin
 timeout 110 python -m pytest tests/test_streamk.py -k "inside_one_row or equal_rows" tests/test_device_lengths.py -q \
   -rs -p no:cacheprovider > "$R/gpu-tests.txt" 2>&1
 echo "pytest rc=$?" >> "$R/gpu-tests.txt"; tail -3 "$R/gpu-tests.txt"; pack
-timeout 100 compute-sanitizer --tool memcheck python tools/sanitize_case.py > "$R/sanitize-case-memcheck.txt" 2>&1
-echo "rc=$?" >> "$R/sanitize-case-memcheck.txt"; tail -2 "$R/sanitize-case-memcheck.txt"; pack
+sanitize case 100 sanitize-case memcheck
 bash tools/gpu_device_ragged.sh "$OUT" 16
 bash tools/gpu_device_ragged.sh "$OUT" 0
 timeout 60 python tools/ab_ragged.py "$R/ab-equal-rows.json" --methods auto,streamk+device --cases \

@@ -14,12 +14,7 @@ start_run "$OUT" align
 timeout 120 python -m pytest tests/test_streamk.py tests/test_device_lengths.py -q -rs -p no:cacheprovider \
   > "$R/gpu-tests.txt" 2>&1
 echo "pytest rc=$?" >> "$R/gpu-tests.txt"; tail -3 "$R/gpu-tests.txt"; pack
-if command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
-    timeout 60 compute-sanitizer --tool $tool python tools/sanitize_case.py > "$R/sanitize-case-$tool.txt" 2>&1
-    echo "rc=$?" >> "$R/sanitize-case-$tool.txt"; tail -2 "$R/sanitize-case-$tool.txt"
-  done; pack
-fi
+sanitize case 60 sanitize-case
 CASES=""
 for page in 0 16; do
   for c in 4:32:8:constant:8192 4:32:8:constant:32768 8:32:8:constant:1024 8:32:8:constant:8192 \

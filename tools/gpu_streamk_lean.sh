@@ -20,9 +20,4 @@ timeout 50 python tools/ab_ragged.py "$R/ab-lean.json" --methods auto,auto+devic
 timeout 120 python -m pytest tests/test_streamk.py tests/test_device_lengths.py -q -rs -p no:cacheprovider \
   > "$R/gpu-tests.txt" 2>&1
 echo "pytest rc=$?" >> "$R/gpu-tests.txt"; tail -3 "$R/gpu-tests.txt"; pack
-if command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
-    timeout 60 compute-sanitizer --tool $tool python tools/sanitize_case.py > "$R/sanitize-case-$tool.txt" 2>&1
-    echo "rc=$?" >> "$R/sanitize-case-$tool.txt"; tail -2 "$R/sanitize-case-$tool.txt"
-  done; pack
-fi
+sanitize case 60 sanitize-case

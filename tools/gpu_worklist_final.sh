@@ -21,9 +21,4 @@ timeout 70 python -m fdlib.bench --dtype bfloat16 --methods auto,worklist,cudnn 
 timeout 60 python tools/ab_ragged.py "$R/ab-waves.json" --methods "worklist,worklist+WORK_WAVES=1,worklist+WORK_WAVES=4" \
   --cases "32:32:8:uniform:16384:16,8:32:8:onelong:131072:16,128:32:8:zipf:2048:16,256:32:8:uniform:1024:16,32:32:8:constant:8192:0" \
   2>&1 | grep -v Warn | tail -16; pack
-if command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
-    timeout 45 compute-sanitizer --tool $tool python tools/sanitize_worklist.py > "$R/sanitize-$tool.txt" 2>&1
-    echo "rc=$?" >> "$R/sanitize-$tool.txt"; tail -2 "$R/sanitize-$tool.txt"
-  done; pack
-fi
+sanitize worklist 45 sanitize

@@ -19,9 +19,4 @@ timeout 45 python -m pytest tests/test_graders_lab06.py tests/test_grader_meta_0
 tail -3 "$R/gpu-tests-lab06.txt"; pack
 timeout 220 python tools/ab_ragged.py "$R/ab-worklist.json" --methods "$METHODS" --cases "$CASES" 2>&1 \
   | grep -v Warn | tee "$R/ab-worklist.log"; pack
-if command -v compute-sanitizer >/dev/null; then
-  for tool in ${SANITIZERS:-memcheck}; do
-    timeout 60 compute-sanitizer --tool $tool python tools/sanitize_worklist.py > "$R/sanitize-$tool.txt" 2>&1
-    echo "rc=$?" >> "$R/sanitize-$tool.txt"; tail -3 "$R/sanitize-$tool.txt"
-  done; pack
-fi
+sanitize worklist 60 sanitize ${SANITIZERS:-memcheck}
