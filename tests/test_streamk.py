@@ -202,3 +202,39 @@ def test_share_inside_one_row_8bit_per_token():
     kd, vd = ((x.float() * s[..., None]).to(torch.float16) for x, s in ((k8, ks), (v8, vs)))
     ref, _ = fdlib.reference_attention(q, kd, vd, lens_t)
     torch.testing.assert_close(out.double().cpu(), ref.cpu().double(), rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_one_plan_moves_between_shares_in_one_row_and_cut_rows(page):
+    """One plan (B=4 at one KV head: the interpreter's P_h = 8) called with lengths that move it between the loop
+    over one row (equal tiles a row, and ⌊P_h/B⌋ shares a row idling at most one program in ALIGN_IDLE) and the
+    general loop, in turn, against float64 with the ticket counters back at 0 after each call: equal rows; rows
+    of equal tiles but unequal lengths (each row stopping at its own length, the boundary the lengths alone do not
+    show); one row a tile shorter; fewer sequences (B' = 3 of equal rows: 2 shares a row would idle 2 of 8);
+    rows of 0 keys; a row of one tile; over pages too, the entries past each length −1."""
+    from fdlib.kernels.streamk import ALIGN_IDLE
+    H_q, H_kv, D, B, L_max = 3, 1, 80, 4, 64
+    p = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=torch.float32, device=DEVICE, method="streamk",
+                   page_size=page or None)
+    N, P_h = p.decision.tile.BLOCK_N, p.decision.programs // H_kv
+    assert (N, P_h) == (16, 8)
+    calls = [([53] * 4, True), ([53, 49, 52, 50], True), ([48, 53, 53, 53], False), ([33] * 4, True),
+             ([53] * 3, False), ([40, 35], True), ([53, 40], False), ([0] * 4, True), ([17], True),
+             ([64, 63, 49, 64], True)]
+    for i, (lens, one_row) in enumerate(calls):
+        Bc, tiles = len(lens), {max(1, -(-n // N)) for n in lens}
+        s = P_h // Bc
+        assert (len(tiles) == 1 and s >= 1 and ALIGN_IDLE * Bc * s >= (ALIGN_IDLE - 1) * P_h) == one_row
+        g = torch.Generator().manual_seed(10 * i + page)
+        if page:
+            q, kp, vp, bt, k, v, lens_t = paged_problem(g, Bc, H_q, H_kv, D, page, L_max // page,
+                                                        Bc * L_max // page + 3, lens, share=False)
+            out, lse = p.run(q, kp, vp, lens_t, block_table=bt, return_lse=True)
+        else:
+            q, k, v, lens_t = problem(Bc, 1, H_q, H_kv, D, L_max, lens, seed=10 * i)
+            out, lse = p.run(q, k, v, lens_t, return_lse=True)
+        if q.dim() == 4:
+            assert_close_qlen(out, lse, q, k, v, lens_t, what=f"streamk call {i} lens={lens}")
+        else:
+            assert_attention_close(out, lse, q, k, v, lens_t, what=f"streamk page={page} call {i} lens={lens}")
+        assert int(p.workspace.counters.count_nonzero()) == 0
