@@ -85,14 +85,24 @@ def traced_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, 
         scale, lengths, host, scales = check_options(q, k_cache, v_cache, cache_seqlens, block_table, scale, method,
                                                      num_splits, return_lse, max_seqlen, check_lengths,
                                                      batch_invariant, validate, k_scale, v_scale)
-    except (TypeError, ValueError, NotImplementedError) as e:
-        out, lse = torch.ops.fdlib.refuse(q if isinstance(q, torch.Tensor) else torch.empty(0), type(e).__name__,
-                                          str(e))
+    # one clause an error type, its name written out: dynamo of torch 2.11 cannot trace type(e).__name__ (it raised
+    # its own Unsupported there, on a GPU, in place of the check's TypeError)
+    except TypeError as e:
+        out, lse = refuse_call(q, "TypeError", str(e))
+    except ValueError as e:
+        out, lse = refuse_call(q, "ValueError", str(e))
+    except NotImplementedError as e:
+        out, lse = refuse_call(q, "NotImplementedError", str(e))
     else:
         out, lse = torch.ops.fdlib.decode_attention(q, k_cache, v_cache, lengths, scale, method, num_splits,
                                                     max_seqlen, block_table, batch_invariant, check_lengths,
                                                     *scales, host_lengths=host)
     return (out, lse) if return_lse else out
+
+
+def refuse_call(q, kind: str, message: str):
+    """The refuse op recorded in the trace: ``kind(message)`` raised when the compiled code runs the call."""
+    return torch.ops.fdlib.refuse(q if isinstance(q, torch.Tensor) else torch.empty(0), kind, message)
 
 
 def check_options(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits, return_lse, max_seqlen,

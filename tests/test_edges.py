@@ -46,8 +46,12 @@ class _HostReads:
 # --------------------------------------------------------------------------------- torch.compile
 def test_compiled_call_is_batch_invariant_like_the_eager_one():
     """batch_invariant=True under torch.compile: the eager invariant bits, and a sequence alone gives the same
-    bits as in the batch (the default mode's bits differ at this shape: two splits of 32 keys, not 16-key chunks)."""
-    q, k, v, lens = make_problem(3, 64, 4, 2, 16, torch.float32, seed=31, lens=[64, 23, 40])
+    bits as in the batch (the default mode's bits differ at this shape: rows of four of the invariant plan's tiles,
+    which it cuts into four chunks, where the default call's plan cuts them otherwise (in the interpreter two splits
+    of 32 keys); the invariant tiles are 16 keys in the interpreter, larger on a GPU)."""
+    N = fdlib.plan(3, 4, 2, 16, 64, dtype=torch.float32, device=DEVICE, batch_invariant=True).decision.tile.BLOCK_N
+    L = 4 * N
+    q, k, v, lens = make_problem(3, L, 4, 2, 16, torch.float32, seed=31, lens=[L, 23 * L // 64, 40 * L // 64])
 
     def step(q, k, v, lens):
         return fdlib.decode_attention(q, k, v, lens, batch_invariant=True, return_lse=True)

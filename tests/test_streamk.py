@@ -3,6 +3,8 @@ shares fall and merged with the ticket; against float64, on contiguous and paged
 tokens, and its slot layout."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -205,22 +207,33 @@ def test_share_inside_one_row_8bit_per_token():
 
 
 @pytest.mark.parametrize("page", [0, 16])
-def test_one_plan_moves_between_shares_in_one_row_and_cut_rows(page):
-    """One plan (B=4 at one KV head: the interpreter's P_h = 8) called with lengths that move it between the loop
-    over one row (equal tiles a row, and ⌊P_h/B⌋ shares a row idling at most one program in ALIGN_IDLE) and the
-    general loop, in turn, against float64 with the ticket counters back at 0 after each call: equal rows; rows
-    of equal tiles but unequal lengths (each row stopping at its own length, the boundary the lengths alone do not
-    show); one row a tile shorter; fewer sequences (B' = 3 of equal rows: 2 shares a row would idle 2 of 8);
-    rows of 0 keys; a row of one tile; over pages too, the entries past each length −1."""
+def test_one_plan_moves_between_shares_in_one_row_and_cut_rows(page, monkeypatch):
+    """One plan (B=4 at one KV head, P_h = 8 programs: the interpreter's SMs, and on a GPU the plan's SM count set
+    to 8 at one program an SM) called with lengths that move it between the loop over one row (equal tiles a row,
+    and ⌊P_h/B⌋ shares a row idling at most one program in ALIGN_IDLE) and the general loop, in turn, against
+    float64 with the ticket counters back at 0 after each call: equal rows; rows of equal tiles but unequal lengths
+    (each row stopping at its own length, the boundary the lengths alone do not show); one row a tile shorter; fewer
+    sequences (B' = 3 of equal rows: 2 shares a row would idle 2 of 8); rows of 0 keys; a row of one tile; over pages
+    too, the entries past each length −1. Lengths are written in tiles of N keys (the plan's BLOCK_N: 16 in the
+    interpreter, larger on a GPU), so the same cases hold on both."""
     from fdlib.kernels.streamk import ALIGN_IDLE
-    H_q, H_kv, D, B, L_max = 3, 1, 80, 4, 64
+    from fdlib.splits import INTERPRETER_SMS
+    pm = sys.modules["fdlib.plan"]   # the module (fdlib.plan is the function)
+    monkeypatch.setattr(pm, "sm_count", lambda: INTERPRETER_SMS)
+    monkeypatch.setattr(pm, "persistent_per_sm", lambda: 1)
+    H_q, H_kv, D, B = 3, 1, 80, 4
+    N = fdlib.plan(B, H_q, H_kv, D, 64, dtype=torch.float32, device=DEVICE, method="streamk",
+                   page_size=page or None).decision.tile.BLOCK_N
+    L_max = 4 * N
     p = fdlib.plan(B, H_q, H_kv, D, L_max, dtype=torch.float32, device=DEVICE, method="streamk",
                    page_size=page or None)
-    N, P_h = p.decision.tile.BLOCK_N, p.decision.programs // H_kv
-    assert (N, P_h) == (16, 8)
-    calls = [([53] * 4, True), ([53, 49, 52, 50], True), ([48, 53, 53, 53], False), ([33] * 4, True),
-             ([53] * 3, False), ([40, 35], True), ([53, 40], False), ([0] * 4, True), ([17], True),
-             ([64, 63, 49, 64], True)]
+    P_h = p.decision.programs // H_kv
+    assert P_h == 8 and p.decision.tile.BLOCK_N == N
+    t = lambda tiles, extra: tiles * N + extra   # noqa: E731  (a length: whole tiles, then extra keys)
+    calls = [([t(3, 5)] * 4, True), ([t(3, 5), t(3, 1), t(3, 4), t(3, 2)], True),
+             ([t(3, 0), t(3, 5), t(3, 5), t(3, 5)], False), ([t(2, 1)] * 4, True), ([t(3, 5)] * 3, False),
+             ([t(2, 8), t(2, 3)], True), ([t(3, 5), t(2, 8)], False), ([0] * 4, True), ([t(1, 1)], True),
+             ([t(4, 0), t(4, -1), t(3, 1), t(4, 0)], True)]
     for i, (lens, one_row) in enumerate(calls):
         Bc, tiles = len(lens), {max(1, -(-n // N)) for n in lens}
         s = P_h // Bc
