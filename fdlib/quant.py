@@ -94,7 +94,7 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
         i = (~torch.isfinite(x)).nonzero()[0].tolist()
         raise ValueError(f"x: expected finite values to quantize, got {x[tuple(i)].item()} at {i}")
     qmax = QMAX[dtype]
-    scale = torch.where(amax > 0, (amax / qmax).clamp_(min=MIN_SCALE), torch.ones_like(amax))
+    scale = absmax_scale(amax, qmax)
     y = x.to(torch.float32, copy=True)   # never x itself (a float32 x is divided in place below)
     y /= scale[..., None] if granularity == "token" else scale[:, None] if granularity == "head" else scale
     if dtype == torch.int8:
@@ -103,6 +103,17 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
     if granularity == "tensor":
         return stored, float(scale)
     return stored, scale.contiguous()
+
+
+def absmax_scale(amax: torch.Tensor, qmax: int) -> torch.Tensor:
+    r"""float32 :math:`\sigma = \max(\text{amax} / q_{max},\ 2^{-126})`, or 1 where amax = 0: the scale of a group
+    whose largest magnitude is amax (:func:`quantize_kv`, the per-head and per-tensor calibration of
+    :class:`fdlib.hf.DecodeCache`). The division is correctly rounded on every device: q_max is divided as a tensor
+    on amax's device, since PyTorch's CUDA division by a Python number multiplies by its rounded reciprocal,
+    which can differ in the last bit (the fused append kernel divides with ``div_rn`` alike,
+    :mod:`fdlib.hf.append`)."""
+    amax = amax.float()
+    return torch.where(amax > 0, (amax / amax.new_tensor(float(qmax))).clamp_(min=MIN_SCALE), torch.ones_like(amax))
 
 
 def _group_max(x: torch.Tensor, granularity: str) -> torch.Tensor:

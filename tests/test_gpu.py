@@ -77,17 +77,24 @@ def test_large_shapes(B, L, H_kv, group, D, dtype):
     assert counters_zero()
 
 
-@pytest.mark.parametrize("B,L,H_kv,group,dtype,auto_takes_it", [(64, 512, 32, 1, torch.float16, True),
-                                                                 (64, 2048, 8, 4, torch.bfloat16, True),
+@pytest.mark.parametrize("B,L,H_kv,group,dtype,auto_takes_it", [(64, 512, 32, 1, torch.float16, "H200"),
+                                                                 (64, 2048, 8, 4, torch.bfloat16, "H200"),
+                                                                 (64, 512, 8, 4, torch.bfloat16, "H100 H200"),
                                                                  (300, 300, 1, 3, torch.float16, None),
-                                                                 (64, 2048, 32, 1, torch.float16, True)])
+                                                                 (64, 2048, 32, 1, torch.float16, "H200")])
 def test_persistent_and_auto_on_many_rows(B, L, H_kv, group, dtype, auto_takes_it):
-    """Many rows of short caches, ragged (0, 1 and L among them), against float64; where the H200 benchmark
-    showed auto taking the persistent kernel (full-length rows: one split), it still does."""
+    """Many rows of short caches, ragged (0, 1 and L among them), against float64; auto takes the persistent kernel
+    on the GPUs named (a word of the GPU's name) where their benchmarks showed it faster, and the unified kernel on
+    the other measured GPU: on an H200 at every shape here, on an H100 only at B=64 32:8 rows of 512 keys, 993
+    keys a program (``results/h100/gpu-check/grid/ab-persistent.md``: the others stream 3972 and more, where the
+    unified kernel was faster)."""
+    from fdlib.gpus import live_gpu
+    from fdlib.splits import PERSISTENT_MAX_KEYS
     q, k, v, lens = problem(B, L, H_kv, group, 128, dtype, seed=B + L)
-    if auto_takes_it is not None:
+    gpu = next((w for w in live_gpu().name.split() if w in PERSISTENT_MAX_KEYS), None)
+    if auto_takes_it is not None and gpu is not None:
         kernel = decide(B, group * H_kv, H_kv, 128, L, dtype).kernel
-        assert kernel == ("persistent" if auto_takes_it else "unified"), kernel
+        assert kernel == ("persistent" if gpu in auto_takes_it.split() else "unified"), (gpu, kernel)
     ref = gpu_reference(q, k, v, lens)
     for method in ("auto", "persistent"):
         out, lse = fdlib.decode_attention(q, k, v, lens, method=method, return_lse=True)

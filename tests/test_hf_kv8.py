@@ -113,6 +113,36 @@ def test_append_quantizes_each_token_and_decode_reads_it(kv_dtype, granularity, 
         assert row_rel_err(out.float(), want).max().item() <= OUT_RTOL[torch.float16]
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.int8])
+def test_the_fused_append_is_quantize_kv_bit_for_bit_tiny_tokens_too(kv_dtype):
+    """The fused append kernel (fdlib.hf.append) and fdlib.quantize_kv on the same device give the same per-token
+    scales and stored values bit for bit, over ordinary bfloat16 tokens, tokens of one value, zeros, and tokens so
+    tiny that max|x| / q_max lies below float32's normal range, where both keep the scale 2^-126 (the kernel once
+    stored the subnormal quotient; on a GPU its division was also an approximate one, 1 ulp off). The tiny values
+    are normal numbers: Triton's interpreter converts subnormal bfloat16 values to float32 wrongly."""
+    from fdlib.hf.append import append_kv8
+    from helpers import DEVICE
+    g = torch.Generator().manual_seed(61)
+    B, H, T, D = 2, 3, 5, 80
+    def tiny(*shape):   # normal bfloat16 values of 1e-37..3e-37 (none subnormal): max|x| / q_max is below 2^-126
+        return torch.randn(*shape, generator=g).sign() * (1 + 2 * torch.rand(*shape, generator=g)) * 1e-37
+
+    k = torch.randn(B, H, T, D, generator=g) * torch.logspace(-2, 2, T)[None, None, :, None]
+    k[0, :, 1] = tiny(H, D)
+    k[1, :, 2] = 0.0
+    k[1, 0, 3] = 3.0
+    k = k.bfloat16().to(DEVICE)
+    v = tiny(B, H, T, D).bfloat16().to(DEVICE)
+    slots = torch.arange(B * T, device=DEVICE)
+    outs = [torch.empty(B * T, H, D, dtype=kv_dtype, device=DEVICE) for _ in range(2)]
+    scales = [torch.empty(B * T, H, device=DEVICE) for _ in range(2)]
+    append_kv8(k, v, slots, None, *outs, *scales, token=True)
+    for x, out, scale in ((k, outs[0], scales[0]), (v, outs[1], scales[1])):
+        want, want_s = quantize_kv(x.transpose(1, 2).reshape(B * T, H, D), dtype=kv_dtype, granularity="token")
+        assert torch.equal(scale, want_s), (scale, want_s)
+        assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_reset_calibrates_again_and_bad_arguments_are_named():
     g = torch.Generator().manual_seed(3)
     cache = DecodeCache(tiny_config(), 1, 16, dtype=torch.float16, kv_dtype=torch.int8, granularity="head")

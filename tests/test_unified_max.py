@@ -135,12 +135,12 @@ def test_marked_rows_are_wrong_without_the_recompute_and_unmarked_rows_need_none
     d = decide(B, H_q, 2, D, 40, q.dtype, method="unified", num_splits=3)
     ws = um.make_workspace(B, H_q, 2, D, d.splits, q.device)
     out = torch.empty_like(q)
-    lse = torch.empty(B, H_q)
-    um.run_unified_max(q, k, v, lens, scale=1 / 8, phi=phi, window=exact.default_window(40), out=out, lse=lse,
-                       splits=d.splits, chunk=d.chunk, cfg=d.tile, workspace=ws, recompute=False)
+    lse = torch.empty(B, H_q, device=DEVICE)   # the launch-only runner takes every tensor on the device
+    um.run_unified_max(q, k, v, lens, scale=1 / 8, phi=phi.to(DEVICE), window=exact.default_window(40), out=out,
+                       lse=lse, splits=d.splits, chunk=d.chunk, cfg=d.tile, workspace=ws, recompute=False)
     ref_o, _ = fdlib.reference_attention(q, k, v, lens)
-    err = (out.double() - ref_o).abs().amax(-1)
-    assert torch.equal(ws.marks.bool(), want)
+    err = (out.double() - ref_o.to(out.device)).abs().amax(-1).cpu()
+    assert torch.equal(ws.marks.bool().cpu(), want)
     # overflow: inf/NaN; underflow: denormal terms, a few bits left (CPU NumPy keeps denormals; a GPU flushes them to 0)
     assert (~torch.isfinite(err[want]) | (err[want] > 1e-4)).all(), err[want]
     assert (err[~want] < 1e-5).all()
@@ -175,12 +175,13 @@ def test_phi_none_is_estimated_from_the_first_keys():
     q, k, v, lens = make_problem(2, 100, 4, 2, 64, torch.float32, seed=14, lens=[100, 70])
     phi = exact.estimate_phi(q, k, lens, 1 / 8)
     want = logits64(q, k, lens)[:, :, : exact.FIRST_KEYS].amax(-1)
-    torch.testing.assert_close(phi.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(phi.double().cpu(), want, rtol=1e-5, atol=1e-5)
     out, lse, st = call(q, k, v, lens)
     assert not st["marked"].any()
     torch.testing.assert_close(st["phi"], phi)
     assert_attention_close(out, lse, q, k, v, lens)
-    assert torch.equal(exact.estimate_phi(q, k, torch.tensor([0, 0], dtype=torch.int32), 1 / 8), torch.zeros(2, 4))
+    assert torch.equal(exact.estimate_phi(q, k, torch.tensor([0, 0], dtype=torch.int32), 1 / 8).cpu(),
+                       torch.zeros(2, 4))
 
 
 # ----------------------------------------------------------------------------------- workspace, launch-only
@@ -194,14 +195,14 @@ def test_workspace_is_left_ready_and_ticket_mode_is_bitwise_repeatable(reduce):
     outs = []
     for _ in range(3):
         out = torch.empty_like(q)
-        lse = torch.empty(B, H_q)
-        exact.run_unified_max(q, k, v, lens, scale=1 / 8, phi=phi, window=exact.default_window(40), out=out,
-                              lse=lse, num_splits=d.splits, chunk=d.chunk, cfg=d.tile, workspace=ws)
+        lse = torch.empty(B, H_q, device=DEVICE)
+        exact.run_unified_max(q, k, v, lens, scale=1 / 8, phi=phi.to(DEVICE), window=exact.default_window(40),
+                              out=out, lse=lse, num_splits=d.splits, chunk=d.chunk, cfg=d.tile, workspace=ws)
         outs.append((out, lse))
         assert int(ws.counters.count_nonzero()) == 0
         for t in (ws.acc, ws.l_sum, ws.f_sum):
             assert t is None or int(t.count_nonzero()) == 0
-        assert torch.equal(ws.marks.bool(), want)
+        assert torch.equal(ws.marks.bool().cpu(), want)
         assert_attention_close(out, lse, q, k, v, lens)
     if reduce == "ticket":
         assert all(torch.equal(o, outs[0][0]) and torch.equal(l, outs[0][1]) for o, l in outs)

@@ -284,12 +284,30 @@ def kv8_cases():
            dict(packed, BLOCK_H=ph, BLOCK_S=ps, TAKE_TICKET=tile.take_ticket, ORDER_B=0, TABLE_REGS=0))
 
 
+KV8 = {"e4m3": "*fp8e4nv", "int8": "*i8"}
+
+
+def append_case(kv: str, token: bool):
+    """fdlib.hf.append's kernel (its pointers lie among its scalars): bf16 K/V quantized into an 8-bit cache."""
+    from fdlib.hf import append
+    kernel = append._append_kernel
+    pointers = {"K": "*bf16", "V": "*bf16", "SLOTS": "*i64", "REAL": "*u8", "KO": KV8[kv], "VO": KV8[kv],
+                "KS": "*fp32", "VS": "*fp32"}
+    meta = dict(D=128, BLOCK_D=128, QMAX=448 if kv == "e4m3" else 127, TOKEN=token, INT8=kv == "int8", HAS_REAL=True)
+    sig = {n: "constexpr" if n in meta else pointers.get(n, "i32") for n in kernel.arg_names}
+    constexprs = {(i,): meta[n] for i, n in enumerate(kernel.arg_names) if n in meta}
+    return triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs), target=TARGET,
+                          options=dict(num_warps=4, num_stages=1))
+
+
 def main() -> int:
     assert runtime.MODE == "gpu", runtime.MODE
     failed = 0
-    for name, kernel, ptrs, meta, *warps in cases():
+    appends = [(f"hf append {kv} {'token' if token else 'head'}", None, (kv, token), None)
+               for kv in ("e4m3", "int8") for token in (True, False)]
+    for name, kernel, ptrs, meta, *warps in [*cases(), *appends]:
         try:
-            k = compile_kernel(kernel, ptrs, meta, *warps)
+            k = append_case(*ptrs) if kernel is None else compile_kernel(kernel, ptrs, meta, *warps)
             print(f"ok    {name}: {len(k.asm['ptx'])} characters of PTX, {k.metadata.shared} bytes of shared memory")
         except Exception as e:  # noqa: BLE001 - report every kernel, then fail
             failed += 1

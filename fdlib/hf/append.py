@@ -6,7 +6,8 @@ token's are zeroed), its scale s, and the stored :math:`\hat x = x / s`, rounded
 token's slot (:meth:`DecodeCache.begin_step`):
 
 * per-token scales (``"token"``): :math:`s = \max_d |x_d| / q_{max}` (1 for a row of zeros), written beside the
-  token, exactly :func:`fdlib.quant.quantize_kv`'s ``"token"`` scale;
+  token, exactly :func:`fdlib.quant.quantize_kv`'s ``"token"`` scale (the division correctly rounded, at least
+  2^-126: :func:`fdlib.quant.absmax_scale`);
 * per-head or per-tensor scales (``"head"``, ``"tensor"``): s is fixed (read from a float32 ``[H_kv]``), and a
   value beyond :math:`q_{max} s` saturates at :math:`\pm q_{max}`.
 
@@ -21,7 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant import QMAX
+from ..quant import MIN_SCALE, QMAX
+
+SCALE_FLOOR = tl.constexpr(MIN_SCALE)
+"""The least scale (:data:`fdlib.quant.MIN_SCALE`, 2^-126), as the kernel reads it."""
 
 
 @triton.jit
@@ -39,7 +43,7 @@ def _to_grid(x, INT8: tl.constexpr):
     x = tl.minimum(tl.maximum(x, -448.0), 448.0)
     e = (x.to(tl.int32, bitcast=True) >> 23) & 0xFF           # the biased exponent (x is finite)
     ulp = ((tl.maximum(e, 127 - 6) - 3) << 23).to(tl.float32, bitcast=True)   # e4m3: 3 mantissa bits, min normal 2^-6
-    return _round_even(x / ulp) * ulp
+    return _round_even(tl.math.div_rn(x, ulp)) * ulp   # a power of two: exact, in every rounding mode
 
 
 @triton.jit
@@ -51,11 +55,13 @@ def _append_one(X, sx_b, sx_h, sx_t, OUT, so_row, so_h, S, ss_row, ss_h, b, t, h
     x = tl.where(real, x, 0.0)
     if TOKEN:
         amax = tl.max(tl.abs(x), axis=0)
-        s = tl.where(amax > 0, amax / QMAX, 1.0)
+        # quantize_kv's scale (fdlib.quant.absmax_scale): correctly rounded division (Triton's `/` on float32
+        # compiles to an approximate one), never below MIN_SCALE
+        s = tl.where(amax > 0, tl.maximum(tl.math.div_rn(amax, QMAX * 1.0), SCALE_FLOOR), 1.0)
         tl.store(S + slot * ss_row + h * ss_h, s)
     else:
         s = tl.load(S + h * ss_h)
-    y = _to_grid(x / s, INT8)
+    y = _to_grid(tl.math.div_rn(x, s), INT8)
     tl.store(OUT + slot * so_row + h * so_h + d, y.to(OUT.dtype.element_ty), mask=d < D)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..quant import GRANULARITIES, KV_DTYPES, QMAX, dequantize_kv
+from ..quant import GRANULARITIES, KV_DTYPES, QMAX, absmax_scale, dequantize_kv
 
 
 class KV8:
@@ -78,7 +78,7 @@ class KV8:
             if real is not None:
                 a = a.masked_fill(~real[:, None, :, None], 0)
             amax = (a.amax((0, 2, 3)) if self.granularity == "head" else a.amax().expand(s.shape[0])).float()
-            s.copy_(torch.where(amax > 0, amax / qmax, torch.ones_like(amax)))
+            s.copy_(absmax_scale(amax, qmax))
         self.host_scales(layer)
 
     def run_scales(self, layer, B: int, paged: bool) -> tuple:
