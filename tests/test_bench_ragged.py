@@ -208,6 +208,23 @@ def test_ab_ragged_stale_order(tmp_path):
     assert all(r["status"] == "ok" and r["rel_err"] < 1e-2 for r in recs), recs
 
 
+def test_ab_ragged_over_an_8bit_cache(tmp_path):
+    """tools/ab_ragged.py --kv-dtype/--kv-scale: every batch over an 8-bit cache, as the --ragged bench's (its
+    records say the format and match float64 on the cache it stands for), stream-K planned without the lengths
+    among the methods; --kv-scale alone is refused."""
+    import json
+    ab = ab_ragged()
+    out = tmp_path / "ab.json"
+    ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--methods", "auto,streamk+device", "--kv-dtype", "int8",
+             "--kv-scale", "token"])
+    recs = json.loads(out.read_text())["records"]
+    assert [(r["kv_dtype"], r["kv_scale"], r["kernel"]) for r in recs] == [("int8", "token", "unified"),
+                                                                           ("int8", "token", "streamk")]
+    assert all(r["status"] == "ok" and r["rel_err"] < 2e-2 for r in recs), recs
+    with pytest.raises(SystemExit):
+        ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--kv-scale", "head"])
+
+
 def test_default_and_captured_rows_run_auto_without_host_lengths(monkeypatch):
     """The ragged bench's 'default' (decode_attention with the lengths in a tensor) and 'captured' (the call made
     while every length reads L_max, then run with the batch's) rows: stream-K at B >= 2, right against float64,

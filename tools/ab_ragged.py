@@ -24,6 +24,7 @@ order under a plan: :func:`stale_order`);
 program per (KV head, sequence, split), S splits (1) of whole tiles sized for the longest row, W warps (4), with no
 attention; ``flat_read``: the batch's bytes read in one launch of the
 read-ceiling kernel (both :mod:`fdlib.bench.readbound`).
+``--kv-dtype``/``--kv-scale``: every batch over an 8-bit cache (:mod:`fdlib.bench.kv8`, as ``--ragged``'s).
 ``page`` 0 is a contiguous cache; a paged batch's pages lie shuffled in the pool, or each row's in order with
 ``--page-order sequential``. ``dist/desc`` (e.g. ``uniform/desc``): the same lengths, sorted longest first
 over b, so that the grid kernels (b stage 1's fastest grid axis, the unified kernel's second after the KV head)
@@ -125,6 +126,10 @@ def main(argv=None):
                     help="where a paged batch's pages lie in the pool: shuffled (default) or each row's in order")
     ap.add_argument("--max-kv-gb", type=float, default=20.0,
                     help="skip batches whose cache stores more than this (GB, default 20, as the --ragged bench)")
+    ap.add_argument("--kv-dtype", choices=("float8_e4m3fn", "int8"),
+                    help="an 8-bit cache (fdlib.bench.kv8): the pool quantized as stored, as the --ragged bench's")
+    ap.add_argument("--kv-scale", choices=("tensor", "head", "token"),
+                    help="with --kv-dtype: one scale per tensor (default), per KV head, or per token and KV head")
     ap.add_argument("--resources", action="store_true",
                     help="also list every kernel compiled (registers, spills, shared memory: "
                          "tools/kernel_resources.py)")
@@ -132,7 +137,12 @@ def main(argv=None):
 
     import fdlib
     from fdlib import runtime
-    from fdlib.bench import ragged
+    from fdlib.bench import kv8, ragged
+    try:
+        kv8.check(args.kv_dtype, args.kv_scale)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    kv = kv8.shape_fields(args.kv_dtype, args.kv_scale)
     from fdlib.bench.harness import measure_ceiling_or_none, provenance
     from fdlib.bench.timing import free_memory
 
@@ -147,6 +157,7 @@ def main(argv=None):
     for i, text in enumerate(args.cases.split(",")):
         try:
             shape, page = ragged.parse_case(text)
+            shape.update(kv)
             lens = ragged.case_lengths(shape["dist"], shape["B"], shape["mean"], args.seed + i)
         except ValueError as e:
             raise SystemExit(str(e)) from None
