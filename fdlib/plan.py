@@ -119,6 +119,14 @@ one program a row leaves the longest row alone at the end, and changed no other 
 but on equal rows it cost up to 1.07x (B=16 32:8 rows of 8192 keys: 0.99x auto's time at one wave, 1.07x at two;
 B=4: 1.05x, 1.10x). The schedule never changes a bit of the results (only who computes which chunks), so the
 environment variable ``FDLIB_INVARIANT_WAVES`` sets it at import for A/B runs of whole benchmarks."""
+INVARIANT_ORDER = int(os.environ.get("FDLIB_INVARIANT_ORDER", "0"))
+"""1: a batch-invariant plan of one program a row (:func:`invariant_decision`, ``per_program`` = every chunk) of
+2..LONGEST_FIRST_MAX_BATCH sequences launches its rows longest first, ordered on the device from the lengths of each
+call (:func:`fdlib.kernels.tile.longest_first`, as the unified kernel's ``longest_first``), so that the SMs take
+the longest rows first and end on the shortest (greedy longest-first list scheduling). It changes who computes a
+row and when, never a sum: the bits are the same. 0 (today's default): b order; not yet timed on a GPU, where the
+rows of such batches end unevenly (``results/h100/gpu-check/waves/``: B=32 32:8 rows of 1..32768 keys took 1.24x
+the host plan, 77% of the read ceiling). ``FDLIB_INVARIANT_ORDER`` sets it at import, for A/B runs."""
 ONE_CHUNK_KEYS = 2048
 """A batch-invariant plan of several programs a row whose chunks have at least this many keys gives each program
 one chunk (the ONE_CHUNK kernel, no chunk-end work in its loop) rather than about one wave of programs. On an
@@ -199,8 +207,10 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
         per_program = 1
     else:
         per_program = -(-n_cap // want)
+    order = (longest_first_order(B) if INVARIANT_ORDER and per_program >= n_max
+             and 2 <= B <= LONGEST_FIRST_MAX_BATCH else 0)
     return Decision("invariant", n_max, chunk, tile, L_cap, "batch-invariant: chunks by each row's length",
-                    invariant=True, per_program=per_program)
+                    invariant=True, per_program=per_program, order=order)
 
 
 DEVICE_SCHEDULE = int(os.environ.get("FDLIB_DEVICE_SCHEDULE", "1"))
@@ -706,7 +716,8 @@ class DecodePlan:
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.per_program, d.splits, out,
                                                lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times,
                                                scales=scales)
-            go[0]((grid[1], grid[0], -(-d.splits // d.per_program)), ptrs, scalars)   # programs per row
+            programs = -(-d.splits // d.per_program)   # a row's programs, at most
+            go[0]((grid[0], grid[1], programs) if d.order else (grid[1], grid[0], programs), ptrs, scalars)
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
                                ws.flag, bt, times, d.pack, scales))
@@ -1102,7 +1113,8 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                    timeline=timeline, one_chunk=d.per_program == 1,
-                                   alone=d.per_program >= d.splits, max_row_chunks=d.splits, scale_modes=modes),)
+                                   alone=d.per_program >= d.splits, max_row_chunks=d.splits, scale_modes=modes,
+                                   order=d.order),)
     if d.kernel == "split":
         return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len, timeline=timeline,
                                 pack=d.pack, scale_modes=modes),

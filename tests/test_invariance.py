@@ -182,6 +182,49 @@ def test_invariant_waves_set_the_programs_a_row(monkeypatch):
         assert d.per_program < d.splits, (waves, d)            # several programs a row: partials and the ticket
 
 
+@pytest.mark.parametrize("page", [0, 4])
+def test_rows_launched_longest_first_never_change_the_bits(page, monkeypatch):
+    """INVARIANT_ORDER = 1: a plan of one program a row launches its rows longest first (grid (H_kv, B, 1), place i
+    running the i-th longest row, ordered on the device from the lengths: fdlib.kernels.tile.longest_first), and
+    every sequence keeps the bits of b order, over a contiguous cache and pages; the plan's order hint, made from
+    the lengths it was planned for, also holds when the call's lengths come in another order (each program then
+    sorts them) or are fewer. Right against float64."""
+    import sys
+    plan_mod = sys.modules["fdlib.plan"]
+    q, k, v, lens = pool(9, torch.float32, seed=21)
+    if page:
+        n_pages = 9 * L_MAX // page
+        perm = torch.randperm(n_pages, generator=torch.Generator().manual_seed(22))
+        kp, vp = (t.reshape(n_pages, page, H_KV, D)[perm.argsort().to(t.device)] for t in (k, v))
+        bt = perm.reshape(9, -1).to(torch.int32).to(DEVICE)
+        extra = dict(block_table=bt)
+    else:
+        kp, vp, extra = k, v, {}
+
+    def run(p, idx):
+        kw = {n: t[idx] for n, t in extra.items()}
+        if page:
+            return p.run(q[idx], kp, vp, lens[idx], return_lse=True, **kw)
+        return p.run(q[idx], kp[idx], vp[idx], lens[idx], return_lse=True)
+
+    monkeypatch.setattr(plan_mod, "sm_count", lambda: 1)          # one program a row at every size
+    plain = plan_mod.plan(9, H_Q, H_KV, D, L_MAX, dtype=torch.float32, device=DEVICE, batch_invariant=True,
+                          page_size=page or None)
+    monkeypatch.setattr(plan_mod, "INVARIANT_ORDER", 1)
+    ordered = plan_mod.plan(9, H_Q, H_KV, D, L_MAX, dtype=torch.float32, device=DEVICE, batch_invariant=True,
+                            page_size=page or None, lengths=lens.tolist())
+    assert plain.decision.order == 0 and ordered.decision.order == 16 and ordered.kernel == "invariant", \
+        (plain.decision, ordered.decision)
+    assert ordered.decision.per_program >= ordered.decision.splits
+    everyone = torch.arange(9)
+    for idx in (everyone, everyone.flip(0), torch.tensor([4, 0, 8, 2]), torch.tensor([3])):
+        want = run(plain, idx)
+        got = run(ordered, idx)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), idx
+        assert int(ordered.workspace.counters.count_nonzero()) == 0
+    assert_attention_close(got[0], got[1], q[idx], k[idx], v[idx], lens[idx], what="longest first vs float64")
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fewer_pipeline_stages_never_change_the_bits(dtype, monkeypatch):

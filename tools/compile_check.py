@@ -124,6 +124,8 @@ def cases():
                 if alone and not one and q_len == 1:   # short rows of large batches: FEW_STAGES pipeline stages
                     yield (f"{name} num_stages={FEW_STAGES}", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                            meta, cfg.num_warps, FEW_STAGES)
+                    yield (f"{name} ORDER_B=128", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
+                           dict(meta, ORDER_B=128))   # rows launched longest first (fdlib.plan.INVARIANT_ORDER)
             yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"] + NO_SCALES,
                    dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page, PACK=1))
             if q_len == 1:   # packed KV heads: two of 64 dims read as one of 128, the pair's 2·g query heads

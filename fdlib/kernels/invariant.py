@@ -26,6 +26,10 @@ operations, :func:`~fdlib.kernels.tile.fold_partial` (c = 0, 1, …, n − 1), w
 
 The ticket decides only who merges, never the order, so a sequence's result does not depend on k.
 
+Nor on when a row runs: with ``ORDER_B`` > 0 (a plan of one program a row, :data:`fdlib.plan.INVARIANT_ORDER`)
+the grid is (H_kv, B, 1) and place i runs the i-th longest row (:func:`~fdlib.kernels.tile.longest_first`, from
+the lengths on the device, as the unified kernel's longest-first launch), so the SMs take the longest rows first.
+
 The chunk-end work (a partial, a fold, a restart) is done on every tile and kept only where a chunk ends, so
 the loop stays one software-pipelined loop; a plan with k = 1 never ends a chunk inside the loop and compiles
 the kernel without it (``ONE_CHUNK``), and a plan whose every program is alone on its row (k >= the most chunks a
@@ -50,8 +54,8 @@ import triton.language as tl
 from .config import block_sizes, fp32_dot
 from .launch import Launcher
 from .tile import (attend_tile, causal_limit, empty_state, finish_state, fold_partial, fold_result, fold_where,
-                   group_queries, k_scaled, kv_base, kv_start, load_lengths, restart_where, row_offset, scale_row,
-                   store_out, store_partial, take_ticket, tile_update, timeline_record, timeline_start)
+                   group_queries, k_scaled, kv_base, kv_start, load_lengths, longest_first, restart_where, row_offset,
+                   scale_row, store_out, store_partial, take_ticket, tile_update, timeline_record, timeline_start)
 
 CHUNKS = 16
 """Most chunks a row is cut into."""
@@ -148,11 +152,15 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False,
                      CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1, ONE_CHUNK: tl.constexpr = False,
                      ALONE: tl.constexpr = False, FOLD_G: tl.constexpr = 16, FOLD_C: tl.constexpr = 16,
-                     K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
+                     K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0, ORDER_B: tl.constexpr = 0):
     if TIMELINE:
         t_start = timeline_start()
-    b = tl.program_id(0)
-    h_kv = tl.program_id(1)
+    if ORDER_B > 0:   # grid (H_kv, B, programs a row): place i runs the i-th longest row, its KV heads together
+        h_kv = tl.program_id(0)
+        b = longest_first(LENS, COUNTERS - ORDER_B, tl.program_id(1), tl.num_programs(1), L_MAX, ORDER_B)
+    else:             # grid (B, H_kv, programs a row)
+        b = tl.program_id(0)
+        h_kv = tl.program_id(1)
     p = tl.program_id(2)
     L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
     chunk, n_chunks = chunk_of(L, BLOCK_N, CHUNKS, MIN_TILES)
@@ -223,13 +231,15 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
 
 def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
                        timeline: bool = False, one_chunk: bool = False, alone: bool = False,
-                       max_row_chunks: int = CHUNKS, scale_modes: tuple = (0, 0)) -> Launcher:
+                       max_row_chunks: int = CHUNKS, scale_modes: tuple = (0, 0), order: int = 0) -> Launcher:
     """The batch-invariant kernel with its constexprs fixed for q's dtype, the group, D, the tiles (the plan's
     fixed ones), the page size and q_len. It takes :func:`~fdlib.kernels.unified.unified_args` with ``chunk`` =
     chunks per program. ``one_chunk``: every program computes one chunk (ONE_CHUNK); ``alone``: every program
     computes all its row's chunks (ALONE: no partial is stored, no ticket taken); ``max_row_chunks``: the most
     chunks a row of the plan can have (:func:`max_chunks` of its L_max), which the merge unrolls; ``scale_modes``:
-    (K_SCALE, V_SCALE) of an 8-bit cache, (0, 0) for a 16-bit one."""
+    (K_SCALE, V_SCALE) of an 8-bit cache, (0, 0) for a 16-bit one; ``order``: ORDER_B, the rows launched longest
+    first (grid (H_kv, B, programs a row), the order right before the ticket counters), 0 for b order (grid
+    (B, H_kv, programs a row))."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     return Launcher(invariant_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                            FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, TAKE_TICKET=take_ticket,
@@ -237,6 +247,6 @@ def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: i
                                            MIN_TILES=MIN_TILES, ONE_CHUNK=one_chunk, ALONE=alone,
                                            FOLD_G=triton.next_power_of_2(group * q_len),
                                            FOLD_C=triton.next_power_of_2(max_row_chunks),
-                                           K_SCALE=scale_modes[0], V_SCALE=scale_modes[1],
+                                           K_SCALE=scale_modes[0], V_SCALE=scale_modes[1], ORDER_B=order,
                                            num_warps=cfg.num_warps, num_stages=cfg.num_stages),
                     dtype_slots)
