@@ -38,3 +38,26 @@ sanitize() {
     echo "rc=$?" >> "$R/$prefix-$tool.txt"; tail -2 "$R/$prefix-$tool.txt"
   done; pack
 }
+# invariant_at VAR TAG VALUE...: batch_invariant=True timed at each VALUE of the environment variable VAR (an fdlib
+# setting read at import): the serving batches (python -m fdlib.bench --serving --methods invariant: the host plan,
+# the default call, the captured graph and the invariant plan), files $R/serving-TAG<VALUE>.*, packed after each.
+invariant_at() {
+  local var=$1 tag=$2 v; shift 2
+  for v in "$@"; do
+    env "$var=$v" timeout 130 python -m fdlib.bench --serving --methods invariant --warmup 10 --rep 30 \
+      --graph-rep 10 --budget-s 110 --out "$R" --name "serving-$tag$v" > "$R/serving-$tag$v.log" 2> "$R/serving-$tag$v.err"
+    echo "bench rc=$?" >> "$R/serving-$tag$v.log"; grep -E "^\| [0-9]" "$R/serving-$tag$v.log" | head -14 | cut -c1-40,130-
+    pack
+  done
+}
+# dense_invariant_at VAR TAG BS LS VALUE...: the dense grid of B in BS and L in LS (comma lists), 32:8, D=128, bf16,
+# auto against invariant, at each VALUE of VAR: files $R/dense-TAG<VALUE>.*, packed after each.
+dense_invariant_at() {
+  local var=$1 tag=$2 bs=$3 ls=$4 v; shift 4
+  for v in "$@"; do
+    env "$var=$v" timeout 40 python -m fdlib.bench --dtype bfloat16 --methods auto,invariant --B "$bs" --L "$ls" \
+      --heads 32:8 --D 128 --warmup 10 --rep 30 --graph-rep 10 --no-plot --no-progress --out "$R" \
+      --name "dense-$tag$v" > "$R/dense-$tag$v.log" 2>&1
+    sed -n '/time \/ cuDNN\|Effective bandwidth/,/Relative/p' "$R/dense-$tag$v.log" | head -12; pack
+  done
+}
