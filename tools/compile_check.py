@@ -43,6 +43,8 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3, aligned=F
     sig, constexprs, attrs = {}, {}, {}
     if "K_SCALE" in kernel.arg_names:   # a 16-bit cache unless the case names its scales (8-bit caches)
         meta = {"K_SCALE": 0, "V_SCALE": 0, **meta}
+    if "ORDER_B" in kernel.arg_names:   # b order unless the case names a longest-first launch
+        meta = {"ORDER_B": 0, **meta}
     if "WORK" in kernel.arg_names:      # no work list unless the case names one
         meta = {"WORK": 0, "WORK_B": 0, "WORK_P": 0, "WORK_S": 0, **meta}
     for i, name in enumerate(kernel.arg_names):
