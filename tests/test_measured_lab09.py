@@ -53,6 +53,12 @@ def test_what_the_lesson_says_of_the_errors_holds():
     bad = dict(rows)
     bad[("N(0,1)", "int8", "head")] = dict(rows[("N(0,1)", "int8", "head")], cache_rel_err=1.0)
     assert not view09.error_findings(dict(data, rows=list(bad.values())))["int8_finer"]
+    # with outlier channels the two dtypes end up close in the output, e4m3 slightly ahead per token
+    assert f["outliers_out_close"] and f["outliers_out_ratio"]["token"] > 1
+    far = dict(rows)
+    far[("outlier channels", "int8", "head")] = dict(rows[("outlier channels", "int8", "head")], out_rel_err=0.05)
+    far = view09.error_findings(dict(data, rows=list(far.values())))
+    assert not far["outliers_out_close"] and far["outliers_out_ratio"]["head"] < 0.5
 
 
 # ---------------------------------------------------------------------------------------------- the speed files

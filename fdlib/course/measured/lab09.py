@@ -71,12 +71,15 @@ def error_findings(data: dict) -> dict:
     * ``outliers_int8_cache``: int8's per-tensor cache error with outlier channels over that on N(0, 1);
     * ``outliers_int8_above_e4m3``: with outlier channels, int8's per-tensor cache error is above e4m3's;
     * ``outliers_output_grows``: every dtype and granularity has a larger output error with outlier channels;
-    * ``token_best_with_outliers``: with outlier channels, per token gives each dtype its smallest output error.
+    * ``token_best_with_outliers``: with outlier channels, per token gives each dtype its smallest output error;
+    * ``outliers_out_ratio``: with outlier channels, {granularity: int8's output error over e4m3's};
+    * ``outliers_out_close``: those ratios all lie within 15 % of 1 (the two dtypes end up close in the output).
     """
     n, o = "N(0,1)", "outlier channels"
     e = lambda kind, d, g, f="cache_rel_err": error_of(data, kind, d, g, f)   # noqa: E731
     e4 = [e(n, "float8_e4m3fn", g) for g in SCALES]
     i8 = [e(n, "int8", g) for g in SCALES]
+    ratio = {g: e(o, "int8", g, "out_rel_err") / e(o, "float8_e4m3fn", g, "out_rel_err") for g in SCALES}
     return {
         "e4m3_flat": max(e4) / min(e4) < 1.1,
         "int8_finer": i8[0] > i8[1] > i8[2],
@@ -87,6 +90,8 @@ def error_findings(data: dict) -> dict:
                                      for g in SCALES),
         "token_best_with_outliers": all(min(SCALES, key=lambda g: e(o, d, g, "out_rel_err")) == "token"
                                         for d in KV_DTYPES),
+        "outliers_out_ratio": ratio,
+        "outliers_out_close": all(1 / 1.15 < r < 1.15 for r in ratio.values()),
     }
 
 
