@@ -59,6 +59,10 @@ def test_what_the_lesson_says_of_the_errors_holds():
     far[("outlier channels", "int8", "head")] = dict(rows[("outlier channels", "int8", "head")], out_rel_err=0.05)
     far = view09.error_findings(dict(data, rows=list(far.values())))
     assert not far["outliers_out_close"] and far["outliers_out_ratio"]["head"] < 0.5
+    # int8 above e4m3 in the cache at both coarse scales with outlier channels, not per tensor alone
+    head = dict(rows)
+    head[("outlier channels", "int8", "head")] = dict(rows[("outlier channels", "int8", "head")], cache_rel_err=0.01)
+    assert not view09.error_findings(dict(data, rows=list(head.values())))["outliers_int8_above_e4m3"]
 
 
 # ---------------------------------------------------------------------------------------------- the speed files
