@@ -139,6 +139,13 @@ def test_figure_draws_every_format_per_batch_and_error_against_speed(results):
                 assert y == pytest.approx(sp[(fmt, B, int(L))], rel=1e-12)
     points = [ln for ln in axes[2].get_lines() if ln.get_linestyle() == "None"]
     assert len(points) == 2 * 6                      # each format on N(0,1) data and with outlier channels
+    # one colour per cache dtype, the quant-error figure's: e4m3 and int8 never share a colour
+    colours = {view09.SHORT[f[0]]: ln.get_color() for ln in curves
+               for f in view09.FORMATS if view09.label(f) == ln.get_label()}
+    bars = _shown("quant-error").figure.get_axes()[0].get_legend_handles_labels()
+    assert colours["e4m3"] != colours["int8"]
+    for handle, name in zip(*bars):
+        assert matplotlib.colors.same_color(handle.patches[0].get_facecolor(), colours[name])
 
 
 def test_caption_states_the_break_even_over_every_batch(results):

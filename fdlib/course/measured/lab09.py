@@ -34,8 +34,10 @@ SHORT = {"float8_e4m3fn": "e4m3", "int8": "int8"}
 METHOD = "auto"
 QUANT_ERROR = Path("cpu") / "quant-error.json"
 """The error file, from the results root (``results/``)."""
-COLORS = {"tensor": "tab:blue", "head": "tab:green", "token": "tab:orange"}
-STYLES = {"float8_e4m3fn": ("-", "o"), "int8": ("--", "s")}
+COLORS = {"float8_e4m3fn": "tab:purple", "int8": "tab:gray"}
+"""One colour per cache dtype, the same in every figure of the lab."""
+STYLES = {"tensor": (":", "^"), "head": ("-", "o"), "token": ("--", "s")}
+"""(line style, marker) per scale granularity."""
 
 
 def kv8_name(kv_dtype: str, kv_scale: str) -> str:
@@ -110,7 +112,7 @@ def quant_error_view(results_dir: Path) -> Shown:
         for i, d in enumerate(KV_DTYPES):
             ys = [100 * error_of(data, kind, d, g) for g in SCALES]
             ax.bar([x + (i - 0.5) * width for x in range(len(SCALES))], ys, width, label=SHORT[d],
-                   color=("tab:purple", "tab:gray")[i])
+                   color=COLORS[d])
         ax.set_xticks(range(len(SCALES)), [f"per {g}" for g in SCALES])
         ax.set_title(f"data: {kind}", fontsize=10)
         ax.set_xlabel("scale granularity")
@@ -231,8 +233,8 @@ def kv8(results_dir: Path) -> Shown:
         for fmt in runs:
             pts = [(r["L"], r["x"]) for r in rows if r["format"] == fmt and r["B"] == B]
             if pts:
-                ls, mk = STYLES[fmt[0]]
-                ax.plot(*zip(*pts), ls=ls, marker=mk, ms=4, color=COLORS[fmt[1]], label=label(fmt))
+                ls, mk = STYLES[fmt[1]]
+                ax.plot(*zip(*pts), ls=ls, marker=mk, ms=4, color=COLORS[fmt[0]], label=label(fmt))
         ax.axhline(1, color="black", lw=1)
         ax.axhline(2, color="0.5", lw=1, ls=":")
         ax.set_xscale("log", base=2)
@@ -255,8 +257,8 @@ def kv8(results_dir: Path) -> Shown:
             if not xs:
                 continue
             y = gmean(xs)
-            for kind, fill in (("outlier channels", COLORS[fmt[1]]), ("N(0,1)", "white")):
-                ax.plot(100 * error_of(err, kind, *fmt), y, STYLES[fmt[0]][1], ms=8, mec=COLORS[fmt[1]], mfc=fill,
+            for kind, fill in (("outlier channels", COLORS[fmt[0]]), ("N(0,1)", "white")):
+                ax.plot(100 * error_of(err, kind, *fmt), y, STYLES[fmt[1]][1], ms=8, mec=COLORS[fmt[0]], mfc=fill,
                         ls="none")
         ax.set_xscale("log")
         plain_ticks(ax, "x")
