@@ -36,7 +36,7 @@ def _load(X, S, offs, s_offs, valid, h, KV_DTYPE: tl.constexpr, GRANULARITY: tl.
         where = s_offs * 0 + (0 if MISTAKE == 4 else h)   # 4: KV head 0's scale
     else:
         where = s_offs
-    if MISTAKE == 7:
+    if MISTAKE == 7 or MISTAKE == 10:     # 10: the bytes masked, the scales not
         s = tl.load(S + where)
     else:
         s = tl.load(S + where, mask=valid, other=0.0)
@@ -44,6 +44,8 @@ def _load(X, S, offs, s_offs, valid, h, KV_DTYPE: tl.constexpr, GRANULARITY: tl.
         y = x * s[None, :]
     elif MISTAKE == 6:     # no scale
         y = x
+    elif MISTAKE == 9:     # divided by the scale
+        y = x / tl.where(valid, s, 1.0)[:, None]
     else:
         y = s[:, None] * x
     if MISTAKE == 1:       # the scale applied twice
@@ -97,6 +99,16 @@ def always_int8(X, S, offs, s_offs, valid, h, KV_DTYPE: tl.constexpr, GRANULARIT
 
 
 @triton.jit
+def divided(X, S, offs, s_offs, valid, h, KV_DTYPE: tl.constexpr, GRANULARITY: tl.constexpr):
+    return _load(X, S, offs, s_offs, valid, h, KV_DTYPE, GRANULARITY, 9)
+
+
+@triton.jit
+def scales_unmasked(X, S, offs, s_offs, valid, h, KV_DTYPE: tl.constexpr, GRANULARITY: tl.constexpr):
+    return _load(X, S, offs, s_offs, valid, h, KV_DTYPE, GRANULARITY, 10)
+
+
+@triton.jit
 def fp16_tile(X, S, offs, s_offs, valid, h, KV_DTYPE: tl.constexpr, GRANULARITY: tl.constexpr):
     """Right up to rounding the tile to fp16: not the float32 tile asked for."""
     return _load(X, S, offs, s_offs, valid, h, KV_DTYPE, GRANULARITY, 0).to(tl.float16).to(tl.float32)
@@ -114,6 +126,8 @@ WRONG = {
     "keys past the end read": (no_mask, "keys past the end", "the last tile of a sequence"),
     "e4m3 bytes read as int8": (always_int8, "e4m3 bytes read as int8", "per-tensor scale, e4m3"),
     "tile rounded to fp16": (fp16_tile, "differ", "per-tensor scale, int8"),
+    "divided by the scale": (divided, "divided by the scale", "per-head scales"),
+    "scales of keys past the end read": (scales_unmasked, "NaN", "the last tile of a sequence"),
 }
 
 

@@ -39,6 +39,17 @@ def _index_put(k_cache, v_cache, lengths, k_new, v_new, real=None):
     lengths.add_(real.sum(1).int())
 
 
+def _gap(k_cache, v_cache, lengths, k_new, v_new, real=None):
+    """Pads skipped but still counted: real token t written at L_b + t, not L_b + t - p_b."""
+    B, T = k_new.shape[:2]
+    real = torch.ones(B, T, dtype=torch.bool) if real is None else real
+    b, t = torch.where(real)
+    pos = lengths.long()[b] + t
+    k_cache[b, pos] = k_new[b, t]
+    v_cache[b, pos] = v_new[b, t]
+    lengths += real.sum(1).to(lengths.dtype)
+
+
 def _keys_only(k_cache, v_cache, lengths, k_new, v_new, real=None):
     _append(k_cache, v_cache.clone(), lengths, k_new, v_new, real)
 
@@ -50,6 +61,7 @@ WRONG = {
     "lengths advanced by q_len, padding included": (lambda *a: _append(*a, count_pads=True), "padding included"),
     "lengths not advanced": (lambda *a: _append(*a, advance=0), "not advanced"),
     "values not written": (_keys_only, "write v_new where k_new goes"),
+    "pads skipped but still counted": (_gap, "skipped but still counted"),
 }
 
 
@@ -75,6 +87,14 @@ def test_a_new_cache_instead_of_writing_in_place_fails():
     res = run_checks(APPEND, returns_new, quiet=True)
     assert res.failed == len(res.outcomes)
     assert all("in place" in o.line() or "expected None" in o.line() for o in res.outcomes)
+
+
+def test_padding_written_is_not_taken_for_a_gap():
+    """Writing the pad tokens and skipping them without closing the gap put the first real token at the same
+    position; each gets its own cause."""
+    lines = [o.line() for o in run_checks(APPEND, lambda *a: _append(*a, skip_pads=False), quiet=True).outcomes
+             if o.status == "fail"]
+    assert lines and not any("skipped but still counted" in line for line in lines), lines
 
 
 def test_overwriting_old_keys_is_named():

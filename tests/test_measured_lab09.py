@@ -53,6 +53,16 @@ def test_what_the_lesson_says_of_the_errors_holds():
     bad = dict(rows)
     bad[("N(0,1)", "int8", "head")] = dict(rows[("N(0,1)", "int8", "head")], cache_rel_err=1.0)
     assert not view09.error_findings(dict(data, rows=list(bad.values())))["int8_finer"]
+    # with outlier channels the two dtypes end up close in the output, e4m3 slightly ahead per token
+    assert f["outliers_out_close"] and f["outliers_out_ratio"]["token"] > 1
+    far = dict(rows)
+    far[("outlier channels", "int8", "head")] = dict(rows[("outlier channels", "int8", "head")], out_rel_err=0.05)
+    far = view09.error_findings(dict(data, rows=list(far.values())))
+    assert not far["outliers_out_close"] and far["outliers_out_ratio"]["head"] < 0.5
+    # int8 above e4m3 in the cache at both coarse scales with outlier channels, not per tensor alone
+    head = dict(rows)
+    head[("outlier channels", "int8", "head")] = dict(rows[("outlier channels", "int8", "head")], cache_rel_err=0.01)
+    assert not view09.error_findings(dict(data, rows=list(head.values())))["outliers_int8_above_e4m3"]
 
 
 # ---------------------------------------------------------------------------------------------- the speed files
@@ -129,6 +139,13 @@ def test_figure_draws_every_format_per_batch_and_error_against_speed(results):
                 assert y == pytest.approx(sp[(fmt, B, int(L))], rel=1e-12)
     points = [ln for ln in axes[2].get_lines() if ln.get_linestyle() == "None"]
     assert len(points) == 2 * 6                      # each format on N(0,1) data and with outlier channels
+    # one colour per cache dtype, the quant-error figure's: e4m3 and int8 never share a colour
+    colours = {view09.SHORT[f[0]]: ln.get_color() for ln in curves
+               for f in view09.FORMATS if view09.label(f) == ln.get_label()}
+    bars = _shown("quant-error").figure.get_axes()[0].get_legend_handles_labels()
+    assert colours["e4m3"] != colours["int8"]
+    for handle, name in zip(*bars):
+        assert matplotlib.colors.same_color(handle.patches[0].get_facecolor(), colours[name])
 
 
 def test_caption_states_the_break_even_over_every_batch(results):

@@ -72,6 +72,10 @@ def _diagnose(b, got_k, k_new, old, pads, T) -> str:
         if j == longest != L:
             return (f"its first real new token is at cache position {j}, the longest sequence's length; each sequence "
                     f"appends at its own length ({L} here)")
+        if p and j == L + p and not any(torch.equal(got_k[b, L + i], k_new[b, t]) for i in range(p) for t in range(p)):
+            return (f"its first real new token is at cache position {j} = length {L} + {p}, not {L}: the pad tokens "
+                    f"were skipped but still counted, leaving {p} empty positions; real token t goes to "
+                    f"L_b + t - p_b, not L_b + t")
         if p and j == L + p:
             return (f"its first real new token is at cache position {j} = length {L} + {p} pad tokens, not {L}: the "
                     f"padding was written into the cache; skip the {p} pad tokens before writing (token t goes to "

@@ -34,8 +34,10 @@ SHORT = {"float8_e4m3fn": "e4m3", "int8": "int8"}
 METHOD = "auto"
 QUANT_ERROR = Path("cpu") / "quant-error.json"
 """The error file, from the results root (``results/``)."""
-COLORS = {"tensor": "tab:blue", "head": "tab:green", "token": "tab:orange"}
-STYLES = {"float8_e4m3fn": ("-", "o"), "int8": ("--", "s")}
+COLORS = {"float8_e4m3fn": "tab:purple", "int8": "tab:gray"}
+"""One colour per cache dtype, the same in every figure of the lab."""
+STYLES = {"tensor": (":", "^"), "head": ("-", "o"), "token": ("--", "s")}
+"""(line style, marker) per scale granularity."""
 
 
 def kv8_name(kv_dtype: str, kv_scale: str) -> str:
@@ -69,24 +71,30 @@ def error_findings(data: dict) -> dict:
     * ``int8_finer``: on N(0, 1) data int8's cache error falls from per tensor to per head to per token;
     * ``int8_token_beats_e4m3``: per token on N(0, 1) data, int8's output error is below e4m3's;
     * ``outliers_int8_cache``: int8's per-tensor cache error with outlier channels over that on N(0, 1);
-    * ``outliers_int8_above_e4m3``: with outlier channels, int8's per-tensor cache error is above e4m3's;
+    * ``outliers_int8_above_e4m3``: with outlier channels, int8's cache error is above e4m3's per tensor and per
+      head (the coarse scales);
     * ``outliers_output_grows``: every dtype and granularity has a larger output error with outlier channels;
-    * ``token_best_with_outliers``: with outlier channels, per token gives each dtype its smallest output error.
+    * ``token_best_with_outliers``: with outlier channels, per token gives each dtype its smallest output error;
+    * ``outliers_out_ratio``: with outlier channels, {granularity: int8's output error over e4m3's};
+    * ``outliers_out_close``: those ratios all lie within 15 % of 1 (the two dtypes end up close in the output).
     """
     n, o = "N(0,1)", "outlier channels"
     e = lambda kind, d, g, f="cache_rel_err": error_of(data, kind, d, g, f)   # noqa: E731
     e4 = [e(n, "float8_e4m3fn", g) for g in SCALES]
     i8 = [e(n, "int8", g) for g in SCALES]
+    ratio = {g: e(o, "int8", g, "out_rel_err") / e(o, "float8_e4m3fn", g, "out_rel_err") for g in SCALES}
     return {
         "e4m3_flat": max(e4) / min(e4) < 1.1,
         "int8_finer": i8[0] > i8[1] > i8[2],
         "int8_token_beats_e4m3": e(n, "int8", "token", "out_rel_err") < e(n, "float8_e4m3fn", "token", "out_rel_err"),
         "outliers_int8_cache": e(o, "int8", "tensor") / e(n, "int8", "tensor"),
-        "outliers_int8_above_e4m3": e(o, "int8", "tensor") > e(o, "float8_e4m3fn", "tensor"),
+        "outliers_int8_above_e4m3": all(e(o, "int8", g) > e(o, "float8_e4m3fn", g) for g in ("tensor", "head")),
         "outliers_output_grows": all(e(o, d, g, "out_rel_err") > e(n, d, g, "out_rel_err") for d in KV_DTYPES
                                      for g in SCALES),
         "token_best_with_outliers": all(min(SCALES, key=lambda g: e(o, d, g, "out_rel_err")) == "token"
                                         for d in KV_DTYPES),
+        "outliers_out_ratio": ratio,
+        "outliers_out_close": all(1 / 1.15 < r < 1.15 for r in ratio.values()),
     }
 
 
@@ -104,7 +112,7 @@ def quant_error_view(results_dir: Path) -> Shown:
         for i, d in enumerate(KV_DTYPES):
             ys = [100 * error_of(data, kind, d, g) for g in SCALES]
             ax.bar([x + (i - 0.5) * width for x in range(len(SCALES))], ys, width, label=SHORT[d],
-                   color=("tab:purple", "tab:gray")[i])
+                   color=COLORS[d])
         ax.set_xticks(range(len(SCALES)), [f"per {g}" for g in SCALES])
         ax.set_title(f"data: {kind}", fontsize=10)
         ax.set_xlabel("scale granularity")
@@ -225,8 +233,8 @@ def kv8(results_dir: Path) -> Shown:
         for fmt in runs:
             pts = [(r["L"], r["x"]) for r in rows if r["format"] == fmt and r["B"] == B]
             if pts:
-                ls, mk = STYLES[fmt[0]]
-                ax.plot(*zip(*pts), ls=ls, marker=mk, ms=4, color=COLORS[fmt[1]], label=label(fmt))
+                ls, mk = STYLES[fmt[1]]
+                ax.plot(*zip(*pts), ls=ls, marker=mk, ms=4, color=COLORS[fmt[0]], label=label(fmt))
         ax.axhline(1, color="black", lw=1)
         ax.axhline(2, color="0.5", lw=1, ls=":")
         ax.set_xscale("log", base=2)
@@ -249,8 +257,8 @@ def kv8(results_dir: Path) -> Shown:
             if not xs:
                 continue
             y = gmean(xs)
-            for kind, fill in (("outlier channels", COLORS[fmt[1]]), ("N(0,1)", "white")):
-                ax.plot(100 * error_of(err, kind, *fmt), y, STYLES[fmt[0]][1], ms=8, mec=COLORS[fmt[1]], mfc=fill,
+            for kind, fill in (("outlier channels", COLORS[fmt[0]]), ("N(0,1)", "white")):
+                ax.plot(100 * error_of(err, kind, *fmt), y, STYLES[fmt[1]][1], ms=8, mec=COLORS[fmt[0]], mfc=fill,
                         ls="none")
         ax.set_xscale("log")
         plain_ticks(ax, "x")
