@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .validate import FLOAT32_MAX, beyond_float32
+
 KV_DTYPES = (torch.float8_e4m3fn, torch.int8)
 """The 8-bit cache dtypes the kernels read."""
 QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
@@ -142,14 +144,15 @@ def dequantize_kv(stored: torch.Tensor, scale, dtype=torch.float32) -> torch.Ten
 # ------------------------------------------------------------------------------------------------ checking
 def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False, read: bool = True) -> str:
     """``"tensor"``, ``"head"`` or ``"token"`` for a scale of ``cache`` [.., .., H_kv, D] (checked: type, dtype,
-    device, shape; a float's value; a per-head tensor's values where it is on the host and ``read``). ``name``: the
-    argument, for the error; ``paged``: the cache is a page pool."""
+    device, shape; a float's value, finite and positive as the float32 the kernels take; a per-head tensor's
+    values where it is on the host and ``read``). ``name``: the argument, for the error; ``paged``: the cache is a
+    page pool."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor)):
         raise TypeError(f"{name}: expected a float (per tensor) or a float32 tensor (per KV head or per token), got "
                         f"{type(scale).__name__}")
     if not isinstance(scale, torch.Tensor):
-        if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"{name}: expected a finite positive float, got {scale}")
+        if not math.isfinite(scale) or scale <= 0 or scale > FLOAT32_MAX:
+            raise ValueError(f"{name}: expected a finite positive float, got {scale}" + beyond_float32(scale))
         return "tensor"
     H_kv = cache.shape[2]
     token_shape = tuple(cache.shape[:3])

@@ -116,15 +116,27 @@ def check_num_splits(num_splits, method) -> None:
                          f"splits; pass num_splits=None or 1, got {num_splits}")
 
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+"""float32's largest finite value: a float the kernels take (the softmax scale, a per-tensor scale of an 8-bit
+cache) is a float32 there, so a larger Python float would be infinite (Triton even types it float64)."""
+
+
+def beyond_float32(x: float) -> str:
+    """A note for an error on a finite float ``x`` too large for float32 (empty where it fits)."""
+    return "" if abs(x) <= FLOAT32_MAX else \
+        f" (beyond float32's largest value, {FLOAT32_MAX:g}: the kernels take it as a float32)"
+
+
 def check_scale(scale, D: int, value: bool = True) -> float:
-    """The scale to use: 1/√D for None, else a finite float (``value=False``: its type only, as a trace under
-    ``torch.compile`` checks a float that may be symbolic; the op checks the value when it runs)."""
+    """The scale to use: 1/√D for None, else a float finite in float32, as the kernels take it (``value=False``:
+    its type only, as a trace under ``torch.compile`` checks a float that may be symbolic; the op checks the value
+    when it runs)."""
     if scale is None:
         return 1.0 / math.sqrt(D)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-    if value and not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite number, got {scale}")
+    if value and (not math.isfinite(scale) or abs(scale) > FLOAT32_MAX):
+        raise ValueError(f"scale: expected a finite number, got {scale}" + beyond_float32(scale))
     return float(scale)
 
 

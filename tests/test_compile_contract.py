@@ -166,7 +166,7 @@ def test_compiled_8bit_errors_are_the_eager_ones(fullgraph):
     cases = [dict(k_scale=None, v_scale=vs), dict(k_scale=ks, v_scale=-2.0), dict(k_scale=ks, v_scale="s"),
              dict(k_scale=True, v_scale=vs), dict(k_scale=bad_head, v_scale=vs, check_lengths=True),
              dict(k_scale=ks.double(), v_scale=vs), dict(k_scale=ks, v_scale=vs, method="unified_max"),
-             dict(k_scale=ks[:1], v_scale=vs)]
+             dict(k_scale=ks[:1], v_scale=vs), dict(k_scale=ks, v_scale=1e39)]
     if bad_head.device.type == "cpu":   # a per-head scale's values are read unasked only on the host (no sync)
         cases.append(dict(k_scale=bad_head, v_scale=vs))
     for kw in cases:

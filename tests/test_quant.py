@@ -310,6 +310,12 @@ BAD_SCALES = [
     ("NaN float", dict(k_scale=float("nan")), ValueError, r"k_scale: expected a finite positive float, got nan"),
     ("negative float", dict(v_scale=-1.0), ValueError, r"v_scale: expected a finite positive float, got -1.0"),
     ("inf float", dict(v_scale=float("inf")), ValueError, r"v_scale: expected a finite positive float, got inf"),
+    # finite as a Python float, but not as the float32 the kernels take: once NaN or inf out, or Triton's fp64
+    ("float beyond float32", dict(k_scale=1e39), ValueError,
+     r"k_scale: expected a finite positive float, got 1e\+39 \(beyond float32's largest value, 3.40282e\+38: the "
+     r"kernels take it as a float32\)"),
+    ("v float beyond float32", dict(v_scale=4e38), ValueError,
+     r"v_scale: expected a finite positive float, got 4e\+38 \(beyond float32's largest value"),
     ("NaN head", dict(k_scale=torch.tensor([1.0, float("nan")])), ValueError,
      r"k_scale: per-head scales must be finite and positive, got nan at KV head 1"),
     ("zero head", dict(v_scale=torch.tensor([0.0, 1.0])), ValueError,
