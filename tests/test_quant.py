@@ -258,6 +258,17 @@ def test_quantize_kv_refuses_a_nan_or_inf_naming_x(kv_dtype, gran, x_dtype, bad)
         quant.quantize_kv(x, kv_dtype, gran)
 
 
+@pytest.mark.parametrize("gran", GRANS)
+def test_quantize_kv_refuses_a_float64_value_beyond_float32_naming_x(gran):
+    """A float64 x is quantized through float32: a finite value beyond float32's range (once an IndexError from
+    the search for a non-finite element) raises ValueError naming x, the value and its index."""
+    x = torch.randn(2, 4, 3, 8, dtype=torch.float64)
+    x[1, 2, 0, 5] = -1e300
+    with pytest.raises(ValueError, match=r"^x: expected finite values to quantize, got -1e\+300 at \[1, 2, 0, 5\] "
+                                         r"\(beyond float32's largest value"):
+        quant.quantize_kv(x, torch.int8, gran)
+
+
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=["e4m3", "int8"])
 @pytest.mark.parametrize("gran", GRANS)
 @pytest.mark.parametrize("shape", [(0, 4, 2, 8), (2, 0, 2, 8), (2, 4, 0, 8), (2, 4, 2, 0), (0, 0)])
