@@ -169,6 +169,18 @@ def test_reset_calibrates_again_and_bad_arguments_are_named():
         DecodeCache(cfg, 1, 16, dtype=torch.float32, kv_dtype=torch.int8)
 
 
+@pytest.mark.parametrize("bad,got", [("0.1", "str"), (True, "bool"), ({"k": 0.1}, "dict"), (1 + 1j, "complex"),
+                                     (torch.ones(2, dtype=torch.bool), "a bool tensor"), ([0.1, "x"], "str")])
+def test_fixed_scales_of_a_wrong_type_are_named(bad, got):
+    """A fixed scale (or one of a per-layer list) that is no float or float tensor raises TypeError naming the
+    argument and what came (once torch's own "must be real number, not dict" or "invalid data type 'str'", and
+    True was taken as 1.0, which fdlib.decode_attention refuses)."""
+    with pytest.raises(TypeError, match=rf"^k_scale: expected a float or a float32 tensor \[H_kv\] \(or a list of "
+                                        rf"those, one a layer\), got {got}$"):
+        DecodeCache(tiny_config(), 1, 16, dtype=torch.float16, kv_dtype=torch.int8, granularity="head",
+                    k_scale=bad, v_scale=0.1)
+
+
 def snapshot(cache):
     """Every attribute of the cache, of its layers and of its 8-bit format (tensors cloned), and its plans' keys."""
     def copy(x):

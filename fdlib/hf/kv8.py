@@ -18,6 +18,8 @@ their scales (:mod:`fdlib.quant`), quantized as they are written (:mod:`fdlib.hf
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ..quant import GRANULARITIES, KV_DTYPES, QMAX, absmax_scale, dequantize_kv
@@ -102,6 +104,7 @@ def _per_layer(name, s, granularity, n_layers, H_kv) -> list:
         raise ValueError(f"{name}: expected one scale or a list of {n_layers} (one a layer), got {len(items)}")
     out = []
     for x in items:
+        _check_type(name, x, granularity)
         t = torch.as_tensor(x, dtype=torch.float32).detach().cpu().reshape(-1)
         if t.numel() not in ((1,) if granularity == "tensor" else (1, H_kv)):
             want = "a float" if granularity == "tensor" else f"a float or a float32 tensor [H_kv] = [{H_kv}]"
@@ -110,3 +113,18 @@ def _per_layer(name, s, granularity, n_layers, H_kv) -> list:
             raise ValueError(f"{name}: scales must be finite and positive, got {t.tolist()}")
         out.append(t)
     return out
+
+
+def _check_type(name, x, granularity) -> None:
+    """One layer's fixed scale: a real number (not a bool, as fdlib's scales), or a floating tensor or NumPy
+    array."""
+    if isinstance(x, torch.Tensor):
+        ok = x.is_floating_point()
+        got = f"a {str(x.dtype).replace('torch.', '')} tensor"
+    else:
+        ok = isinstance(x, numbers.Real) and not isinstance(x, bool) or \
+            type(x).__name__ == "ndarray" and getattr(x.dtype, "kind", None) == "f"
+        got = type(x).__name__
+    if not ok:
+        want = "a float" if granularity == "tensor" else "a float or a float32 tensor [H_kv]"
+        raise TypeError(f"{name}: expected {want} (or a list of those, one a layer), got {got}")
