@@ -76,6 +76,23 @@ def _(q, kind, message):
 has_side_effect(torch.ops.fdlib.refuse.default)   # kept in the graph where nothing reads its outputs
 
 
+def no_gradient(op) -> None:
+    """Give ``op`` the eager call's autograd behaviour: its outputs are not differentiable (the eager call's come
+    from Triton launches, so they require no grad whatever its inputs do). Without this, AOT autograd refuses to
+    compile a call whose input requires grad ("no autograd formula was registered") that runs eagerly."""
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(*(output if isinstance(output, tuple) else (output,)))
+
+    def backward(ctx, *grads):
+        raise NotImplementedError(f"fdlib::{op._name}: fdlib's attention has no backward (it is for inference)")
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
+no_gradient(decode_op)
+no_gradient(refuse)
+
+
 # ------------------------------------------------------------------------------------------ the traced call
 def traced_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits, return_lse, max_seqlen,
                 check_lengths, batch_invariant, validate, k_scale, v_scale):

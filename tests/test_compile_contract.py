@@ -112,6 +112,33 @@ def test_one_compiled_step_takes_new_lengths_in_a_list_and_new_scales(problem):
         assert_same_error(raised(compiled, q, k, v, *args), raised(step, q, k, v, *args))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_that_require_grad_compile_as_they_run_eagerly(problem, backend):
+    """A q (or a per-head scale) that requires grad, as in a model outside no_grad: the eager call gives out and
+    lse that require none, so the compiled one gives the same bits, not a compiler failure (once AOT autograd's
+    "no autograd formula was registered" for the ops), and a bad argument still raises the eager error."""
+    q, k, v, lens = problem
+    qg = q.clone().requires_grad_()
+
+    def step(q, k, v, lens, **kw):
+        return fdlib.decode_attention(q, k, v, lens, return_lse=True, **kw)
+
+    want = step(qg, k, v, lens)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend=backend, fullgraph=True)(qg, k, v, lens)
+    assert all(torch.equal(a, b) and not a.requires_grad for a, b in zip(got, want))
+    torch._dynamo.reset()
+    bad = torch.compile(lambda *a: step(*a, method="fast"), backend=backend, fullgraph=True)
+    assert_same_error(raised(bad, qg, k, v, lens), raised(lambda *a: step(*a, method="fast"), qg, k, v, lens))
+    q8, k8, v8, lens8, ks, vs = kv8(torch.int8, "head", "token")
+    q8, ks = q8.clone().requires_grad_(), ks.clone().requires_grad_()
+    want = step(q8, k8, v8, lens8, k_scale=ks, v_scale=vs)
+    torch._dynamo.reset()
+    got = torch.compile(lambda *a: step(*a[:4], k_scale=a[4], v_scale=a[5]), backend=backend,
+                        fullgraph=True)(q8, k8, v8, lens8, ks, vs)
+    assert all(torch.equal(a, b) and not a.requires_grad for a, b in zip(got, want))
+
+
 # ------------------------------------------------------------------------------------------ 8-bit caches
 def kv8(kv_dtype, k_gran, v_gran, seed=7):
     q, k, v, lens = make_problem(2, 32, 4, 2, 16, torch.float32, seed=seed, lens=[32, 9])
