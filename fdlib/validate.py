@@ -123,7 +123,7 @@ cache) is a float32 there, so a larger Python float would be infinite (Triton ev
 
 def beyond_float32(x: float) -> str:
     """A note for an error on a finite float ``x`` too large for float32 (empty where it fits)."""
-    return "" if abs(x) <= FLOAT32_MAX else \
+    return "" if not math.isfinite(x) or abs(x) <= FLOAT32_MAX else \
         f" (beyond float32's largest value, {FLOAT32_MAX:g}: the kernels take it as a float32)"
 
 
