@@ -12,7 +12,8 @@ would report it as its own ``Unsupported`` ("Observed exception") under ``fullgr
 ``torch.ops.fdlib.refuse`` instead, which raises that error, the same type and the same message, when the compiled
 code runs the call, as the eager call raises it; an error the op's eager call finds (a shape, a dtype, a length, a
 scale's value) is raised there likewise. So a compiled call raises what the eager call raises, with
-``fullgraph=True`` or not, on every backend.
+``fullgraph=True`` or not, on every backend. NumPy scalars, which dynamo traces as arrays, are first taken back to
+what the eager checks see (:func:`host_options`).
 """
 from __future__ import annotations
 
@@ -39,13 +40,19 @@ def decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cac
               block_table: torch.Tensor | None = None, batch_invariant: bool = False, check_lengths: bool = False,
               k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
               k_scale_value: float | None = None, v_scale_value: float | None = None,
-              host_lengths: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              host_lengths: list[int] | None = None, scale_np: torch.Tensor | None = None,
+              k_scale_np: torch.Tensor | None = None,
+              v_scale_np: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.fdlib.decode_attention``: (out, lse) of :func:`fdlib.decode_attention` with these options, as
     an opaque op: it runs the eager call itself, so every option, the checks (``check_lengths``: its one read,
     and its ValueError raised when the compiled code runs) and the clamp flag (:func:`fdlib.clamped`) are the eager
     call's. A scale is a tensor (``k_scale``) or a float (``k_scale_value``); lengths on the host in a list come as
-    ``host_lengths`` (``cache_seqlens`` None)."""
+    ``host_lengths`` (``cache_seqlens`` None). ``scale_np``, ``k_scale_np``, ``v_scale_np``: a scale that came as a
+    NumPy float64 scalar, as a 0-d host tensor, read here as the float it is (:func:`host_options`)."""
     from .api import decode_attention
+    scale, k_scale_value, v_scale_value = (x if t is None else float(t) for x, t in
+                                           zip((scale, k_scale_value, v_scale_value),
+                                               (scale_np, k_scale_np, v_scale_np)))
     return decode_attention(q, k_cache, v_cache, cache_seqlens if host_lengths is None else host_lengths,
                             block_table=block_table, scale=scale, method=method, num_splits=num_splits,
                             return_lse=True, max_seqlen=max_seqlen, check_lengths=check_lengths,
@@ -57,7 +64,7 @@ def decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cac
 @decode_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, max_seqlen, block_table=None,
       batch_invariant=False, check_lengths=False, k_scale=None, v_scale=None, k_scale_value=None, v_scale_value=None,
-      host_lengths=None):
+      host_lengths=None, scale_np=None, k_scale_np=None, v_scale_np=None):
     return _outputs(q)
 
 
@@ -98,6 +105,8 @@ def traced_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, 
                 check_lengths, batch_invariant, validate, k_scale, v_scale):
     """:func:`fdlib.decode_attention` while ``torch.compile`` traces it: the options checked
     (:func:`check_options`), then the decode op, or the refuse op with the error the checks found."""
+    (scale, k_scale, v_scale, num_splits, max_seqlen, return_lse, check_lengths, batch_invariant), floats = \
+        host_options(scale, k_scale, v_scale, num_splits, max_seqlen, return_lse, check_lengths, batch_invariant)
     try:
         scale, lengths, host, scales = check_options(q, k_cache, v_cache, cache_seqlens, block_table, scale, method,
                                                      num_splits, return_lse, max_seqlen, check_lengths,
@@ -113,8 +122,39 @@ def traced_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, 
     else:
         out, lse = torch.ops.fdlib.decode_attention(q, k_cache, v_cache, lengths, scale, method, num_splits,
                                                     max_seqlen, block_table, batch_invariant, check_lengths,
-                                                    *scales, host_lengths=host)
+                                                    *scales, host, *floats)
     return (out, lse) if return_lse else out
+
+
+class _Named:
+    """A stand-in that the checks name as a NumPy scalar type (``type(x).__name__``) and accept as nothing."""
+
+
+NUMPY_NAMES = {n: type(n, (_Named,), {}) for n in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                                                   "uint32", "uint64", "float16", "float32", "float64",
+                                                   "complex64", "complex128")}
+"""Stand-ins by NumPy type name, made on import (a trace makes no class)."""
+
+
+def host_options(*options):
+    """The options (scale, k_scale, v_scale, then the others) as the checks see them eagerly, and the NumPy
+    floats of the first three that the op reads (each a 0-d tensor, or None). Dynamo traces a NumPy scalar as a
+    0-d array; eagerly a ``numpy.float64`` is a float (a float subclass) and any other NumPy scalar is refused,
+    named by its type. So a 0-d float64 among the three float options becomes 1.0 for the checks (its value goes
+    to the op as a 0-d host tensor: the op reads and checks it as the eager call does), any other 0-d array a
+    stand-in named by its dtype, and a larger array stays, named ``ndarray`` as eagerly. (A 0-d NumPy array,
+    which the trace cannot tell from a scalar, is taken as the scalar.)"""
+    out, floats = [], [None, None, None]
+    for i, x in enumerate(options):
+        if type(x).__name__ == "ndarray" and type(x).__module__ == "numpy":
+            t = torch.as_tensor(x)
+            if t.dim() == 0 and t.dtype == torch.float64 and i < 3:
+                floats[i], x = t, 1.0
+            elif t.dim() == 0:
+                name = str(t.dtype).replace("torch.", "")
+                x = NUMPY_NAMES[name]() if name in NUMPY_NAMES else x
+        out.append(x)
+    return out, floats
 
 
 def refuse_call(q, kind: str, message: str):

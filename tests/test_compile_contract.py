@@ -4,6 +4,7 @@ compiled function never reads the result); 8-bit caches run compiled, their scal
 eager call's bits. Shapes are tiny: the CPU traces once a case."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -137,6 +138,41 @@ def test_inputs_that_require_grad_compile_as_they_run_eagerly(problem, backend):
     got = torch.compile(lambda *a: step(*a[:4], k_scale=a[4], v_scale=a[5]), backend=backend,
                         fullgraph=True)(q8, k8, v8, lens8, ks, vs)
     assert all(torch.equal(a, b) and not a.requires_grad for a, b in zip(got, want))
+
+
+NUMPY_BAD = [dict(scale=np.float32(0.2)), dict(max_seqlen=np.int64(5)), dict(num_splits=np.int64(2)),
+             dict(return_lse=np.bool_(True)), dict(check_lengths=np.bool_(True)),
+             dict(batch_invariant=np.bool_(False)), dict(max_seqlen=np.float64(5)), dict(scale=np.int64(1)),
+             dict(k_scale=np.float64(0.5)), dict(scale=np.array([0.2, 0.3])), dict(scale=np.float64("nan"))]
+
+
+@pytest.mark.parametrize("fullgraph", (False, True))
+def test_numpy_scalars_compile_as_they_run_eagerly(problem, fullgraph):
+    """NumPy scalars, which dynamo traces as arrays: scale=np.float64 (accepted eagerly, a float subclass; 1 /
+    np.sqrt(D) is one) gives the eager bits, 8-bit scales too, where the trace once refused it ("got ndarray");
+    and a NumPy scalar the eager call refuses raises its error, named by its type (once "got ndarray", or dynamo's
+    own Unsupported for return_lse=np.bool_)."""
+    q, k, v, lens = problem
+
+    def step(q, k, v, lens, **kw):
+        return fdlib.decode_attention(q, k, v, lens, **kw)
+
+    for kw in (dict(scale=np.float64(0.2)), dict(scale=1 / np.sqrt(16), return_lse=True)):
+        torch._dynamo.reset()
+        got = torch.compile(lambda *a: step(*a, **kw), backend="aot_eager", fullgraph=fullgraph)(q, k, v, lens)
+        want = step(q, k, v, lens, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)) if isinstance(want, tuple) else \
+            torch.equal(got, want)
+    q8, k8, v8, lens8, ks, vs = kv8(torch.float8_e4m3fn, "tensor", "tensor")
+    torch._dynamo.reset()
+    scales = dict(k_scale=np.float64(ks), v_scale=np.float64(vs), scale=np.float64(0.3))
+    got = torch.compile(lambda *a: step(*a, **scales), backend="aot_eager", fullgraph=fullgraph)(q8, k8, v8, lens8)
+    assert torch.equal(got, step(q8, k8, v8, lens8, **scales))
+    for kw in NUMPY_BAD:
+        want = raised(lambda *a: step(*a, **kw), q, k, v, lens)
+        torch._dynamo.reset()
+        got = raised(torch.compile(lambda *a: step(*a, **kw), backend="aot_eager", fullgraph=fullgraph), q, k, v, lens)
+        assert_same_error(got, want)
 
 
 # ------------------------------------------------------------------------------------------ 8-bit caches
