@@ -210,6 +210,42 @@ def assert_same(got, want, where="cache"):
         assert got == want, f"{where}: {got!r} != {want!r}"
 
 
+class _Module:   # what HF's SDPA reads of an attention module
+    num_key_value_groups, is_causal, training = 2, True, False
+
+
+@pytest.mark.parametrize("page_size", [None, 4])
+@pytest.mark.parametrize("kv_dtype,granularity", [(torch.int8, "head"), (torch.float8_e4m3fn, "token")])
+def test_a_query_that_does_not_fit_is_refused_before_anything_moves(kv_dtype, granularity, page_size):
+    """The "fdlib" attention checks the query (heads and head dim of the cache's config, the keys' batch and
+    tokens, the cache's dtype) before a step begins: a query that does not fit once moved the lengths and wrote
+    K/V before the plan refused it, or (a batch or token count other than the keys') ran on silently, the 8-bit
+    append writing one sequence's token into another's slot."""
+    from fdlib.hf.attention import fdlib_attention_forward
+    g = torch.Generator().manual_seed(8)
+    cache = DecodeCache(tiny_config(), 2, 16, dtype=torch.float16, page_size=page_size, kv_dtype=kv_dtype,
+                        granularity=granularity)
+
+    def layers(q, k, v):
+        for i in range(LAYERS):
+            fdlib_attention_forward(_Module(), q, *cache.update(k, v, i), None)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).half()
+
+    layers(r(2, 4, 5, D), r(2, H_KV, 5, D), r(2, H_KV, 5, D))   # a prompt
+    for q, what in ((r(2, 8, 1, D), r"\[2, 8, 1, 16\]"), (r(2, 4, 1, 32), r"\[2, 4, 1, 32\]"),
+                    (r(1, 4, 1, D), r"\[1, 4, 1, 16\]"), (r(2, 4, 2, D), r"\[2, 4, 2, 16\]"),
+                    (r(2, 4, 1, D).float(), "torch.float32")):
+        before = snapshot(cache)
+        with pytest.raises((ValueError, TypeError), match=rf"^query: expected .*got {what}"):
+            layers(q, r(2, H_KV, 1, D), r(2, H_KV, 1, D))
+        cache._awaiting = None   # the refused layer's update (HF raises out of the forward)
+        assert_same(snapshot(cache), before)
+    layers(r(2, 4, 1, D), r(2, H_KV, 1, D), r(2, H_KV, 1, D))
+    assert cache.lengths.tolist() == [6, 6]
+
+
 @pytest.mark.parametrize("fullgraph", [False, True])
 def test_a_compiled_step_on_an_8bit_cache_is_refused_before_anything_moves(fullgraph):
     """torch.compile does not take an 8-bit cache yet: a compiled decode step raises the documented
