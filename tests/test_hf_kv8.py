@@ -214,6 +214,28 @@ class _Module:   # what HF's SDPA reads of an attention module
     num_key_value_groups, is_causal, training = 2, True, False
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.int8])
+def test_a_later_prefill_chunk_reads_small_values_at_float16_precision(kv_dtype):
+    """A prefill chunk on a cache that holds tokens attends the cache dequantized to the model's dtype: in
+    float16, values of 5e-4 (scales below float16's normal range) must come out as precise as float16 allows,
+    as the decode kernels read them (the scale was once cast to float16 before the product: several times the
+    tolerance off)."""
+    from fdlib.hf.attention import fdlib_attention_forward
+    g = torch.Generator().manual_seed(1)
+    cache = DecodeCache(tiny_config(num_hidden_layers=1), 1, 64, dtype=torch.float16, kv_dtype=kv_dtype,
+                        granularity="token")
+    for T in (5, 20):   # a first chunk, then one of more than 16 tokens: the prefill path over the cache
+        q = torch.randn(1, 4, T, D, generator=g).half()
+        k, v = (torch.randn(1, H_KV, T, D, generator=g) * 5e-4 for _ in range(2))
+        out = fdlib_attention_forward(_Module(), q, *cache.update(k.half(), v.half(), 0), None)[0]
+    layer = cache.layers[0]
+    kd, vd = (dequantize_kv(t[:1, :25], s[:1, :25], torch.float64) for t, s in ((layer.keys, layer.k_scale),
+                                                                                (layer.values, layer.v_scale)))
+    for t in range(20):   # query t of the chunk sees keys 0 .. 5 + t
+        want, _ = fdlib.reference_attention(q[:, :, t], kd, vd, torch.tensor([6 + t], dtype=torch.int32))
+        assert row_rel_err(out[:, t].float(), want).max().item() <= OUT_RTOL[torch.float16], t
+
+
 @pytest.mark.parametrize("page_size", [None, 4])
 @pytest.mark.parametrize("kv_dtype,granularity", [(torch.int8, "head"), (torch.float8_e4m3fn, "token")])
 def test_a_query_that_does_not_fit_is_refused_before_anything_moves(kv_dtype, granularity, page_size):

@@ -93,8 +93,11 @@ class KV8:
         return layer.k_scale[:B], layer.v_scale[:B]
 
     def dequantized(self, stored: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
-        """``stored`` ``[B, n, H_kv, D]`` times its scales (``[B, n, H_kv]`` per token, else ``[H_kv]``)."""
-        return dequantize_kv(stored, scale, dtype=dtype)
+        """``stored`` ``[B, n, H_kv, D]`` times its scales (``[B, n, H_kv]`` per token, else ``[H_kv]``), in
+        ``dtype``: multiplied in float32 (the scale as it is kept, as the decode kernels apply it), then rounded
+        once: a scale cast to float16 first would lose bits below its normal range 2^-14 (a token or head whose
+        max|x| lies below 2^-14 q_max: about 0.027 for e4m3, 0.0078 for int8), or become 0."""
+        return dequantize_kv(stored, scale, dtype=torch.float32).to(dtype)
 
 
 def _per_layer(name, s, granularity, n_layers, H_kv) -> list:
