@@ -174,6 +174,25 @@ def test_per_token_scales_are_read_at_each_key_and_head():
                       q, kd2, vd, lens, what="one key's scale x4")
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=["e4m3", "int8"])
+def test_per_token_v_scales_far_apart_keep_float16_precision(kv_dtype):
+    """Per-token V scales 10^6 apart within one tile, the largest on a key of tiny weight (a token with outlier V
+    that the query barely attends): the 16-bit weights of the product with V must not fall below float16's
+    normal range. They were p·σ_V/max σ_V, about 10^-7 here, 6% off; each row's weights now share its largest."""
+    g = torch.Generator().manual_seed(0)
+    B, L, H_kv, H_q, D = 1, 32, 1, 2, 64
+    q = torch.randn(B, H_q, D, generator=g)
+    k = torch.randn(B, L, H_kv, D, generator=g)
+    v = torch.randn(B, L, H_kv, D, generator=g) * 1e-2
+    v[0, 5] *= 1e6
+    k[0, 5] = -15 * q[0, 0] / q[0, 0].norm()
+    (k8, ks), (v8, vs) = quant.quantize_kv(k, kv_dtype, "token"), quant.quantize_kv(v, kv_dtype, "token")
+    kd, vd = quant.dequantize_kv(k8, ks, torch.float64), quant.dequantize_kv(v8, vs, torch.float64)
+    q, lens = q.half().to(DEVICE), torch.tensor([L], dtype=torch.int32, device=DEVICE)
+    args = [t.to(DEVICE) for t in (k8, v8, ks, vs)]
+    check_every_method(q, args[0], args[1], args[2], args[3], kd, vd, lens, None, what=f"{kv_dtype} V scales 1e6 apart")
+
+
 # ------------------------------------------------------------------------------------------ quantize_kv
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=["e4m3", "int8"])
 @pytest.mark.parametrize("gran", GRANS)
