@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .validate import FLOAT32_MAX, beyond_float32
+from .validate import FLOAT32_MAX, beyond_float32, fits_float32
 
 KV_DTYPES = (torch.float8_e4m3fn, torch.int8)
 """The 8-bit cache dtypes the kernels read."""
@@ -98,7 +98,7 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
         i = (~torch.isfinite(x) | (x.abs() > FLOAT32_MAX)).nonzero()[0].tolist()
         bad = x[tuple(i)].item()
         raise ValueError(f"x: expected finite values to quantize, got {bad} at {i}"
-                         + (beyond_float32(bad) if math.isfinite(bad) else ""))
+                         + beyond_float32(bad))
     qmax = QMAX[dtype]
     scale = absmax_scale(amax, qmax)
     y = x.to(torch.float32, copy=True)   # never x itself (a float32 x is divided in place below)
@@ -155,7 +155,7 @@ def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False, r
         raise TypeError(f"{name}: expected a float (per tensor) or a float32 tensor (per KV head or per token), got "
                         f"{type(scale).__name__}")
     if not isinstance(scale, torch.Tensor):
-        if not math.isfinite(scale) or scale <= 0 or scale > FLOAT32_MAX:
+        if not fits_float32(scale) or scale <= 0:
             raise ValueError(f"{name}: expected a finite positive float, got {scale}" + beyond_float32(scale))
         return "tensor"
     H_kv = cache.shape[2]

@@ -121,10 +121,16 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 cache) is a float32 there, so a larger Python float would be infinite (Triton even types it float64)."""
 
 
-def beyond_float32(x: float) -> str:
-    """A note for an error on a finite float ``x`` too large for float32 (empty where it fits)."""
-    return "" if not math.isfinite(x) or abs(x) <= FLOAT32_MAX else \
-        f" (beyond float32's largest value, {FLOAT32_MAX:g}: the kernels take it as a float32)"
+def fits_float32(x) -> bool:
+    """``x`` (an int or a float) is finite and no larger in magnitude than float32's largest value (an int of
+    any size compares exactly; none is converted to float, where a huge one would overflow)."""
+    return (isinstance(x, int) or math.isfinite(x)) and abs(x) <= FLOAT32_MAX
+
+
+def beyond_float32(x) -> str:
+    """A note for an error on a number ``x`` too large for float32 but not infinite or NaN (empty otherwise)."""
+    big = (isinstance(x, int) or math.isfinite(x)) and abs(x) > FLOAT32_MAX
+    return f" (beyond float32's largest value, {FLOAT32_MAX:g}: the kernels take it as a float32)" if big else ""
 
 
 def check_scale(scale, D: int, value: bool = True) -> float:
@@ -135,7 +141,7 @@ def check_scale(scale, D: int, value: bool = True) -> float:
         return 1.0 / math.sqrt(D)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-    if value and (not math.isfinite(scale) or abs(scale) > FLOAT32_MAX):
+    if value and not fits_float32(scale):
         raise ValueError(f"scale: expected a finite number, got {scale}" + beyond_float32(scale))
     return float(scale)
 

@@ -162,7 +162,9 @@ def test_reset_calibrates_again_and_bad_arguments_are_named():
                           (dict(kv_dtype=torch.int8, granularity="head", k_scale=-1.0, v_scale=1.0), ValueError,
                            "finite and positive"),
                           (dict(kv_dtype=torch.int8, granularity="head", k_scale=[0.1, 0.1, 0.1], v_scale=0.1),
-                           ValueError, "one a layer")]:
+                           ValueError, "one a layer"),
+                          (dict(kv_dtype=torch.int8, granularity="head", k_scale=0.1, v_scale=10 ** 400), ValueError,
+                           "^v_scale: scales must be finite and positive")]:
         with pytest.raises(err, match=what):
             DecodeCache(cfg, 1, 16, dtype=torch.float16, **kw)
     with pytest.raises(TypeError, match="float16 or bfloat16 model"):

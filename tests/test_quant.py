@@ -344,6 +344,8 @@ BAD_SCALES = [
     ("float beyond float32", dict(k_scale=1e39), ValueError,
      r"k_scale: expected a finite positive float, got 1e\+39 \(beyond float32's largest value, 3.40282e\+38: the "
      r"kernels take it as a float32\)"),
+    ("int beyond float", dict(v_scale=10 ** 400), ValueError,   # once OverflowError, naming nothing
+     r"v_scale: expected a finite positive float, got 1000\d+ \(beyond float32's largest value"),
     ("v float beyond float32", dict(v_scale=4e38), ValueError,
      r"v_scale: expected a finite positive float, got 4e\+38 \(beyond float32's largest value"),
     ("NaN head", dict(k_scale=torch.tensor([1.0, float("nan")])), ValueError,

@@ -126,6 +126,7 @@ CASES = [
     ("scale_neg_inf", with_(scale=-math.inf), ValueError, ["scale", "-inf"]),
     ("scale_beyond_float32", with_(scale=1e39), ValueError, ["scale", "1e+39", "float32"]),
     ("scale_beyond_float32_neg", with_(scale=-4e38), ValueError, ["scale", "-4e+38", "float32"]),
+    ("scale_int_beyond_float", with_(scale=-10 ** 400), ValueError, ["scale", "-1000", "float32"]),
     ("scale_str", with_(scale="0.1"), TypeError, ["scale", "str"]),
     ("scale_bool", with_(scale=True), TypeError, ["scale", "bool"]),
     ("scale_tensor", with_(scale=T(0.1)), TypeError, ["scale", "Tensor"]),

@@ -108,7 +108,10 @@ def _per_layer(name, s, granularity, n_layers, H_kv) -> list:
     out = []
     for x in items:
         _check_type(name, x, granularity)
-        t = torch.as_tensor(x, dtype=torch.float32).detach().cpu().reshape(-1)
+        try:
+            t = torch.as_tensor(x, dtype=torch.float32).detach().cpu().reshape(-1)
+        except OverflowError:   # an int beyond float: refused below as infinite
+            t = torch.full((1,), float("inf"))
         if t.numel() not in ((1,) if granularity == "tensor" else (1, H_kv)):
             want = "a float" if granularity == "tensor" else f"a float or a float32 tensor [H_kv] = [{H_kv}]"
             raise ValueError(f"{name}: expected {want} (granularity={granularity!r}), got {x!r}")
