@@ -5,13 +5,13 @@ The op is opaque to the compiler: it runs the eager call itself (a fake implemen
 tracing), so every option, every method, 8-bit caches with their scales (a tensor, or a float as a float), the
 checks, the clamp flag and the bits are the eager call's.
 
-What the op's schema cannot carry as it came (an int where a bool goes, True where a float goes, lengths in a list
-that are not ints, an option of no type the op takes), and ``method`` and ``num_splits``, are checked while tracing,
-with the eager call's own check functions and in its order. An error found there is not raised while tracing: dynamo
-would report it as its own ``Unsupported`` ("Observed exception") under ``fullgraph=True``. The trace records the op
-``torch.ops.fdlib.refuse`` instead, which raises that error, the same type and the same message, when the compiled
-code runs the call, as the eager call raises it; an error the op's eager call finds (a shape, a dtype, a length, a
-scale's value) is raised there likewise. So a compiled call raises what the eager call raises, with
+What the op's schema cannot carry as it came (an int where a bool goes, True where a float goes, an int scale's value,
+lengths in a list that are not ints, an option of no type the op takes), and ``method`` and ``num_splits``, are
+checked while tracing, with the eager call's own check functions and in its order. An error found there is not
+raised while tracing: dynamo would report it as its own ``Unsupported`` ("Observed exception") under
+``fullgraph=True``. The trace records the op ``torch.ops.fdlib.refuse`` instead, which raises that error, the same
+type and the same message, when the compiled code runs the call, as the eager call raises it; an error the op's
+eager call finds (a shape, a dtype, a length, a scale's value) is raised there likewise. So a compiled call raises what the eager call raises, with
 ``fullgraph=True`` or not, on every backend. NumPy scalars, which dynamo traces as arrays, are first taken back to
 what the eager checks see (:func:`host_options`).
 """
@@ -179,11 +179,11 @@ def check_options(q, k_cache, v_cache, cache_seqlens, block_table, scale, method
     check_bool("return_lse", return_lse)
     if block_table is not None:
         check_tensor("block_table", block_table)
-    if any(not _scale_fits(s) for s in (k_scale, v_scale)):
+    if any(not _scale_fits(s) or _is_int(s) for s in (k_scale, v_scale)):
         quant.check_cache(q, k_cache, v_cache, k_scale, v_scale, block_table is not None, read=False)
     check_lengths_type(cache_seqlens)
     check_num_splits(num_splits, "unified" if method == "unified_max" else method)
-    scale = None if scale is None else check_scale(scale, 1, value=False)
+    scale = None if scale is None else check_scale(scale, 1, value=_is_int(scale))
     check_max_seqlen(max_seqlen)
     check_bool("batch_invariant", batch_invariant)
     check_bool("check_lengths", check_lengths)
@@ -191,6 +191,12 @@ def check_options(q, k_cache, v_cache, cache_seqlens, block_table, scale, method
     scales = tuple(s if isinstance(s, torch.Tensor) else None for s in (k_scale, v_scale)) + \
         tuple(None if s is None or isinstance(s, torch.Tensor) else float(s) for s in (k_scale, v_scale))
     return scale, None if host is not None else cache_seqlens, host, scales
+
+
+def _is_int(s) -> bool:
+    """An int (not a bool): its value is checked while tracing, as the eager call checks it, since the op takes
+    a float (an error would name 0 as 0.0, and an int too large for a float would overflow there)."""
+    return isinstance(s, int) and not isinstance(s, bool)
 
 
 def _scale_fits(s) -> bool:

@@ -20,6 +20,8 @@ BAD = {   # argument -> the call's keyword arguments (one bad argument each)
     "num_splits=True": dict(num_splits=True),
     "scale=nan": dict(scale=float("nan")),
     "scale=True": dict(scale=True),
+    "scale=10**400": dict(scale=10 ** 400),
+    "k_scale=0 on a 16-bit cache": dict(k_scale=0),
     "return_lse": dict(return_lse=1),
     "batch_invariant": dict(batch_invariant=1),
     "check_lengths": dict(check_lengths="yes"),
@@ -229,7 +231,11 @@ def test_compiled_8bit_errors_are_the_eager_ones(fullgraph):
     cases = [dict(k_scale=None, v_scale=vs), dict(k_scale=ks, v_scale=-2.0), dict(k_scale=ks, v_scale="s"),
              dict(k_scale=True, v_scale=vs), dict(k_scale=bad_head, v_scale=vs, check_lengths=True),
              dict(k_scale=ks.double(), v_scale=vs), dict(k_scale=ks, v_scale=vs, method="unified_max"),
-             dict(k_scale=ks[:1], v_scale=vs), dict(k_scale=ks, v_scale=1e39)]
+             dict(k_scale=ks[:1], v_scale=vs), dict(k_scale=ks, v_scale=1e39),
+             # ints: named as ints (the op takes a float: "got 0.0" for 0), and one too large for a float (once
+             # dynamo's internal OverflowError)
+             dict(k_scale=ks, v_scale=0), dict(k_scale=ks, v_scale=-2), dict(k_scale=ks, v_scale=10 ** 400),
+             dict(k_scale=ks, v_scale=vs, scale=10 ** 400), dict(k_scale=ks, v_scale=vs, scale=2 ** 130)]
     if bad_head.device.type == "cpu":   # a per-head scale's values are read unasked only on the host (no sync)
         cases.append(dict(k_scale=bad_head, v_scale=vs))
     for kw in cases:
