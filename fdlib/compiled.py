@@ -11,9 +11,9 @@ checked while tracing, with the eager call's own check functions and in its orde
 raised while tracing: dynamo would report it as its own ``Unsupported`` ("Observed exception") under
 ``fullgraph=True``. The trace records the op ``torch.ops.fdlib.refuse`` instead, which raises that error, the same
 type and the same message, when the compiled code runs the call, as the eager call raises it; an error the op's
-eager call finds (a shape, a dtype, a length, a scale's value) is raised there likewise. So a compiled call raises what the eager call raises, with
-``fullgraph=True`` or not, on every backend. NumPy scalars, which dynamo traces as arrays, are first taken back to
-what the eager checks see (:func:`host_options`).
+eager call finds (a shape, a dtype, a length, a scale's value) is raised there likewise. So a compiled call raises
+what the eager call raises, with ``fullgraph=True`` or not, on every backend. NumPy scalars, which dynamo traces as
+arrays, are first taken back to what the eager checks see (:func:`host_options`).
 """
 from __future__ import annotations
 
