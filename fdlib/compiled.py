@@ -5,14 +5,15 @@ The op is opaque to the compiler: it runs the eager call itself (a fake implemen
 tracing), so every option, every method, 8-bit caches with their scales (a tensor, or a float as a float), the
 checks, the clamp flag and the bits are the eager call's.
 
-What the op's schema cannot carry as it came (an int where a bool goes, True where a float goes, lengths in a list
-that are not ints, an option of no type the op takes), and ``method`` and ``num_splits``, are checked while tracing,
-with the eager call's own check functions and in its order. An error found there is not raised while tracing: dynamo
-would report it as its own ``Unsupported`` ("Observed exception") under ``fullgraph=True``. The trace records the op
-``torch.ops.fdlib.refuse`` instead, which raises that error, the same type and the same message, when the compiled
-code runs the call, as the eager call raises it; an error the op's eager call finds (a shape, a dtype, a length, a
-scale's value) is raised there likewise. So a compiled call raises what the eager call raises, with
-``fullgraph=True`` or not, on every backend.
+What the op's schema cannot carry as it came (an int where a bool goes, True where a float goes, an int scale's value,
+lengths in a list that are not ints, an option of no type the op takes), and ``method`` and ``num_splits``, are
+checked while tracing, with the eager call's own check functions and in its order. An error found there is not
+raised while tracing: dynamo would report it as its own ``Unsupported`` ("Observed exception") under
+``fullgraph=True``. The trace records the op ``torch.ops.fdlib.refuse`` instead, which raises that error, the same
+type and the same message, when the compiled code runs the call, as the eager call raises it; an error the op's
+eager call finds (a shape, a dtype, a length, a scale's value) is raised there likewise. So a compiled call raises
+what the eager call raises, with ``fullgraph=True`` or not, on every backend. NumPy scalars, which dynamo traces as
+arrays, are first taken back to what the eager checks see (:func:`host_options`).
 """
 from __future__ import annotations
 
@@ -39,13 +40,19 @@ def decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cac
               block_table: torch.Tensor | None = None, batch_invariant: bool = False, check_lengths: bool = False,
               k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
               k_scale_value: float | None = None, v_scale_value: float | None = None,
-              host_lengths: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              host_lengths: list[int] | None = None, scale_np: torch.Tensor | None = None,
+              k_scale_np: torch.Tensor | None = None,
+              v_scale_np: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.ops.fdlib.decode_attention``: (out, lse) of :func:`fdlib.decode_attention` with these options, as
     an opaque op: it runs the eager call itself, so every option, the checks (``check_lengths``: its one read,
     and its ValueError raised when the compiled code runs) and the clamp flag (:func:`fdlib.clamped`) are the eager
     call's. A scale is a tensor (``k_scale``) or a float (``k_scale_value``); lengths on the host in a list come as
-    ``host_lengths`` (``cache_seqlens`` None)."""
+    ``host_lengths`` (``cache_seqlens`` None). ``scale_np``, ``k_scale_np``, ``v_scale_np``: a scale that came as a
+    NumPy float64 scalar, as a 0-d host tensor, read here as the float it is (:func:`host_options`)."""
     from .api import decode_attention
+    scale, k_scale_value, v_scale_value = (x if t is None else float(t) for x, t in
+                                           zip((scale, k_scale_value, v_scale_value),
+                                               (scale_np, k_scale_np, v_scale_np)))
     return decode_attention(q, k_cache, v_cache, cache_seqlens if host_lengths is None else host_lengths,
                             block_table=block_table, scale=scale, method=method, num_splits=num_splits,
                             return_lse=True, max_seqlen=max_seqlen, check_lengths=check_lengths,
@@ -57,7 +64,7 @@ def decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cac
 @decode_op.register_fake
 def _(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, max_seqlen, block_table=None,
       batch_invariant=False, check_lengths=False, k_scale=None, v_scale=None, k_scale_value=None, v_scale_value=None,
-      host_lengths=None):
+      host_lengths=None, scale_np=None, k_scale_np=None, v_scale_np=None):
     return _outputs(q)
 
 
@@ -76,11 +83,30 @@ def _(q, kind, message):
 has_side_effect(torch.ops.fdlib.refuse.default)   # kept in the graph where nothing reads its outputs
 
 
+def no_gradient(op) -> None:
+    """Give ``op`` the eager call's autograd behaviour: its outputs are not differentiable (the eager call's come
+    from Triton launches, so they require no grad whatever its inputs do). Without this, AOT autograd refuses to
+    compile a call whose input requires grad ("no autograd formula was registered") that runs eagerly."""
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(*(output if isinstance(output, tuple) else (output,)))
+
+    def backward(ctx, *grads):
+        raise NotImplementedError(f"fdlib::{op._name}: fdlib's attention has no backward (it is for inference)")
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
+no_gradient(decode_op)
+no_gradient(refuse)
+
+
 # ------------------------------------------------------------------------------------------ the traced call
 def traced_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits, return_lse, max_seqlen,
                 check_lengths, batch_invariant, validate, k_scale, v_scale):
     """:func:`fdlib.decode_attention` while ``torch.compile`` traces it: the options checked
     (:func:`check_options`), then the decode op, or the refuse op with the error the checks found."""
+    (scale, k_scale, v_scale, num_splits, max_seqlen, return_lse, check_lengths, batch_invariant), floats = \
+        host_options(scale, k_scale, v_scale, num_splits, max_seqlen, return_lse, check_lengths, batch_invariant)
     try:
         scale, lengths, host, scales = check_options(q, k_cache, v_cache, cache_seqlens, block_table, scale, method,
                                                      num_splits, return_lse, max_seqlen, check_lengths,
@@ -96,8 +122,39 @@ def traced_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, 
     else:
         out, lse = torch.ops.fdlib.decode_attention(q, k_cache, v_cache, lengths, scale, method, num_splits,
                                                     max_seqlen, block_table, batch_invariant, check_lengths,
-                                                    *scales, host_lengths=host)
+                                                    *scales, host, *floats)
     return (out, lse) if return_lse else out
+
+
+class _Named:
+    """A stand-in that the checks name as a NumPy scalar type (``type(x).__name__``) and accept as nothing."""
+
+
+NUMPY_NAMES = {n: type(n, (_Named,), {}) for n in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                                                   "uint32", "uint64", "float16", "float32", "float64",
+                                                   "complex64", "complex128")}
+"""Stand-ins by NumPy type name, made on import (a trace makes no class)."""
+
+
+def host_options(*options):
+    """The options (scale, k_scale, v_scale, then the others) as the checks see them eagerly, and the NumPy
+    floats of the first three that the op reads (each a 0-d tensor, or None). Dynamo traces a NumPy scalar as a
+    0-d array; eagerly a ``numpy.float64`` is a float (a float subclass) and any other NumPy scalar is refused,
+    named by its type. So a 0-d float64 among the three float options becomes 1.0 for the checks (its value goes
+    to the op as a 0-d host tensor: the op reads and checks it as the eager call does), any other 0-d array a
+    stand-in named by its dtype, and a larger array stays, named ``ndarray`` as eagerly. (A 0-d NumPy array,
+    which the trace cannot tell from a scalar, is taken as the scalar.)"""
+    out, floats = [], [None, None, None]
+    for i, x in enumerate(options):
+        if type(x).__name__ == "ndarray" and type(x).__module__ == "numpy":
+            t = torch.as_tensor(x)
+            if t.dim() == 0 and t.dtype == torch.float64 and i < 3:
+                floats[i], x = t, 1.0
+            elif t.dim() == 0:
+                name = str(t.dtype).replace("torch.", "")
+                x = NUMPY_NAMES[name]() if name in NUMPY_NAMES else x
+        out.append(x)
+    return out, floats
 
 
 def refuse_call(q, kind: str, message: str):
@@ -122,11 +179,11 @@ def check_options(q, k_cache, v_cache, cache_seqlens, block_table, scale, method
     check_bool("return_lse", return_lse)
     if block_table is not None:
         check_tensor("block_table", block_table)
-    if any(not _scale_fits(s) for s in (k_scale, v_scale)):
+    if any(not _scale_fits(s) or _is_int(s) for s in (k_scale, v_scale)):
         quant.check_cache(q, k_cache, v_cache, k_scale, v_scale, block_table is not None, read=False)
     check_lengths_type(cache_seqlens)
     check_num_splits(num_splits, "unified" if method == "unified_max" else method)
-    scale = None if scale is None else check_scale(scale, 1, value=False)
+    scale = None if scale is None else check_scale(scale, 1, value=_is_int(scale))
     check_max_seqlen(max_seqlen)
     check_bool("batch_invariant", batch_invariant)
     check_bool("check_lengths", check_lengths)
@@ -134,6 +191,12 @@ def check_options(q, k_cache, v_cache, cache_seqlens, block_table, scale, method
     scales = tuple(s if isinstance(s, torch.Tensor) else None for s in (k_scale, v_scale)) + \
         tuple(None if s is None or isinstance(s, torch.Tensor) else float(s) for s in (k_scale, v_scale))
     return scale, None if host is not None else cache_seqlens, host, scales
+
+
+def _is_int(s) -> bool:
+    """An int (not a bool): its value is checked while tracing, as the eager call checks it, since the op takes
+    a float (an error would name 0 as 0.0, and an int too large for a float would overflow there)."""
+    return isinstance(s, int) and not isinstance(s, bool)
 
 
 def _scale_fits(s) -> bool:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .validate import FLOAT32_MAX, beyond_float32, fits_float32
+
 KV_DTYPES = (torch.float8_e4m3fn, torch.int8)
 """The 8-bit cache dtypes the kernels read."""
 QMAX = {torch.float8_e4m3fn: 448.0, torch.int8: 127.0}
@@ -68,8 +70,9 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
     :math:`x/\sigma` (a relative 2^-4 for normal values, an absolute :math:`2^{-10}\sigma` below
     :math:`2^{-6}\sigma`), scaled by σ.
 
-    x must be finite: a NaN or an infinity raises ``ValueError`` naming ``x`` and the first such element (an 8-bit
-    cache cannot stand for it: int8 has no NaN, and it would poison its group's scale). Checking costs one read of a
+    x must be finite: a NaN or an infinity (or, in a float64 x, which is quantized through float32, a value beyond
+    float32's range) raises ``ValueError`` naming ``x`` and the first such element (an 8-bit cache cannot stand for
+    it: int8 has no NaN, and it would poison its group's scale). Checking costs one read of a
     flag from x's device (a sync), as the per-tensor scale's read does.
 
     Returns ``scale`` as a Python float for ``"tensor"`` (read back from the device: one sync), a float32
@@ -91,8 +94,11 @@ def quantize_kv(x: torch.Tensor, dtype=torch.float8_e4m3fn, granularity: str = "
     amax = _group_max(x, granularity).float()
     if granularity == "tensor" and not math.isfinite(float(amax)) or \
             granularity != "tensor" and not bool(torch.isfinite(amax).all()):
-        i = (~torch.isfinite(x)).nonzero()[0].tolist()
-        raise ValueError(f"x: expected finite values to quantize, got {x[tuple(i)].item()} at {i}")
+        # a float64 x is quantized through float32: a finite value beyond its range is as bad as an infinity
+        i = (~torch.isfinite(x) | (x.abs() > FLOAT32_MAX)).nonzero()[0].tolist()
+        bad = x[tuple(i)].item()
+        raise ValueError(f"x: expected finite values to quantize, got {bad} at {i}"
+                         + beyond_float32(bad))
     qmax = QMAX[dtype]
     scale = absmax_scale(amax, qmax)
     y = x.to(torch.float32, copy=True)   # never x itself (a float32 x is divided in place below)
@@ -142,14 +148,15 @@ def dequantize_kv(stored: torch.Tensor, scale, dtype=torch.float32) -> torch.Ten
 # ------------------------------------------------------------------------------------------------ checking
 def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False, read: bool = True) -> str:
     """``"tensor"``, ``"head"`` or ``"token"`` for a scale of ``cache`` [.., .., H_kv, D] (checked: type, dtype,
-    device, shape; a float's value; a per-head tensor's values where it is on the host and ``read``). ``name``: the
-    argument, for the error; ``paged``: the cache is a page pool."""
+    device, shape; a float's value, finite and positive as the float32 the kernels take; a per-head tensor's
+    values where it is on the host and ``read``). ``name``: the argument, for the error; ``paged``: the cache is a
+    page pool."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor)):
         raise TypeError(f"{name}: expected a float (per tensor) or a float32 tensor (per KV head or per token), got "
                         f"{type(scale).__name__}")
     if not isinstance(scale, torch.Tensor):
-        if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"{name}: expected a finite positive float, got {scale}")
+        if not fits_float32(scale) or scale <= 0:
+            raise ValueError(f"{name}: expected a finite positive float, got {scale}" + beyond_float32(scale))
         return "tensor"
     H_kv = cache.shape[2]
     token_shape = tuple(cache.shape[:3])

@@ -116,15 +116,33 @@ def check_num_splits(num_splits, method) -> None:
                          f"splits; pass num_splits=None or 1, got {num_splits}")
 
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+"""float32's largest finite value: a float the kernels take (the softmax scale, a per-tensor scale of an 8-bit
+cache) is a float32 there, so a larger Python float would be infinite (Triton even types it float64)."""
+
+
+def fits_float32(x) -> bool:
+    """``x`` (an int or a float) is finite and no larger in magnitude than float32's largest value (an int of
+    any size compares exactly; none is converted to float, where a huge one would overflow)."""
+    return (isinstance(x, int) or math.isfinite(x)) and abs(x) <= FLOAT32_MAX
+
+
+def beyond_float32(x) -> str:
+    """A note for an error on a number ``x`` too large for float32 but not infinite or NaN (empty otherwise)."""
+    big = (isinstance(x, int) or math.isfinite(x)) and abs(x) > FLOAT32_MAX
+    return f" (beyond float32's largest value, {FLOAT32_MAX:g}: the kernels take it as a float32)" if big else ""
+
+
 def check_scale(scale, D: int, value: bool = True) -> float:
-    """The scale to use: 1/√D for None, else a finite float (``value=False``: its type only, as a trace under
-    ``torch.compile`` checks a float that may be symbolic; the op checks the value when it runs)."""
+    """The scale to use: 1/√D for None, else a float finite in float32, as the kernels take it (``value=False``:
+    its type only, as a trace under ``torch.compile`` checks a float that may be symbolic; the op checks the value
+    when it runs)."""
     if scale is None:
         return 1.0 / math.sqrt(D)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-    if value and not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite number, got {scale}")
+    if value and not fits_float32(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale}" + beyond_float32(scale))
     return float(scale)
 
 

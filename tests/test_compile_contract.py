@@ -4,6 +4,7 @@ compiled function never reads the result); 8-bit caches run compiled, their scal
 eager call's bits. Shapes are tiny: the CPU traces once a case."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,6 +20,8 @@ BAD = {   # argument -> the call's keyword arguments (one bad argument each)
     "num_splits=True": dict(num_splits=True),
     "scale=nan": dict(scale=float("nan")),
     "scale=True": dict(scale=True),
+    "scale=10**400": dict(scale=10 ** 400),
+    "k_scale=0 on a 16-bit cache": dict(k_scale=0),
     "return_lse": dict(return_lse=1),
     "batch_invariant": dict(batch_invariant=1),
     "check_lengths": dict(check_lengths="yes"),
@@ -112,6 +115,68 @@ def test_one_compiled_step_takes_new_lengths_in_a_list_and_new_scales(problem):
         assert_same_error(raised(compiled, q, k, v, *args), raised(step, q, k, v, *args))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_inputs_that_require_grad_compile_as_they_run_eagerly(problem, backend):
+    """A q (or a per-head scale) that requires grad, as in a model outside no_grad: the eager call gives out and
+    lse that require none, so the compiled one gives the same bits, not a compiler failure (once AOT autograd's
+    "no autograd formula was registered" for the ops), and a bad argument still raises the eager error."""
+    q, k, v, lens = problem
+    qg = q.clone().requires_grad_()
+
+    def step(q, k, v, lens, **kw):
+        return fdlib.decode_attention(q, k, v, lens, return_lse=True, **kw)
+
+    want = step(qg, k, v, lens)
+    torch._dynamo.reset()
+    got = torch.compile(step, backend=backend, fullgraph=True)(qg, k, v, lens)
+    assert all(torch.equal(a, b) and not a.requires_grad for a, b in zip(got, want))
+    torch._dynamo.reset()
+    bad = torch.compile(lambda *a: step(*a, method="fast"), backend=backend, fullgraph=True)
+    assert_same_error(raised(bad, qg, k, v, lens), raised(lambda *a: step(*a, method="fast"), qg, k, v, lens))
+    q8, k8, v8, lens8, ks, vs = kv8(torch.int8, "head", "token")
+    q8, ks = q8.clone().requires_grad_(), ks.clone().requires_grad_()
+    want = step(q8, k8, v8, lens8, k_scale=ks, v_scale=vs)
+    torch._dynamo.reset()
+    got = torch.compile(lambda *a: step(*a[:4], k_scale=a[4], v_scale=a[5]), backend=backend,
+                        fullgraph=True)(q8, k8, v8, lens8, ks, vs)
+    assert all(torch.equal(a, b) and not a.requires_grad for a, b in zip(got, want))
+
+
+NUMPY_BAD = [dict(scale=np.float32(0.2)), dict(max_seqlen=np.int64(5)), dict(num_splits=np.int64(2)),
+             dict(return_lse=np.bool_(True)), dict(check_lengths=np.bool_(True)),
+             dict(batch_invariant=np.bool_(False)), dict(max_seqlen=np.float64(5)), dict(scale=np.int64(1)),
+             dict(k_scale=np.float64(0.5)), dict(scale=np.array([0.2, 0.3])), dict(scale=np.float64("nan"))]
+
+
+@pytest.mark.parametrize("fullgraph", (False, True))
+def test_numpy_scalars_compile_as_they_run_eagerly(problem, fullgraph):
+    """NumPy scalars, which dynamo traces as arrays: scale=np.float64 (accepted eagerly, a float subclass; 1 /
+    np.sqrt(D) is one) gives the eager bits, 8-bit scales too, where the trace once refused it ("got ndarray");
+    and a NumPy scalar the eager call refuses raises its error, named by its type (once "got ndarray", or dynamo's
+    own Unsupported for return_lse=np.bool_)."""
+    q, k, v, lens = problem
+
+    def step(q, k, v, lens, **kw):
+        return fdlib.decode_attention(q, k, v, lens, **kw)
+
+    for kw in (dict(scale=np.float64(0.2)), dict(scale=1 / np.sqrt(16), return_lse=True)):
+        torch._dynamo.reset()
+        got = torch.compile(lambda *a: step(*a, **kw), backend="aot_eager", fullgraph=fullgraph)(q, k, v, lens)
+        want = step(q, k, v, lens, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)) if isinstance(want, tuple) else \
+            torch.equal(got, want)
+    q8, k8, v8, lens8, ks, vs = kv8(torch.float8_e4m3fn, "tensor", "tensor")
+    torch._dynamo.reset()
+    scales = dict(k_scale=np.float64(ks), v_scale=np.float64(vs), scale=np.float64(0.3))
+    got = torch.compile(lambda *a: step(*a, **scales), backend="aot_eager", fullgraph=fullgraph)(q8, k8, v8, lens8)
+    assert torch.equal(got, step(q8, k8, v8, lens8, **scales))
+    for kw in NUMPY_BAD:
+        want = raised(lambda *a: step(*a, **kw), q, k, v, lens)
+        torch._dynamo.reset()
+        got = raised(torch.compile(lambda *a: step(*a, **kw), backend="aot_eager", fullgraph=fullgraph), q, k, v, lens)
+        assert_same_error(got, want)
+
+
 # ------------------------------------------------------------------------------------------ 8-bit caches
 def kv8(kv_dtype, k_gran, v_gran, seed=7):
     q, k, v, lens = make_problem(2, 32, 4, 2, 16, torch.float32, seed=seed, lens=[32, 9])
@@ -166,7 +231,11 @@ def test_compiled_8bit_errors_are_the_eager_ones(fullgraph):
     cases = [dict(k_scale=None, v_scale=vs), dict(k_scale=ks, v_scale=-2.0), dict(k_scale=ks, v_scale="s"),
              dict(k_scale=True, v_scale=vs), dict(k_scale=bad_head, v_scale=vs, check_lengths=True),
              dict(k_scale=ks.double(), v_scale=vs), dict(k_scale=ks, v_scale=vs, method="unified_max"),
-             dict(k_scale=ks[:1], v_scale=vs)]
+             dict(k_scale=ks[:1], v_scale=vs), dict(k_scale=ks, v_scale=1e39),
+             # ints: named as ints (the op takes a float: "got 0.0" for 0), and one too large for a float (once
+             # dynamo's internal OverflowError)
+             dict(k_scale=ks, v_scale=0), dict(k_scale=ks, v_scale=-2), dict(k_scale=ks, v_scale=10 ** 400),
+             dict(k_scale=ks, v_scale=vs, scale=10 ** 400), dict(k_scale=ks, v_scale=vs, scale=2 ** 130)]
     if bad_head.device.type == "cpu":   # a per-head scale's values are read unasked only on the host (no sync)
         cases.append(dict(k_scale=bad_head, v_scale=vs))
     for kw in cases:

@@ -225,6 +225,20 @@ def prompted_pair(model, max_cache_len, page_size, seed, device="cpu", dtype=tor
 
 
 @interpreter
+def test_compiled_decode_step_outside_no_grad_runs_as_eagerly(model):
+    """A decode step run outside ``torch.no_grad()`` (its q requires grad, from the weights) compiles and gives
+    the eager step's logits; it once failed in AOT autograd ("no autograd formula was registered" for the
+    decode op), where the eager step runs."""
+    caches, step = prompted_pair(model, 24, None, seed=9)
+    torch._dynamo.reset()
+    tok, pos = torch.tensor([[5], [9]]), torch.full((2, 1), 17)
+    want = step(caches[0], tok, pos)
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(caches[1], tok, pos)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(caches[0].lengths, caches[1].lengths)
+
+
+@interpreter
 @pytest.mark.parametrize("page_size", [None, 4])
 def test_compiled_decode_step_matches_eager_without_recompiling(model, page_size):
     """The decode step compiles with fullgraph=True (no graph break; aot_eager keeps the CPU test quick and runs

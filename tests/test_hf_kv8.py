@@ -162,11 +162,25 @@ def test_reset_calibrates_again_and_bad_arguments_are_named():
                           (dict(kv_dtype=torch.int8, granularity="head", k_scale=-1.0, v_scale=1.0), ValueError,
                            "finite and positive"),
                           (dict(kv_dtype=torch.int8, granularity="head", k_scale=[0.1, 0.1, 0.1], v_scale=0.1),
-                           ValueError, "one a layer")]:
+                           ValueError, "one a layer"),
+                          (dict(kv_dtype=torch.int8, granularity="head", k_scale=0.1, v_scale=10 ** 400), ValueError,
+                           "^v_scale: scales must be finite and positive")]:
         with pytest.raises(err, match=what):
             DecodeCache(cfg, 1, 16, dtype=torch.float16, **kw)
     with pytest.raises(TypeError, match="float16 or bfloat16 model"):
         DecodeCache(cfg, 1, 16, dtype=torch.float32, kv_dtype=torch.int8)
+
+
+@pytest.mark.parametrize("bad,got", [("0.1", "str"), (True, "bool"), ({"k": 0.1}, "dict"), (1 + 1j, "complex"),
+                                     (torch.ones(2, dtype=torch.bool), "a bool tensor"), ([0.1, "x"], "str")])
+def test_fixed_scales_of_a_wrong_type_are_named(bad, got):
+    """A fixed scale (or one of a per-layer list) that is no float or float tensor raises TypeError naming the
+    argument and what came (once torch's own "must be real number, not dict" or "invalid data type 'str'", and
+    True was taken as 1.0, which fdlib.decode_attention refuses)."""
+    with pytest.raises(TypeError, match=rf"^k_scale: expected a float or a float32 tensor \[H_kv\] \(or a list of "
+                                        rf"those, one a layer\), got {got}$"):
+        DecodeCache(tiny_config(), 1, 16, dtype=torch.float16, kv_dtype=torch.int8, granularity="head",
+                    k_scale=bad, v_scale=0.1)
 
 
 def snapshot(cache):
@@ -196,6 +210,64 @@ def assert_same(got, want, where="cache"):
             assert_same(a, b, f"{where}[{i}]")
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"
+
+
+class _Module:   # what HF's SDPA reads of an attention module
+    num_key_value_groups, is_causal, training = 2, True, False
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.int8])
+def test_a_later_prefill_chunk_reads_small_values_at_float16_precision(kv_dtype):
+    """A prefill chunk on a cache that holds tokens attends the cache dequantized to the model's dtype: in
+    float16, values of 5e-4 (scales below float16's normal range) must come out as precise as float16 allows,
+    as the decode kernels read them (the scale was once cast to float16 before the product: several times the
+    tolerance off)."""
+    from fdlib.hf.attention import fdlib_attention_forward
+    g = torch.Generator().manual_seed(1)
+    cache = DecodeCache(tiny_config(num_hidden_layers=1), 1, 64, dtype=torch.float16, kv_dtype=kv_dtype,
+                        granularity="token")
+    for T in (5, 20):   # a first chunk, then one of more than 16 tokens: the prefill path over the cache
+        q = torch.randn(1, 4, T, D, generator=g).half()
+        k, v = (torch.randn(1, H_KV, T, D, generator=g) * 5e-4 for _ in range(2))
+        out = fdlib_attention_forward(_Module(), q, *cache.update(k.half(), v.half(), 0), None)[0]
+    layer = cache.layers[0]
+    kd, vd = (dequantize_kv(t[:1, :25], s[:1, :25], torch.float64) for t, s in ((layer.keys, layer.k_scale),
+                                                                                (layer.values, layer.v_scale)))
+    for t in range(20):   # query t of the chunk sees keys 0 .. 5 + t
+        want, _ = fdlib.reference_attention(q[:, :, t], kd, vd, torch.tensor([6 + t], dtype=torch.int32))
+        assert row_rel_err(out[:, t].float(), want).max().item() <= OUT_RTOL[torch.float16], t
+
+
+@pytest.mark.parametrize("page_size", [None, 4])
+@pytest.mark.parametrize("kv_dtype,granularity", [(torch.int8, "head"), (torch.float8_e4m3fn, "token")])
+def test_a_query_that_does_not_fit_is_refused_before_anything_moves(kv_dtype, granularity, page_size):
+    """The "fdlib" attention checks the query (heads and head dim of the cache's config, the keys' batch and
+    tokens, the cache's dtype) before a step begins: a query that does not fit once moved the lengths and wrote
+    K/V before the plan refused it, or (a batch or token count other than the keys') ran on silently, the 8-bit
+    append writing one sequence's token into another's slot."""
+    from fdlib.hf.attention import fdlib_attention_forward
+    g = torch.Generator().manual_seed(8)
+    cache = DecodeCache(tiny_config(), 2, 16, dtype=torch.float16, page_size=page_size, kv_dtype=kv_dtype,
+                        granularity=granularity)
+
+    def layers(q, k, v):
+        for i in range(LAYERS):
+            fdlib_attention_forward(_Module(), q, *cache.update(k, v, i), None)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).half()
+
+    layers(r(2, 4, 5, D), r(2, H_KV, 5, D), r(2, H_KV, 5, D))   # a prompt
+    for q, what in ((r(2, 8, 1, D), r"\[2, 8, 1, 16\]"), (r(2, 4, 1, 32), r"\[2, 4, 1, 32\]"),
+                    (r(1, 4, 1, D), r"\[1, 4, 1, 16\]"), (r(2, 4, 2, D), r"\[2, 4, 2, 16\]"),
+                    (r(2, 4, 1, D).float(), "torch.float32")):
+        before = snapshot(cache)
+        with pytest.raises((ValueError, TypeError), match=rf"^query: expected .*got {what}"):
+            layers(q, r(2, H_KV, 1, D), r(2, H_KV, 1, D))
+        cache._awaiting = None   # the refused layer's update (HF raises out of the forward)
+        assert_same(snapshot(cache), before)
+    layers(r(2, 4, 1, D), r(2, H_KV, 1, D), r(2, H_KV, 1, D))
+    assert cache.lengths.tolist() == [6, 6]
 
 
 @pytest.mark.parametrize("fullgraph", [False, True])

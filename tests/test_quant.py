@@ -174,6 +174,25 @@ def test_per_token_scales_are_read_at_each_key_and_head():
                       q, kd2, vd, lens, what="one key's scale x4")
 
 
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=["e4m3", "int8"])
+def test_per_token_v_scales_far_apart_keep_float16_precision(kv_dtype):
+    """Per-token V scales 10^6 apart within one tile, the largest on a key of tiny weight (a token with outlier V
+    that the query barely attends): the 16-bit weights of the product with V must not fall below float16's
+    normal range. They were p·σ_V/max σ_V, about 10^-7 here, 6% off; each row's weights now share its largest."""
+    g = torch.Generator().manual_seed(0)
+    B, L, H_kv, H_q, D = 1, 32, 1, 2, 64
+    q = torch.randn(B, H_q, D, generator=g)
+    k = torch.randn(B, L, H_kv, D, generator=g)
+    v = torch.randn(B, L, H_kv, D, generator=g) * 1e-2
+    v[0, 5] *= 1e6
+    k[0, 5] = -15 * q[0, 0] / q[0, 0].norm()
+    (k8, ks), (v8, vs) = quant.quantize_kv(k, kv_dtype, "token"), quant.quantize_kv(v, kv_dtype, "token")
+    kd, vd = quant.dequantize_kv(k8, ks, torch.float64), quant.dequantize_kv(v8, vs, torch.float64)
+    q, lens = q.half().to(DEVICE), torch.tensor([L], dtype=torch.int32, device=DEVICE)
+    args = [t.to(DEVICE) for t in (k8, v8, ks, vs)]
+    check_every_method(q, args[0], args[1], args[2], args[3], kd, vd, lens, None, what=f"{kv_dtype} V scales 1e6 apart")
+
+
 # ------------------------------------------------------------------------------------------ quantize_kv
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=["e4m3", "int8"])
 @pytest.mark.parametrize("gran", GRANS)
@@ -258,6 +277,17 @@ def test_quantize_kv_refuses_a_nan_or_inf_naming_x(kv_dtype, gran, x_dtype, bad)
         quant.quantize_kv(x, kv_dtype, gran)
 
 
+@pytest.mark.parametrize("gran", GRANS)
+def test_quantize_kv_refuses_a_float64_value_beyond_float32_naming_x(gran):
+    """A float64 x is quantized through float32: a finite value beyond float32's range (once an IndexError from
+    the search for a non-finite element) raises ValueError naming x, the value and its index."""
+    x = torch.randn(2, 4, 3, 8, dtype=torch.float64)
+    x[1, 2, 0, 5] = -1e300
+    with pytest.raises(ValueError, match=r"^x: expected finite values to quantize, got -1e\+300 at \[1, 2, 0, 5\] "
+                                         r"\(beyond float32's largest value"):
+        quant.quantize_kv(x, torch.int8, gran)
+
+
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES, ids=["e4m3", "int8"])
 @pytest.mark.parametrize("gran", GRANS)
 @pytest.mark.parametrize("shape", [(0, 4, 2, 8), (2, 0, 2, 8), (2, 4, 0, 8), (2, 4, 2, 0), (0, 0)])
@@ -307,9 +337,17 @@ BAD_SCALES = [
     ("wrong shape", dict(v_scale=torch.ones(3)), ValueError,
      r"v_scale: expected a float \(per tensor\), a float32 tensor \[H_kv\] = \[2\] \(per KV head\) or \[B, L_max, "
      r"H_kv\] = \[2, 8, 2\] \(per token and KV head: the cache's shape without D\), got shape \[3\]"),
-    ("NaN float", dict(k_scale=float("nan")), ValueError, r"k_scale: expected a finite positive float, got nan"),
-    ("negative float", dict(v_scale=-1.0), ValueError, r"v_scale: expected a finite positive float, got -1.0"),
-    ("inf float", dict(v_scale=float("inf")), ValueError, r"v_scale: expected a finite positive float, got inf"),
+    ("NaN float", dict(k_scale=float("nan")), ValueError, r"k_scale: expected a finite positive float, got nan$"),
+    ("negative float", dict(v_scale=-1.0), ValueError, r"v_scale: expected a finite positive float, got -1.0$"),
+    ("inf float", dict(v_scale=float("inf")), ValueError, r"v_scale: expected a finite positive float, got inf$"),
+    # finite as a Python float, but not as the float32 the kernels take: once NaN or inf out, or Triton's fp64
+    ("float beyond float32", dict(k_scale=1e39), ValueError,
+     r"k_scale: expected a finite positive float, got 1e\+39 \(beyond float32's largest value, 3.40282e\+38: the "
+     r"kernels take it as a float32\)"),
+    ("int beyond float", dict(v_scale=10 ** 400), ValueError,   # once OverflowError, naming nothing
+     r"v_scale: expected a finite positive float, got 1000\d+ \(beyond float32's largest value"),
+    ("v float beyond float32", dict(v_scale=4e38), ValueError,
+     r"v_scale: expected a finite positive float, got 4e\+38 \(beyond float32's largest value"),
     ("NaN head", dict(k_scale=torch.tensor([1.0, float("nan")])), ValueError,
      r"k_scale: per-head scales must be finite and positive, got nan at KV head 1"),
     ("zero head", dict(v_scale=torch.tensor([0.0, 1.0])), ValueError,

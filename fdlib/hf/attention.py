@@ -103,6 +103,7 @@ def fdlib_attention_forward(module, query, key, value, attention_mask, dropout: 
     ACTIVE.cache = None   # taken: the next layer's update hands it again, and a dropped cache is freed
     if cache.kv8 is not None and torch.compiler.is_compiling():   # refused when it runs, before anything moves
         return cache.refused_step(query), None
+    cache.check_query(query, key)   # before the step begins: a refused query moves nothing
     B = key.shape[0]
     if layer_idx == 0:
         step = cache.begin_step(B, T, attention_mask)

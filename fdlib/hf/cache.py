@@ -383,6 +383,20 @@ class DecodeCache(Cache):
             raise ValueError(f"max_batch_size: this cache holds at most {self.max_batch_size} sequences, the batch "
                              f"has {k.shape[0]}")
 
+    def check_query(self, query: torch.Tensor, key: torch.Tensor) -> None:
+        """A step's query ``[B, H_q, T, D]`` against the cache (H_q, D, dtype, device) and the keys it came with
+        (B, T), by metadata only: checked before the step begins, since decode would refuse it (or, a batch or a
+        token count other than the keys', run on it) only after the step has moved the lengths and written K/V."""
+        want = [key.shape[0], self.H_q, key.shape[2], self.D]
+        if query.dim() != 4 or list(query.shape) != want:
+            raise ValueError(f"query: expected [B={want[0]}, H_q={self.H_q}, T={want[2]}, D={self.D}] (the keys' "
+                             f"batch and tokens, the cache's heads and head dim), got {list(query.shape)}")
+        if query.dtype != self.dtype:
+            raise TypeError(f"query: expected {self.dtype} (the cache's dtype), got {query.dtype}")
+        if query.device != self.device:
+            raise ValueError(f"query: expected a tensor on the cache's device ({self.device}), got one on "
+                             f"{query.device}")
+
     def _real_tokens(self, B: int, T: int, padding_mask, seen: int | None) -> torch.Tensor | None:
         """Which of the step's T tokens are real (bool ``[B, T]``: the last T columns of HF's 2D mask), or None
         when all are. Eagerly (``seen``: HF's columns before the step) the mask must have ``seen + T`` columns,

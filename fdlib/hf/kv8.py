@@ -18,6 +18,8 @@ their scales (:mod:`fdlib.quant`), quantized as they are written (:mod:`fdlib.hf
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ..quant import GRANULARITIES, KV_DTYPES, QMAX, absmax_scale, dequantize_kv
@@ -91,8 +93,11 @@ class KV8:
         return layer.k_scale[:B], layer.v_scale[:B]
 
     def dequantized(self, stored: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
-        """``stored`` ``[B, n, H_kv, D]`` times its scales (``[B, n, H_kv]`` per token, else ``[H_kv]``)."""
-        return dequantize_kv(stored, scale, dtype=dtype)
+        """``stored`` ``[B, n, H_kv, D]`` times its scales (``[B, n, H_kv]`` per token, else ``[H_kv]``), in
+        ``dtype``: multiplied in float32 (the scale as it is kept, as the decode kernels apply it), then rounded
+        once: a scale cast to float16 first would lose bits below its normal range 2^-14 (a token or head whose
+        max|x| lies below 2^-14 q_max: about 0.027 for e4m3, 0.0078 for int8), or become 0."""
+        return dequantize_kv(stored, scale, dtype=torch.float32).to(dtype)
 
 
 def _per_layer(name, s, granularity, n_layers, H_kv) -> list:
@@ -102,7 +107,11 @@ def _per_layer(name, s, granularity, n_layers, H_kv) -> list:
         raise ValueError(f"{name}: expected one scale or a list of {n_layers} (one a layer), got {len(items)}")
     out = []
     for x in items:
-        t = torch.as_tensor(x, dtype=torch.float32).detach().cpu().reshape(-1)
+        _check_type(name, x, granularity)
+        try:
+            t = torch.as_tensor(x, dtype=torch.float32).detach().cpu().reshape(-1)
+        except OverflowError:   # an int beyond float: refused below as infinite
+            t = torch.full((1,), float("inf"))
         if t.numel() not in ((1,) if granularity == "tensor" else (1, H_kv)):
             want = "a float" if granularity == "tensor" else f"a float or a float32 tensor [H_kv] = [{H_kv}]"
             raise ValueError(f"{name}: expected {want} (granularity={granularity!r}), got {x!r}")
@@ -110,3 +119,18 @@ def _per_layer(name, s, granularity, n_layers, H_kv) -> list:
             raise ValueError(f"{name}: scales must be finite and positive, got {t.tolist()}")
         out.append(t)
     return out
+
+
+def _check_type(name, x, granularity) -> None:
+    """One layer's fixed scale: a real number (not a bool, as fdlib's scales), or a floating tensor or NumPy
+    array."""
+    if isinstance(x, torch.Tensor):
+        ok = x.is_floating_point()
+        got = f"a {str(x.dtype).replace('torch.', '')} tensor"
+    else:
+        ok = isinstance(x, numbers.Real) and not isinstance(x, bool) or \
+            type(x).__name__ == "ndarray" and getattr(x.dtype, "kind", None) == "f"
+        got = type(x).__name__
+    if not ok:
+        want = "a float" if granularity == "tensor" else "a float or a float32 tensor [H_kv]"
+        raise TypeError(f"{name}: expected {want} (or a list of those, one a layer), got {got}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..compiled import no_gradient
 from .cache import CACHES
 
 
@@ -27,3 +28,6 @@ def hf_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, len
 def _(q, k_cache, v_cache, lengths, block_table, cache_key, scale):
     """Shapes only: a contiguous out of q's shape and dtype."""
     return q.new_empty(q.shape)
+
+
+no_gradient(hf_decode)   # a model run outside no_grad: its q requires grad, as eagerly

@@ -66,8 +66,9 @@ def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr, k_s
     ``k_scale``, ``v_scale`` [N]: an 8-bit cache's per-token scales of the tile's keys (:mod:`fdlib.quant`; None:
     none): :math:`s_{gj} \mathrel{*}= \sigma_{K,j}` (column j of the logits), and :math:`p_{gj} \sigma_{V,j}` enters Õ
     while ℓ sums :math:`p_{gj}` (the weights of the product with V, scaled before it). The 16-bit weights are
-    :math:`p_{gj} \sigma_{V,j} / \max_j \sigma_{V,j} \in [0, 1]` and the product is multiplied by
-    :math:`\max_j \sigma_{V,j}` in float32, so no scale under- or overflows a 16-bit operand. k and v are then the
+    :math:`w_{gj} / \max_j w_{gj} \in [0, 1]`, :math:`w_{gj} = p_{gj} \sigma_{V,j}`, and row g of the product is
+    multiplied by :math:`\max_j w_{gj}` in float32, so no weight overflows a 16-bit operand and the largest is 1:
+    none that matters sinks below the 16-bit normal range, however far apart the scales. k and v are then the
     stored values in q's dtype (:func:`cache_update`).
     """
     if FP32_DOT:
@@ -87,10 +88,12 @@ def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr, k_s
         pv = tl.dot(w, v.to(tl.float32), input_precision="ieee")
     elif v_scale is None:
         pv = tl.dot(p.to(v.dtype), v)
-    else:   # weights p·s_V/max s_V lie in [0, 1], so the 16-bit operand cannot overflow or lose the scale
-        v_top = tl.max(v_scale, 0)
-        v_top = tl.where(v_top > 0, v_top, 1.0)
-        pv = tl.dot((p * (v_scale / v_top)[None, :]).to(v.dtype), v) * v_top
+    else:   # each row's weights p·s_V over their largest lie in [0, 1], the largest 1: the 16-bit operand can
+        # neither overflow nor sink below its normal range (over max s_V alone, scales 10^5 apart did)
+        w = p * v_scale[None, :]
+        w_top = tl.max(w, 1)
+        w_top = tl.where(w_top > 0, w_top, 1.0)
+        pv = tl.dot((w * (1.0 / w_top)[:, None]).to(v.dtype), v) * w_top[:, None]
     acc = acc * alpha[:, None] + pv
     return m_new, l, acc
 
