@@ -67,9 +67,10 @@ def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr, k_s
     none): :math:`s_{gj} \mathrel{*}= \sigma_{K,j}` (column j of the logits), and :math:`p_{gj} \sigma_{V,j}` enters Õ
     while ℓ sums :math:`p_{gj}` (the weights of the product with V, scaled before it). The 16-bit weights are
     :math:`w_{gj} / \max_j w_{gj} \in [0, 1]`, :math:`w_{gj} = p_{gj} \sigma_{V,j}`, and row g of the product is
-    multiplied by :math:`\max_j w_{gj}` in float32, so no weight overflows a 16-bit operand and the largest is 1:
-    none that matters sinks below the 16-bit normal range, however far apart the scales. k and v are then the
-    stored values in q's dtype (:func:`cache_update`).
+    multiplied by :math:`\max_j w_{gj}` in float32, so no weight overflows a float16 operand and the largest is 1:
+    none that matters sinks below float16's normal range, however far apart the scales. A bfloat16 operand has
+    float32's range, and its weights are :math:`p_{gj} \sigma_{V,j} / \max_j \sigma_{V,j}` (no reduction a row).
+    k and v are then the stored values in q's dtype (:func:`cache_update`).
     """
     if FP32_DOT:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -88,12 +89,17 @@ def tile_update(q, k, v, valid, m, l, acc, qk_scale, FP32_DOT: tl.constexpr, k_s
         pv = tl.dot(w, v.to(tl.float32), input_precision="ieee")
     elif v_scale is None:
         pv = tl.dot(p.to(v.dtype), v)
-    else:   # each row's weights p·s_V over their largest lie in [0, 1], the largest 1: the 16-bit operand can
-        # neither overflow nor sink below its normal range (over max s_V alone, scales 10^5 apart did)
+    elif v.dtype == tl.float16:   # each row's weights p·s_V over their largest lie in [0, 1], the largest 1: the
+        # float16 operand can neither overflow nor sink below its normal range (over max s_V alone, scales 10^5
+        # apart did); a row reduction a tile
         w = p * v_scale[None, :]
         w_top = tl.max(w, 1)
         w_top = tl.where(w_top > 0, w_top, 1.0)
         pv = tl.dot((w * (1.0 / w_top)[:, None]).to(v.dtype), v) * w_top[:, None]
+    else:   # bfloat16 has float32's range: weights p·s_V/max s_V in [0, 1] neither overflow nor sink
+        v_top = tl.max(v_scale, 0)
+        v_top = tl.where(v_top > 0, v_top, 1.0)
+        pv = tl.dot((p * (v_scale / v_top)[None, :]).to(v.dtype), v) * v_top
     acc = acc * alpha[:, None] + pv
     return m_new, l, acc
 
