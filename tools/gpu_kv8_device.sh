@@ -11,7 +11,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-FILES="test_hf test_hf_kv8 test_unified_max test_compile_contract test_gpu test_edges test_streamk" \
+FILES="test_hf test_hf_kv8 test_unified_max test_compile_contract test_gpu test_edges test_streamk test_quant test_quant_range test_validation" \
   bash "$(dirname "$0")/gpu_suite.sh" "$OUT" 200 14
 start_run "$OUT" kv8dev
 CASES=8:32:8:zipf:32768:0,32:32:8:uniform:8192:0,128:32:8:zipf:1024:0,8:32:8:zipf:32768:16,32:32:8:uniform:8192:16,128:32:8:zipf:1024:16
