@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call of about 8 minutes: first the library's tests that only a GPU ran red (tools/gpu_suite.sh on fdlib.hf,
-# the 8-bit cache, unified-max, torch.compile, the persistent choice, the edges, stream-K), with their tracebacks;
+# the 8-bit cache, unified-max, torch.compile, the persistent choice, the edges, stream-K, and the 8-bit checks
+# changed since), with their tracebacks;
 # then whether an 8-bit cache without host lengths may take stream-K as a 16-bit one does
 # (fdlib.plan.device_schedule_suits keeps 8-bit caches on the plan for L_cap: never timed): tools/ab_ragged.py on
 # ragged batches, contiguous and pages of 16, e4m3 per token and int8 per head, methods auto (host lengths),
