@@ -143,6 +143,31 @@ def test_the_fused_append_is_quantize_kv_bit_for_bit_tiny_tokens_too(kv_dtype):
         assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
 
 
+@pytest.mark.parametrize("granularity", ["head", "tensor"])
+def test_a_nan_in_one_prompt_does_not_poison_the_calibrated_scales(granularity):
+    """Calibrated per-head or per-tensor scales come from the prompt's finite values only: a NaN (or an infinity)
+    in sequence 1's K and V leaves the scales those of the same prompt with those values zero, and sequence 0
+    stored as it is there; the scales once became NaN or infinite, and every sequence's output NaN with them."""
+    g = torch.Generator().manual_seed(71)
+    k = torch.randn(2, H_KV, 5, D, generator=g).half()
+    v = torch.randn(2, H_KV, 5, D, generator=g).half()
+    k[1, 0, 2, 3], v[1, 1, 4, 0] = float("nan"), float("inf")
+    k_clean = k.clone()
+    k_clean[1, 0, 2, 3], v_clean = 0.0, v.clone()
+    v_clean[1, 1, 4, 0] = 0.0
+    want = DecodeCache(tiny_config(), 2, 16, dtype=torch.float16, kv_dtype=torch.float8_e4m3fn,
+                       granularity=granularity)
+    step(want, k_clean, v_clean)
+    cache = DecodeCache(tiny_config(), 2, 16, dtype=torch.float16, kv_dtype=torch.float8_e4m3fn,
+                        granularity=granularity)
+    step(cache, k, v)
+    for layer in range(LAYERS):
+        got, ref = cache.layers[layer], want.layers[layer]
+        assert torch.isfinite(got.k_scale).all() and torch.isfinite(got.v_scale).all(), granularity
+        assert torch.equal(got.k_scale, ref.k_scale) and torch.equal(got.v_scale, ref.v_scale)
+        assert torch.equal(raw(cache, layer, "keys")[0][0], raw(want, layer, "keys")[0][0])   # sequence 0 as clean
+
+
 def test_reset_calibrates_again_and_bad_arguments_are_named():
     g = torch.Generator().manual_seed(3)
     cache = DecodeCache(tiny_config(), 1, 16, dtype=torch.float16, kv_dtype=torch.int8, granularity="head")

@@ -73,10 +73,13 @@ class KV8:
             layer.k_host, layer.v_host = float(layer.k_scale[0]), float(layer.v_scale[0])
 
     def calibrate(self, layer, k: torch.Tensor, v: torch.Tensor, real: torch.Tensor | None) -> None:
-        """Set ``layer``'s fixed scales from a first step's K/V ``[B, H_kv, T, D]`` (pad tokens excluded)."""
+        """Set ``layer``'s fixed scales from a first step's K/V ``[B, H_kv, T, D]`` (pad tokens excluded, and values
+        that are not finite: a NaN or infinity in one sequence's K or V would make the shared scale NaN or infinite
+        and every sequence's output NaN, where a 16-bit cache keeps it to that sequence)."""
         qmax = QMAX[self.dtype]
         for x, s in ((k, layer.k_scale), (v, layer.v_scale)):
             a = x.abs()
+            a = a.masked_fill(~torch.isfinite(a), 0)
             if real is not None:
                 a = a.masked_fill(~real[:, None, :, None], 0)
             amax = (a.amax((0, 2, 3)) if self.granularity == "head" else a.amax().expand(s.shape[0])).float()
