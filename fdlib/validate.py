@@ -129,7 +129,7 @@ def fits_float32(x) -> bool:
 
 def beyond_float32(x) -> str:
     """A note for an error on a number ``x`` too large for float32 but not infinite or NaN (empty otherwise)."""
-    big = (isinstance(x, int) or math.isfinite(x)) and abs(x) > FLOAT32_MAX
+    big = (isinstance(x, int) or math.isfinite(x)) and not fits_float32(x)
     return f" (beyond float32's largest value, {FLOAT32_MAX:g}: the kernels take it as a float32)" if big else ""
 
 
