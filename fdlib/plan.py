@@ -550,7 +550,7 @@ class DecodePlan:
                     f"{str(self.dtype)[6:]} on {self.device}; workspace {self.workspace.nbytes()} bytes")
         if d.invariant:
             walk = (f", {d.programs} programs walking the rows" if d.kernel == "persistent" else
-                    f", {d.per_program} chunk(s) a program")
+                    f", {d.per_program} chunk(s) a program" + (", rows launched longest first" if d.order else ""))
             kind = "," if d.kernel == "invariant" else ", batch-invariant:"
             return (f"DecodePlan: {d.kernel} kernel{kind} rows cut by their own lengths into <= {d.splits} chunk(s) "
                     f"({d.chunk}-key chunks for L_max){walk}{tile}; B={self.B}, "

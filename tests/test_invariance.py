@@ -216,6 +216,7 @@ def test_rows_launched_longest_first_never_change_the_bits(page, monkeypatch):
     assert plain.decision.order == 0 and ordered.decision.order == 16 and ordered.kernel == "invariant", \
         (plain.decision, ordered.decision)
     assert ordered.decision.per_program >= ordered.decision.splits
+    assert "rows launched longest first" in str(ordered) and "longest first" not in str(plain)
     everyone = torch.arange(9)
     for idx in (everyone, everyone.flip(0), torch.tensor([4, 0, 8, 2]), torch.tensor([3])):
         want = run(plain, idx)
