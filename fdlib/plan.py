@@ -119,14 +119,19 @@ one program a row leaves the longest row alone at the end, and changed no other 
 but on equal rows it cost up to 1.07x (B=16 32:8 rows of 8192 keys: 0.99x auto's time at one wave, 1.07x at two;
 B=4: 1.05x, 1.10x). The schedule never changes a bit of the results (only who computes which chunks), so the
 environment variable ``FDLIB_INVARIANT_WAVES`` sets it at import for A/B runs of whole benchmarks."""
-INVARIANT_ORDER = int(os.environ.get("FDLIB_INVARIANT_ORDER", "0"))
-"""1: a batch-invariant plan of one program a row (:func:`invariant_decision`, ``per_program`` = every chunk) of
-2..LONGEST_FIRST_MAX_BATCH sequences launches its rows longest first, ordered on the device from the lengths of each
-call (:func:`fdlib.kernels.tile.longest_first`, as the unified kernel's ``longest_first``), so that the SMs take
-the longest rows first and end on the shortest (greedy longest-first list scheduling). It changes who computes a
-row and when, never a sum: the bits are the same. 0 (today's default): b order; not yet timed on a GPU, where the
-rows of such batches end unevenly (``results/h100/gpu-check/waves/``: B=32 32:8 rows of 1..32768 keys took 1.24x
-the host plan, 77% of the read ceiling). ``FDLIB_INVARIANT_ORDER`` sets it at import, for A/B runs."""
+INVARIANT_ORDER = int(os.environ.get("FDLIB_INVARIANT_ORDER", "1"))
+"""1 (the default): a batch-invariant plan of one program a row (:func:`invariant_decision`, ``per_program`` = every
+chunk) of 2..LONGEST_FIRST_MAX_BATCH sequences, with more rows than SMs (B·H_kv > SMs), launches its rows longest
+first, ordered on the device from the lengths of each call (:func:`fdlib.kernels.tile.longest_first`, as the
+unified kernel's ``longest_first``), so that the SMs take the longest rows first and end on the shortest (greedy
+longest-first list scheduling). It changes who computes a row and when, never a sum: the bits are the same. With
+no more rows than SMs every row starts at once and b order is kept. 0: b order always.
+On an H100 (``results/h100/invariant-order/``, bf16, graph µs over the host-lengths plan, the read ceiling in the
+same run), the serving batches, contiguous / pages of 16, b order → longest first: B=32 32:8 rows of 1..32768
+keys 1.24x → 1.00x / 1.25x → 1.20x; B=128 lognormal 1.37x → 0.95x / 1.51x → 1.31x; B=48 64:8 1.11x → 0.99x /
+1.17x → 1.03x; B=256 unchanged (1.01-1.02x); but B=24 28:4 (96 rows on 132 SMs) 1.46x → 1.71x / 2.13x → 2.20x,
+hence the rows-over-SMs condition. The dense shapes of B 16-64 32:8 moved within the run's noise (3%).
+``FDLIB_INVARIANT_ORDER`` sets it at import, for A/B runs."""
 ONE_CHUNK_KEYS = 2048
 """A batch-invariant plan of several programs a row whose chunks have at least this many keys gives each program
 one chunk (the ONE_CHUNK kernel, no chunk-end work in its loop) rather than about one wave of programs. On an
@@ -207,7 +212,7 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
         per_program = 1
     else:
         per_program = -(-n_cap // want)
-    order = (longest_first_order(B) if INVARIANT_ORDER and per_program >= n_max
+    order = (longest_first_order(B) if INVARIANT_ORDER and per_program >= n_max and B * H_kv > sms
              and 2 <= B <= LONGEST_FIRST_MAX_BATCH else 0)
     return Decision("invariant", n_max, chunk, tile, L_cap, "batch-invariant: chunks by each row's length",
                     invariant=True, per_program=per_program, order=order)
@@ -219,9 +224,10 @@ they are known) takes the stream-K plan where :func:`device_schedule_suits`; 0: 
 environment variable ``FDLIB_DEVICE_SCHEDULE`` sets it at import (for A/B runs of whole benchmarks)."""
 
 
-def device_schedule_suits(B: int, dtype, q_len: int = 1) -> bool:
+def device_schedule_suits(B: int, q_len: int = 1) -> bool:
     r"""Whether ``auto`` made without host lengths takes stream-K (:data:`DEVICE_SCHEDULE`): at least two
-    sequences (at most :data:`fdlib.kernels.streamk.MAX_BATCH`), one query token, 16- or 32-bit K/V.
+    sequences (at most :data:`fdlib.kernels.streamk.MAX_BATCH`) and one query token, K/V of any dtype (16- and
+    32-bit, or an 8-bit cache).
 
     Stream-K's launch depends on the shapes alone (H_kv·P_h programs,
     :func:`~fdlib.kernels.streamk.streamk_programs`): every program reads the B lengths on the device and takes its
@@ -232,11 +238,12 @@ def device_schedule_suits(B: int, dtype, q_len: int = 1) -> bool:
     ``serving-streamk.md``), where the plan for L_cap took up to 2.67x; with this rule the default call took
     0.99-1.01x on all seven batches (91-95%, ``landed/``); on equal rows, where the host plan runs the unified or
     the persistent kernel, 1.02-1.07x, and 1.00-1.03x since a share inside one row runs the unified kernel's loop
-    (``results/h100/streamk-lean/final/``). One sequence keeps the plan for L_cap (its splits: exact for a full
-    row); an 8-bit cache's stream-K and several query tokens have not been timed without lengths, and keep it
-    too."""
-    return (bool(DEVICE_SCHEDULE) and 2 <= B <= STREAMK_MAX_BATCH and q_len == 1 and isinstance(dtype, torch.dtype)
-            and dtype.itemsize >= 2)
+    (``results/h100/streamk-lean/final/``). 8-bit caches (``results/h100/kv8-device/``, e4m3 per token and int8
+    per head, six ragged batches of 8-128 sequences, contiguous and pages of 16): stream-K without lengths took
+    0.98-1.02x the host-lengths plan (0.61x and 0.67x on B=128 rows of about 1024 keys over pages), where the plan
+    for L_cap took 0.98-5.30x. One sequence keeps the plan for L_cap (its splits: exact for a full row); several
+    query tokens have not been timed without lengths, and keep it too."""
+    return bool(DEVICE_SCHEDULE) and 2 <= B <= STREAMK_MAX_BATCH and q_len == 1
 
 
 WORK_SPLITS, WORK_CHUNK_TILES, WORK_WAVES = 32, 4, 2
@@ -375,7 +382,7 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv, q_rows=q_rows, paged=paged)
     kernel = method
     if (method == "auto" and lengths is None and num_splits is None and device_schedule
-            and device_schedule_suits(B, dtype, q_len)):
+            and device_schedule_suits(B, q_len)):
         kernel, basis = "streamk", "device lengths"   # shares made on the device from the lengths it finds
     if kernel in ("persistent", "streamk"):
         num_splits = 1

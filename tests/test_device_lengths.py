@@ -22,18 +22,19 @@ def decision(B=4, L_max=8192, **kw):
 
 
 def test_auto_without_lengths_takes_stream_k_where_the_rule_says(monkeypatch):
-    """Two or more sequences, one query token, 16- or 32-bit K/V, no host lengths: stream-K, whatever L_max or
-    max_seqlen; host lengths, one sequence, several query tokens, an 8-bit cache, batch_invariant=True, forced
+    """Two or more sequences, one query token, no host lengths: stream-K, whatever L_max, max_seqlen or the K/V
+    dtype (16, 32 or 8 bits); host lengths, one sequence, several query tokens, batch_invariant=True, forced
     splits and FDLIB_DEVICE_SCHEDULE=0 keep the plans they had."""
     for kw in (dict(B=2), dict(L_max=128), dict(B=256, L_max=2048), dict(max_seqlen=1000), dict(max_seqlen=0),
-               dict(dtype=torch.float32), dict(B=MAX_BATCH, L_max=64)):
+               dict(dtype=torch.float32), dict(B=MAX_BATCH, L_max=64), dict(kv_dtype=torch.int8),
+               dict(kv_dtype=torch.float8_e4m3fn, k_scale="token", v_scale="token"),
+               dict(kv_dtype=torch.int8, k_scale="head", v_scale="token")):
         d = decision(**kw)
         assert (d.kernel, d.basis) == ("streamk", "device lengths"), kw
     assert decision(lengths=[8192, 1, 2, 3]).basis == "host lengths"
     assert decision(B=1).kernel != "streamk"
     assert decision(B=MAX_BATCH + 1, L_max=64).kernel != "streamk"
     assert decision(q_len=2).kernel != "streamk"
-    assert decision(kv_dtype=torch.int8).kernel != "streamk"
     assert decision(batch_invariant=True).kernel == "invariant"
     assert decision(num_splits=4).kernel != "streamk"
     assert decision(method="worklist").kernel == "worklist"

@@ -186,18 +186,21 @@ def test_decode_steps_write_in_place_with_one_plan(model, monkeypatch):
     assert cache.lengths.data_ptr() == lengths_ptr
 
 
-def test_a_dropped_cache_is_freed(model):
+def test_a_dropped_cache_is_freed(request):
     """After its steps, nothing in fdlib.hf keeps a DecodeCache alive: once the caller drops it, its K/V
     buffers (a whole model's cache: 34 GB for Llama-3-8B at B=8 and 32768 keys) are freed. The attention
-    function found the step's cache through a module global that held the last one until another cache ran."""
+    function found the step's cache through a module global that held the last one until another cache ran.
+    The tiny float32 model in the interpreter, the bf16 one on a GPU."""
     import gc
     import weakref
-    ids, mask = left_padded([7, 3], seed=11)
+    model = request.getfixturevalue("gpu_model" if runtime.MODE == "gpu" else "model")
+    dev, dtype = model.device, model.dtype
+    ids, mask = (t.to(dev) for t in left_padded([7, 3], seed=11))
     model.set_attn_implementation("fdlib")
-    cache = DecodeCache(model.config, 2, 16, dtype=torch.float32)
+    cache = DecodeCache(model.config, 2, 16, device=dev, dtype=dtype)
     with torch.no_grad():
         tok = model(input_ids=ids, attention_mask=mask, use_cache=True, **{cache_kwarg(model): cache}).logits
-        mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1)
+        mask = torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype, device=dev)], 1)
         model(input_ids=tok[:, -1:].argmax(-1), attention_mask=mask, position_ids=mask.sum(1, keepdim=True) - 1,
               use_cache=True, **{cache_kwarg(model): cache})
     alive = weakref.ref(cache.layers[0].keys)
@@ -394,7 +397,8 @@ def test_gpu_bf16_logits_match_sdpa(gpu_model, page_size, positions):
     """bf16 on the GPU, a left-padded batch, the same inputs to both: the prompt, then 8 decode steps
     teacher-forced on the same tokens (a near tie cannot send the two down different paths), with the same
     position_ids (none: derived from each cache, as generate() does; or counted over real tokens). fdlib with
-    DecodeCache against sdpa with HF's DynamicCache: each step's logits within bf16 tolerance."""
+    DecodeCache against sdpa with HF's DynamicCache: each step's logits within bf16 tolerance. The cache's plan
+    has no host lengths: its decode steps run stream-K, its shares made on the device from the lengths."""
     from hf_steps import max_rel_err, teacher_forced
     ids, mask = left_padded([700, 333, 1000], seed=11)
     ids, mask = ids.cuda(), mask.cuda()
@@ -408,6 +412,7 @@ def test_gpu_bf16_logits_match_sdpa(gpu_model, page_size, positions):
         got = teacher_forced(gpu_model, "fdlib", cache, ids, mask, forced, positions, key=key)
     for i, err in enumerate(max_rel_err(got, want).tolist()):
         assert err < 3e-2, f"step {i}: logits differ from sdpa's by {err:.3g} of their max (positions={positions})"
+    assert cache.plan(1, cache.scale).kernel == "streamk"   # no host lengths: the device schedule's stream-K
 
 
 @gpu
@@ -459,6 +464,7 @@ def test_gpu_captured_step_replays_as_lengths_grow(gpu_model):
             pos += 1
 
 
+@interpreter
 def test_a_long_cache_runs_stream_k_and_generates_what_sdpa_generates(model):
     """A DecodeCache of 8192 keys for three sequences: its plan has no host lengths, so auto takes stream-K, its
     shares made on the device from the lengths (fdlib.plan.device_schedule_suits); the tokens and scores are

@@ -253,11 +253,11 @@ def test_a_later_prefill_chunk_reads_small_values_at_float16_precision(kv_dtype)
                         granularity="token")
     for T in (5, 20):   # a first chunk, then one of more than 16 tokens: the prefill path over the cache
         q = torch.randn(1, 4, T, D, generator=g).half()
-        k, v = (torch.randn(1, H_KV, T, D, generator=g) * 5e-4 for _ in range(2))
-        out = fdlib_attention_forward(_Module(), q, *cache.update(k.half(), v.half(), 0), None)[0]
+        k, v = ((torch.randn(1, H_KV, T, D, generator=g) * 5e-4).half().to(cache.device) for _ in range(2))
+        out = fdlib_attention_forward(_Module(), q.to(cache.device), *cache.update(k, v, 0), None)[0].cpu()
     layer = cache.layers[0]
-    kd, vd = (dequantize_kv(t[:1, :25], s[:1, :25], torch.float64) for t, s in ((layer.keys, layer.k_scale),
-                                                                                (layer.values, layer.v_scale)))
+    kd, vd = (dequantize_kv(t[:1, :25].cpu(), s[:1, :25].cpu(), torch.float64)
+              for t, s in ((layer.keys, layer.k_scale), (layer.values, layer.v_scale)))
     for t in range(20):   # query t of the chunk sees keys 0 .. 5 + t
         want, _ = fdlib.reference_attention(q[:, :, t], kd, vd, torch.tensor([6 + t], dtype=torch.int32))
         assert row_rel_err(out[:, t].float(), want).max().item() <= OUT_RTOL[torch.float16], t
@@ -280,7 +280,7 @@ def test_a_query_that_does_not_fit_is_refused_before_anything_moves(kv_dtype, gr
             fdlib_attention_forward(_Module(), q, *cache.update(k, v, i), None)
 
     def r(*shape):
-        return torch.randn(*shape, generator=g).half()
+        return torch.randn(*shape, generator=g).half().to(cache.device)
 
     layers(r(2, 4, 5, D), r(2, H_KV, 5, D), r(2, H_KV, 5, D))   # a prompt
     for q, what in ((r(2, 8, 1, D), r"\[2, 8, 1, 16\]"), (r(2, 4, 1, 32), r"\[2, 4, 1, 32\]"),

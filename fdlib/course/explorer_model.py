@@ -306,7 +306,7 @@ def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=Tru
             extra["idle_split"] = model_timeline(lens, H_q, heads, schedule="split" if not unified else "unified",
                                                  **kw).idle_fraction
             extra["idle_balanced"] = model_timeline(lens, H_q, heads, schedule="balanced", **kw).idle_fraction
-    if gqa and unified and _default_streamk(B, dtype_bytes, q_len):
+    if gqa and unified and _default_streamk(B, q_len):
         from ..calibration import calibration_for
         from .timeline import model_timeline
         sk = model_timeline(lens, H_q, heads, D=int(D), dtype_bytes=int(dtype_bytes), gpu=g, schedule="stream-k",
@@ -325,13 +325,11 @@ def summary_and_curve(B, H_q, H_kv, L, splits, gpu="H200", gqa=True, unified=Tru
     return summ, s, ex
 
 
-def _default_streamk(B: int, dtype_bytes: int, q_len: int) -> bool:
+def _default_streamk(B: int, q_len: int) -> bool:
     """Whether ``decode_attention`` with the lengths on the device runs stream-K for this batch
-    (:func:`fdlib.plan.device_schedule_suits`, for a K/V element of ``dtype_bytes`` bytes)."""
-    import torch
+    (:func:`fdlib.plan.device_schedule_suits`)."""
     from ..plan import device_schedule_suits
-    dtype = {1: torch.int8, 2: torch.float16, 4: torch.float32}.get(int(dtype_bytes), torch.float16)
-    return device_schedule_suits(int(B), dtype, int(q_len))
+    return device_schedule_suits(int(B), int(q_len))
 
 
 def summary(B: int, H_q: int, H_kv: int, L: int, splits: int, gpu="H200", gqa: bool = True, unified: bool = True,
