@@ -61,15 +61,20 @@ def test_each_sequence_is_bitwise_itself_in_any_batch(dtype):
             assert torch.equal(lse[pos], alone[i][1][0]), f"trial {trial}: sequence {i} at {pos}: lse differs"
 
 
-def test_paged_and_contiguous_agree_bitwise():
-    q, k, v, lens = pool(4, torch.float16, seed=3)
-    page = 4
-    pages_k = k.reshape(4 * L_MAX // page, page, H_KV, D)[torch.arange(4 * L_MAX // page).flip(0)]
-    pages_v = v.reshape(4 * L_MAX // page, page, H_KV, D)[torch.arange(4 * L_MAX // page).flip(0)]
-    bt = (4 * L_MAX // page - 1 - torch.arange(4 * L_MAX // page, device=DEVICE)).reshape(4, -1).to(torch.int32)
+@pytest.mark.parametrize("page,L", [(4, L_MAX), (16, 96)])
+def test_paged_and_contiguous_agree_bitwise(page, L):
+    """Pages in reverse order give the bits of a contiguous cache: pages of 4 (each tile's table rows looked up
+    in its own iteration) and of 16 (read one tile ahead: fdlib.kernels.tile.attend_tile_ahead), ragged lengths
+    with 0, 1 and tile edges; and right against float64."""
+    lens = [0, 1, 15, 16, 33, L - 1, L, 50]
+    q, k, v, lens = batch_of(lens, L, torch.float16, seed=3)
+    n = len(lens) * L // page
+    pages_k, pages_v = (t.reshape(n, page, H_KV, D)[torch.arange(n).flip(0)] for t in (k, v))
+    bt = (n - 1 - torch.arange(n, device=DEVICE)).reshape(len(lens), -1).to(torch.int32)
     o1, l1 = decode(q, k, v, lens)
     o2, l2 = decode(q, pages_k, pages_v, lens, block_table=bt)
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    assert_attention_close(o2, l2, q, k, v, lens, what=f"invariant, pages of {page}")
 
 
 def test_default_mode_is_deterministic_run_to_run():

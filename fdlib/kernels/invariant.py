@@ -53,9 +53,10 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher
-from .tile import (attend_tile, causal_limit, empty_state, finish_state, fold_partial, fold_result, fold_where,
-                   group_queries, k_scaled, kv_base, kv_start, load_lengths, longest_first, restart_where, row_offset,
-                   scale_row, store_out, store_partial, take_ticket, tile_update, timeline_record, timeline_start)
+from .tile import (TABLE_AHEAD_PAGE, attend_tile, attend_tile_ahead, causal_limit, empty_state, finish_state,
+                   first_rows, fold_partial, fold_result, fold_where, group_queries, k_scaled, kv_base, kv_start,
+                   load_lengths, longest_first, restart_where, row_offset, scale_row, store_out, store_partial,
+                   take_ticket, tile_update, timeline_record, timeline_start)
 
 CHUNKS = 16
 """Most chunks a row is cut into."""
@@ -189,11 +190,20 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
         qk = k_scaled(qk_scale, SC, K_SCALE)
         m, l, acc = empty_state(BLOCK_G, BLOCK_D)
         f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)         # the fold (m, den, acc) starts empty alike
+        if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.attend_tile_ahead)
+            rows_n = first_rows(BT_ROW, start, offs_n, end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
+                                PAGE, SC, K_SCALE, V_SCALE)
         for n0 in range(start, end, BLOCK_N):
-            m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
-                                                    qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
-                                                    n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, SC,
-                                                    K_SCALE, V_SCALE)
+            if PAGE >= TABLE_AHEAD_PAGE:
+                m, l, acc, rows_n = attend_tile_ahead(q, k_ptrs, v_ptrs, rows_n, n0, offs_n, end, limit, mask_d, m, l,
+                                                      acc, qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                      n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, SC,
+                                                      K_SCALE, V_SCALE)
+            else:
+                m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
+                                                        qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                        n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN,
+                                                        SC, K_SCALE, V_SCALE)
             # a chunk that ends here, before the program's last: its partial is folded into the row's merge (an
             # ALONE plan) or stored for the merging program; the next chunk starts afresh
             # (predicated, not branched, so that the loop stays one software-pipelined loop). A plan whose

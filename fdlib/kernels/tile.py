@@ -475,6 +475,40 @@ def attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc, qk
 
 
 @triton.jit
+def first_rows(BT_ROW, start, offs_n, end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
+               PAGE: tl.constexpr, SC=None, K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
+    """:func:`page_offsets` of a slice's first tile (keys ``start + offs_n`` below ``end``): what
+    :func:`attend_tile_ahead` takes at the slice's start."""
+    pos = start + offs_n
+    return page_offsets(BT_ROW, pos, pos < end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC,
+                        K_SCALE, V_SCALE)
+
+
+@triton.jit
+def attend_tile_ahead(q, k_ptrs, v_ptrs, rows, n0, offs_n, end, limit, mask_d, m, l, acc, qk_scale, stride_kl,
+                      stride_vl, BT_ROW, stride_kb, stride_vb, n_pages, FLAG, BLOCK_N: tl.constexpr,
+                      FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr, PAGE: tl.constexpr, Q_LEN: tl.constexpr,
+                      SC=None, K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0):
+    """:func:`attend_tile` over pages with the tile's block-table rows read one tile ahead: the tile of keys
+    n0 + offs_n loaded through ``rows`` (:func:`page_offsets`, read by the step before, or :func:`first_rows`),
+    the next tile's rows read, then the tile folded in, so that no K/V load of an iteration waits for a table load
+    of its own and Triton pipelines the loads as over a contiguous cache. The same tile and the same update as
+    :func:`attend_tile`: the same bits. Returns (m, ℓ, Õ, the next tile's rows)."""
+    pos = n0 + offs_n
+    valid = pos < end
+    kv_mask = valid[:, None] & mask_d[None, :]
+    k = tl.load(k_ptrs + rows[0][:, None], mask=kv_mask, other=0.0)
+    v = tl.load(v_ptrs + rows[1][:, None], mask=kv_mask, other=0.0)
+    tile = with_rows(k, v, rows, K_SCALE, V_SCALE)
+    nxt = pos + BLOCK_N
+    rows = page_offsets(BT_ROW, nxt, nxt < end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE, SC,
+                        K_SCALE, V_SCALE)
+    m, l, acc = cache_update(TILE_UPDATE, q, tile, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale, FP32_DOT,
+                             SC, valid, K_SCALE, V_SCALE)
+    return m, l, acc, rows
+
+
+@triton.jit
 def keys_seen(valid, pos, limit, Q_LEN: tl.constexpr):
     """The keys ``pos`` a tile's query rows see: the valid ones (below the slice's end), and with several query
     tokens (Q_LEN > 1) only those below each row's causal ``limit`` ([rows, keys])."""
@@ -663,21 +697,12 @@ def attend_slice(q, k_ptrs, v_ptrs, stride_kl, stride_vl, start, end, limit, mas
     else:
         # pages: each tile's row offsets (page·stride + slot·stride) are read from the table one tile ahead and
         # carried, so the tile's K/V loads depend on no load of their own iteration
-        pos = start + offs_n
-        rows = page_offsets(BT_ROW, pos, pos < end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE,
-                            SC, K_SCALE, V_SCALE)
+        rows = first_rows(BT_ROW, start, offs_n, end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl, PAGE,
+                          SC, K_SCALE, V_SCALE)
         for n0 in range(start, end, BLOCK_N):
-            pos = n0 + offs_n
-            valid = pos < end
-            kv_mask = valid[:, None] & mask_d[None, :]
-            k = tl.load(k_ptrs + rows[0][:, None], mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs + rows[1][:, None], mask=kv_mask, other=0.0)
-            tile = with_rows(k, v, rows, K_SCALE, V_SCALE)
-            nxt = pos + BLOCK_N
-            rows = page_offsets(BT_ROW, nxt, nxt < end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
-                                PAGE, SC, K_SCALE, V_SCALE)
-            m, l, acc = cache_update(TILE_UPDATE, q, tile, keys_seen(valid, pos, limit, Q_LEN), m, l, acc, qk_scale,
-                                     FP32_DOT, SC, valid, K_SCALE, V_SCALE)
+            m, l, acc, rows = attend_tile_ahead(q, k_ptrs, v_ptrs, rows, n0, offs_n, end, limit, mask_d, m, l, acc,
+                                                qk_scale, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb, n_pages,
+                                                FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, SC, K_SCALE, V_SCALE)
     return m, l, acc
 
 
