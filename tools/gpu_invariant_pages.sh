@@ -3,7 +3,8 @@
 # 8 keys or more (fdlib.kernels.tile.attend_tile_ahead), 8-bit caches without host lengths took stream-K and
 # invariant rows that outnumber the SMs launch longest first:
 # 1. the library's tests that these touch, and those the last GPU run found red, compiled (tools/gpu_suite.sh);
-# 2. the serving batches with batch_invariant=True (fdlib.bench --serving --methods invariant);
+# 2. the serving batches with batch_invariant=True, the invariant kernel and the work list (fdlib.bench --serving
+#    --methods invariant,worklist+invariant: the run Lab 07's table reads);
 # 3. 8-bit caches, the default call (device lengths) against the host-lengths plan (tools/ab_ragged.py);
 # 4. per-token 8-bit scales with float16 queries (each tile's weights normalised per row) against bfloat16 (the
 #    loop without it), one 8-bit grid (fdlib.bench --kv-dtype int8 --kv-scale token).
@@ -14,9 +15,11 @@ source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 FILES="test_hf test_hf_kv8 test_unified_max test_gpu test_invariance test_device_lengths test_paged test_quant" \
-  bash "$(dirname "$0")/gpu_suite.sh" "$OUT" 220 14
+  bash "$(dirname "$0")/gpu_suite.sh" "$OUT" 170 14
 start_run "$OUT" pages
-invariant_at FDLIB_INVARIANT_ORDER o 1
+timeout 170 python -m fdlib.bench --serving --methods invariant,worklist+invariant --warmup 10 --rep 30 \
+  --graph-rep 10 --budget-s 150 --out "$R" --name serving-invariant > "$R/serving-invariant.log" 2>&1
+echo "bench rc=$?" >> "$R/serving-invariant.log"; grep -E "^\| [0-9]" "$R/serving-invariant.log" | head -14; pack
 CASES=8:32:8:zipf:32768:0,32:32:8:uniform:8192:0,128:32:8:zipf:1024:0,8:32:8:zipf:32768:16,32:32:8:uniform:8192:16,128:32:8:zipf:1024:16
 timeout 90 python tools/ab_ragged.py "$R/ab-kv8.json" --kv-dtype float8_e4m3fn --kv-scale token \
   --methods auto,auto+device --cases "$CASES" 2>&1 | grep -v Warn > "$R/ab-kv8.log"; tail -3 "$R/ab-kv8.log"; pack
