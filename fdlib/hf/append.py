@@ -16,23 +16,23 @@ Rounding is :func:`~fdlib.quant.quantize_kv`'s: int8 to the nearest integer (tie
 (the value is then exact in e4m3, so the cast cannot round again). No host sync, fixed shapes: a step's append
 captures in a CUDA graph.
 
-**A token that is not finite.** A 16-bit cache keeps a NaN or an infinity, and every query that reads that
-token's KV head gets a NaN or infinite output (:math:`q\cdot k` is ±∞ or NaN, the softmax of +∞ NaN, and
-:math:`p\,v` ±∞ or NaN), where nothing else changes. An 8-bit cache keeps it too, as a NaN: let F be the
-token's finite values (:math:`|x_d| < \infty`) and :math:`x^F` the token with every other value set to 0.
+**A token that is not finite.** A 16-bit cache keeps a NaN or an infinity, and a query that reads it gets a
+NaN or infinite output (:math:`q\cdot k` is ±∞ or NaN, the softmax of +∞ NaN, and :math:`p\,v` ±∞ or NaN). An
+8-bit cache keeps it too, as a NaN (:mod:`fdlib.hf.kv8` states what decode then gives): let F be the token's
+finite values (:math:`|x_d| < \infty`) and :math:`x^F` the token with every other value set to 0.
 
 * per-token scales: s is the scale of :math:`x^F`, the stored values are :math:`x^F / s` on the grid (0 where x
   was not finite), and the scale written is NaN when F misses any d: the dequantized token
   :math:`\hat x\cdot s` is NaN in every value;
 * e4m3 with fixed scales: :math:`x^F/s` on the grid where x is finite, and e4m3's NaN (the byte 0x7F) where it
   is not (±∞ too: e4m3fn has no infinity, and the softmax of an infinite logit is NaN anyway). The byte is
-  written as such, not cast (Triton's interpreter casts a NaN to a finite e4m3 value, and a clamp on the GPU
-  returns its non-NaN operand);
+  written as such, so it does not depend on how a cast, or a clamp before it, treats a NaN (a GPU's
+  minimum returns its non-NaN operand);
 * int8 with fixed scales: no byte stands for NaN, so the stored values are :math:`x^F/s` on the grid, and the
   token's position p (in its sequence) is recorded: :math:`f_{bh} \leftarrow \min(f_{bh}, p)` in the layer's
   ``nonfinite_from`` (int32 ``[B_max, H_kv]``, an atomic minimum: the same result in any order), and decode
-  makes the output NaN of every query of sequence b and KV head h that sees key :math:`f_{bh}`
-  (:meth:`fdlib.hf.kv8.KV8.nonfinite_output`).
+  makes the outputs NaN of sequence b in the query heads of KV head h once :math:`f_{bh} < L_b`
+  (:mod:`fdlib.hf.kv8`).
 
 Finite tokens are stored exactly as before (bit for bit :func:`~fdlib.quant.quantize_kv`), and a pad token,
 zeroed first, is always finite.

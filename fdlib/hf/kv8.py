@@ -16,21 +16,25 @@ their scales (:mod:`fdlib.quant`), quantized as they are written (:mod:`fdlib.hf
   scales; the next prompt calibrates again. Calibration runs on an eager step (a per-tensor scale is read back
   once: fdlib takes it as a float).
 
-**A value that is not finite** (NaN, ±∞) in a token's K or V makes the output NaN of every query that reads that
-token's KV head in that sequence, as a 16-bit cache's is NaN or infinite there (:math:`q\cdot k` = ±∞ or NaN,
-the softmax of +∞ NaN, :math:`p\,v` = ±∞), and changes nothing else: no other sequence, KV head or query
-keeps a bit other than in the same run with those values 0 (where a plan reads KV heads packed, two adjacent
-heads as one, :func:`fdlib.plan.pack_decision`, a NaN stored in one makes its pack's other head NaN too, as in
-a 16-bit cache). A 16-bit cache may keep a query finite that reads an infinite key (a logit of −∞ weighs 0);
-the 8-bit cache gives NaN there too. How the token is kept
-(:mod:`fdlib.hf.append`): with per-token scales its scale is NaN; in e4m3 with fixed scales its non-finite
-values are e4m3's NaN; int8 has no NaN, so with fixed scales the layer records, for each sequence b and KV head
-h, the position :math:`f_{bh}` of the first such token (``layer.nonfinite_from``, int32 ``[B_max, H_kv]``, or
-:data:`ALL_FINITE`), and decode sets the output of query t of a step of T tokens to NaN, for the query heads of
-KV head h, where :math:`f_{bh} \le L_b - T + t` (the last key it sees: :meth:`KV8.nonfinite_output`, a few
-elementwise operations on the output, only for such a cache). A later prefill chunk reads the dequantized cache
-(:meth:`KV8.dequantized`): NaN at the same tokens. Calibration ignores the values that are not finite (below),
-and :meth:`DecodeCache.reset` forgets the recorded positions (``set_lengths`` those it cuts off).
+**A value that is not finite** (NaN, ±∞) in the K or V of a token of sequence b and KV head h is kept: from
+the step that writes it on, every query of b that reads it has a NaN output in every query head of KV head h.
+A 16-bit cache's is NaN or infinite there (:math:`q\cdot k` = ±∞ or NaN, the softmax of +∞ NaN,
+:math:`p\,v` = ±∞), except where an infinite key gives a logit of −∞ (weight 0); the 8-bit cache gives NaN
+there too. Queries of the same step before that token may be NaN as well (in a 16-bit cache they are, for a
+value in V: weight 0 times NaN). Every other output (other sequences, other KV heads' query heads, earlier
+steps, and the queries above that stay finite) is bit for bit that of the same run with those values 0. (Where
+a plan reads KV heads packed, two adjacent heads as one, :func:`fdlib.plan.pack_decision`, a NaN stored in one
+head also makes the other's queries NaN, as in a 16-bit cache.)
+
+How the token is kept (:mod:`fdlib.hf.append`): with per-token scales its scale is NaN; in e4m3 with fixed
+scales its non-finite values are e4m3's NaN; int8 has no NaN, so with fixed scales each layer records the
+position :math:`f_{bh}` of the first such token (``layer.nonfinite_from``, int32 ``[B_max, H_kv]``, else
+:data:`ALL_FINITE`), and decode sets to NaN the outputs of sequence b in the query heads of KV head h where
+:math:`f_{bh} < L_b` (after the step): every query of the step that writes it and of every later step
+(:meth:`KV8.nonfinite_output`, two elementwise operations, only for such a cache). A later prefill chunk reads
+the dequantized cache (:meth:`KV8.dequantized`), NaN at those tokens (int8: key :math:`f_{bh}`, as a 16-bit
+cache's would be NaN there). Calibration ignores the values that are not finite (:meth:`KV8.calibrate`),
+:meth:`DecodeCache.reset` forgets the recorded positions, and :meth:`DecodeCache.set_lengths` those it cuts off.
 """
 from __future__ import annotations
 
@@ -92,17 +96,15 @@ class KV8:
         return [torch.full((B_max, H_kv), ALL_FINITE, dtype=torch.int32, device=device) if self.marks else None
                 for _ in range(n_layers)]
 
-    def nonfinite_output(self, layer, out: torch.Tensor, lengths: torch.Tensor, steps: torch.Tensor) -> None:
-        r"""NaN, in place, in decode's ``out`` ``[B, T, H_q, D]`` of every query that sees a token that is not
-        finite (module doc): query t of sequence b sees keys :math:`0 \ldots L_b - T + t` (``lengths`` [B], after
-        the step; ``steps``: 0 .. T - 1), so its heads of KV head h are NaN where
-        :math:`f_{bh} \le L_b - T + t`. Nothing else changes (no sync: it captures in a CUDA graph)."""
+    def nonfinite_output(self, layer, out: torch.Tensor, lengths: torch.Tensor) -> None:
+        r"""NaN, in place, in decode's ``out`` ``[B, T, H_q, D]`` wherever sequence b holds a token that is not
+        finite in KV head h (module doc): every query of b, in the query heads of KV head h, where
+        :math:`f_{bh} < L_b` (``lengths`` [B], after the step). Two elementwise operations, no sync (it captures
+        in a CUDA graph)."""
         if not self.marks:
             return
-        B, T = out.shape[:2]
-        last = lengths[:, None] - T + steps[None, :T]                              # [B, T]
-        seen = layer.nonfinite_from[:B, None, :] <= last[:, :, None]               # [B, T, H_kv]
-        out.unflatten(2, (seen.shape[2], -1)).masked_fill_(seen[..., None, None], float("nan"))
+        held = layer.nonfinite_from[:out.shape[0]] < lengths[:, None]               # [B, H_kv]
+        out.unflatten(2, (held.shape[1], -1)).masked_fill_(held[:, None, :, None, None], float("nan"))
 
     def host_scales(self, layer) -> None:
         """A per-tensor layer's scales as floats (``layer.k_host``/``v_host``: fdlib takes a per-tensor scale as a
