@@ -511,3 +511,26 @@ def test_reset_and_set_lengths_forget_an_int8_caches_nonfinite_token():
         step(c, *new)
     assert torch.equal(decode(cache, 0, q), decode(fresh, 0, q))
     assert torch.isfinite(decode(cache, 0, q)).all()
+
+
+def test_a_kernel_reads_and_writes_e4m3s_nan_as_nan():
+    """e4m3's NaN byte (0x7F, 0xFF) converts to NaN in a kernel, and a NaN to 0x7F, as on a GPU: Triton's
+    interpreter converted by bit fields alone (0x7F read as 480, a NaN written as 384), so an 8-bit cache's NaN
+    decoded finite on the CPU runtime (fdlib.runtime wraps its converter)."""
+    import triton
+    import triton.language as tl
+    from helpers import DEVICE
+
+    @triton.jit
+    def convert(X, Y, F, N: tl.constexpr):
+        i = tl.arange(0, N)
+        x = tl.load(X + i)
+        tl.store(Y + i, x.to(tl.float16))
+        tl.store(F + i, x.to(tl.float32).to(tl.float8e4nv))
+
+    x = torch.tensor([0x7F, 0xFF, 0x7E, 0x38, 0x00, 0x80, 0x01, 0xC4], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    y = torch.empty(8, dtype=torch.float16, device=DEVICE)
+    back = torch.empty(8, dtype=torch.float8_e4m3fn, device=DEVICE)
+    convert[(1,)](x.to(DEVICE), y, back, N=8)
+    torch.testing.assert_close(y.cpu(), x.half(), rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(back.cpu().view(torch.uint8) & 0x7F, x.view(torch.uint8) & 0x7F)
