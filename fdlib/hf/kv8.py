@@ -22,9 +22,10 @@ A 16-bit cache's is NaN or infinite there (:math:`q\cdot k` = ±∞ or NaN, the 
 :math:`p\,v` = ±∞), except where an infinite key gives a logit of −∞ (weight 0); the 8-bit cache gives NaN
 there too. Queries of the same step before that token may be NaN as well (in a 16-bit cache they are, for a
 value in V: weight 0 times NaN). Every other output (other sequences, other KV heads' query heads, earlier
-steps, and the queries above that stay finite) is bit for bit that of the same run with those values 0. (Where
-a plan reads KV heads packed, two adjacent heads as one, :func:`fdlib.plan.pack_decision`, a NaN stored in one
-head also makes the other's queries NaN, as in a 16-bit cache.)
+steps, and those earlier queries of the step where they stay finite) is bit for bit that of the same run with
+those values 0. (Where a plan reads KV heads packed, two adjacent heads as one,
+:func:`fdlib.plan.pack_decision`, a NaN stored in one head also makes the other's queries NaN, as in a 16-bit
+cache.)
 
 How the token is kept (:mod:`fdlib.hf.append`): with per-token scales its scale is NaN; in e4m3 with fixed
 scales its non-finite values are e4m3's NaN; int8 has no NaN, so with fixed scales each layer records the
@@ -142,8 +143,7 @@ class KV8:
         then rounded once: a scale cast to float16 first would lose bits below its normal range 2^-14 (a token or
         head whose max|x| lies below 2^-14 q_max: about 0.027 for e4m3, 0.0078 for int8), or become 0.
         ``nonfinite_from`` (``[B, H_kv]``, where :attr:`marks`): key :math:`f_{bh}` of sequence b and KV head h is
-        NaN (a query that reads it reads every key before it, so it sees a NaN exactly where a 16-bit cache's
-        query sees the bad token)."""
+        NaN, K and V (the first such token: a query that reads any of them reads it too)."""
         out = dequantize_kv(stored, scale, dtype=torch.float32).to(dtype)
         if nonfinite_from is not None:
             keys = torch.arange(stored.shape[1], device=stored.device)
