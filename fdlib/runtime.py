@@ -47,6 +47,50 @@ import triton  # noqa: E402
 
 from .gpus import sm_count  # noqa: E402,F401  (SMs of the live GPU, None without one: fdlib.gpus is its one home)
 
+
+def _e4m3_nan_in_the_interpreter() -> None:
+    """Make Triton's interpreter keep e4m3's NaN, as a GPU does. The interpreter converts a ``tl.float8e4nv``
+    (``torch.float8_e4m3fn``) value by its bit fields alone: the NaN byte S.1111.111 reads as ±480, and a NaN is
+    written as a finite byte, so an 8-bit cache's NaN (:mod:`fdlib.hf.append`) would turn into finite values on
+    the CPU runtime. Its converter is wrapped: from e4m3, a NaN byte gives the target type's NaN; to e4m3, a NaN
+    gives 0x7F (as the GPU's ``cvt ... satfinite`` and PyTorch do). Every other value converts as before. A
+    Triton without that converter is left alone."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    convert = getattr(interpreter, "_convert_float", None)
+    if convert is None or getattr(convert, "keeps_e4m3_nan", False):
+        return
+
+    def bits(a, dtype):
+        return np.frombuffer(np.ascontiguousarray(a).tobytes(), dtype=getattr(np, f"uint{dtype.primitive_bitwidth}"))
+
+    def _convert_float(input, input_dtype, output_dtype, rounding_mode):
+        out = convert(input, input_dtype, output_dtype, rounding_mode)
+        if input_dtype == tl.float8e4nv and output_dtype != tl.float8e4nv:
+            nan = (bits(input, input_dtype) & 0x7F) == 0x7F
+            m, e = output_dtype.fp_mantissa_width, output_dtype.primitive_bitwidth - output_dtype.fp_mantissa_width - 1
+            quiet = ((1 << e) - 1) << m | 1 << (m - 1)
+        elif output_dtype == tl.float8e4nv and input_dtype != tl.float8e4nv:
+            m, e = input_dtype.fp_mantissa_width, input_dtype.primitive_bitwidth - input_dtype.fp_mantissa_width - 1
+            x = bits(input, input_dtype)
+            nan = ((x >> m) & ((1 << e) - 1) == (1 << e) - 1) & (x & ((1 << m) - 1) != 0)
+            quiet = 0x7F
+        else:
+            return out
+        if nan.any():
+            out = out.copy()
+            out.reshape(-1)[nan] = quiet
+        return out
+
+    _convert_float.keeps_e4m3_nan = True
+    interpreter._convert_float = _convert_float
+
+
+if INTERPRET:
+    _e4m3_nan_in_the_interpreter()
+
 DEVICE: str = "cuda" if MODE == "gpu" else "cpu"
 """Where fdlib puts tensors it creates for its kernels by default (labs and tests use it too)."""
 

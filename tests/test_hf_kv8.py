@@ -4,6 +4,8 @@ reads it through fdlib's 8-bit path and matches float64 attention on the dequant
 (torch.compile does not take an 8-bit cache yet) raises the documented NotImplementedError and moves nothing."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -336,3 +338,199 @@ def test_an_8bit_cache_is_not_offered_to_generates_compilation():
     assert not DecodeCache(tiny_config(), 1, 8, dtype=torch.float16, kv_dtype=torch.int8,
                            granularity="token").is_compileable
     assert DecodeCache(tiny_config(), 1, 8, dtype=torch.float16).is_compileable
+
+
+# ------------------------------------------------------------------------------------ values that are not finite
+NAN, INF = float("nan"), float("inf")
+G = 2   # query heads a KV head (tiny_config: 4 of them over 2 KV heads)
+STEPS = (5, 1, 3, 1, 17)
+"""A conversation: a prompt of 5 columns (sequence 0's first a pad), a decode step, a verify step of 3 tokens, a
+decode step, a prefill chunk of 17 tokens over the cache (SDPA over the dequantized cache; not over pages, to
+save the interpreter's time: the pages are gathered before the same dequantization)."""
+BAD = {"prompt": (0, 2), "decode": (1, 0), "verify": (2, 1)}
+"""Where a bad value goes: (step, token of the step), in sequence 1."""
+
+
+@functools.lru_cache(maxsize=None)
+def conversation16(bad):
+    """:func:`conversation` on a 16-bit cache (the same for every 8-bit format: made once)."""
+    return conversation(None, bad=bad)
+
+
+def conversation(kv_dtype, granularity=None, given=None, page_size=None, bad=None):
+    """The outputs ``[B, T, H_q, D]`` of every step of :data:`STEPS` through the "fdlib" attention, on a 1-layer
+    cache of 2 sequences (``kv_dtype`` None: 16 bits). ``bad`` = (where, "K" or "V", KV head, value): that value
+    at d = 3 of sequence 1's token :data:`BAD` [where]; without it the same run with 0 there. Sequence 0's pad
+    column holds a NaN in K and V in every run (a pad is zeroed, never a key)."""
+    from fdlib.hf.attention import fdlib_attention_forward
+    g = torch.Generator().manual_seed(17)
+    q8 = {} if kv_dtype is None else dict(kv_dtype=kv_dtype, granularity=granularity)
+    if given is not None:
+        q8.update(k_scale=given, v_scale=given)
+    cache = DecodeCache(tiny_config(num_hidden_layers=1), 2, 32, dtype=torch.float16, page_size=page_size, **q8)
+    outs = []
+    for i, T in enumerate(STEPS if page_size is None else STEPS[:-1]):
+        q = torch.randn(2, 4, T, D, generator=g).half()
+        k, v = (torch.randn(2, H_KV, T, D, generator=g).half() for _ in range(2))
+        mask = None
+        if i == 0:
+            mask = torch.ones(2, T, dtype=torch.long)
+            mask[0, 0] = 0
+            k[0, :, 0], v[0, :, 0] = NAN, NAN
+        if bad is not None and BAD[bad[0]][0] == i:
+            (k if bad[1] == "K" else v)[1, bad[2], BAD[bad[0]][1], 3] = bad[3]
+        dev = cache.device
+        out = fdlib_attention_forward(_Module(), q.to(dev), *cache.update(k.to(dev), v.to(dev), 0),
+                                      None if mask is None else mask.to(dev))[0]
+        outs.append(out.cpu())
+    return outs
+
+
+def nonfinite_heads(out):
+    """[T, H_q]: which query heads of which query have an output that is not finite."""
+    return (~torch.isfinite(out)).any(-1)
+
+
+def check_nonfinite(got, clean, ref, where, h_kv):
+    """``got``: the 8-bit outputs with the bad value, ``clean``: the same run with 0 there, ``ref``: a 16-bit
+    cache's with the bad value (the prompt's own outputs, HF's SDPA over its 16-bit chunk, are not checked). From
+    the step that writes it on, every query of sequence 1 that reads it is NaN in KV head h_kv's query heads, and
+    every output the 16-bit cache makes non-finite is non-finite here too; nothing else is (sequence 0, the other
+    heads, earlier steps), and every output that stays finite is bit for bit the clean run's."""
+    step, t_bad = BAD[where]
+    group = torch.arange(4) // G == h_kv
+    for i, (o, c, r) in enumerate(zip(got, clean, ref)):
+        if i == 0:   # the prompt: SDPA over its own 16-bit K/V, HF's computation (NaN where a pad's V is: 0·NaN)
+            continue
+        if i >= step:
+            bad = nonfinite_heads(o[1])
+            reads = torch.arange(o.shape[1]) >= (t_bad if i == step else 0)
+            assert bad[reads][:, group].all(), f"step {i}: a query that reads the bad token is finite: {bad.int()}"
+            assert not bad[:, ~group].any(), f"step {i}: another KV head's query heads are not finite"
+            assert not (nonfinite_heads(r[1]) & ~bad).any(), f"step {i}: finite where a 16-bit cache is not"
+        else:
+            assert torch.isfinite(o[1]).all(), f"step {i}: not finite before the bad token is written"
+        fin = torch.isfinite(o).all(-1)
+        assert torch.isfinite(o[0]).all(), f"step {i}: sequence 0 not finite"
+        assert torch.equal(o.view(torch.int16)[fin], c.view(torch.int16)[fin]), f"step {i}: a finite output changed"
+
+
+@pytest.mark.parametrize("granularity,given,page_size", [("token", None, None), ("token", None, 4),
+                                                         ("head", None, None), ("head", 0.01, 4),
+                                                         ("tensor", 0.01, None), ("tensor", None, 4)])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.int8])
+def test_a_value_that_is_not_finite_makes_the_queries_that_read_it_nan(kv_dtype, granularity, given, page_size):
+    """A NaN or an infinity in sequence 1's K or V, in the prompt, at a decode step or inside a verify step, makes
+    the outputs of that sequence's queries that read it NaN in the query heads of that KV head, from that step on
+    (decode steps, and a prefill chunk over the dequantized cache), as a 16-bit cache makes them NaN or infinite;
+    sequence 0 (whose pad holds a NaN) and every output that stays finite are bit for bit those of the same run
+    with 0 there. Every granularity contiguous and paged, fixed scales calibrated and given. The append once
+    stored a NaN as 384 (e4m3) or 0 (int8) and an infinity saturated: the outputs were finite garbage."""
+    clean = conversation(kv_dtype, granularity, given, page_size)
+    for where, which, h_kv, value in (("prompt", "K", 0, NAN), ("decode", "V", 1, INF), ("decode", "K", 0, -INF),
+                                      ("verify", "V", 1, NAN)):
+        bad = (where, which, h_kv, value)
+        got = conversation(kv_dtype, granularity, given, page_size, bad)
+        ref = conversation16(bad)
+        check_nonfinite(got, clean, ref, where, h_kv)
+
+
+@pytest.mark.parametrize("token", [True, False])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.int8])
+def test_the_append_stores_a_token_that_is_not_finite_as_nan(kv_dtype, token):
+    """What the fused append stores for tokens holding a NaN, +inf or -inf (and a pad holding one): per-token
+    scales, the values of the token with those values 0 (quantize_kv's, bit for bit) and the scale NaN; e4m3 with a
+    fixed scale, e4m3's NaN byte 0x7F at those values and the grid's values elsewhere; int8 with a fixed scale, the
+    grid's values with 0 there, and the token's position recorded (the first one, whatever the order of the
+    programs). Every finite token as before, and the same bytes on a second run. The kernel once stored a NaN as
+    384 (e4m3) or 0 (int8) with a finite scale, and an infinity saturated."""
+    from fdlib.hf.append import append_kv8
+    from fdlib.hf.kv8 import ALL_FINITE
+    from helpers import DEVICE
+    g = torch.Generator().manual_seed(23)
+    B, H, T = 2, 2, 4
+    x = torch.randn(B, H, T, D, generator=g)
+    x[1, 0, 1, 3], x[1, 0, 3, 0], x[1, 1, 2, 5], x[0, 1, 1, 7] = NAN, INF, -INF, NAN
+    real = torch.ones(B, T, dtype=torch.bool)
+    real[0, 1] = False                                       # sequence 0's token 1 (a NaN in it) is a pad
+    x, real = x.half().to(DEVICE), real.to(DEVICE)
+    slots = torch.arange(B * T, device=DEVICE)
+    positions = torch.tensor([5, 6, 7, 8] * B, device=DEVICE)
+    stored = []
+    for _ in range(2):
+        out = [torch.zeros(B * T, H, D, dtype=kv_dtype, device=DEVICE) for _ in range(2)]
+        sc = [torch.zeros(B * T, H, device=DEVICE) if token else torch.full((H,), 0.01, device=DEVICE)
+              for _ in range(2)]
+        nf = torch.full((B, H), ALL_FINITE, dtype=torch.int32, device=DEVICE)
+        append_kv8(x, x, slots, real, *out, *sc, token, positions, nf)
+        stored.append([t.cpu() for t in (*out, *sc, nf)])
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(*stored))   # deterministic
+    got, scale, nf = stored[0][0], stored[0][2], stored[0][4]
+    xs = x.cpu().masked_fill(~real.cpu()[:, None, :, None], 0).transpose(1, 2).reshape(B * T, H, D)
+    finite = torch.isfinite(xs)
+    bad = ~finite.all(-1)                                   # [B·T, H]: tokens with a value not finite
+    assert bad.sum() == 3 and not bad[:T].any()             # the pad's NaN is gone
+    xf = xs.masked_fill(~finite, 0)
+    if token:
+        want, want_s = quantize_kv(xf, dtype=kv_dtype, granularity="token")
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        assert torch.equal(scale.isnan(), bad) and torch.equal(scale[~bad], want_s[~bad])
+    else:
+        want = ref_quant(xf, torch.full((H,), 0.01), kv_dtype)
+        if kv_dtype == torch.int8:
+            assert torch.equal(got, want)
+            assert nf.tolist() == [[ALL_FINITE, ALL_FINITE], [6, 7]]   # KV head 0: tokens 1 and 3; head 1: token 2
+        else:
+            assert torch.equal(got.view(torch.uint8)[finite], want.view(torch.uint8)[finite])
+            assert (got.view(torch.uint8)[~finite] == 0x7F).all()
+
+
+def test_reset_and_set_lengths_forget_an_int8_caches_nonfinite_token():
+    """An int8 cache with fixed scales (no NaN to store) records where a token that is not finite lies: its
+    sequence's outputs are NaN from then on; after reset() a new prompt decodes as on a fresh cache, and
+    set_lengths() that cuts the token off forgets it too (a length that keeps it does not)."""
+    g = torch.Generator().manual_seed(29)
+    kw = dict(dtype=torch.float16, kv_dtype=torch.int8, granularity="head", k_scale=0.02, v_scale=0.02)
+    cache, fresh = (DecodeCache(tiny_config(), 2, 16, **kw) for _ in range(2))
+    q = torch.randn(2, 4, 1, D, generator=g).half().to(cache.device)
+    prompt = [torch.randn(2, H_KV, 4, D, generator=g).half() for _ in range(2)]
+    new = [torch.randn(2, H_KV, 1, D, generator=g).half() for _ in range(2)]
+    step(cache, *prompt)
+    new[0][1, 1, 0, 2] = NAN
+    step(cache, *new)
+    assert nonfinite_heads(decode(cache, 0, q)[1]).tolist() == [[False, False, True, True]]
+    cache.set_lengths([5, 5])                                   # keeps the token
+    assert nonfinite_heads(decode(cache, 0, q)[1]).tolist() == [[False, False, True, True]]
+    cache.set_lengths([5, 4])                                   # cuts it off
+    assert torch.isfinite(decode(cache, 0, q)).all()
+    step(cache, *new)                                           # at position 4 again
+    cache.reset()
+    new[0][1, 1, 0, 2] = 0.5
+    for c in (cache, fresh):
+        step(c, *prompt)
+        step(c, *new)
+    assert torch.equal(decode(cache, 0, q), decode(fresh, 0, q))
+    assert torch.isfinite(decode(cache, 0, q)).all()
+
+
+def test_a_kernel_reads_and_writes_e4m3s_nan_as_nan():
+    """e4m3's NaN byte (0x7F, 0xFF) converts to NaN in a kernel, and a NaN to 0x7F, as on a GPU: Triton's
+    interpreter converted by bit fields alone (0x7F read as 480, a NaN written as 384), so an 8-bit cache's NaN
+    decoded finite on the CPU runtime (fdlib.runtime wraps its converter)."""
+    import triton
+    import triton.language as tl
+    from helpers import DEVICE
+
+    @triton.jit
+    def convert(X, Y, F, N: tl.constexpr):
+        i = tl.arange(0, N)
+        x = tl.load(X + i)
+        tl.store(Y + i, x.to(tl.float16))
+        tl.store(F + i, x.to(tl.float32).to(tl.float8e4nv))
+
+    x = torch.tensor([0x7F, 0xFF, 0x7E, 0x38, 0x00, 0x80, 0x01, 0xC4], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    y = torch.empty(8, dtype=torch.float16, device=DEVICE)
+    back = torch.empty(8, dtype=torch.float8_e4m3fn, device=DEVICE)
+    convert[(1,)](x.to(DEVICE), y, back, N=8)
+    torch.testing.assert_close(y.cpu(), x.half(), rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(back.cpu().view(torch.uint8) & 0x7F, x.view(torch.uint8) & 0x7F)

@@ -295,8 +295,9 @@ def append_case(kv: str, token: bool):
     """fdlib.hf.append's kernel (its pointers lie among its scalars): bf16 K/V quantized into an 8-bit cache."""
     from fdlib.hf import append
     kernel = append._append_kernel
-    pointers = {"K": "*bf16", "V": "*bf16", "SLOTS": "*i64", "REAL": "*u8", "KO": KV8[kv], "VO": KV8[kv],
-                "KS": "*fp32", "VS": "*fp32"}
+    out = "*i8" if kv == "int8" else "*u8"   # an e4m3 cache is written as its bytes (NaN as 0x7F)
+    pointers = {"K": "*bf16", "V": "*bf16", "SLOTS": "*i64", "REAL": "*u8", "POS": "*i64", "KO": out, "VO": out,
+                "KS": "*fp32", "VS": "*fp32", "NF": "*i32"}
     meta = dict(D=128, BLOCK_D=128, QMAX=448 if kv == "e4m3" else 127, TOKEN=token, INT8=kv == "int8", HAS_REAL=True)
     sig = {n: "constexpr" if n in meta else pointers.get(n, "i32") for n in kernel.arg_names}
     constexprs = {(i,): meta[n] for i, n in enumerate(kernel.arg_names) if n in meta}

@@ -133,7 +133,9 @@ def decode(cache, layer_idx: int, query: torch.Tensor, scaling=None) -> torch.Te
         return torch.ops.fdlib.hf_decode(q, k, v, lens, table, cache.key, scale)
     if cache.kv8 is not None:
         ks, vs = cache.kv8.run_scales(layer, B, cache.page_size is not None)
-        return cache.plan(T, scale).run(q, k, v, lens, block_table=table, k_scale=ks, v_scale=vs)
+        out = cache.plan(T, scale).run(q, k, v, lens, block_table=table, k_scale=ks, v_scale=vs)
+        cache.kv8.nonfinite_output(layer, out, lens)   # int8 with fixed scales: fdlib.hf.kv8
+        return out
     return cache.plan(T, scale).run(q, k, v, lens, block_table=table)
 
 

@@ -46,7 +46,7 @@ from ..plan import plan as make_plan
 from ..validate import DTYPES, MAX_Q_LEN, check_page_size
 from .append import append_kv8
 from .write import write_kv
-from .kv8 import KV8
+from .kv8 import ALL_FINITE, KV8
 
 DECODE_MAX_Q_LEN = MAX_Q_LEN
 """Steps with at most this many new tokens a sequence (decode, speculative verify) run fdlib's plan."""
@@ -127,11 +127,13 @@ class DecodeLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, owner: "DecodeCache", keys: torch.Tensor, values: torch.Tensor, scales=(None, None)):
+    def __init__(self, owner: "DecodeCache", keys: torch.Tensor, values: torch.Tensor, scales=(None, None),
+                 nonfinite_from: torch.Tensor | None = None):
         super().__init__()
         self._owner = weakref.ref(owner)
         self.keys, self.values = keys, values
         self.k_scale, self.v_scale = scales   # an 8-bit cache's (fdlib.hf.kv8); None for 16 bits
+        self.nonfinite_from = nonfinite_from  # an int8 cache's with fixed scales (fdlib.hf.kv8); else None
         # generate() compiles the steps of a compileable cache by itself; an 8-bit cache's steps run eagerly
         # (or captured in a CUDA graph), so it says it is not compileable rather than be refused there
         self.is_compileable = scales[0] is None
@@ -224,7 +226,8 @@ class DecodeCache(Cache):
             KV8(kv_dtype, granularity, k_scale, v_scale, self.dtype, n_layers, self.H_kv)
         kv = dict(dtype=self.dtype if self.kv8 is None else self.kv8.dtype, device=dev)
         scales = [(None, None)] * n_layers if self.kv8 is None else self.kv8.scales(shape, n_layers, dev)
-        layers = [DecodeLayer(self, torch.zeros(shape, **kv), torch.zeros(shape, **kv), scales[i])
+        marks = [None] * n_layers if self.kv8 is None else self.kv8.nonfinite_from(B, self.H_kv, n_layers, dev)
+        layers = [DecodeLayer(self, torch.zeros(shape, **kv), torch.zeros(shape, **kv), scales[i], marks[i])
                   for i in range(n_layers)]
         super().__init__(layers=layers)
         if self.kv8 is not None and self.kv8.fixed is not None:
@@ -235,6 +238,7 @@ class DecodeCache(Cache):
         self._rows = torch.arange(B, dtype=torch.int64, device=dev)
         self._steps = torch.arange(DECODE_MAX_Q_LEN, dtype=torch.int64, device=dev)
         self._slots = None          # [B·T] rows of the flattened K/V this step writes (made at layer 0)
+        self._positions = None      # [B·T] their places in their sequences
         self._awaiting = None       # the layer whose attention has not run yet (the attention function clears it)
         self._seen = 0              # host copy of `columns` (eager bounds checks); None when not known
         self._step = None           # the layer-0 facts of the current step, shared by its layers (begin_step)
@@ -242,8 +246,8 @@ class DecodeCache(Cache):
         self._plans = {}
         self.key = id(self)
         CACHES[self.key] = self
-        statics = [t for layer in layers for t in (layer.keys, layer.values, layer.k_scale, layer.v_scale)
-                   if t is not None] + [self.lengths, self.columns]
+        statics = [t for layer in layers for t in (layer.keys, layer.values, layer.k_scale, layer.v_scale,
+                                                   layer.nonfinite_from) if t is not None] + [self.lengths, self.columns]
         for t in statics + ([self.block_table] if self.block_table is not None else []):
             torch._dynamo.mark_static_address(t)   # a compiled step's CUDA graph reads them where they are
         self.plan(1, self.scale)
@@ -284,8 +288,10 @@ class DecodeCache(Cache):
         self.lengths.zero_()
         self.columns.zero_()
         self._seen, self._slots, self._step, self._awaiting, self.prefilling = 0, None, None, None, False
+        self._positions = None
         if self.kv8 is not None:
             self.kv8.calibrated = False   # calibrated scales belong to the prompt they came from
+            self._forget_nonfinite(self.lengths)
 
     def crop(self, *args, **kwargs):
         raise NotImplementedError("DecodeCache.crop: not supported (assisted decoding needs a cache whose rows can be "
@@ -312,7 +318,8 @@ class DecodeCache(Cache):
     def set_lengths(self, lengths) -> None:
         """Declare that sequence b holds ``lengths[b]`` keys, already written in ``layers[i].keys/values``
         (host ints; rows past the list are emptied), and that HF has fed max(lengths) columns: for tests and
-        benchmarks that fill the cache directly instead of running a prefill."""
+        benchmarks that fill the cache directly instead of running a prefill. A token that is not finite, recorded
+        past a new length (an int8 cache with fixed scales: :mod:`fdlib.hf.kv8`), is no longer held."""
         lengths = [int(x) for x in lengths]
         if not 1 <= len(lengths) <= self.max_batch_size or any(not 0 <= x <= self.max_cache_len for x in lengths):
             raise ValueError(f"lengths: expected 1..{self.max_batch_size} values in 0..{self.max_cache_len}, got "
@@ -321,6 +328,13 @@ class DecodeCache(Cache):
         self.lengths.copy_(torch.tensor(full, dtype=torch.int32))
         self.columns.fill_(max(lengths))
         self._seen = max(lengths)
+        self._forget_nonfinite(self.lengths)
+
+    def _forget_nonfinite(self, lengths: torch.Tensor) -> None:
+        """Forget the non-finite tokens recorded at or past ``lengths`` (int32 ``[B_max]``), no longer held."""
+        for layer in self.layers:
+            if layer.nonfinite_from is not None:
+                layer.nonfinite_from.masked_fill_(layer.nonfinite_from >= lengths[:, None], ALL_FINITE)
 
     def token_view(self, layer_idx: int, which: str = "keys", B: int | None = None, n: int | None = None):
         """Layer ``layer_idx``'s keys or values, the first ``n`` (default L_max) of the first B sequences, as
@@ -338,7 +352,10 @@ class DecodeCache(Cache):
             pages = self.block_table[:B, :-(-n // self.page_size)].long()
             t = t[pages].reshape(B, -1, self.H_kv, self.D)[:, :n]
             s = s if s is None or not self.kv8.token else s[pages].reshape(B, -1, self.H_kv)[:, :n]
-        return t if s is None else self.kv8.dequantized(t, s, self.dtype)
+        if s is None:
+            return t
+        nf = layer.nonfinite_from
+        return self.kv8.dequantized(t, s, self.dtype, None if nf is None else nf[:B])
 
     # ------------------------------------------------------------------------------------------ steps
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
@@ -456,7 +473,7 @@ class DecodeCache(Cache):
         self.lengths[:B].add_(kept)
         self.columns.add_(T)
         self._seen = None if traced else seen + T
-        self._slots, self.prefilling = slots, prefill
+        self._slots, self._positions, self.prefilling = slots, pos.reshape(-1), prefill
         n_keys = None
         if prefill and not first:
             n_keys = self.max_cache_len if traced else max(1, int(self.lengths[:B].max()))
@@ -497,7 +514,7 @@ class DecodeCache(Cache):
                 self.kv8.calibrate(layer, k, v, real)
                 self.kv8.calibrated = layer_idx == len(self.layers) - 1
             append_kv8(k, v, self._slots, real, layer.keys, layer.values, layer.k_scale, layer.v_scale,
-                       self.kv8.token)
+                       self.kv8.token, self._positions, layer.nonfinite_from)
             return
         if real is not None:
             pad = ~real[:, None, :, None]

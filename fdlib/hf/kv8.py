@@ -15,6 +15,27 @@ their scales (:mod:`fdlib.quant`), quantized as they are written (:mod:`fdlib.hf
   range the generation will (give the scales yourself otherwise). :meth:`DecodeCache.reset` forgets calibrated
   scales; the next prompt calibrates again. Calibration runs on an eager step (a per-tensor scale is read back
   once: fdlib takes it as a float).
+
+**A value that is not finite** (NaN, ±∞) in the K or V of a token of sequence b and KV head h is kept: from
+the step that writes it on, every query of b that reads it has a NaN output in every query head of KV head h.
+A 16-bit cache's is NaN or infinite there (:math:`q\cdot k` = ±∞ or NaN, the softmax of +∞ NaN,
+:math:`p\,v` = ±∞), except where an infinite key gives a logit of −∞ (weight 0); the 8-bit cache gives NaN
+there too. Queries of the same step before that token may be NaN as well (in a 16-bit cache they are, for a
+value in V: weight 0 times NaN). Every other output (other sequences, other KV heads' query heads, earlier
+steps, and those earlier queries of the step where they stay finite) is bit for bit that of the same run with
+those values 0. (Where a plan reads KV heads packed, two adjacent heads as one,
+:func:`fdlib.plan.pack_decision`, a NaN stored in one head also makes the other's queries NaN, as in a 16-bit
+cache.)
+
+How the token is kept (:mod:`fdlib.hf.append`): with per-token scales its scale is NaN; in e4m3 with fixed
+scales its non-finite values are e4m3's NaN; int8 has no NaN, so with fixed scales each layer records the
+position :math:`f_{bh}` of the first such token (``layer.nonfinite_from``, int32 ``[B_max, H_kv]``, else
+:data:`ALL_FINITE`), and decode sets to NaN the outputs of sequence b in the query heads of KV head h where
+:math:`f_{bh} < L_b` (after the step): every query of the step that writes it and of every later step
+(:meth:`KV8.nonfinite_output`, two elementwise operations, only for such a cache). A later prefill chunk reads
+the dequantized cache (:meth:`KV8.dequantized`), NaN at those tokens (int8: key :math:`f_{bh}`, as a 16-bit
+cache's would be NaN there). Calibration ignores the values that are not finite (:meth:`KV8.calibrate`),
+:meth:`DecodeCache.reset` forgets the recorded positions, and :meth:`DecodeCache.set_lengths` those it cuts off.
 """
 from __future__ import annotations
 
@@ -23,6 +44,9 @@ import numbers
 import torch
 
 from ..quant import GRANULARITIES, KV_DTYPES, QMAX, absmax_scale, dequantize_kv
+
+ALL_FINITE = 2 ** 31 - 1
+"""``layer.nonfinite_from`` of a sequence and KV head that holds no token that is not finite (past every key)."""
 
 
 class KV8:
@@ -52,6 +76,7 @@ class KV8:
             [_per_layer(name, s, granularity, n_layers, H_kv) for name, s in (("k_scale", k_scale),
                                                                                 ("v_scale", v_scale))]
         self.calibrated = False
+        self.marks = kv_dtype == torch.int8 and not self.token   # no NaN to store: positions are recorded
 
     def scales(self, shape, n_layers: int, device) -> list:
         """Each layer's (k_scale, v_scale) tensors: float32 ``shape[:3]`` per token, else ``[H_kv]`` (ones until
@@ -65,6 +90,22 @@ class KV8:
                      torch.ones(H, dtype=torch.float32, device=device)) for _ in range(n_layers)]
         return [tuple(s[i].to(device=device, dtype=torch.float32).expand(H).contiguous() for s in self.fixed)
                 for i in range(n_layers)]
+
+    def nonfinite_from(self, B_max: int, H_kv: int, n_layers: int, device) -> list:
+        """Each layer's ``nonfinite_from`` (int32 ``[B_max, H_kv]``, all :data:`ALL_FINITE`) where :attr:`marks`
+        (int8, fixed scales), else None."""
+        return [torch.full((B_max, H_kv), ALL_FINITE, dtype=torch.int32, device=device) if self.marks else None
+                for _ in range(n_layers)]
+
+    def nonfinite_output(self, layer, out: torch.Tensor, lengths: torch.Tensor) -> None:
+        r"""NaN, in place, in decode's ``out`` ``[B, T, H_q, D]`` wherever sequence b holds a token that is not
+        finite in KV head h (module doc): every query of b, in the query heads of KV head h, where
+        :math:`f_{bh} < L_b` (``lengths`` [B], after the step). Two elementwise operations, no sync (it captures
+        in a CUDA graph)."""
+        if not self.marks:
+            return
+        held = layer.nonfinite_from[:out.shape[0]] < lengths[:, None]               # [B, H_kv]
+        out.unflatten(2, (held.shape[1], -1)).masked_fill_(held[:, None, :, None, None], float("nan"))
 
     def host_scales(self, layer) -> None:
         """A per-tensor layer's scales as floats (``layer.k_host``/``v_host``: fdlib takes a per-tensor scale as a
@@ -95,12 +136,20 @@ class KV8:
             return layer.k_scale, layer.v_scale
         return layer.k_scale[:B], layer.v_scale[:B]
 
-    def dequantized(self, stored: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
-        """``stored`` ``[B, n, H_kv, D]`` times its scales (``[B, n, H_kv]`` per token, else ``[H_kv]``), in
-        ``dtype``: multiplied in float32 (the scale as it is kept, as the decode kernels apply it), then rounded
-        once: a scale cast to float16 first would lose bits below its normal range 2^-14 (a token or head whose
-        max|x| lies below 2^-14 q_max: about 0.027 for e4m3, 0.0078 for int8), or become 0."""
-        return dequantize_kv(stored, scale, dtype=torch.float32).to(dtype)
+    def dequantized(self, stored: torch.Tensor, scale: torch.Tensor, dtype,
+                    nonfinite_from: torch.Tensor | None = None) -> torch.Tensor:
+        """``stored`` ``[B, n, H_kv, D]`` (keys 0 .. n - 1) times its scales (``[B, n, H_kv]`` per token, else
+        ``[H_kv]``), in ``dtype``: multiplied in float32 (the scale as it is kept, as the decode kernels apply it),
+        then rounded once: a scale cast to float16 first would lose bits below its normal range 2^-14 (a token or
+        head whose max|x| lies below 2^-14 q_max: about 0.027 for e4m3, 0.0078 for int8), or become 0.
+        ``nonfinite_from`` (``[B, H_kv]``, where :attr:`marks`): key :math:`f_{bh}` of sequence b and KV head h is
+        NaN, K and V (the first such token: a query that reads any of them reads it too)."""
+        out = dequantize_kv(stored, scale, dtype=torch.float32).to(dtype)
+        if nonfinite_from is not None:
+            keys = torch.arange(stored.shape[1], device=stored.device)
+            bad = keys[None, :, None] == nonfinite_from[:, None, :]                 # [B, n, H_kv]
+            out.masked_fill_(bad[..., None], float("nan"))
+        return out
 
 
 def _per_layer(name, s, granularity, n_layers, H_kv) -> list:
