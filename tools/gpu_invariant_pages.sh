@@ -5,11 +5,10 @@
 # 1. the library's tests that these touch, and those the last GPU run found red, compiled (tools/gpu_suite.sh);
 # 2. the serving batches with batch_invariant=True, the invariant kernel and the work list (fdlib.bench --serving
 #    --methods invariant,worklist+invariant: the run Lab 07's table reads);
-# 3. 8-bit caches, the default call (device lengths) against the host-lengths plan (tools/ab_ragged.py);
-# 4. per-token 8-bit scales with float16 queries (each tile's weights normalised per row) against bfloat16 (the
+# 3. per-token 8-bit scales with float16 queries (each tile's weights normalised per row) against bfloat16 (the
 #    loop without it), one 8-bit grid (fdlib.bench --kv-dtype int8 --kv-scale token), auto (now stream-K without
 #    lengths) against the unified kernel planned for the equal rows.
-# 5. tools/probe_nan_kv8.py: what an 8-bit cache stores for a token that is not finite.
+# 4. tools/probe_nan_kv8.py: what an 8-bit cache stores for a token that is not finite.
 # Packs OUTDIR/suite.tgz and OUTDIR/pages.tgz.
 #   bash tools/gpu_invariant_pages.sh OUTDIR
 set -uo pipefail
@@ -22,9 +21,6 @@ start_run "$OUT" pages
 timeout 170 python -m fdlib.bench --serving --methods invariant,worklist+invariant --warmup 10 --rep 30 \
   --graph-rep 10 --budget-s 150 --out "$R" --name serving-invariant > "$R/serving-invariant.log" 2>&1
 echo "bench rc=$?" >> "$R/serving-invariant.log"; grep -E "^\| [0-9]" "$R/serving-invariant.log" | head -14; pack
-CASES=8:32:8:zipf:32768:0,32:32:8:uniform:8192:0,128:32:8:zipf:1024:0,8:32:8:zipf:32768:16,32:32:8:uniform:8192:16,128:32:8:zipf:1024:16
-timeout 90 python tools/ab_ragged.py "$R/ab-kv8.json" --kv-dtype float8_e4m3fn --kv-scale token \
-  --methods auto,auto+device --cases "$CASES" 2>&1 | grep -v Warn > "$R/ab-kv8.log"; tail -3 "$R/ab-kv8.log"; pack
 timeout 90 python -m fdlib.bench --kv-dtype int8 --kv-scale token --dtype float16,bfloat16 --methods auto,unified \
   --B 1,8,32 --L 8192,32768 --heads 32:8 --D 128 --warmup 10 --rep 30 --graph-rep 10 --no-plot --no-progress \
   --out "$R" --name kv8-token-fp16 > "$R/kv8-token-fp16.log" 2>&1
