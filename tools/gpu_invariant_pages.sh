@@ -15,8 +15,8 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-FILES="test_hf test_hf_kv8 test_runtime test_unified_max test_gpu test_invariance test_device_lengths test_paged test_quant" \
-  bash "$(dirname "$0")/gpu_suite.sh" "$OUT" 170 14
+FILES="test_hf test_hf_kv8 test_runtime test_unified_max test_gpu test_invariance test_paged" \
+  bash "$(dirname "$0")/gpu_suite.sh" "$OUT" 150 14
 start_run "$OUT" pages
 timeout 170 python -m fdlib.bench --serving --methods invariant,worklist+invariant --warmup 10 --rep 30 \
   --graph-rep 10 --budget-s 150 --out "$R" --name serving-invariant > "$R/serving-invariant.log" 2>&1
