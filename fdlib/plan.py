@@ -72,8 +72,9 @@ from .kernels.worklist import INLINE_BATCH, schedule_args, schedule_launcher
 from . import worklist
 from .kernels.tile import TABLE_AHEAD_PAGE, TABLE_REGS_LIMIT
 from .reference import naive_attention
-from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
-                     one_wave_suits, order_hint, persistent_per_sm, sm_count)
+from .schedule import choose_balanced
+from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_kernel, choose_splits, one_wave_suits, order_hint,
+                     persistent_per_sm, sm_count)
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_bool, check_lengths_type, check_max_seqlen,
                        check_method, check_num_splits, check_page_size, check_page_strides, check_pool, check_q_len,
                        check_scale, shape_str)

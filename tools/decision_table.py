@@ -1,6 +1,6 @@
 """Every choice fdlib's chooser makes on the benchmarked cases, one line a case, with no GPU.
 
-    python tools/decision_table.py [OUT.txt]
+    python tools/decision_table.py [OUT.txt] [--set NAME=VALUE ...] [--diff results/cpu/decisions/baseline.txt]
 
 For each case it prints, on one line, what :func:`fdlib.plan.decide` returns (the kernel, splits, chunk, tiles, programs, budget,
 pack, order, ...: the :class:`~fdlib.plan.Decision`'s repr), under each GPU identity the chooser tells apart:
@@ -198,10 +198,44 @@ def table() -> list[str]:
     return lines
 
 
+def set_constant(text: str) -> None:
+    """``NAME=VALUE`` (a Python literal): NAME set to VALUE in every fdlib module that has it (a module that
+    imported it by name holds its own copy)."""
+    import ast
+    name, _, value = text.partition("=")
+    value = ast.literal_eval(value)
+    hit = [m for k, m in sys.modules.items() if k.startswith("fdlib") and hasattr(m, name)]
+    if not hit:
+        raise SystemExit(f"--set: no fdlib module has {name}")
+    for m in hit:
+        setattr(m, name, value)
+
+
 def main() -> None:
-    text = "\n".join(table()) + "\n"
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", nargs="?", help="write the table here (default: stdout)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a chooser constant at another value (Python literal), in every fdlib module holding it")
+    ap.add_argument("--diff", metavar="BASELINE", help="print only the lines that differ from BASELINE's, and their "
+                                                       "count (exit status 1 if any)")
+    args = ap.parse_args()
+    for item in args.set:
+        set_constant(item)
+    lines = table()
+    if args.diff:
+        with open(args.diff) as f:
+            base = f.read().splitlines()
+        changed = [(a, b) for a, b in zip(base, lines) if a != b]
+        if len(base) != len(lines):
+            print(f"{len(base)} lines in {args.diff}, {len(lines)} now")
+        for a, b in changed:
+            print(f"- {a}\n+ {b}")
+        print(f"{len(changed)} of {len(lines)} lines differ")
+        raise SystemExit(1 if changed or len(base) != len(lines) else 0)
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
             f.write(text)
     else:
         sys.stdout.write(text)
