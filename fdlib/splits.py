@@ -49,10 +49,11 @@ STREAMK_PAGED_DENSE_TILES = 384
 LONGEST_FIRST_IMBALANCE = 1.05
 """Whole rows longest first where the greedy schedule's busiest SM is within this of the mean (H200)."""
 
-ONE_WAVE_MIN_ROWS, ONE_WAVE_MAX_ROWS = 0.75, 2.0
-"""B·H_kv rows, in ONE_WAVE_PER_SM·SMs programs (one wave of one-wave tiles), that took those tiles faster (H200)."""
+ONE_WAVE_WAVES = 2
+"""One-wave tiles for B·H_kv rows that make one to this many whole waves of ONE_WAVE_PER_SM·SMs programs, to the
+nearest wave: one and two were faster, four not (H200) ..."""
 ONE_WAVE_MAX_KEYS = 1024
-"""... with equal rows of at most this many keys (H200: 512 and 1024 faster, 2048 and longer slower)."""
+"""... of equal rows of at most this many keys (512 and 1024 faster, 2048 and longer slower)."""
 
 PERSISTENT_MIN_WAVES = 2
 """The persistent kernel takes at least this many rows an SM (two waves of the unified grid)."""
@@ -116,8 +117,8 @@ def longest_first_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int, c
 
 
 def longest_first_imbalance(H_kv: int, lengths, block_n: int, sms: int, per_sm: int = 1) -> float:
-    """The busiest SM's load over the mean when the B·H_kv rows of max(1, ⌈L/N⌉) tiles are launched longest first on
-    ``sms`` SMs of ``per_sm`` program slots: the first sms·per_sm rows fill every slot at once, SM by SM in turn
+    """The busiest SM's load over the mean when the B·H_kv rows of max(1, ⌈L/N⌉) tiles are launched longest first
+    on ``sms`` SMs of ``per_sm`` program slots: the first sms·per_sm rows fill every slot at once, SM by SM in turn
     (row i on SM i mod sms), then each next row goes to the SM that has streamed least so far (greedy list
     scheduling: the hardware gives the next program to an SM whose program ended; an SM's programs share its
     bandwidth, so its load is the sum of its rows' tiles)."""
@@ -201,8 +202,8 @@ def one_wave_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int, q_len:
     """Whether a one-split unified plan takes :data:`~fdlib.kernels.config.ONE_WAVE_TILE` (16-key tiles, 2 warps,
     ONE_WAVE_PER_SM programs an SM) in place of its 64-key tiles: on a GPU, over pages of at least
     TABLE_AHEAD_PAGE keys, one query token, D = 128 at 2 bytes an element, host lengths all equal to some
-    L <= ONE_WAVE_MAX_KEYS, and B·H_kv rows between ONE_WAVE_MIN_ROWS and ONE_WAVE_MAX_ROWS times the
-    ONE_WAVE_PER_SM·SMs programs the GPU holds at once (about one or two whole waves)."""
+    L <= ONE_WAVE_MAX_KEYS, and B·H_kv rows that make 1 to ONE_WAVE_WAVES waves of the ONE_WAVE_PER_SM·SMs programs
+    the GPU holds at once, to the nearest wave."""
     from .kernels.tile import TABLE_AHEAD_PAGE
     compiled = not runtime.INTERPRET if compiled is None else compiled
     if not compiled or paged < TABLE_AHEAD_PAGE.value or q_len != 1 or D != 128 or dtype.itemsize != 2:
@@ -210,8 +211,8 @@ def one_wave_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int, q_len:
     lengths = [] if lengths is None else [int(x) for x in lengths]   # host ints (a list, a tuple, a CPU tensor)
     if len(set(lengths)) != 1 or lengths[0] > ONE_WAVE_MAX_KEYS:
         return False
-    slots = ONE_WAVE_PER_SM * (sm_count() if sms is None else sms)
-    return ONE_WAVE_MIN_ROWS * slots <= B * H_kv <= ONE_WAVE_MAX_ROWS * slots
+    waves = B * H_kv / (ONE_WAVE_PER_SM * (sm_count() if sms is None else sms))
+    return 1 <= int(waves + 0.5) <= ONE_WAVE_WAVES
 
 
 def persistent_max_keys() -> int:

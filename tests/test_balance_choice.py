@@ -229,8 +229,9 @@ def test_paged_plans_before_the_first_launch_match_later_ones():
 
 def test_one_wave_tiles_take_only_equal_short_rows_over_pages_that_fill_the_sms():
     """ONE_WAVE_TILE (16 keys, 2 warps, 8 programs an SM) is taken by a GPU plan of equal rows of at most 1024 keys
-    over pages of >= TABLE_AHEAD_PAGE keys, one query token, D=128 in 2 bytes, with B·H_kv between 0.75 and 2
-    times the programs the SMs hold at once (8·132 = 1056 on an H200): the shapes where it was measured faster."""
+    over pages of >= TABLE_AHEAD_PAGE keys, one query token, D=128 in 2 bytes, with B·H_kv rows one or two waves of
+    the programs the SMs hold at once (8·132 = 1056 on an H200), to the nearest wave: the shapes where it was
+    measured faster."""
     from fdlib.kernels.config import ONE_WAVE_PER_SM
     h200 = dict(sms=132, compiled=True)
     f16, eq = torch.float16, (lambda B, L: [L] * B)
@@ -239,8 +240,10 @@ def test_one_wave_tiles_take_only_equal_short_rows_over_pages_that_fill_the_sms(
     assert splits.one_wave_suits(128, 8, 128, f16, torch.full((128,), 1024), 16, **h200)   # a CPU tensor
     assert splits.one_wave_suits(32, 32, 128, torch.bfloat16, eq(32, 1024), 16, **h200)
     assert splits.one_wave_suits(64, 32, 128, f16, eq(64, 512), 256, **h200)            # 2048 rows
-    assert splits.one_wave_suits(99, 8, 128, f16, eq(99, 1024), 16, **h200)             # 792 = 0.75 · 1056
-    assert not splits.one_wave_suits(98, 8, 128, f16, eq(98, 1024), 16, **h200)         # 784 rows: too few
+    assert splits.one_wave_suits(66, 8, 128, f16, eq(66, 1024), 16, **h200)             # 528 = 0.5 · 1056
+    assert not splits.one_wave_suits(65, 8, 128, f16, eq(65, 1024), 16, **h200)         # 520 rows: too few
+    assert splits.one_wave_suits(82, 32, 128, f16, eq(82, 1024), 16, **h200)            # 2624 rows: 2.48 waves
+    assert not splits.one_wave_suits(83, 32, 128, f16, eq(83, 1024), 16, **h200)       # 2656 rows: 2.52 waves
     assert not splits.one_wave_suits(128, 32, 128, f16, eq(128, 1024), 16, **h200)      # 4096 rows: equal there
     assert not splits.one_wave_suits(128, 8, 128, f16, eq(127, 1024) + [1023], 16, **h200)   # ragged
     assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 2048), 16, **h200)       # long rows

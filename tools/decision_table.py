@@ -1,6 +1,7 @@
 """Every choice fdlib's chooser makes on the benchmarked cases, one line a case, with no GPU.
 
     python tools/decision_table.py [OUT.txt] [--set NAME=VALUE ...] [--diff results/cpu/decisions/baseline.txt]
+    python tools/decision_table.py results/cpu/decisions/sensitivity.txt --diff results/cpu/decisions/baseline.txt --sweep
 
 For each case it prints, on one line, what :func:`fdlib.plan.decide` returns (the kernel, splits, chunk, tiles, programs, budget,
 pack, order, ...: the :class:`~fdlib.plan.Decision`'s repr), under each GPU identity the chooser tells apart:
@@ -211,6 +212,39 @@ def set_constant(text: str) -> None:
         setattr(m, name, value)
 
 
+SWEEP = (
+    ("EPILOGUE_WORK", (5000, 20000, 10**12)), ("TWO_STAGE_SPLITS", (24, 48, 10**6)),
+    ("PAGED_EPILOGUE_WORK", (12000, 50000, 10**12)), ("STREAMK_MIN_BATCH", (4, 16, 10**6)),
+    ("STREAMK_MAX_MEAN", (1024, 4096, 10**12)), ("STREAMK_PAGED_MIN_TILES", (20, 80, 10**12)),
+    ("STREAMK_PAGED_DENSE_TILES", (192, 768, 10**12)), ("LONGEST_FIRST_IMBALANCE", (1.0, 1.1, 0.0)),
+    ("ONE_WAVE_WAVES", (1, 3, 100)),
+    ("ONE_WAVE_MAX_KEYS", (512, 2048, 0)), ("PERSISTENT_MIN_WAVES", (1, 3, 10**6)),
+    ("PERSISTENT_MAX_KEYS", ({"H200": 32768, "H100": 1536}, {"H200": 131072, "H100": 1536},
+                             {"H200": 65536, "H100": 768}, {"H200": 65536, "H100": 3072}, {"H200": 0, "H100": 0})),
+    ("PACK_MIN_ROWS", (4, 16, 10**6)), ("PACK_MIN_BYTES", (1 << 26, 1 << 28, 1 << 62)),
+)
+"""The chooser's constants and the values :func:`sweep` tries for each: about half and twice the value, and one
+that turns its rule off."""
+
+
+def sweep(base: list[str]) -> list[str]:
+    """For each constant of SWEEP at each value: the cases (identity | batch | cache) whose line differs from
+    ``base``."""
+    out = []
+    for name, values in SWEEP:
+        mods = [m for k, m in sys.modules.items() if k.startswith("fdlib") and hasattr(m, name)]
+        kept = getattr(mods[0], name)
+        for value in values:
+            for m in mods:
+                setattr(m, name, value)
+            changed = [" | ".join(b.split(" | ")[:3]) for a, b in zip(base, table()) if a != b]
+            out.append(f"{name}={value!r} (now {kept!r}): {len(changed)} of {len(base)} lines differ")
+            out += [f"    {c}" for c in changed]
+        for m in mods:
+            setattr(m, name, kept)
+    return out
+
+
 def main() -> None:
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -219,6 +253,8 @@ def main() -> None:
                     help="a chooser constant at another value (Python literal), in every fdlib module holding it")
     ap.add_argument("--diff", metavar="BASELINE", help="print only the lines that differ from BASELINE's, and their "
                                                        "count (exit status 1 if any)")
+    ap.add_argument("--sweep", action="store_true", help="with --diff: each constant of SWEEP at other values, the "
+                                                             "cases whose choice changes")
     args = ap.parse_args()
     for item in args.set:
         set_constant(item)
@@ -226,6 +262,14 @@ def main() -> None:
     if args.diff:
         with open(args.diff) as f:
             base = f.read().splitlines()
+        if args.sweep:
+            text = "\n".join(sweep(base)) + "\n"
+            if args.out:
+                with open(args.out, "w") as f:
+                    f.write(text)
+            else:
+                sys.stdout.write(text)
+            return
         changed = [(a, b) for a, b in zip(base, lines) if a != b]
         if len(base) != len(lines):
             print(f"{len(base)} lines in {args.diff}, {len(lines)} now")
