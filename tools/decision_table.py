@@ -19,7 +19,8 @@ The cases are the benchmarks' batches: the dense grid (:data:`fdlib.bench.harnes
 ``tools/ab_ragged.py`` runs (``tools/gpu_common.sh``'s kernel grid, the persistent and device-lengths grids), the
 seven serving batches (:data:`fdlib.bench.serving.CASES`, issue 50's), each contiguous and over pages of 16, with
 host lengths and without (device lengths: the plan ``decode_attention`` makes), ``auto`` everywhere and, with host
-lengths, ``unified``, ``split``, ``balanced`` and ``batch_invariant=True``; 8-bit caches on the serving batches.
+lengths, every other method, ``batch_invariant=True``, forced split counts, ``max_seqlen``, ``longest_first`` and
+``pack_heads``; 8-bit caches on the serving batches.
 A refactor of the chooser that changes no line of this table changes no decision on those cases.
 """
 from __future__ import annotations
@@ -149,15 +150,24 @@ def ab_ragged_cases() -> list[str]:
     ]
 
 
-def variants(kv):
-    """(tag, lengths given?, decide keywords) of a case."""
+def variants(kv, B: int):
+    """(tag, lengths given? (None: max_seqlen), decide keywords) of a case."""
     yield "host auto", True, dict(method="auto")
     yield "device auto", False, dict(method="auto")
     if kv is None:
-        for m in ("unified", "split", "balanced"):
+        for m in ("unified", "split", "balanced", "persistent", "streamk", "worklist"):
             yield f"host {m}", True, dict(method=m)
         yield "host invariant", True, dict(method="auto", batch_invariant=True)
         yield "device invariant", False, dict(method="auto", batch_invariant=True)
+        yield "max_seqlen auto", None, dict(method="auto")
+        yield "device worklist", False, dict(method="worklist")
+        for s in (1, 4):
+            yield f"host auto#{s}", True, dict(method="auto", num_splits=s)
+        yield "host auto longest_first=False", True, dict(method="auto", longest_first=False)
+        if B <= 128:
+            yield "host unified longest_first=True", True, dict(method="unified", longest_first=True)
+        for p in (True, False):
+            yield f"host auto pack_heads={p}", True, dict(method="auto", pack_heads=p)
 
 
 def decision(B, hq, hk, D, dt, lens, page, q_len, kv, given, kw) -> str:
@@ -165,9 +175,11 @@ def decision(B, hq, hk, D, dt, lens, page, q_len, kv, given, kw) -> str:
     L_max = paged_cap(lens, page)
     fmt = quant.plan_format(*kv, dtype) if kv else None
     pack = False if fmt is not None and (fmt.k != "tensor" or fmt.v != "tensor") else None
+    kw = dict(kw)
+    kw.setdefault("pack_heads", pack)
     try:
         d = decide(B, hq, hk, D, L_max, fmt or dtype, lengths=tuple(lens) if given else None, q_len=q_len,
-                   paged=page, pack_heads=pack, **kw)
+                   paged=page, max_seqlen=max(lens) if given is None else None, **kw)
     except Exception as e:  # noqa: BLE001 - an error is a decision too
         return f"error {type(e).__name__}: {e}"
     return compact(d)
@@ -194,7 +206,7 @@ def table() -> list[str]:
         for label, B, hq, hk, D, dt, lens, page, q_len, kv in rows:
             where = f"pages of {page}" if page else "contiguous"
             chosen = " ; ".join(f"{tag}: {decision(B, hq, hk, D, dt, lens, page, q_len, kv, given, kw)}"
-                                for tag, given, kw in variants(kv))
+                                for tag, given, kw in variants(kv, B))
             lines.append(f"{identity} | {label} | {where} | L_max={paged_cap(lens, page)} sum={sum(lens)} | {chosen}")
     return lines
 
