@@ -186,14 +186,17 @@ def decision(B, hq, hk, D, dt, lens, page, q_len, kv, given, kw) -> str:
 
 
 def compact(d) -> str:
-    """A decision's fields, those at their defaults left out, tiles as BLOCK_N/warps/stages."""
+    """A decision's fields, those at their defaults left out, tiles as BLOCK_N/warps/stages, the basis by its first
+    word."""
     from dataclasses import fields
     parts = [d.kernel]
     for f in fields(d)[1:]:
         v = getattr(d, f.name)
         if f.name == "tile":
             parts.append("tile=" + ("-" if v is None else f"{v.BLOCK_N}/{v.num_warps}/{v.num_stages}"))
-        elif f.name in ("splits", "chunk", "L_cap", "basis") or v != f.default:
+        elif f.name == "basis":   # its first words: host, max_seqlen, capacity, device, batch-invariant
+            parts.append(f"basis={v.split(':')[0].split()[0]}")
+        elif f.name in ("splits", "chunk", "L_cap") or v != f.default:
             parts.append(f"{f.name}={v}")
     return " ".join(parts)
 
