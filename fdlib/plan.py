@@ -72,8 +72,9 @@ from .kernels.worklist import INLINE_BATCH, schedule_args, schedule_launcher
 from . import worklist
 from .kernels.tile import TABLE_AHEAD_PAGE, TABLE_REGS_LIMIT
 from .reference import naive_attention
-from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_balanced, choose_kernel, choose_splits,
-                     one_wave_suits, order_hint, persistent_per_sm, sm_count)
+from .schedule import choose_balanced
+from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_kernel, choose_splits, one_wave_suits, order_hint,
+                     persistent_per_sm, sm_count)
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_bool, check_lengths_type, check_max_seqlen,
                        check_method, check_num_splits, check_page_size, check_page_strides, check_pool, check_q_len,
                        check_scale, shape_str)
@@ -360,40 +361,33 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
         if d is not None:
             return d
     q_rows = H_q // H_kv * q_len if q_len > 1 else 1
+    given = max(lengths, default=1) if lengths is not None else max_seqlen   # what a device schedule is sized for
     if method == "worklist":
-        L_cap = max(lengths, default=1) if lengths is not None else max_seqlen
-        return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, L_cap)
+        return worklist_decision(B, H_kv, D, L_max, dtype, q_rows, paged, num_splits, batch_invariant, given)
     if batch_invariant:
         if method not in ("auto", "unified") or num_splits is not None:
             raise ValueError(f"batch_invariant: runs its own kernel, at chunks fixed by each row's length; pass "
                              f"method='auto' or 'unified' and num_splits=None, got method={method!r}, "
                              f"num_splits={num_splits!r}")
-        L_cap = max(lengths, default=1) if lengths is not None else max_seqlen
-        return invariant_decision(B, H_q * q_len, H_kv, D, L_max, dtype, q_rows, L_cap)
-    if lengths is not None:
-        L_cap, basis = max(max(lengths, default=0), 1), "host lengths"
-    elif max_seqlen is not None:
-        L_cap, basis = max(int(max_seqlen), 1), "max_seqlen"
-    else:
-        L_cap, basis = max(L_max, 1), "capacity"
+        return invariant_decision(B, H_q * q_len, H_kv, D, L_max, dtype, q_rows, given)
+    L_cap, basis = ((max(max(lengths, default=0), 1), "host lengths") if lengths is not None else
+                    (max(int(max_seqlen), 1), "max_seqlen") if max_seqlen is not None else (max(L_max, 1), "capacity"))
     if method == "naive":
         return Decision("naive", 1, L_cap, None, L_cap, basis)
-    elem_bytes = dtype.itemsize
-    tile = tile_config(D, L_cap, elem_bytes, rows=B * H_kv, q_rows=q_rows, paged=paged)
+    batch = (B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged)   # what the choosers read
     kernel = method
-    if (method == "auto" and lengths is None and num_splits is None and device_schedule
-            and device_schedule_suits(B, q_len)):
-        kernel, basis = "streamk", "device lengths"   # shares made on the device from the lengths it finds
-    if kernel in ("persistent", "streamk"):
+    if method == "auto" and num_splits is None:
+        if lengths is None and device_schedule and device_schedule_suits(B, q_len):
+            kernel, num_splits, basis = "streamk", 1, "device lengths"   # shares made on the device from the lengths
+        else:
+            kernel, num_splits = choose_auto(*batch)
+            if kernel == "longest_first" and longest_first is False:
+                kernel, num_splits = "unified", choose_splits(*batch)
+    elif kernel in ("persistent", "streamk"):
         num_splits = 1
-    elif method == "auto" and num_splits is None:
-        kernel, num_splits = choose_auto(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged=paged)
-        if kernel == "longest_first" and longest_first is False:
-            kernel, num_splits = "unified", choose_splits(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged)
-    elif method == "balanced" and num_splits is None:
-        num_splits = choose_balanced(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged)
     elif num_splits is None:
-        num_splits = choose_splits(B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged)
+        num_splits = (choose_balanced if kernel == "balanced" else choose_splits)(*batch)
+    tile = tile_config(D, L_cap, dtype.itemsize, rows=B * H_kv, q_rows=q_rows, paged=paged)
     chunk, splits = chunk_for(L_cap, num_splits, tile.BLOCK_N)
     if kernel == "auto":   # forced splits: the unified kernel, or the persistent one at one split
         kernel = choose_kernel(B, H_kv, L_cap, splits, paged=paged)
@@ -401,28 +395,21 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
             and one_wave_suits(B, H_kv, D, dtype, lengths, paged, q_len)):
         tile = ONE_WAVE_TILE   # equal short rows over pages, all programs on the SMs at once
         chunk, splits = chunk_for(L_cap, 1, tile.BLOCK_N)
+    most = {"balanced": MAX_BATCH, "streamk": STREAMK_MAX_BATCH}.get(kernel, B)
+    if B > most:
+        raise ValueError(f"method: {kernel!r} keeps the batch's lengths in registers, B <= {most}, got B={B}")
     if kernel == "balanced":
-        if B > MAX_BATCH:
-            raise ValueError(f"method: 'balanced' keeps the batch's lengths in registers, B <= {MAX_BATCH}, got B={B}")
         return Decision("balanced", splits, chunk, tile, L_cap, basis, budget=B * splits)
-    if kernel == "streamk":
-        if B > STREAMK_MAX_BATCH:
-            raise ValueError(f"method: 'streamk' keeps the batch's lengths in registers, B <= {STREAMK_MAX_BATCH}, "
-                             f"got B={B}")
-        # the persistent kernel's tiles (persistent_config): 64 keys, where the unified kernel's 128 made the
-        # stream-K loop slower on the H200, except on pages too small to read the table ahead
-        return Decision("streamk", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
-                        streamk_programs(H_kv, sm_count(), persistent_per_sm()))
-    if kernel == "longest_first" or longest_first:   # auto's rule, or asked for
-        return Decision("unified", splits, chunk, tile, L_cap, basis, order=longest_first_order(B),
-                        table_regs=table_regs_for(chunk, paged))
-    if kernel != "persistent":
-        return Decision(kernel, splits, chunk, tile, L_cap, basis,
-                        table_regs=table_regs_for(chunk, paged) if kernel == "unified" else 0)
-    programs = programs_for(B * H_kv, sm_count(), persistent_per_sm())
-    return Decision("persistent", 1, L_cap, persistent_config(D, elem_bytes, q_rows, paged=paged), L_cap, basis,
-                    programs, rows_for(B * H_kv, programs))
-
+    if kernel in ("streamk", "persistent"):
+        # the row walkers' tiles (persistent_config): 64 keys, where the unified kernel's 128 made the stream-K loop
+        # slower on the H200, except on pages too small to read the table ahead
+        sms, per_sm = sm_count(), persistent_per_sm()
+        programs = streamk_programs(H_kv, sms, per_sm) if kernel == "streamk" else programs_for(B * H_kv, sms, per_sm)
+        return Decision(kernel, 1, L_cap, persistent_config(D, dtype.itemsize, q_rows, paged=paged), L_cap, basis,
+                        programs, 0 if kernel == "streamk" else rows_for(B * H_kv, programs))
+    order = longest_first_order(B) if kernel == "longest_first" or longest_first else 0   # auto's rule, or asked for
+    return Decision("unified" if kernel == "longest_first" else kernel, splits, chunk, tile, L_cap, basis,
+                    order=order, table_regs=table_regs_for(chunk, paged) if kernel != "split" else 0)
 
 TABLE_REGS_MAX = TABLE_REGS_LIMIT.value
 """The most block-table entries a split holds in registers: splits of up to 4096 keys at pages of 16. Timed on the

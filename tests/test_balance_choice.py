@@ -1,24 +1,25 @@
-"""auto's choice of the balanced kernel for ragged host lengths (fdlib.splits.balance_gain): the list-scheduling
-model it rests on, and its verdicts on batches whose answer is clear."""
+"""auto's choices for ragged host lengths (fdlib.splits), and the budget of method="balanced"
+(fdlib.schedule.balance_gain): the list-scheduling model it rests on, and its verdicts on batches whose answer is
+clear."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fdlib import costmodel, splits
+from fdlib import costmodel, schedule, splits
 
 
 def test_makespan_is_list_scheduling():
-    assert splits.makespan([], 4) == 0.0
-    assert splits.makespan([5.0], 4) == 5.0
-    assert splits.makespan([3.0, 3.0, 3.0, 3.0], 2) == 6.0
-    assert splits.makespan([10.0, 1.0, 1.0, 1.0], 2) == 10.0     # the long piece sets the end
-    assert splits.makespan([1.0, 1.0, 1.0, 10.0], 2) == 11.0     # ... later when it starts late
+    assert schedule.makespan([], 4) == 0.0
+    assert schedule.makespan([5.0], 4) == 5.0
+    assert schedule.makespan([3.0, 3.0, 3.0, 3.0], 2) == 6.0
+    assert schedule.makespan([10.0, 1.0, 1.0, 1.0], 2) == 10.0     # the long piece sets the end
+    assert schedule.makespan([1.0, 1.0, 1.0, 10.0], 2) == 11.0     # ... later when it starts late
 
 
 def best_gain(lengths, H_kv, L_cap, s):
-    return min(splits.balance_gain(lengths, H_kv, 128, torch.float16, L_cap, s, b)
-               for b in splits.balanced_candidates(len(lengths), H_kv, s))
+    return min(schedule.balance_gain(lengths, H_kv, 128, torch.float16, L_cap, s, b)
+               for b in schedule.balanced_candidates(len(lengths), H_kv, s))
 
 
 def pretend_interpreter_gpu(monkeypatch):
@@ -42,17 +43,17 @@ def test_too_many_items_cost_their_start_up(monkeypatch):
     """A budget far above what fills the SMs cuts rows into pieces whose start-ups the model counts."""
     pretend_interpreter_gpu(monkeypatch)
     lengths = [64] * 31 + [32768]
-    fine = splits.balance_gain(lengths, 1, 128, torch.float16, 32768, 1, 64)
-    coarse = splits.balance_gain(lengths, 1, 128, torch.float16, 32768, 1, 2)
+    fine = schedule.balance_gain(lengths, 1, 128, torch.float16, 32768, 1, 64)
+    coarse = schedule.balance_gain(lengths, 1, 128, torch.float16, 32768, 1, 2)
     assert fine > coarse
 
 
 def test_balanced_candidates(monkeypatch):
     pretend_interpreter_gpu(monkeypatch)
     sms = splits.sm_count()
-    c = splits.balanced_candidates(1, 1, 1)
+    c = schedule.balanced_candidates(1, 1, 1)
     assert 1 in c and any(s >= 2 * sms for s in c) and c == sorted(c)
-    assert splits.balanced_candidates(1024, 8, 3) == [1, 2, 3, 4]
+    assert schedule.balanced_candidates(1024, 8, 3) == [1, 2, 3, 4]
 
 
 def pretend_h200(monkeypatch, chosen: int):
@@ -83,37 +84,42 @@ def test_balanced_method_picks_its_budget_from_the_model(monkeypatch):
     fastest; without lengths (or in the interpreter) the split count of the cost model."""
     pretend_h200(monkeypatch, 30)
     lengths = [64] * 31 + [32768]
-    got = splits.choose_balanced(32, 32, 8, 128, torch.float16, 32768, lengths)
-    gains = {b: splits.balance_gain(lengths, 8, 128, torch.float16, 32768, 30, b)
-             for b in splits.balanced_candidates(32, 8, 30)}
+    got = schedule.choose_balanced(32, 32, 8, 128, torch.float16, 32768, lengths)
+    gains = {b: schedule.balance_gain(lengths, 8, 128, torch.float16, 32768, 30, b)
+             for b in schedule.balanced_candidates(32, 8, 30)}
     assert got == min(gains, key=gains.get)
-    assert splits.choose_balanced(32, 32, 8, 128, torch.float16, 32768, None) == 30
+    assert schedule.choose_balanced(32, 32, 8, 128, torch.float16, 32768, None) == 30
 
 
-def test_streamk_suits_ragged_batches_of_many_sequences_or_short_rows(monkeypatch):
-    """auto's stream-K rule: ragged host lengths of at least STREAMK_MIN_BATCH sequences, whatever their mean;
-    long rows in batches of at least STREAMK_MIN_LONG_BATCH; short rows with at least one row (b, h_kv) per SM
-    (the measured cases named in fdlib.splits)."""
+def test_streamk_suits_ragged_batches_of_long_rows_or_a_row_per_sm(monkeypatch):
+    """auto's stream-K rule on a contiguous cache: ragged host lengths of at least STREAMK_MIN_BATCH sequences, with
+    rows averaging more than STREAMK_MAX_MEAN keys or at least one row (b, h_kv) per SM (the measured cases named in
+    results/notes/chooser.md); equal rows never."""
     monkeypatch.setattr(splits, "sm_count", lambda: 132)
+
+    def suits(B, H_kv, lengths):
+        return splits.streamk_suits(B, H_kv, 128, torch.float16, lengths)
     short = [1 + (37 * i) % 2047 for i in range(128)]           # mean ~ 1024, ragged
     long = [8 * x for x in short]                                # mean ~ 8192
-    assert splits.streamk_suits(128, 8, short)                  # 1024 rows
-    assert splits.streamk_suits(8, 32, short[:8])               # 256 rows of short rows
-    assert not splits.streamk_suits(8, 8, short[:8])            # 64 rows on 132 SMs: splits win
-    assert splits.streamk_suits(32, 8, [4096 + 1000 * i for i in range(32)])   # 32 sequences, whatever the mean
-    assert splits.streamk_suits(128, 8, long)
-    assert splits.streamk_suits(8, 32, [4096 + 1000 * i for i in range(8)])       # 8 long rows
-    assert splits.streamk_suits(8, 8, [4096 + 1000 * i for i in range(8)])
-    assert not splits.streamk_suits(4, 8, [4096 + 1000 * i for i in range(4)])    # fewer: not measured
-    assert not splits.streamk_suits(16, 8, short[:16])          # short rows: 128 rows on 132 SMs
-    assert splits.streamk_suits(17, 8, short[:17])              # 136 rows
+    assert suits(128, 8, short)                                  # 1024 rows
+    assert suits(8, 32, short[:8])                               # 256 rows of short rows
+    assert not suits(8, 8, short[:8])                            # 64 rows on 132 SMs: splits win
+    assert suits(32, 8, [4096 + 1000 * i for i in range(32)])
+    assert suits(128, 8, long)
+    assert suits(8, 32, [4096 + 1000 * i for i in range(8)])        # 8 long rows
+    assert suits(8, 8, [4096 + 1000 * i for i in range(8)])
+    assert not suits(4, 8, [4096 + 1000 * i for i in range(4)])     # fewer: not measured
+    assert not suits(16, 8, short[:16])                          # short rows: 128 rows on 132 SMs
+    assert suits(17, 8, short[:17])                              # 136 rows
+    assert not suits(32, 4, short[:32])                          # many sequences, but short rows on 128 rows
+    assert not suits(128, 8, [8192] * 128)                       # equal rows: the unified or persistent kernel
 
 
 def _gpu_auto(monkeypatch, gain):
     """choose_auto on :func:`pretend_h200` at 4 splits, the unified kernel's, with the balanced schedule
     predicted at ``gain`` of the split schedule's time."""
     pretend_h200(monkeypatch, 4)
-    monkeypatch.setattr(splits, "best_balanced", lambda *a: (gain, 2))
+    monkeypatch.setattr(schedule, "best_balanced", lambda *a: (gain, 2))
     # whole rows longest first (tests/test_longest_first.py) would take some of these batches before this choice
     monkeypatch.setattr(splits, "LONGEST_FIRST_IMBALANCE", 0.0)
 
@@ -124,7 +130,8 @@ def test_auto_never_takes_the_balanced_kernel_whatever_its_model_predicts(monkey
     pages a ragged batch too short for stream-K (fewer than STREAMK_PAGED_MIN_TILES tiles a program) takes the
     unified kernel; a contiguous cache takes stream-K; equal lengths follow the model."""
     ragged = [1 + (1499 * i) % 2047 for i in range(32)]
-    assert splits.streamk_suits(32, 8, ragged)
+    monkeypatch.setattr(splits, "sm_count", lambda: 132)
+    assert splits.streamk_suits(32, 8, 128, torch.float16, ragged)
     for gain in (0.01, 2.0):
         _gpu_auto(monkeypatch, gain)
         assert splits.streamk_tiles_per_program(8, 128, torch.float16, ragged, 16) < splits.STREAMK_PAGED_MIN_TILES
@@ -221,9 +228,10 @@ def test_paged_plans_before_the_first_launch_match_later_ones():
 
 
 def test_one_wave_tiles_take_only_equal_short_rows_over_pages_that_fill_the_sms():
-    """ONE_WAVE_TILE (16 keys, 2 warps, 8 programs an SM) is taken by a GPU plan of equal rows of 512-1024 keys
-    over pages of >= TABLE_AHEAD_PAGE keys, one query token, D=128 in 2 bytes, with B·H_kv between 0.75 and 2
-    times the programs the SMs hold at once (8·132 = 1056 on an H200): the shapes where it was measured faster."""
+    """ONE_WAVE_TILE (16 keys, 2 warps, 8 programs an SM) is taken by a GPU plan of equal rows of at most 1024 keys
+    over pages of >= TABLE_AHEAD_PAGE keys, one query token, D=128 in 2 bytes, with B·H_kv rows one or two waves of
+    the programs the SMs hold at once (8·132 = 1056 on an H200), to the nearest wave: the shapes where it was
+    measured faster."""
     from fdlib.kernels.config import ONE_WAVE_PER_SM
     h200 = dict(sms=132, compiled=True)
     f16, eq = torch.float16, (lambda B, L: [L] * B)
@@ -232,12 +240,14 @@ def test_one_wave_tiles_take_only_equal_short_rows_over_pages_that_fill_the_sms(
     assert splits.one_wave_suits(128, 8, 128, f16, torch.full((128,), 1024), 16, **h200)   # a CPU tensor
     assert splits.one_wave_suits(32, 32, 128, torch.bfloat16, eq(32, 1024), 16, **h200)
     assert splits.one_wave_suits(64, 32, 128, f16, eq(64, 512), 256, **h200)            # 2048 rows
-    assert splits.one_wave_suits(99, 8, 128, f16, eq(99, 1024), 16, **h200)             # 792 = 0.75 · 1056
-    assert not splits.one_wave_suits(98, 8, 128, f16, eq(98, 1024), 16, **h200)         # 784 rows: too few
+    assert splits.one_wave_suits(66, 8, 128, f16, eq(66, 1024), 16, **h200)             # 528 = 0.5 · 1056
+    assert not splits.one_wave_suits(65, 8, 128, f16, eq(65, 1024), 16, **h200)         # 520 rows: too few
+    assert splits.one_wave_suits(82, 32, 128, f16, eq(82, 1024), 16, **h200)            # 2624 rows: 2.48 waves
+    assert not splits.one_wave_suits(83, 32, 128, f16, eq(83, 1024), 16, **h200)       # 2656 rows: 2.52 waves
     assert not splits.one_wave_suits(128, 32, 128, f16, eq(128, 1024), 16, **h200)      # 4096 rows: equal there
     assert not splits.one_wave_suits(128, 8, 128, f16, eq(127, 1024) + [1023], 16, **h200)   # ragged
     assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 2048), 16, **h200)       # long rows
-    assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 256), 16, **h200)        # not measured
+    assert splits.one_wave_suits(128, 8, 128, f16, eq(128, 256), 16, **h200)            # shorter rows too
     assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 0, **h200)        # contiguous
     assert not splits.one_wave_suits(128, 8, 128, f16, eq(128, 1024), 4, **h200)        # small pages
     assert not splits.one_wave_suits(128, 8, 128, f16, None, 16, **h200)                # no host lengths

@@ -136,15 +136,15 @@ def test_longest_first_plan_matches_float64_when_the_lengths_change(page, splits
 
 
 def test_greedy_model_of_rows_handed_longest_first():
-    # 4 rows of 10 tiles (+1 start) on 2 SMs: 22 each, balanced
+    # 4 rows of 10 tiles on 2 SMs: 20 each, balanced
     assert splits.longest_first_imbalance(1, [640] * 4, 64, 2) == pytest.approx(1.0)
-    # one row of 100 tiles and three of 1 on 2 SMs: loads 101 and 6, mean 53.5
-    assert splits.longest_first_imbalance(1, [6400, 64, 64, 64], 64, 2) == pytest.approx(101 / 53.5)
+    # one row of 100 tiles and three of 1 on 2 SMs: loads 100 and 3, mean 51.5
+    assert splits.longest_first_imbalance(1, [6400, 64, 64, 64], 64, 2) == pytest.approx(100 / 51.5)
     # H_kv rows a sequence: 2 heads of one 3-tile sequence on 2 SMs
     assert splits.longest_first_imbalance(2, [192], 64, 2) == pytest.approx(1.0)
-    # 2 slots an SM: the four rows (101, 91, 2, 2 tiles with the start) fill the slots at once, SM by SM in turn,
-    # so the two long ones share no SM only by the turn: loads 103 and 93, not the greedy 101 and 95
-    assert splits.longest_first_imbalance(1, [6400, 5760, 64, 64], 64, 2, per_sm=2) == pytest.approx(103 / 98)
+    # 2 slots an SM: the four rows (100, 90, 1, 1 tiles) fill the slots at once, SM by SM in turn, so the two
+    # long ones share no SM only by the turn: loads 101 and 91, not the greedy 100 and 92
+    assert splits.longest_first_imbalance(1, [6400, 5760, 64, 64], 64, 2, per_sm=2) == pytest.approx(101 / 96)
 
 
 def test_auto_takes_longest_first_only_where_the_rule_says(monkeypatch):
