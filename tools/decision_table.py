@@ -1,7 +1,7 @@
 """Every choice fdlib's chooser makes on the benchmarked cases, one line a case, with no GPU.
 
-    python tools/decision_table.py [OUT.txt] [--set NAME=VALUE ...] [--diff results/cpu/decisions/baseline.txt]
-    python tools/decision_table.py results/cpu/decisions/sensitivity.txt --diff results/cpu/decisions/baseline.txt --sweep
+    python tools/decision_table.py [OUT.txt] [--set NAME=VALUE ...] [--diff results/cpu/decisions/baseline.txt.gz]
+    python tools/decision_table.py results/cpu/decisions/sensitivity.txt --diff results/cpu/decisions/baseline.txt.gz --sweep
 
 For each case it prints, on one line, what :func:`fdlib.plan.decide` returns (the kernel, splits, chunk, tiles, programs, budget,
 pack, order, ...: the :class:`~fdlib.plan.Decision`'s repr), under each GPU identity the chooser tells apart:
@@ -260,6 +260,12 @@ def sweep(base: list[str]) -> list[str]:
     return out
 
 
+def _open(path, mode="r"):
+    """A text file, gzip-compressed where its name ends in .gz (the committed baseline is)."""
+    import gzip
+    return gzip.open(path, mode + "t") if str(path).endswith(".gz") else open(path, mode)
+
+
 def main() -> None:
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -275,12 +281,12 @@ def main() -> None:
         set_constant(item)
     lines = table()
     if args.diff:
-        with open(args.diff) as f:
+        with _open(args.diff) as f:
             base = f.read().splitlines()
         if args.sweep:
             text = "\n".join(sweep(base)) + "\n"
             if args.out:
-                with open(args.out, "w") as f:
+                with _open(args.out, "w") as f:
                     f.write(text)
             else:
                 sys.stdout.write(text)
@@ -294,7 +300,7 @@ def main() -> None:
         raise SystemExit(1 if changed or len(base) != len(lines) else 0)
     text = "\n".join(lines) + "\n"
     if args.out:
-        with open(args.out, "w") as f:
+        with _open(args.out, "w") as f:
             f.write(text)
     else:
         sys.stdout.write(text)
