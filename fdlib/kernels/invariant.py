@@ -53,8 +53,8 @@ import triton.language as tl
 
 from .config import block_sizes, fp32_dot
 from .launch import Launcher
-from .tile import (TABLE_AHEAD_PAGE, attend_tile, attend_tile_ahead, causal_limit, empty_state, finish_state,
-                   first_rows, fold_partial, fold_result, fold_where, group_queries, k_scaled, kv_base, kv_start,
+from .tile import (TABLE_AHEAD_PAGE, attend_tile, attend_tile_ahead, batch_tiles, causal_limit, empty_state,
+                   finish_state, first_rows, fold_partial, fold_result, fold_where, group_queries, k_scaled, kv_base, kv_start,
                    load_lengths, longest_first, restart_where, row_offset, scale_row, store_out, store_partial,
                    take_ticket, tile_update, timeline_record, timeline_start)
 
@@ -64,11 +64,11 @@ MIN_TILES = 1
 """Fewest tiles in a chunk (a chunk shorter than the row's tiles / CHUNKS is never made)."""
 
 
-def row_chunks(L: int, block_n: int) -> tuple[int, int]:
-    """(keys per chunk, number of chunks) of a row of L keys in tiles of ``block_n`` keys (the kernel's
-    :func:`chunk_of`, on the host)."""
+def row_chunks(L: int, block_n: int, chunks: int = CHUNKS) -> tuple[int, int]:
+    """(keys per chunk, number of chunks) of a row of L keys in tiles of ``block_n`` keys, at most ``chunks``
+    chunks (the kernel's :func:`chunk_of`, on the host)."""
     tiles = -(-max(L, 0) // block_n)
-    chunk = max(MIN_TILES, -(-tiles // CHUNKS)) * block_n
+    chunk = max(MIN_TILES, -(-tiles // chunks)) * block_n
     return chunk, max(-(-max(L, 0) // chunk), 1)
 
 
@@ -77,6 +77,77 @@ def max_chunks(L_max: int, block_n: int) -> int:
     slots a row needs (a shorter row may have more chunks than a longer one, e.g. 16 tiles make 16 chunks and
     17 tiles 9, so this is not simply L_max's count)."""
     return max(1, min(CHUNKS, -(-(-(-max(L_max, 0) // block_n)) // MIN_TILES)))
+
+
+def device_share(lengths, H_kv: int, block_n: int, sms: int, chunks: int = CHUNKS) -> list[tuple[int, int]]:
+    r"""(chunks a program k_b, programs n_b) of each row under the device share (the SHARE kernel's
+    :func:`row_share`, on the host; the one model of the rule, which the tests hold the kernel to).
+
+    From the B lengths alone, as the kernel reads them: row b has :math:`t_b = \max(1, \lceil L_b/N \rceil)`
+    tiles of N = ``block_n`` keys, c_b chunks of :math:`\tau_b` tiles (:func:`row_chunks`), and the batch
+    :math:`T = H_{kv} \sum_b t_b` tiles. Each program's share is :math:`S = \lceil T / \text{SMs} \rceil` tiles
+    (one wave of equal shares), rounded up to whole chunks of its row:
+
+    .. math::  k_b = \min\bigl(c_b,\ \max(1, \lceil S / \tau_b \rceil)\bigr), \qquad n_b = \lceil c_b / k_b \rceil,
+
+    so a row shorter than a share is one program (its whole row), and a long row is cut into programs of about
+    S tiles. Each program but a row's last holds :math:`k_b \tau_b \ge S` tiles, so
+    :math:`n_b \le \lceil t_b / S \rceil` and a KV head has at most
+    :math:`\sum_b n_b < \text{SMs}/H_{kv} + B` programs (:func:`share_programs`, the launch's bound).
+
+    On equal rows it is the host rule of :func:`fdlib.plan.invariant_decision` at one wave, or within a chunk
+    of it. With 128-key tiles (the compiled kernel's; the interpreter's are 16) on 132 SMs:
+
+    ==========================================  ======  =================  ==========================
+    batch (H_q:H_kv, lengths)                   S       k_b                n_b (programs a row)
+    ==========================================  ======  =================  ==========================
+    B=16 32:8, L=8192 each (128 rows)           63      16 (whole row)     1, as the host rule
+    B=4 32:8, L=8192 each                       16      4                  4, as the host rule
+    B=4 32:8, L=32768 each                      63      4                  4 (host rule: 16 of 1)
+    B=1 32:8, L=131072                          63      1                  16, as the host rule
+    B=8 32:8, one row of 131072, seven of 2048  71      2; short rows 16   8; short rows 1 (host: 16, 16)
+    B=24 28:4, L_b = 1..65536 evenly            ~187    6 for 65536        3 for 65536, 1 below ~23800
+    ==========================================  ======  =================  ==========================
+
+    (B=24: lengths 65536·(b+1)/24, T = 4·Σ t_b = 24624, S = 187: rows of more than 187 tiles get ⌈187/τ_b⌉
+    chunks a program, e.g. 32-tile chunks of the longest row 6, so 3 programs; the host rule gave every row one
+    program, the longest row alone at the end.)"""
+    tiles = [max(1, -(-max(int(L), 0) // block_n)) for L in lengths]
+    share = -(-H_kv * sum(tiles) // max(int(sms), 1))
+    out = []
+    for L in lengths:
+        chunk, n = row_chunks(int(L), block_n, chunks)
+        k = min(n, max(1, -(-share // (chunk // block_n))))
+        out.append((k, -(-n // k)))
+    return out
+
+
+def share_programs(B: int, H_kv: int, sms: int, max_row_chunks: int) -> int:
+    r"""Programs a KV head launches under the device share (the grid's second axis): the bound
+    :math:`\min(B\,c_{max},\ \lceil \text{SMs}/H_{kv} \rceil + B - 1)` on :math:`\sum_b n_b` of
+    :func:`device_share` (strictly less than SMs/H_kv + B), of the shapes alone, so that a graph captured before
+    the lengths are known launches the same grid. Programs past the batch's last row exit at once."""
+    return max(0, min(B * max_row_chunks, -(-int(sms) // H_kv) + B - 1))
+
+
+@triton.jit
+def row_share(LENS, n_batch, i, H_KV, sms, L_MAX, FLAG, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+              CHUNKS: tl.constexpr, MIN_TILES: tl.constexpr):
+    """Program i of a KV head under the device share (:func:`device_share`, from the B lengths read now): its
+    row b (n_batch where i is past the last row's programs), its place p among the row's programs, the row's
+    length L, k_b chunks a program and n_b programs (0 past the last row). The rows' programs are numbered in b
+    order: row b has programs E_{b-1} .. E_b - 1, E the running sum of the n_b."""
+    offs_b, lens, tiles = batch_tiles(LENS, n_batch, L_MAX, FLAG, BLOCK_B, BLOCK_N)
+    share = tl.cdiv(H_KV * tl.sum(tiles, 0), sms)
+    chunk, n_chunks = chunk_of(lens, BLOCK_N, CHUNKS, MIN_TILES)
+    k = tl.minimum(tl.maximum(tl.cdiv(share, chunk // BLOCK_N), 1), n_chunks)
+    n = tl.where(offs_b < n_batch, tl.cdiv(n_chunks, k), 0)
+    ends = tl.cumsum(n, 0)
+    b = tl.sum((ends <= i).to(tl.int32), 0)
+    mine = offs_b == b
+    p = i - tl.sum(tl.where(mine, ends - n, 0), 0)
+    return (b, p, tl.sum(tl.where(mine, lens, 0), 0), tl.sum(tl.where(mine, k, 0), 0),
+            tl.sum(tl.where(mine, n, 0), 0))
 
 
 @triton.jit
@@ -138,6 +209,49 @@ def fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt, stride_
 
 
 @triton.jit
+def attend_chunks(q, k_ptrs, v_ptrs, start, end, limit, chunk, offs_n, mask_d, qk, SC, stride_kl, stride_vl, BT_ROW,
+                  stride_kb, stride_vb, n_pages, FLAG, rows, mask_gd, h0, O_ROW, stride_pt, stride_ph, stride_ps,
+                  LSE_ROW, stride_lt, stride_lh, GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_G: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
+                  PAGE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                  ALONE: tl.constexpr):
+    """A program's keys [start, end) in one pass, the online softmax restarted at each chunk's first tile: the
+    state (m, ℓ, Õ) of its last chunk, and the merge (m, den, acc) of its earlier ones where ALONE (folded as they
+    end); without ALONE their partials are stored for the merging program instead. ONE_CHUNK: the program has one
+    chunk, so the loop has no chunk-end work."""
+    m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+    f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)         # the fold (m, den, acc) starts empty alike
+    if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.attend_tile_ahead)
+        rows_n = first_rows(BT_ROW, start, offs_n, end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
+                            PAGE, SC, K_SCALE, V_SCALE)
+    for n0 in range(start, end, BLOCK_N):
+        if PAGE >= TABLE_AHEAD_PAGE:
+            m, l, acc, rows_n = attend_tile_ahead(q, k_ptrs, v_ptrs, rows_n, n0, offs_n, end, limit, mask_d, m, l,
+                                                  acc, qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                  n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, SC,
+                                                  K_SCALE, V_SCALE)
+        else:
+            m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
+                                                    qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                    n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN,
+                                                    SC, K_SCALE, V_SCALE)
+        # a chunk that ends here, before the program's last: its partial is folded into the row's merge (an
+        # ALONE plan) or stored for the merging program; the next chunk starts afresh
+        # (predicated, not branched, so that the loop stays one software-pipelined loop). A plan whose
+        # programs compute one chunk each (ONE_CHUNK) never ends a chunk inside the loop: it has none of it.
+        if not ONE_CHUNK:
+            emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
+            o_c, lse_c = finish_state(m, l, acc, SC, V_SCALE)
+            if ALONE:    # every program is alone on its row: folded here, nothing stored
+                f_m, f_den, f_acc = fold_where(emit, f_m, f_den, f_acc, o_c, lse_c)
+            else:        # stored for the merging program (also by a program alone on its row: see below)
+                store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph,
+                              stride_ps, LSE_ROW, stride_lt, stride_lh, emit, GROUP, Q_LEN, BLOCK_D)
+            m, l, acc = restart_where(emit, m, l, acc)
+    return m, l, acc, f_m, f_den, f_acc
+
+
+@triton.jit
 def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES, KS, VS,
                      stride_qb, stride_qt, stride_qh,
                      stride_kb, stride_kl, stride_kh,
@@ -146,26 +260,33 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
                      stride_lb, stride_lt, stride_lh,
                      stride_ob, stride_ot, stride_oh, stride_sb, stride_st, stride_sh,
                      qk_scale, per_program, H_KV, L_MAX, stride_bt, n_pages,
-                     stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul,
+                     stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul, n_batch, sms,
                      GROUP: tl.constexpr, D: tl.constexpr,
                      BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr,
                      TILE_UPDATE: tl.constexpr, TAKE_TICKET: tl.constexpr, PAGE: tl.constexpr,
                      Q_LEN: tl.constexpr = 1, TIMELINE: tl.constexpr = False,
                      CHUNKS: tl.constexpr = 16, MIN_TILES: tl.constexpr = 1, ONE_CHUNK: tl.constexpr = False,
                      ALONE: tl.constexpr = False, FOLD_G: tl.constexpr = 16, FOLD_C: tl.constexpr = 16,
-                     K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0, ORDER_B: tl.constexpr = 0):
+                     K_SCALE: tl.constexpr = 0, V_SCALE: tl.constexpr = 0, ORDER_B: tl.constexpr = 0,
+                     SHARE: tl.constexpr = False, BLOCK_B: tl.constexpr = 16):
     if TIMELINE:
         t_start = timeline_start()
-    if ORDER_B > 0:   # grid (H_kv, B, programs a row): place i runs the i-th longest row, its KV heads together
+    if SHARE:         # grid (H_kv, programs a head): the device share (row_share) gives program i its row and place
         h_kv = tl.program_id(0)
-        b = longest_first(LENS, COUNTERS - ORDER_B, tl.program_id(1), tl.num_programs(1), L_MAX, ORDER_B)
-    else:             # grid (B, H_kv, programs a row)
-        b = tl.program_id(0)
-        h_kv = tl.program_id(1)
-    p = tl.program_id(2)
-    L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
-    chunk, n_chunks = chunk_of(L, BLOCK_N, CHUNKS, MIN_TILES)
-    n_programs = tl.cdiv(n_chunks, per_program)
+        b, p, L, per_program, n_programs = row_share(LENS, n_batch, tl.program_id(1), H_KV, sms, L_MAX, FLAG,
+                                                     BLOCK_B, BLOCK_N, CHUNKS, MIN_TILES)
+        chunk, n_chunks = chunk_of(L, BLOCK_N, CHUNKS, MIN_TILES)
+    else:
+        if ORDER_B > 0:   # grid (H_kv, B, programs a row): place i runs the i-th longest row, its KV heads together
+            h_kv = tl.program_id(0)
+            b = longest_first(LENS, COUNTERS - ORDER_B, tl.program_id(1), tl.num_programs(1), L_MAX, ORDER_B)
+        else:             # grid (B, H_kv, programs a row)
+            b = tl.program_id(0)
+            h_kv = tl.program_id(1)
+        p = tl.program_id(2)
+        L = load_lengths(LENS, b, b >= 0, L_MAX, FLAG)
+        chunk, n_chunks = chunk_of(L, BLOCK_N, CHUNKS, MIN_TILES)
+        n_programs = tl.cdiv(n_chunks, per_program)
     if p < n_programs:
         c0 = p * per_program
         c_last = tl.minimum(c0 + per_program, n_chunks) - 1
@@ -188,42 +309,41 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
         SC = scale_row((KS, VS, stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul), b,
                        h_kv, PAGE, K_SCALE, V_SCALE)
         qk = k_scaled(qk_scale, SC, K_SCALE)
-        m, l, acc = empty_state(BLOCK_G, BLOCK_D)
-        f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)         # the fold (m, den, acc) starts empty alike
-        if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.attend_tile_ahead)
-            rows_n = first_rows(BT_ROW, start, offs_n, end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
-                                PAGE, SC, K_SCALE, V_SCALE)
-        for n0 in range(start, end, BLOCK_N):
-            if PAGE >= TABLE_AHEAD_PAGE:
-                m, l, acc, rows_n = attend_tile_ahead(q, k_ptrs, v_ptrs, rows_n, n0, offs_n, end, limit, mask_d, m, l,
-                                                      acc, qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
-                                                      n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, SC,
-                                                      K_SCALE, V_SCALE)
+        whole = n_chunks == 1   # the program has its row's every chunk and folds them itself
+        if SHARE:   # chunks a program chosen now: the loop of ONE_CHUNK, of ALONE, or the general one, by the row
+            whole = whole | (n_programs == 1)
+            if per_program == 1:
+                m, l, acc, f_m, f_den, f_acc = attend_chunks(
+                    q, k_ptrs, v_ptrs, start, end, limit, chunk, offs_n, mask_d, qk, SC, stride_kl, stride_vl,
+                    BT_ROW, stride_kb, stride_vb, n_pages, FLAG, rows, mask_gd, h0, O_ROW, stride_pt, stride_ph,
+                    stride_ps, LSE_ROW, stride_lt, stride_lh, GROUP, Q_LEN, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT,
+                    TILE_UPDATE, PAGE, K_SCALE, V_SCALE, True, False)
+            elif n_programs == 1:
+                m, l, acc, f_m, f_den, f_acc = attend_chunks(
+                    q, k_ptrs, v_ptrs, start, end, limit, chunk, offs_n, mask_d, qk, SC, stride_kl, stride_vl,
+                    BT_ROW, stride_kb, stride_vb, n_pages, FLAG, rows, mask_gd, h0, O_ROW, stride_pt, stride_ph,
+                    stride_ps, LSE_ROW, stride_lt, stride_lh, GROUP, Q_LEN, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT,
+                    TILE_UPDATE, PAGE, K_SCALE, V_SCALE, False, True)
             else:
-                m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
-                                                        qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
-                                                        n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN,
-                                                        SC, K_SCALE, V_SCALE)
-            # a chunk that ends here, before the program's last: its partial is folded into the row's merge (an
-            # ALONE plan) or stored for the merging program; the next chunk starts afresh
-            # (predicated, not branched, so that the loop stays one software-pipelined loop). A plan whose
-            # programs compute one chunk each (ONE_CHUNK) never ends a chunk inside the loop: it has none of it.
-            if not ONE_CHUNK:
-                emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
-                o_c, lse_c = finish_state(m, l, acc, SC, V_SCALE)
-                if ALONE:    # every program is alone on its row: folded here, nothing stored
-                    f_m, f_den, f_acc = fold_where(emit, f_m, f_den, f_acc, o_c, lse_c)
-                else:        # stored for the merging program (also by a program alone on its row: see below)
-                    store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph,
-                                  stride_ps, LSE_ROW, stride_lt, stride_lh, emit, GROUP, Q_LEN, BLOCK_D)
-                m, l, acc = restart_where(emit, m, l, acc)
+                m, l, acc, f_m, f_den, f_acc = attend_chunks(
+                    q, k_ptrs, v_ptrs, start, end, limit, chunk, offs_n, mask_d, qk, SC, stride_kl, stride_vl,
+                    BT_ROW, stride_kb, stride_vb, n_pages, FLAG, rows, mask_gd, h0, O_ROW, stride_pt, stride_ph,
+                    stride_ps, LSE_ROW, stride_lt, stride_lh, GROUP, Q_LEN, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT,
+                    TILE_UPDATE, PAGE, K_SCALE, V_SCALE, False, False)
+        else:
+            m, l, acc, f_m, f_den, f_acc = attend_chunks(
+                q, k_ptrs, v_ptrs, start, end, limit, chunk, offs_n, mask_d, qk, SC, stride_kl, stride_vl, BT_ROW,
+                stride_kb, stride_vb, n_pages, FLAG, rows, mask_gd, h0, O_ROW, stride_pt, stride_ph, stride_ps,
+                LSE_ROW, stride_lt, stride_lh, GROUP, Q_LEN, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE,
+                K_SCALE, V_SCALE, ONE_CHUNK, ALONE)
         o, lse = finish_state(m, l, acc, SC, V_SCALE)            # the program's last chunk
         OUT_ROW = OUT + b * stride_ob
         LSE_OUT_ROW = LSE + b * stride_sb
         # ALONE (decided at compile time): no ticket code at all. Otherwise a row of one chunk finishes here
-        # (folding its one partial into the empty merge); a row of several chunks merges from the stored
-        # partials, also where one program computed them all, so that the loop above never folds
-        if ALONE or n_chunks == 1:
+        # (folding its one partial into the empty merge), as does, under the device share, a row of one program
+        # (its loop was ALONE's); a row of several chunks merges from the stored partials, also where one program
+        # of a fixed plan computed them all, so that the loop above never folds
+        if ALONE or whole:
             finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW,
                          stride_st, stride_sh, GROUP, Q_LEN, BLOCK_D)
         else:
@@ -241,7 +361,8 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
 
 def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: int = 0, q_len: int = 1,
                        timeline: bool = False, one_chunk: bool = False, alone: bool = False,
-                       max_row_chunks: int = CHUNKS, scale_modes: tuple = (0, 0), order: int = 0) -> Launcher:
+                       max_row_chunks: int = CHUNKS, scale_modes: tuple = (0, 0), order: int = 0,
+                       share_batch: int = 0) -> Launcher:
     """The batch-invariant kernel with its constexprs fixed for q's dtype, the group, D, the tiles (the plan's
     fixed ones), the page size and q_len. It takes :func:`~fdlib.kernels.unified.unified_args` with ``chunk`` =
     chunks per program. ``one_chunk``: every program computes one chunk (ONE_CHUNK); ``alone``: every program
@@ -249,7 +370,9 @@ def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: i
     chunks a row of the plan can have (:func:`max_chunks` of its L_max), which the merge unrolls; ``scale_modes``:
     (K_SCALE, V_SCALE) of an 8-bit cache, (0, 0) for a 16-bit one; ``order``: ORDER_B, the rows launched longest
     first (grid (H_kv, B, programs a row), the order right before the ticket counters), 0 for b order (grid
-    (B, H_kv, programs a row))."""
+    (B, H_kv, programs a row)); ``share_batch``: the planned B of a plan whose programs a row are chosen on the
+    device (SHARE, grid (H_kv, :func:`share_programs`); the kernel holds the B lengths in BLOCK_B registers), 0
+    for a fixed ``per_program``. Its scalars end with the call's B and the SMs the share is cut for."""
     BLOCK_G, BLOCK_D = block_sizes(group * q_len, D)
     return Launcher(invariant_kernel, dict(GROUP=group, D=D, BLOCK_G=BLOCK_G, BLOCK_N=cfg.BLOCK_N, BLOCK_D=BLOCK_D,
                                            FP32_DOT=fp32_dot(dtype), TILE_UPDATE=tile_update, TAKE_TICKET=take_ticket,
@@ -258,5 +381,7 @@ def invariant_launcher(dtype, group: int, D: int, cfg, dtype_slots=None, page: i
                                            FOLD_G=triton.next_power_of_2(group * q_len),
                                            FOLD_C=triton.next_power_of_2(max_row_chunks),
                                            K_SCALE=scale_modes[0], V_SCALE=scale_modes[1], ORDER_B=order,
+                                           SHARE=share_batch > 0,
+                                           BLOCK_B=max(16, triton.next_power_of_2(max(share_batch, 1))),
                                            num_warps=cfg.num_warps, num_stages=cfg.num_stages),
                     dtype_slots)
