@@ -143,7 +143,7 @@ def row_share(LENS, n_batch, i, H_KV, sms, L_MAX, FLAG, BLOCK_B: tl.constexpr, B
     k = tl.minimum(tl.maximum(tl.cdiv(share, chunk // BLOCK_N), 1), n_chunks)
     n = tl.where(offs_b < n_batch, tl.cdiv(n_chunks, k), 0)
     ends = tl.cumsum(n, 0)
-    b = tl.sum((ends <= i).to(tl.int32), 0)
+    b = tl.minimum(tl.sum((ends <= i).to(tl.int32), 0), n_batch)   # the entries past the batch end at E_B too
     mine = offs_b == b
     p = i - tl.sum(tl.where(mine, ends - n, 0), 0)
     return (b, p, tl.sum(tl.where(mine, lens, 0), 0), tl.sum(tl.where(mine, k, 0), 0),
