@@ -403,8 +403,7 @@ def test_the_kernel_chooses_the_device_share_of_the_model(monkeypatch):
     """The kernel's row_share (each program's row, place, chunks a program and the row's programs, from the lengths
     on the device) against the Python model fdlib.kernels.invariant.device_share on ragged batches; the programs of
     a head never exceed the shapes' bound share_programs, and past the last row's programs a program has no row.
-    And the SHARE kernel's work: a row the model gives one program stores no partial (its loop folds its chunks
-    itself), a row of several programs stores every chunk's."""
+    And the SHARE kernel's rows: given the model's programs of rows 0..b, it finishes those rows and no other."""
     from fdlib.kernels import invariant as inv
 
     g = torch.Generator().manual_seed(41)
@@ -428,22 +427,28 @@ def test_the_kernel_chooses_the_device_share_of_the_model(monkeypatch):
         got = [tuple(r) for r in out.tolist()]
         assert got[:len(rows)] == rows, (trial, lens, got[:len(rows)], rows)
         assert all(r[0] == B and r[4] == 0 for r in got[len(rows):]), (trial, got[len(rows):])
-    # the kernel's loops follow the share: poisoned partial slots stay untouched where a row has one program
+    # the SHARE kernel itself: launched with the programs of rows 0..b only (the model's running sum E_b), it
+    # finishes exactly those rows, so its rows' program counts are the model's
+    from fdlib.kernels.unified import unified_args
     block_n = fdlib.plan(1, H_Q, H_KV, D, 64, dtype=torch.float32, device=DEVICE,
                          batch_invariant=True).decision.tile.BLOCK_N
     L = 20 * block_n
-    lens = [L, 3 * block_n, 17 * block_n, 1]
+    lens = [L, 3 * block_n, 1, 17 * block_n, 0]
     q, k, v, lens_t = batch_of(lens, L, torch.float32, seed=42)
     p = plan_on(monkeypatch, 12, len(lens), L, torch.float32)
     want = inv.device_share(lens, H_KV, block_n, 12)
-    assert {n for _, n in want} >= {1} and max(n for _, n in want) > 1, want
-    p.workspace.o_part.fill_(float("nan"))
-    o, lse = p.run(q, k, v, lens_t, return_lse=True)
-    assert_attention_close(o, lse, q, k, v, lens_t, what="device share vs float64")
-    for b, (kb, n) in enumerate(want):
-        c = inv.row_chunks(lens[b], block_n)[1]
-        stored = ~torch.isnan(p.workspace.o_part[b, ..., :c, :]).any(-1)    # [q_len, H_q, c]
-        assert bool(stored.all()) if n > 1 else not bool(stored.any()), (b, lens[b], kb, n)
+    assert max(n for _, n in want) > 1 and min(n for _, n in want) == 1, want
+    ws, ends = p.workspace, torch.tensor([n for _, n in want]).cumsum(0).tolist()
+    for b, E in enumerate(ends):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:-1], float("nan"), device=DEVICE)
+        ws.counters.zero_()
+        grid, ptrs, scalars = unified_args(q, k, v, lens_t, p.scale, 1, p.decision.splits, out, lse, ws.o_part,
+                                           ws.lse_part, ws.counters, ws.flag)
+        p._launchers[0]((H_KV, E, 1), ptrs, (*scalars, len(lens), 12))
+        done = ~torch.isnan(lse).any(-1)
+        assert done.tolist() == [i <= b for i in range(len(lens))], (b, E, want, done)
+    assert_attention_close(out, lse, q, k, v, lens_t, what="device share vs float64")
 
 
 def test_the_device_share_plan_launches_a_grid_of_the_shapes(monkeypatch):

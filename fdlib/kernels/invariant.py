@@ -98,20 +98,23 @@ def device_share(lengths, H_kv: int, block_n: int, sms: int, chunks: int = CHUNK
     On equal rows it is the host rule of :func:`fdlib.plan.invariant_decision` at one wave, or within a chunk
     of it. With 128-key tiles (the compiled kernel's; the interpreter's are 16) on 132 SMs:
 
-    ==========================================  ======  =================  ==========================
-    batch (H_q:H_kv, lengths)                   S       k_b                n_b (programs a row)
-    ==========================================  ======  =================  ==========================
-    B=16 32:8, L=8192 each (128 rows)           63      16 (whole row)     1, as the host rule
-    B=4 32:8, L=8192 each                       16      4                  4, as the host rule
-    B=4 32:8, L=32768 each                      63      4                  4 (host rule: 16 of 1)
-    B=1 32:8, L=131072                          63      1                  16, as the host rule
-    B=8 32:8, one row of 131072, seven of 2048  71      2; short rows 16   8; short rows 1 (host: 16, 16)
-    B=24 28:4, L_b = 1..65536 evenly            ~187    6 for 65536        3 for 65536, 1 below ~23800
-    ==========================================  ======  =================  ==========================
+    ==========================================  =====  ==========================  ===========================
+    batch (H_q:H_kv, lengths)                   S      k_b (chunks a program)      n_b (programs a row)
+    ==========================================  =====  ==========================  ===========================
+    B=16 32:8, L=8192 each (128 rows)           63     16: the whole row           1 (host rule: 1)
+    B=4 32:8, L=8192 each                       16     4                           4 (host rule: 4)
+    B=4 32:8, L=32768 each                      63     4                           4 (host rule: 16 of one)
+    B=1 32:8, L=131072                          63     1                           16 (host rule: 16)
+    B=8 32:8, one row of 131072, seven of 2048  69     2; the short rows 16        8; 1 (host rule: 16; 16)
+    B=24 28:4, L_b = 65536·(b+1)/24             195    7 at 65536, whole rows      3 at 57344..65536, 2 at
+                                                       at <= 24576                 27306..54613, else 1 (host
+                                                                                   rule: 1 for every row)
+    ==========================================  =====  ==========================  ===========================
 
-    (B=24: lengths 65536·(b+1)/24, T = 4·Σ t_b = 24624, S = 187: rows of more than 187 tiles get ⌈187/τ_b⌉
-    chunks a program, e.g. 32-tile chunks of the longest row 6, so 3 programs; the host rule gave every row one
-    program, the longest row alone at the end.)"""
+    (B=8: T = 8·(1024 + 7·16) = 9088. B=24: T = 4·Σ t_b = 25632; its longest row's chunks are 32 tiles, so
+    ⌈195/32⌉ = 7 a program; the host rule, one program a row, left that row alone at the end. B=4 L=32768 is the
+    one equal shape the share runs otherwise than the host, which computes chunks of ONE_CHUNK_KEYS keys one a
+    program; the share keeps its bound on the programs instead.)"""
     tiles = [max(1, -(-max(int(L), 0) // block_n)) for L in lengths]
     share = -(-H_kv * sum(tiles) // max(int(sms), 1))
     out = []
@@ -209,49 +212,6 @@ def fold_chunks(O_ROW, LSE_ROW, h0, n_chunks, offs_d, mask_d, stride_pt, stride_
 
 
 @triton.jit
-def attend_chunks(q, k_ptrs, v_ptrs, start, end, limit, chunk, offs_n, mask_d, qk, SC, stride_kl, stride_vl, BT_ROW,
-                  stride_kb, stride_vb, n_pages, FLAG, rows, mask_gd, h0, O_ROW, stride_pt, stride_ph, stride_ps,
-                  LSE_ROW, stride_lt, stride_lh, GROUP: tl.constexpr, Q_LEN: tl.constexpr, BLOCK_G: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, TILE_UPDATE: tl.constexpr,
-                  PAGE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                  ALONE: tl.constexpr):
-    """A program's keys [start, end) in one pass, the online softmax restarted at each chunk's first tile: the
-    state (m, ℓ, Õ) of its last chunk, and the merge (m, den, acc) of its earlier ones where ALONE (folded as they
-    end); without ALONE their partials are stored for the merging program instead. ONE_CHUNK: the program has one
-    chunk, so the loop has no chunk-end work."""
-    m, l, acc = empty_state(BLOCK_G, BLOCK_D)
-    f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)         # the fold (m, den, acc) starts empty alike
-    if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.attend_tile_ahead)
-        rows_n = first_rows(BT_ROW, start, offs_n, end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
-                            PAGE, SC, K_SCALE, V_SCALE)
-    for n0 in range(start, end, BLOCK_N):
-        if PAGE >= TABLE_AHEAD_PAGE:
-            m, l, acc, rows_n = attend_tile_ahead(q, k_ptrs, v_ptrs, rows_n, n0, offs_n, end, limit, mask_d, m, l,
-                                                  acc, qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
-                                                  n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, SC,
-                                                  K_SCALE, V_SCALE)
-        else:
-            m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
-                                                    qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
-                                                    n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN,
-                                                    SC, K_SCALE, V_SCALE)
-        # a chunk that ends here, before the program's last: its partial is folded into the row's merge (an
-        # ALONE plan) or stored for the merging program; the next chunk starts afresh
-        # (predicated, not branched, so that the loop stays one software-pipelined loop). A plan whose
-        # programs compute one chunk each (ONE_CHUNK) never ends a chunk inside the loop: it has none of it.
-        if not ONE_CHUNK:
-            emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
-            o_c, lse_c = finish_state(m, l, acc, SC, V_SCALE)
-            if ALONE:    # every program is alone on its row: folded here, nothing stored
-                f_m, f_den, f_acc = fold_where(emit, f_m, f_den, f_acc, o_c, lse_c)
-            else:        # stored for the merging program (also by a program alone on its row: see below)
-                store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph,
-                              stride_ps, LSE_ROW, stride_lt, stride_lh, emit, GROUP, Q_LEN, BLOCK_D)
-            m, l, acc = restart_where(emit, m, l, acc)
-    return m, l, acc, f_m, f_den, f_acc
-
-
-@triton.jit
 def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, BT, TIMES, KS, VS,
                      stride_qb, stride_qt, stride_qh,
                      stride_kb, stride_kl, stride_kh,
@@ -309,41 +269,42 @@ def invariant_kernel(Q, K, V, LENS, O_PART, LSE_PART, COUNTERS, OUT, LSE, FLAG, 
         SC = scale_row((KS, VS, stride_ksb, stride_ksl, stride_ksh, stride_vsb, stride_vsl, stride_vsh, v_mul), b,
                        h_kv, PAGE, K_SCALE, V_SCALE)
         qk = k_scaled(qk_scale, SC, K_SCALE)
-        whole = n_chunks == 1   # the program has its row's every chunk and folds them itself
-        if SHARE:   # chunks a program chosen now: the loop of ONE_CHUNK, of ALONE, or the general one, by the row
-            whole = whole | (n_programs == 1)
-            if per_program == 1:
-                m, l, acc, f_m, f_den, f_acc = attend_chunks(
-                    q, k_ptrs, v_ptrs, start, end, limit, chunk, offs_n, mask_d, qk, SC, stride_kl, stride_vl,
-                    BT_ROW, stride_kb, stride_vb, n_pages, FLAG, rows, mask_gd, h0, O_ROW, stride_pt, stride_ph,
-                    stride_ps, LSE_ROW, stride_lt, stride_lh, GROUP, Q_LEN, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT,
-                    TILE_UPDATE, PAGE, K_SCALE, V_SCALE, True, False)
-            elif n_programs == 1:
-                m, l, acc, f_m, f_den, f_acc = attend_chunks(
-                    q, k_ptrs, v_ptrs, start, end, limit, chunk, offs_n, mask_d, qk, SC, stride_kl, stride_vl,
-                    BT_ROW, stride_kb, stride_vb, n_pages, FLAG, rows, mask_gd, h0, O_ROW, stride_pt, stride_ph,
-                    stride_ps, LSE_ROW, stride_lt, stride_lh, GROUP, Q_LEN, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT,
-                    TILE_UPDATE, PAGE, K_SCALE, V_SCALE, False, True)
+        m, l, acc = empty_state(BLOCK_G, BLOCK_D)
+        f_m, f_den, f_acc = empty_state(BLOCK_G, BLOCK_D)         # the fold (m, den, acc) starts empty alike
+        if PAGE >= TABLE_AHEAD_PAGE:   # each tile's table rows read one tile ahead (tile.attend_tile_ahead)
+            rows_n = first_rows(BT_ROW, start, offs_n, end, n_pages, FLAG, stride_kb, stride_kl, stride_vb, stride_vl,
+                                PAGE, SC, K_SCALE, V_SCALE)
+        for n0 in range(start, end, BLOCK_N):
+            if PAGE >= TABLE_AHEAD_PAGE:
+                m, l, acc, rows_n = attend_tile_ahead(q, k_ptrs, v_ptrs, rows_n, n0, offs_n, end, limit, mask_d, m, l,
+                                                      acc, qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                      n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN, SC,
+                                                      K_SCALE, V_SCALE)
             else:
-                m, l, acc, f_m, f_den, f_acc = attend_chunks(
-                    q, k_ptrs, v_ptrs, start, end, limit, chunk, offs_n, mask_d, qk, SC, stride_kl, stride_vl,
-                    BT_ROW, stride_kb, stride_vb, n_pages, FLAG, rows, mask_gd, h0, O_ROW, stride_pt, stride_ph,
-                    stride_ps, LSE_ROW, stride_lt, stride_lh, GROUP, Q_LEN, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT,
-                    TILE_UPDATE, PAGE, K_SCALE, V_SCALE, False, False)
-        else:
-            m, l, acc, f_m, f_den, f_acc = attend_chunks(
-                q, k_ptrs, v_ptrs, start, end, limit, chunk, offs_n, mask_d, qk, SC, stride_kl, stride_vl, BT_ROW,
-                stride_kb, stride_vb, n_pages, FLAG, rows, mask_gd, h0, O_ROW, stride_pt, stride_ph, stride_ps,
-                LSE_ROW, stride_lt, stride_lh, GROUP, Q_LEN, BLOCK_G, BLOCK_N, BLOCK_D, FP32_DOT, TILE_UPDATE, PAGE,
-                K_SCALE, V_SCALE, ONE_CHUNK, ALONE)
+                m, l, acc, k_ptrs, v_ptrs = attend_tile(q, k_ptrs, v_ptrs, n0, offs_n, end, limit, mask_d, m, l, acc,
+                                                        qk, stride_kl, stride_vl, BT_ROW, stride_kb, stride_vb,
+                                                        n_pages, FLAG, BLOCK_N, FP32_DOT, TILE_UPDATE, PAGE, Q_LEN,
+                                                        SC, K_SCALE, V_SCALE)
+            # a chunk that ends here, before the program's last: its partial is folded into the row's merge (an
+            # ALONE plan) or stored for the merging program; the next chunk starts afresh
+            # (predicated, not branched, so that the loop stays one software-pipelined loop). A plan whose
+            # programs compute one chunk each (ONE_CHUNK) never ends a chunk inside the loop: it has none of it.
+            if not ONE_CHUNK:
+                emit = ((n0 + BLOCK_N) % chunk == 0) & (n0 + BLOCK_N < end)
+                o_c, lse_c = finish_state(m, l, acc, SC, V_SCALE)
+                if ALONE:    # every program is alone on its row: folded here, nothing stored
+                    f_m, f_den, f_acc = fold_where(emit, f_m, f_den, f_acc, o_c, lse_c)
+                else:        # stored for the merging program (also by a program alone on its row: see below)
+                    store_partial(o_c, lse_c, rows, mask_gd, h0, n0 // chunk, O_ROW, stride_pt, stride_ph,
+                                  stride_ps, LSE_ROW, stride_lt, stride_lh, emit, GROUP, Q_LEN, BLOCK_D)
+                m, l, acc = restart_where(emit, m, l, acc)
         o, lse = finish_state(m, l, acc, SC, V_SCALE)            # the program's last chunk
         OUT_ROW = OUT + b * stride_ob
         LSE_OUT_ROW = LSE + b * stride_sb
         # ALONE (decided at compile time): no ticket code at all. Otherwise a row of one chunk finishes here
-        # (folding its one partial into the empty merge), as does, under the device share, a row of one program
-        # (its loop was ALONE's); a row of several chunks merges from the stored partials, also where one program
-        # of a fixed plan computed them all, so that the loop above never folds
-        if ALONE or whole:
+        # (folding its one partial into the empty merge); a row of several chunks merges from the stored partials,
+        # also where one program computed them all (always possible under SHARE), so that the loop above never folds
+        if ALONE or n_chunks == 1:
             finish_alone(f_m, f_den, f_acc, o, lse, rows, mask_gd, h0, OUT_ROW, stride_ot, stride_oh, LSE_OUT_ROW,
                          stride_st, stride_sh, GROUP, Q_LEN, BLOCK_D)
         else:
