@@ -30,6 +30,15 @@ Nor on when a row runs: with ``ORDER_B`` > 0 (a plan of one program a row, :data
 the grid is (H_kv, B, 1) and place i runs the i-th longest row (:func:`~fdlib.kernels.tile.longest_first`, from
 the lengths on the device, as the unified kernel's longest-first launch), so the SMs take the longest rows first.
 
+Nor on who chooses k: with ``SHARE`` (a plan of fewer rows than SMs, :data:`fdlib.plan.INVARIANT_SHARE`) each
+program reads the B lengths and takes k for its row from one wave of equal shares of the batch's tiles
+(:func:`device_share`, :func:`row_share`), so a long row among short ones gets more programs without host
+lengths. The grid is (H_kv, :func:`share_programs`), of the shapes alone; program i of a KV head runs the row and
+place of the rows' programs numbered in b order, and one past them exits at once. Any row may then get several
+programs, so the kernel is the general one (partials stored, the ticket merges; not ALONE); nor ONE_CHUNK,
+since k is not known when it is compiled. One loop for each case, chosen at run time, held 260 KB of shared
+memory on sm_90 (140 KB for one loop: Triton gives each loop its own pipeline buffers), more than an SM has.
+
 The chunk-end work (a partial, a fold, a restart) is done on every tile and kept only where a chunk ends, so
 the loop stays one software-pipelined loop; a plan with k = 1 never ends a chunk inside the loop and compiles
 the kernel without it (``ONE_CHUNK``), and a plan whose every program is alone on its row (k >= the most chunks a
