@@ -748,7 +748,7 @@ class DecodePlan:
             grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, max(d.per_program, 1), d.splits,
                                                out, lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times,
                                                scales=scales)
-            scalars = (*scalars, q.shape[0], max(d.share, 1))   # the call's B, the SMs of the device share
+            scalars = (*scalars, *((q.shape[0], d.share) if d.share else (0, 0)))   # the call's B, the share's SMs
             if d.share:   # (H_kv, programs a head): each program's row and chunks chosen on the device
                 go[0]((grid[0], share_programs(q.shape[0], grid[0], d.share, d.splits), 1), ptrs, scalars)
             else:

@@ -464,3 +464,21 @@ def test_the_device_share_plan_launches_a_grid_of_the_shapes(monkeypatch):
     monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 0)
     d = plan_on(monkeypatch, 40, 3, L_MAX, torch.float32).decision
     assert d.share == 0 and d.per_program >= 1, d
+
+
+def test_the_documented_device_shares_are_the_models():
+    """The table of device_share's docstring (128-key tiles, 132 SMs), recomputed: equal rows as the host's rule
+    but B=4 L=32768 (4 programs of 4 chunks, not 16 of one), the long row of B=8 in 8 programs and its short rows
+    whole, the longest rows of B=24 28:4 in 3."""
+    from fdlib.kernels.invariant import device_share
+    share = lambda lens, H_kv: device_share(lens, H_kv, 128, 132)
+    assert set(share([8192] * 16, 8)) == {(16, 1)}
+    assert set(share([8192] * 4, 8)) == {(4, 4)}
+    assert set(share([32768] * 4, 8)) == {(4, 4)}
+    assert share([131072], 8) == [(1, 16)]
+    assert share([131072] + [2048] * 7, 8) == [(2, 8)] + [(16, 1)] * 7
+    lens = [65536 * (b + 1) // 24 for b in range(24)]
+    got = dict(zip(lens, share(lens, 4)))
+    assert got[65536] == (7, 3) and {n for L, (k, n) in got.items() if L <= 24576} == {1}
+    assert {n for L, (k, n) in got.items() if 27306 <= L <= 54613} == {2}
+    assert {n for L, (k, n) in got.items() if L >= 57344} == {3}
