@@ -145,8 +145,11 @@ whole chunks of each row), where the host, without the lengths, gave every row t
 ``results/h100/invariant-order/``), and two waves, which fixed them, cost equal rows up to 1.07x. The share
 changes who computes which chunks, never a sum, so the bits are the same; the grid is of the shapes alone
 (:func:`fdlib.kernels.invariant.share_programs`), so a captured graph replays it. Not yet timed on a GPU
-(``tools/gpu_invariant_share.sh`` A/Bs it). 0: the host rule everywhere. ``FDLIB_INVARIANT_SHARE`` sets it at
-import."""
+(``tools/gpu_invariant_share.sh`` A/Bs it). The kernel it runs is the general one, partials stored and merged
+by the ticket, never ONE_CHUNK or ALONE (:mod:`fdlib.kernels.invariant`), which the host rule takes for some equal
+rows; 2: the share only where the host rule gives every row one program (SMs/2 < B·H_kv < SMs, the ALONE plans:
+B=24 28:4's 96 rows on 132 SMs), the host rule elsewhere, so a run at 0 and 1 times both choices of every batch.
+0: the host rule everywhere. ``FDLIB_INVARIANT_SHARE`` sets it at import."""
 ONE_CHUNK_KEYS = 2048
 """A batch-invariant plan of several programs a row whose chunks have at least this many keys gives each program
 one chunk (the ONE_CHUNK kernel, no chunk-end work in its loop) rather than about one wave of programs. On an
@@ -232,7 +235,7 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
         per_program = 1
     else:
         per_program = -(-n_cap // want)
-    if INVARIANT_SHARE and B * H_kv < sms:   # fewer rows than SMs: the share, chosen on the device from the lengths
+    if B * H_kv < sms and (INVARIANT_SHARE == 1 or INVARIANT_SHARE == 2 and want == 1):   # fewer rows than SMs
         return Decision("invariant", n_max, chunk, tile, L_cap, "batch-invariant: chunks by each row's length",
                         invariant=True, per_program=0, share=sms)
     order = (longest_first_order(B) if INVARIANT_ORDER and per_program >= n_max and B * H_kv > sms

@@ -167,6 +167,8 @@ def test_the_schedule_rules_of_a_gpu_plan(monkeypatch):
         assert d.share == 132 and d.per_program == 0 and d.kernel == "invariant" and d.order == 0, d
     for B, H_kv in ((33, 4), (64, 32), (16, 32)):        # no fewer: the host rule
         assert decide(B, H_kv, 8192).share == 0
+    monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 2)  # only where the host rule gives a row one program (ALONE)
+    assert decide(16, 8, 8192).share == 132 and decide(9, 8, 8192).share == 132 and decide(8, 8, 8192).share == 0
     monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 0)  # the host rule below
     d = decide(4, 8, 8192)                   # 32 rows: 4 programs a row, chunks of 512 keys, 4 a program
     assert (d.per_program, d.splits, d.tile.BLOCK_N, d.tile.num_stages) == (4, 16, 128, 3), d

@@ -3,7 +3,9 @@
 # fewer rows than SMs (fdlib.plan.INVARIANT_SHARE, FDLIB_INVARIANT_SHARE at import; the bits do not change) against
 # the host's rule, in one call of about 6 minutes (at most 9): first the device share's bitwise and float64 tests on
 # the GPU (a minute at most), then the serving batches and the dense shapes of B 1/4/16 32:8, L 8192 and 32768
-# (auto against invariant), each at share 0 and 1. Packs OUTDIR/share.tgz after each stage.
+# (auto against invariant), each at share 0 and 1. Share 2 (the share only for the host rule's one-program-a-row
+# plans, SMs/2 < B·H_kv < SMs) runs each batch as 0 or 1 does, so it needs no run of its own. Packs
+# OUTDIR/share.tgz after each stage.
 #   bash tools/gpu_invariant_share.sh OUTDIR
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
