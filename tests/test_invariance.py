@@ -10,7 +10,7 @@ import triton.language as tl
 
 import fdlib
 from fdlib.kernels.invariant import row_share
-from helpers import DEVICE, assert_attention_close, requires_cuda
+from helpers import DEVICE, INTERPRET, assert_attention_close, requires_cuda
 
 L_MAX, H_Q, H_KV, D = 100, 6, 2, 80      # group 3, D = 80; in the interpreter tiles (and the shortest chunks) are 16 keys
 
@@ -484,3 +484,12 @@ def test_the_documented_device_shares_are_the_models():
     assert got[65536] == (7, 3) and {n for L, (k, n) in got.items() if L <= 24576} == {1}
     assert {n for L, (k, n) in got.items() if 27306 <= L <= 54613} == {2}
     assert {n for L, (k, n) in got.items() if L >= 57344} == {3}
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_device_share_replays_a_captured_graph_with_ragged_lengths():
+    """A batch-invariant plan of fewer rows than SMs (B=8 32:8), captured while every row is L_max and replayed
+    after ragged lengths are written into the same tensor, contiguous and over pages of 16: the device share of
+    the new lengths, right against float64 (test_worklist.captured_replays)."""
+    from test_worklist import captured_replays
+    assert [p.decision.share > 0 for p, _ in captured_replays(batch_invariant=True)] == [True, True]
