@@ -60,7 +60,7 @@ from .kernels import launch as _launch_mod
 from .kernels.launch import heads_adjacent, pack_for, record, replay, rows4
 from .kernels.config import (MAX_SPLITS, ONE_WAVE_TILE, TileConfig, chunk_for, persistent_config, tile_config,
                              tile_config_for)
-from .kernels.invariant import invariant_launcher, max_chunks, row_chunks
+from .kernels.invariant import invariant_launcher, max_chunks, row_chunks, share_programs
 from .kernels.balanced import MAX_BATCH, balanced_args, balanced_launcher, items_max
 from .kernels.persistent import persistent_args, persistent_launcher, programs_for, rows_for
 from .kernels.stage1 import stage1_args, stage1_launcher
@@ -97,7 +97,10 @@ class Decision:
                                 # items pieces sized by the batch come to (0: by each row alone)
     invariant: bool = False     # batch-invariant: chunks by each row's own length (invariant_decision)
     per_program: int = 0        # invariant: chunks one program computes (splits: the most chunks a row can
-                                # have, its partial slots; so ⌈splits / per_program⌉ programs a row)
+                                # have, its partial slots; so ⌈splits / per_program⌉ programs a row); 0 under
+                                # the device share
+    share: int = 0              # invariant: the SMs whose one wave the device share cuts the batch's tiles for
+                                # (INVARIANT_SHARE: each row's per_program chosen on the device); 0: per_program
     pack: int = 1               # unified/split: adjacent KV heads a program reads as one (pack_decision)
     order: int = 0              # unified: ORDER_B, sequences launched longest first (longest_first_order); 0: b order
     table_regs: int = 0         # unified over pages: block-table entries held in registers (table_regs_for); 0: none
@@ -133,6 +136,21 @@ keys 1.24x → 1.00x / 1.25x → 1.20x; B=128 lognormal 1.37x → 0.95x / 1.51x 
 1.17x → 1.03x; B=256 unchanged (1.01-1.02x); but B=24 28:4 (96 rows on 132 SMs) 1.46x → 1.71x / 2.13x → 2.20x,
 hence the rows-over-SMs condition. The dense shapes of B 16-64 32:8 moved within the run's noise (3%).
 ``FDLIB_INVARIANT_ORDER`` sets it at import, for A/B runs."""
+INVARIANT_SHARE = int(os.environ.get("FDLIB_INVARIANT_SHARE", "1"))
+"""1 (the default): a batch-invariant plan of fewer rows than SMs (B·H_kv < SMs, one program kernel, not the
+persistent walk) lets each program choose its row's chunks a program on the device, from the B lengths of each
+call (:func:`fdlib.kernels.invariant.device_share`: a wave of equal shares of the batch's tiles, rounded to
+whole chunks of each row), where the host, without the lengths, gave every row the same programs
+(:data:`INVARIANT_WAVES`): ragged rows then left the longest alone at the end (B=24 28:4 rows of 1..65536 keys,
+96 rows on an H100's 132 SMs: 1.46x the host-lengths plan contiguous, 2.13x over pages,
+``results/h100/invariant-order/``), and two waves, which fixed them, cost equal rows up to 1.07x. The share
+changes who computes which chunks, never a sum, so the bits are the same; the grid is of the shapes alone
+(:func:`fdlib.kernels.invariant.share_programs`), so a captured graph replays it. Not yet timed on a GPU
+(``tools/gpu_invariant_share.sh`` A/Bs it). The kernel it runs is the general one, partials stored and merged
+by the ticket, never ONE_CHUNK or ALONE (:mod:`fdlib.kernels.invariant`), which the host rule takes for some equal
+rows; 2: the share only where the host rule gives every row one program (SMs/2 < B·H_kv < SMs, the ALONE plans:
+B=24 28:4's 96 rows on 132 SMs), the host rule elsewhere, so a run at 0 and 1 times both choices of every batch.
+0: the host rule everywhere. ``FDLIB_INVARIANT_SHARE`` sets it at import."""
 ONE_CHUNK_KEYS = 2048
 """A batch-invariant plan of several programs a row whose chunks have at least this many keys gives each program
 one chunk (the ONE_CHUNK kernel, no chunk-end work in its loop) rather than about one wave of programs. On an
@@ -179,6 +197,11 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     lse are bitwise the same whatever its batchmates, the batch size, its place in the batch, the run, and
     whether the cache is paged. Chunks of at least ONE_CHUNK_KEYS keys are computed one a program whenever a row
     gets more than one program.
+    With fewer rows than SMs (B·H_kv < SMs) and :data:`INVARIANT_SHARE`, the rule above gives way to the device
+    share: each program reads the B lengths and takes its row's chunks a program from one wave of equal shares of
+    the batch's tiles (:func:`fdlib.kernels.invariant.device_share`, whose docstring tabulates the cases), so a
+    ragged batch is balanced without host lengths, and equal rows get the rule's schedule or one within a chunk of
+    it; ``per_program`` is then 0 and ``share`` the SMs.
     Short rows of a large batch (B·H_kv >= PERSISTENT_MIN_WAVES · SMs rows, L_cap <= FEW_STAGES_L, one
     program a row) are compiled with FEW_STAGES pipeline stages instead of the tiles' 3: the stages change which
     loads are in flight, never a sum, so the results are the same bits, and a program then holds less shared
@@ -213,6 +236,9 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
         per_program = 1
     else:
         per_program = -(-n_cap // want)
+    if B * H_kv < sms and (INVARIANT_SHARE == 1 or INVARIANT_SHARE == 2 and want == 1):   # fewer rows than SMs
+        return Decision("invariant", n_max, chunk, tile, L_cap, "batch-invariant: chunks by each row's length",
+                        invariant=True, per_program=0, share=sms)
     order = (longest_first_order(B) if INVARIANT_ORDER and per_program >= n_max and B * H_kv > sms
              and 2 <= B <= LONGEST_FIRST_MAX_BATCH else 0)
     return Decision("invariant", n_max, chunk, tile, L_cap, "batch-invariant: chunks by each row's length",
@@ -544,6 +570,8 @@ class DecodePlan:
                     f"{str(self.dtype)[6:]} on {self.device}; workspace {self.workspace.nbytes()} bytes")
         if d.invariant:
             walk = (f", {d.programs} programs walking the rows" if d.kernel == "persistent" else
+                    f", chunks a program chosen on the device from the lengths (one wave of {d.share} SMs)"
+                    if d.share else
                     f", {d.per_program} chunk(s) a program" + (", rows launched longest first" if d.order else ""))
             kind = "," if d.kernel == "invariant" else ", batch-invariant:"
             return (f"DecodePlan: {d.kernel} kernel{kind} rows cut by their own lengths into <= {d.splits} chunk(s) "
@@ -707,11 +735,15 @@ class DecodePlan:
             B_call = q.shape[0]   # programs for the list's room only (S pieces a row stay the partials' layout)
             go[-1]((grid[0], B_call, work_grid(B_call, d)), ptrs, scalars)
         elif d.kernel == "invariant":   # splits: the longest row's chunks (partial slots); chunk := per program
-            grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, d.per_program, d.splits, out,
-                                               lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times,
+            grid, ptrs, scalars = unified_args(q, k_cache, v_cache, lens, scale, max(d.per_program, 1), d.splits,
+                                               out, lse, ws.o_part, ws.lse_part, ws.counters, ws.flag, bt, times,
                                                scales=scales)
-            programs = -(-d.splits // d.per_program)   # a row's programs, at most
-            go[0]((grid[0], grid[1], programs) if d.order else (grid[1], grid[0], programs), ptrs, scalars)
+            scalars = (*scalars, *((q.shape[0], d.share) if d.share else (0, 0)))   # the call's B, the share's SMs
+            if d.share:   # (H_kv, programs a head): each program's row and chunks chosen on the device
+                go[0]((grid[0], share_programs(q.shape[0], grid[0], d.share, d.splits), 1), ptrs, scalars)
+            else:
+                programs = -(-d.splits // d.per_program)   # a row's programs, at most
+                go[0]((grid[0], grid[1], programs) if d.order else (grid[1], grid[0], programs), ptrs, scalars)
         elif d.kernel == "split":
             go[0](*stage1_args(q, k_cache, v_cache, lens, scale, d.chunk, d.splits, ws.o_part, ws.lse_part,
                                ws.flag, bt, times, d.pack, scales))
@@ -762,6 +794,8 @@ class DecodePlan:
         if d.kernel == "worklist":   # the grid (H_kv, B, ⌈room / B⌉) of the list's room (_launch)
             return self.H_kv * B * work_grid(B, d)
         if d.kernel == "invariant":
+            if d.share:   # the grid (H_kv, share_programs) of _launch
+                return self.H_kv * share_programs(B, self.H_kv, d.share, d.splits)
             return B * self.H_kv * -(-d.splits // d.per_program)
         if d.kernel == "balanced":
             return items_max(B, d.budget) * self.H_kv
@@ -1107,8 +1141,8 @@ def _launchers(d: Decision, dtype, group: int, D: int, page: int, B: int, q_len:
     if d.kernel == "invariant":
         return (invariant_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len,
                                    timeline=timeline, one_chunk=d.per_program == 1,
-                                   alone=d.per_program >= d.splits, max_row_chunks=d.splits, scale_modes=modes,
-                                   order=d.order),)
+                                   alone=not d.share and d.per_program >= d.splits, max_row_chunks=d.splits,
+                                   scale_modes=modes, order=d.order, share_batch=B if d.share else 0),)
     if d.kernel == "split":
         return (stage1_launcher(dtype, group, D, d.tile, dtype_slots=(3,), page=page, q_len=q_len, timeline=timeline,
                                 pack=d.pack, scale_modes=modes),

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import triton
+import triton.language as tl
+
 import fdlib
-from helpers import DEVICE, assert_attention_close, requires_cuda
+from fdlib.kernels.invariant import row_share
+from helpers import DEVICE, INTERPRET, assert_attention_close, requires_cuda
 
 L_MAX, H_Q, H_KV, D = 100, 6, 2, 80      # group 3, D = 80; in the interpreter tiles (and the shortest chunks) are 16 keys
 
@@ -119,9 +123,11 @@ def test_chunks_depend_on_the_row_alone_and_cover_it():
 def test_the_schedule_never_changes_the_bits(dtype, monkeypatch):
     """Whatever the programs per row the batch's plan chose (each program computes per_program chunks, one after
     another), every sequence gets the same bits; and the results are right against float64. Rows of 20 tiles
-    (16 chunks for the longest) on the runtime's own tiles, lengths on and around chunk edges."""
+    (16 chunks for the longest) on the runtime's own tiles, lengths on and around chunk edges. The host's rule
+    (INVARIANT_SHARE = 0), then the device share of fewer rows than SMs: the same bits."""
     import sys
     plan_mod = sys.modules["fdlib.plan"]   # the module (fdlib.plan is also the function)
+    monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 0)
     block_n = fdlib.plan(1, H_Q, H_KV, D, 64, dtype=dtype, device=DEVICE, batch_invariant=True).decision.tile.BLOCK_N
     L = 20 * block_n
     q, k, v, lens = batch_of([L, 1, 0, 2 * block_n, 2 * block_n + 1, 7 * block_n - 1], L, dtype, seed=6)
@@ -137,6 +143,11 @@ def test_the_schedule_never_changes_the_bits(dtype, monkeypatch):
     # partial stored, no ticket), the others neither; rows >= 2 waves of short rows: the persistent walk
     assert len(seen) >= 4 and 1 in seen and max(seen) >= slots and min(seen - {1}) < slots, (seen, slots)
     assert kernels == ({"invariant", "persistent"} if L <= plan_mod.WALK_L else {"invariant"}), kernels
+    monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 1)
+    for sms in (rows + 1, 2 * rows, 16 * rows):                 # fewer rows than SMs: the device share
+        p = plan_on(monkeypatch, sms, len(lens), L, dtype)
+        assert p.decision.share == sms and p.decision.per_program == 0, p.decision
+        got.append(p.run(q, k, v, lens, return_lse=True))
     assert_attention_close(got[0][0], got[0][1], q, k, v, lens, what="batch-invariant kernel vs float64")
     for o, lse in got[1:]:
         assert torch.equal(o, got[0][0]) and torch.equal(lse, got[0][1])
@@ -151,6 +162,14 @@ def test_the_schedule_rules_of_a_gpu_plan(monkeypatch):
     monkeypatch.setattr(plan_mod.runtime, "INTERPRET", False)       # the compiled tiles, on this machine's host
     monkeypatch.setattr(plan_mod, "sm_count", lambda: 132)
     decide = lambda B, H_kv, L: plan_mod.invariant_decision(B, 32, H_kv, 128, L, torch.float16)
+    for B, H_kv in ((4, 8), (1, 8), (16, 8), (2, 32)):   # fewer rows than SMs: the device share (INVARIANT_SHARE)
+        d = decide(B, H_kv, 8192)
+        assert d.share == 132 and d.per_program == 0 and d.kernel == "invariant" and d.order == 0, d
+    for B, H_kv in ((33, 4), (64, 32), (16, 32)):        # no fewer: the host rule
+        assert decide(B, H_kv, 8192).share == 0
+    monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 2)  # only where the host rule gives a row one program (ALONE)
+    assert decide(16, 8, 8192).share == 132 and decide(9, 8, 8192).share == 132 and decide(8, 8, 8192).share == 0
+    monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 0)  # the host rule below
     d = decide(4, 8, 8192)                   # 32 rows: 4 programs a row, chunks of 512 keys, 4 a program
     assert (d.per_program, d.splits, d.tile.BLOCK_N, d.tile.num_stages) == (4, 16, 128, 3), d
     d = decide(4, 8, 32768)                  # chunks of 2048 keys: one a program
@@ -178,6 +197,8 @@ def test_invariant_waves_set_the_programs_a_row(monkeypatch):
     monkeypatch.setattr(plan_mod, "sm_count", lambda: 132)
     decide = lambda: plan_mod.invariant_decision(24, 28, 4, 128, 65536, torch.bfloat16)
     assert plan_mod.INVARIANT_WAVES == 1
+    assert decide().share == 132                               # the device share takes these rows (INVARIANT_SHARE)
+    monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 0)        # the host rule
     d = decide()
     assert d.per_program >= d.splits, d                        # one program a row: every chunk (ALONE)
     for waves, programs in ((2, 2), (3, 4)):                   # ⌊264 / 96⌋ = 2, ⌊396 / 96⌋ = 4
@@ -323,3 +344,152 @@ def test_the_walk_of_several_query_tokens_never_changes_the_bits(monkeypatch):
     from test_qlen import assert_close_qlen
     assert_close_qlen(got[0][0], got[0][1], q3, k, v, lens, what="batch-invariant walk, q_len=3, vs float64")
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+
+
+def paged(k, v, page):
+    """K/V [B, L, H_kv, D] as pages of ``page`` keys in reverse order, and the block table."""
+    B, L = k.shape[:2]
+    n = B * L // page
+    pages_k, pages_v = (t.reshape(n, page, H_KV, D)[torch.arange(n).flip(0)] for t in (k, v))
+    return pages_k, pages_v, (n - 1 - torch.arange(n, device=DEVICE)).reshape(B, -1).to(torch.int32)
+
+
+@pytest.mark.parametrize("page", [0, 4, 16])
+def test_the_device_share_keeps_each_sequence_bitwise_itself(page, monkeypatch):
+    """Fewer rows than SMs (INVARIANT_SHARE): each program takes its row's chunks a program from the lengths on
+    the device (fdlib.kernels.invariant.device_share), which change with the batchmates (a long row's programs
+    with the batch's tiles), never the bits: a sequence's out and lse are the same alone and in ragged batches of
+    several sizes, rows of 0 and 1 keys and one much longer than the rest among them, over a contiguous cache and
+    pages of 4 and 16; and right against float64."""
+    from fdlib.kernels.invariant import device_share
+    block_n = fdlib.plan(1, H_Q, H_KV, D, 64, dtype=torch.float32, device=DEVICE,
+                         batch_invariant=True).decision.tile.BLOCK_N
+    L = 20 * block_n
+    lens = [L, 0, 1, block_n + 3, 15 * block_n, 2]
+    q, k, v, lens_t = batch_of(lens, L, torch.float32, seed=31)
+    sms = 16                                            # 2..12 rows: fewer than the SMs, the device share
+
+    def run(idx):
+        p = plan_on(monkeypatch, sms, len(idx), L, torch.float32, page_size=page or None)
+        assert p.decision.share == sms and "chosen on the device" in str(p), p
+        if page:
+            kp, vp, bt = paged(k[idx], v[idx], page)
+            return p.run(q[idx], kp, vp, lens_t[idx], block_table=bt, return_lse=True)
+        return p.run(q[idx], k[idx], v[idx], lens_t[idx], return_lse=True)
+
+    everyone = list(range(len(lens)))
+    o_all, l_all = run(everyone)
+    assert_attention_close(o_all, l_all, q, k, v, lens_t, what=f"device share, pages of {page}")
+    batches = ([0], [1], [2], [0, 3], [4, 0, 1]) if not page else ([0], [5, 0])
+    schedules = {tuple(device_share([lens[i] for i in everyone], H_KV, block_n, sms))[0]}
+    for idx in batches:
+        schedules.add(device_share([lens[i] for i in idx], H_KV, block_n, sms)[idx.index(0)] if 0 in idx else None)
+        o, lse = run(idx)
+        for pos, i in enumerate(idx):
+            assert torch.equal(o[pos], o_all[i]) and torch.equal(lse[pos], l_all[i]), (idx, i)
+    assert len(schedules - {None}) >= 2, schedules       # the long row's programs changed with its batchmates
+
+
+@triton.jit
+def share_probe(LENS, OUT, FLAG, n_batch, H_KV, sms, L_MAX, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                CHUNKS: tl.constexpr, MIN_TILES: tl.constexpr):
+    """Program i writes what the device share gives it (fdlib.kernels.invariant.row_share): (b, p, L, k, n)."""
+    i = tl.program_id(0)
+    b, p, L, k, n = row_share(LENS, n_batch, i, H_KV, sms, L_MAX, FLAG, BLOCK_B, BLOCK_N, CHUNKS, MIN_TILES)
+    j = tl.arange(0, 8)
+    tl.store(OUT + 5 * i + j, tl.where(j == 0, b, tl.where(j == 1, p, tl.where(j == 2, L, tl.where(j == 3, k, n)))),
+             mask=j < 5)
+
+
+def test_the_kernel_chooses_the_device_share_of_the_model(monkeypatch):
+    """The kernel's row_share (each program's row, place, chunks a program and the row's programs, from the lengths
+    on the device) against the Python model fdlib.kernels.invariant.device_share on ragged batches; the programs of
+    a head never exceed the shapes' bound share_programs, and past the last row's programs a program has no row.
+    And the SHARE kernel's rows: given the model's programs of rows 0..b, it finishes those rows and no other."""
+    from fdlib.kernels import invariant as inv
+
+    g = torch.Generator().manual_seed(41)
+    flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    for trial in range(12):
+        B = int(torch.randint(1, 20, (1,), generator=g))
+        H_kv, block_n, sms = (1, 2, 8)[trial % 3], (16, 128)[trial % 2], int(torch.randint(2, 140, (1,), generator=g))
+        L_max = int(torch.randint(1, 40, (1,), generator=g)) * block_n
+        lens = torch.randint(0, L_max + 1, (B,), generator=g)
+        if trial % 4 == 0:
+            lens[0] = L_max                              # one row much longer than the rest
+            lens[1:] = lens[1:] // 16
+        want = inv.device_share(lens.tolist(), H_kv, block_n, sms)
+        P = inv.share_programs(B, H_kv, sms, inv.max_chunks(L_max, block_n))
+        assert sum(n for _, n in want) <= P, (lens, want, P)
+        out = torch.full((P + 3, 5), -7, dtype=torch.int32, device=DEVICE)
+        share_probe[(P + 3,)](lens.to(torch.int32).to(DEVICE), out, flag, B, H_kv, sms, L_max,
+                        BLOCK_B=max(16, triton.next_power_of_2(B)), BLOCK_N=block_n, CHUNKS=inv.CHUNKS,
+                        MIN_TILES=inv.MIN_TILES)
+        rows = [(b, p, int(lens[b]), k, n) for b, (k, n) in enumerate(want) for p in range(n)]
+        got = [tuple(r) for r in out.tolist()]
+        assert got[:len(rows)] == rows, (trial, lens, got[:len(rows)], rows)
+        assert all(r[0] == B and r[4] == 0 for r in got[len(rows):]), (trial, got[len(rows):])
+    # the SHARE kernel itself: launched with the programs of rows 0..b only (the model's running sum E_b), it
+    # finishes exactly those rows, so its rows' program counts are the model's
+    from fdlib.kernels.unified import unified_args
+    block_n = fdlib.plan(1, H_Q, H_KV, D, 64, dtype=torch.float32, device=DEVICE,
+                         batch_invariant=True).decision.tile.BLOCK_N
+    L = 20 * block_n
+    lens = [L, 3 * block_n, 1, 17 * block_n, 0]
+    q, k, v, lens_t = batch_of(lens, L, torch.float32, seed=42)
+    p = plan_on(monkeypatch, 12, len(lens), L, torch.float32)
+    want = inv.device_share(lens, H_KV, block_n, 12)
+    assert max(n for _, n in want) > 1 and min(n for _, n in want) == 1, want
+    ws, ends = p.workspace, torch.tensor([n for _, n in want]).cumsum(0).tolist()
+    for b, E in enumerate(ends):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:-1], float("nan"), device=DEVICE)
+        ws.counters.zero_()
+        grid, ptrs, scalars = unified_args(q, k, v, lens_t, p.scale, 1, p.decision.splits, out, lse, ws.o_part,
+                                           ws.lse_part, ws.counters, ws.flag)
+        p._launchers[0]((H_KV, E, 1), ptrs, (*scalars, len(lens), 12))
+        done = ~torch.isnan(lse).any(-1)
+        assert done.tolist() == [i <= b for i in range(len(lens))], (b, E, want, done)
+    assert_attention_close(out, lse, q, k, v, lens_t, what="device share vs float64")
+
+
+def test_the_device_share_plan_launches_a_grid_of_the_shapes(monkeypatch):
+    """The device share's launch depends on the shapes alone (nothing read on the host): H_kv·share_programs(B)
+    programs whatever the lengths, so a captured graph replays it; with INVARIANT_SHARE = 0 the host's rule."""
+    import sys
+    from fdlib.kernels.invariant import max_chunks, share_programs
+    plan_mod = sys.modules["fdlib.plan"]
+    p = plan_on(monkeypatch, 40, 3, L_MAX, torch.float32)
+    d = p.decision
+    assert d.share == 40 and p.timeline_programs() == H_KV * share_programs(3, H_KV, 40, d.splits)
+    assert share_programs(3, H_KV, 40, max_chunks(L_MAX, d.tile.BLOCK_N)) == min(3 * d.splits, 20 + 2)
+    monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 0)
+    d = plan_on(monkeypatch, 40, 3, L_MAX, torch.float32).decision
+    assert d.share == 0 and d.per_program >= 1, d
+
+
+def test_the_documented_device_shares_are_the_models():
+    """The table of device_share's docstring (128-key tiles, 132 SMs), recomputed: equal rows as the host's rule
+    but B=4 L=32768 (4 programs of 4 chunks, not 16 of one), the long row of B=8 in 8 programs and its short rows
+    whole, the longest rows of B=24 28:4 in 3."""
+    from fdlib.kernels.invariant import device_share
+    share = lambda lens, H_kv: device_share(lens, H_kv, 128, 132)
+    assert set(share([8192] * 16, 8)) == {(16, 1)}
+    assert set(share([8192] * 4, 8)) == {(4, 4)}
+    assert set(share([32768] * 4, 8)) == {(4, 4)}
+    assert share([131072], 8) == [(1, 16)]
+    assert share([131072] + [2048] * 7, 8) == [(2, 8)] + [(16, 1)] * 7
+    lens = [65536 * (b + 1) // 24 for b in range(24)]
+    got = dict(zip(lens, share(lens, 4)))
+    assert got[65536] == (7, 3) and {n for L, (k, n) in got.items() if L <= 24576} == {1}
+    assert {n for L, (k, n) in got.items() if 27306 <= L <= 54613} == {2}
+    assert {n for L, (k, n) in got.items() if L >= 57344} == {3}
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_device_share_replays_a_captured_graph_with_ragged_lengths():
+    """A batch-invariant plan of fewer rows than SMs (B=8 32:8), captured while every row is L_max and replayed
+    after ragged lengths are written into the same tensor, contiguous and over pages of 16: the device share of
+    the new lengths, right against float64 (test_worklist.captured_replays)."""
+    from test_worklist import captured_replays
+    assert [p.decision.share > 0 for p, _ in captured_replays(batch_invariant=True)] == [True, True]

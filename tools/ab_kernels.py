@@ -48,7 +48,8 @@ for (B, Hq, Hkv, D, L, S) in shapes:
                 import dataclasses
                 def forced(*a, _k=int(method.split("@")[1]), **kw):
                     d = rule(*a, **kw)
-                    return dataclasses.replace(d, per_program=min(_k, d.splits))
+                    extra = dict(share=0) if hasattr(d, "share") else {}   # the host's per_program, not the device's
+                    return dataclasses.replace(d, per_program=min(_k, d.splits), **extra)
                 forced.__wrapped__ = rule
                 P.invariant_decision = forced
             kw = (dict(batch_invariant=True) if method.startswith("invariant") else dict(method=method)

@@ -8,7 +8,8 @@ Contiguous (PAGE=0) and paged (PAGE=16) variants; fp16, GQA group 4, D=128 (and 
 query token and several (Q_LEN=4, 5, and 16 with group 16: the most rows a program holds); and each kernel's
 TIMELINE=True variant (per-program SM id and times from %smid and %globaltimer); the unified-max kernels (pass 1
 with ticket or atomic partials, pass 2's exact recompute), contiguous and paged; the batch-invariant kernel
-(with and without ONE_CHUNK and ALONE, and ALONE at the plan's FEW_STAGES pipeline stages) and the stream-K
+(with and without ONE_CHUNK and ALONE, ALONE at the plan's FEW_STAGES pipeline stages, and SHARE: chunks a
+program chosen on the device) and the stream-K
 kernel; and every kernel over 8-bit KV caches (e4m3 and int8, scales per tensor, head and token:
 :func:`kv8_cases`).
 """
@@ -45,6 +46,8 @@ def compile_kernel(kernel, ptr_types, meta, num_warps=4, num_stages=3, aligned=F
         meta = {"K_SCALE": 0, "V_SCALE": 0, **meta}
     if "ORDER_B" in kernel.arg_names:   # b order unless the case names a longest-first launch
         meta = {"ORDER_B": 0, **meta}
+    if "SHARE" in kernel.arg_names:     # per_program from the host unless the case names the device share
+        meta = {"SHARE": False, "BLOCK_B": 16, **meta}
     if "WORK" in kernel.arg_names:      # no work list unless the case names one
         meta = {"WORK": 0, "WORK_B": 0, "WORK_P": 0, "WORK_S": 0, **meta}
     for i, name in enumerate(kernel.arg_names):
@@ -128,6 +131,9 @@ def cases():
                            meta, cfg.num_warps, FEW_STAGES)
                     yield (f"{name} ORDER_B=128", invariant.invariant_kernel, h16 + UNIFIED + ["*i32"] + NO_SCALES,
                            dict(meta, ORDER_B=128))   # rows launched longest first (fdlib.plan.INVARIANT_ORDER)
+                if not one and not alone:   # chunks a program chosen on the device (fdlib.plan.INVARIANT_SHARE)
+                    yield (f"{name} SHARE BLOCK_B=32", invariant.invariant_kernel,
+                           h16 + UNIFIED + ["*i32"] + NO_SCALES, dict(meta, SHARE=True, BLOCK_B=32))
             yield (f"stage1 PAGE={page}{q}", stage1.stage1_kernel, h16 + STAGE1 + ["*i32"] + NO_SCALES,
                    dict(common, BLOCK_N=cfg.BLOCK_N, PAGE=page, PACK=1))
             if q_len == 1:   # packed KV heads: two of 64 dims read as one of 128, the pair's 2·g query heads
@@ -158,6 +164,9 @@ def cases():
     yield ("invariant TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"] + NO_SCALES,
            dict(timed, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1, ONE_CHUNK=False, ALONE=False,
                 FOLD_G=g, FOLD_C=16))
+    yield ("invariant SHARE TIMELINE", invariant.invariant_kernel, h16 + UNIFIED + ["*i64"] + NO_SCALES,
+           dict(timed, BLOCK_N=128, TAKE_TICKET=tile.take_ticket, CHUNKS=16, MIN_TILES=1, ONE_CHUNK=False, ALONE=False,
+                FOLD_G=g, FOLD_C=16, SHARE=True, BLOCK_B=128))
     yield ("stage1 TIMELINE", stage1.stage1_kernel, h16 + STAGE1 + ["*i64"] + NO_SCALES, dict(timed, BLOCK_N=128, PACK=1))
     yield ("persistent TIMELINE", persistent.persistent_kernel, h16 + PERSISTENT + ["*i64"] + NO_SCALES,
            dict(timed, BLOCK_N=64, ROWS=2, CHUNKS=0, MIN_TILES=1))
@@ -257,11 +266,12 @@ def kv8_cases():
         yield (f"balanced e4m3 K:token V:token PAGE={page}", balanced.balanced_kernel, ptrs("e4m3", UNIFIED),
                dict(common(), BLOCK_N=c.BLOCK_N, BLOCK_H=bh, BLOCK_S=bs, BLOCK_B=64, PAGE=page))
         inv = tile_config_for(D, 1 << 30, compiled_mode=True, elem_bytes=1, rows=1 << 30)
-        for one, alone in ((False, False), (False, True)):
-            yield (f"invariant e4m3 K:token V:token PAGE={page}{' ALONE' if alone else ''}",
+        for one, alone, share in ((False, False, False), (False, True, False), (False, False, True)):
+            yield (f"invariant e4m3 K:token V:token PAGE={page}{' ALONE' if alone else ''}{' SHARE' if share else ''}",
                    invariant.invariant_kernel, ptrs("e4m3", UNIFIED),
                    dict(common(), BLOCK_N=inv.BLOCK_N, TAKE_TICKET=tile.take_ticket, PAGE=page, CHUNKS=invariant.CHUNKS,
-                        MIN_TILES=invariant.MIN_TILES, ONE_CHUNK=one, ALONE=alone, FOLD_G=g, FOLD_C=invariant.CHUNKS))
+                        MIN_TILES=invariant.MIN_TILES, ONE_CHUNK=one, ALONE=alone, FOLD_G=g, FOLD_C=invariant.CHUNKS,
+                        SHARE=share, BLOCK_B=32))
         yield (f"persistent invariant e4m3 K:token V:token PAGE={page}", persistent.persistent_kernel,
                ptrs("e4m3", PERSISTENT), dict(common(), BLOCK_N=inv.BLOCK_N, ROWS=2, PAGE=page,
                                               CHUNKS=invariant.CHUNKS, MIN_TILES=invariant.MIN_TILES),
