@@ -136,8 +136,8 @@ keys 1.24x → 1.00x / 1.25x → 1.20x; B=128 lognormal 1.37x → 0.95x / 1.51x 
 1.17x → 1.03x; B=256 unchanged (1.01-1.02x); but B=24 28:4 (96 rows on 132 SMs) 1.46x → 1.71x / 2.13x → 2.20x,
 hence the rows-over-SMs condition. The dense shapes of B 16-64 32:8 moved within the run's noise (3%).
 ``FDLIB_INVARIANT_ORDER`` sets it at import, for A/B runs."""
-INVARIANT_SHARE = int(os.environ.get("FDLIB_INVARIANT_SHARE", "1"))
-"""1 (the default): a batch-invariant plan of fewer rows than SMs (B·H_kv < SMs, one program kernel, not the
+INVARIANT_SHARE = int(os.environ.get("FDLIB_INVARIANT_SHARE", "0"))
+"""1: a batch-invariant plan of fewer rows than SMs (B·H_kv < SMs, one program kernel, not the
 persistent walk) lets each program choose its row's chunks a program on the device, from the B lengths of each
 call (:func:`fdlib.kernels.invariant.device_share`: a wave of equal shares of the batch's tiles, rounded to
 whole chunks of each row), where the host, without the lengths, gave every row the same programs
@@ -145,12 +145,12 @@ whole chunks of each row), where the host, without the lengths, gave every row t
 96 rows on an H100's 132 SMs: 1.46x the host-lengths plan contiguous, 2.13x over pages,
 ``results/h100/invariant-order/``), and two waves, which fixed them, cost equal rows up to 1.07x. The share
 changes who computes which chunks, never a sum, so the bits are the same; the grid is of the shapes alone
-(:func:`fdlib.kernels.invariant.share_programs`), so a captured graph replays it. Not yet timed on a GPU
-(``tools/gpu_invariant_share.sh`` A/Bs it). The kernel it runs is the general one, partials stored and merged
+(:func:`fdlib.kernels.invariant.share_programs`), so a captured graph replays it. Not yet run on a GPU, so not
+the default (``tools/gpu_invariant_share.sh`` tests and A/Bs it). The kernel it runs is the general one, partials stored and merged
 by the ticket, never ONE_CHUNK or ALONE (:mod:`fdlib.kernels.invariant`), which the host rule takes for some equal
 rows; 2: the share only where the host rule gives every row one program (SMs/2 < B·H_kv < SMs, the ALONE plans:
 B=24 28:4's 96 rows on 132 SMs), the host rule elsewhere, so a run at 0 and 1 times both choices of every batch.
-0: the host rule everywhere. ``FDLIB_INVARIANT_SHARE`` sets it at import."""
+0 (the default): the host rule everywhere. ``FDLIB_INVARIANT_SHARE`` sets it at import."""
 ONE_CHUNK_KEYS = 2048
 """A batch-invariant plan of several programs a row whose chunks have at least this many keys gives each program
 one chunk (the ONE_CHUNK kernel, no chunk-end work in its loop) rather than about one wave of programs. On an

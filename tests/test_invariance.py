@@ -40,6 +40,12 @@ def batch_of(lens, L, dtype, seed):
     return q, k, v, torch.tensor(lens, dtype=torch.int32, device=DEVICE)
 
 
+def share_on(monkeypatch):
+    """The device share switched on (fdlib.plan.INVARIANT_SHARE = 1; off by default until a GPU has timed it)."""
+    import sys
+    monkeypatch.setattr(sys.modules["fdlib.plan"], "INVARIANT_SHARE", 1)
+
+
 def plan_on(monkeypatch, sms, B, L, dtype, **kw):
     """The batch-invariant plan of B sequences of L keys for a pretended GPU of ``sms`` SMs (the schedule rules
     read fdlib.plan.sm_count), so that a small batch takes the plans of a large one."""
@@ -162,6 +168,8 @@ def test_the_schedule_rules_of_a_gpu_plan(monkeypatch):
     monkeypatch.setattr(plan_mod.runtime, "INTERPRET", False)       # the compiled tiles, on this machine's host
     monkeypatch.setattr(plan_mod, "sm_count", lambda: 132)
     decide = lambda B, H_kv, L: plan_mod.invariant_decision(B, 32, H_kv, 128, L, torch.float16)
+    assert decide(4, 8, 8192).share == 0                  # the default: the host rule (the share is opt-in)
+    monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 1)
     for B, H_kv in ((4, 8), (1, 8), (16, 8), (2, 32)):   # fewer rows than SMs: the device share (INVARIANT_SHARE)
         d = decide(B, H_kv, 8192)
         assert d.share == 132 and d.per_program == 0 and d.kernel == "invariant" and d.order == 0, d
@@ -197,6 +205,7 @@ def test_invariant_waves_set_the_programs_a_row(monkeypatch):
     monkeypatch.setattr(plan_mod, "sm_count", lambda: 132)
     decide = lambda: plan_mod.invariant_decision(24, 28, 4, 128, 65536, torch.bfloat16)
     assert plan_mod.INVARIANT_WAVES == 1
+    monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 1)
     assert decide().share == 132                               # the device share takes these rows (INVARIANT_SHARE)
     monkeypatch.setattr(plan_mod, "INVARIANT_SHARE", 0)        # the host rule
     d = decide()
@@ -361,6 +370,7 @@ def test_the_device_share_keeps_each_sequence_bitwise_itself(page, monkeypatch):
     with the batch's tiles), never the bits: a sequence's out and lse are the same alone and in ragged batches of
     several sizes, rows of 0 and 1 keys and one much longer than the rest among them, over a contiguous cache and
     pages of 4 and 16; and right against float64."""
+    share_on(monkeypatch)
     from fdlib.kernels.invariant import device_share
     block_n = fdlib.plan(1, H_Q, H_KV, D, 64, dtype=torch.float32, device=DEVICE,
                          batch_invariant=True).decision.tile.BLOCK_N
@@ -406,6 +416,7 @@ def test_the_kernel_chooses_the_device_share_of_the_model(monkeypatch):
     on the device) against the Python model fdlib.kernels.invariant.device_share on ragged batches; the programs of
     a head never exceed the shapes' bound share_programs, and past the last row's programs a program has no row.
     And the SHARE kernel's rows: given the model's programs of rows 0..b, it finishes those rows and no other."""
+    share_on(monkeypatch)
     from fdlib.kernels import invariant as inv
 
     g = torch.Generator().manual_seed(41)
@@ -456,6 +467,7 @@ def test_the_kernel_chooses_the_device_share_of_the_model(monkeypatch):
 def test_the_device_share_plan_launches_a_grid_of_the_shapes(monkeypatch):
     """The device share's launch depends on the shapes alone (nothing read on the host): H_kv·share_programs(B)
     programs whatever the lengths, so a captured graph replays it; with INVARIANT_SHARE = 0 the host's rule."""
+    share_on(monkeypatch)
     import sys
     from fdlib.kernels.invariant import max_chunks, share_programs
     plan_mod = sys.modules["fdlib.plan"]
