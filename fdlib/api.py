@@ -14,7 +14,8 @@ import torch
 
 from . import quant
 from .kernels.launch import heads_adjacent
-from .plan import DecodePlan, check_lengths_and_table, plan
+from .kernels import launch as _launch_mod
+from .plan import DecodePlan, call_layout, check_lengths_and_table, plan
 from .compiled import traced_call
 from .validate import check_bool, check_inputs, check_removed, check_unified_max
 
@@ -22,6 +23,10 @@ PLAN_CACHE_SIZE = 32
 """Plans decode_attention keeps (least recently used dropped first); each holds its workspace."""
 
 _PLANS: OrderedDict = OrderedDict()
+_CALLS: OrderedDict = OrderedDict()
+"""A call's key (:func:`_call_key`) -> (its plan, the launches :meth:`DecodePlan.run` recorded for its layout):
+a call laid out like one that ran goes straight to them (the plan cache's lookup and the run's checks were
+passed by that call), the host time of a decode step being mostly Python."""
 _FLAGS: dict = {}
 """device -> int32 [1]: the clamp flag that every plan of decode_attention on that device shares (:func:`clamped`)."""
 
@@ -129,6 +134,20 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
     if torch.compiler.is_compiling():
         return traced_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits, return_lse,
                            max_seqlen, check_lengths, batch_invariant, validate, k_scale, v_scale)
+    key = None
+    if _launch_mod.FAST_LAUNCH and validate is None and check_lengths is False and (return_lse is False
+                                                                                    or return_lse is True):
+        key = _call_key(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits, return_lse,
+                        max_seqlen, batch_invariant, k_scale, v_scale)
+        try:
+            hit = _CALLS.get(key) if key is not None else None
+        except TypeError:   # an unhashable option: the checks name it
+            key = hit = None
+        if hit is not None:   # laid out like an earlier call that ran: its plan's launches, no checks
+            got = hit[0].replayed(hit[1], q, k_cache, v_cache, cache_seqlens, None, None, block_table, return_lse,
+                                  k_scale, v_scale)
+            if got is not None:
+                return got
     check_removed(validate)
     if method == "unified_max":
         check_unified_max(k_cache, k_scale, v_scale, batch_invariant, max_seqlen, check_lengths)
@@ -143,14 +162,46 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
         quant.check_values("k_scale", k_scale)
         quant.check_values("v_scale", v_scale)
     try:
-        return p.run(q, k_cache, v_cache, cache_seqlens, block_table=block_table, return_lse=return_lse,
-                     k_scale=k_scale, v_scale=v_scale)
+        got = p.run(q, k_cache, v_cache, cache_seqlens, block_table=block_table, return_lse=return_lse,
+                    k_scale=k_scale, v_scale=v_scale)
+        if key is not None:
+            _remember_call(key, p)
+        return got
     except (ValueError, TypeError, AttributeError):
         # arguments that do not fit the cached plan: the full checks name what is wrong, in the same words
         # for every call; if they find nothing, the plan's own error stands
         check_inputs(q, k_cache, v_cache, cache_seqlens, scale, method, num_splits, return_lse, block_table,
                      k_scale, v_scale)
         raise
+
+
+def _call_key(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, num_splits, return_lse, max_seqlen,
+              batch_invariant, k_scale, v_scale):
+    """What a call's plan and launches depend on besides its addresses: its tensors' layout
+    (:func:`fdlib.plan.call_layout`) and its options with their types (``True == 1 == 1.0`` hash alike, and a
+    remembered call must not accept what a fresh one refuses); None where an argument is not a tensor (an
+    unhashable option fails the lookup: such calls take the checked path too)."""
+    lay = call_layout(q, k_cache, v_cache, cache_seqlens, None, None, block_table, return_lse, k_scale, v_scale)
+    if lay is None:
+        return None
+    return (lay, scale, type(scale), method, num_splits, type(num_splits), max_seqlen, type(max_seqlen),
+            batch_invariant, type(batch_invariant))
+
+
+def _remember_call(key, p: DecodePlan) -> None:
+    """After a call that ran checked, keep its plan and recorded launches for the next call laid out alike
+    (``_CALLS``, bounded like the plans; a plan dropped from ``_PLANS`` takes its entries with it)."""
+    steps = p._replays.get(key[0])
+    if steps is not None:
+        _CALLS[key] = (p, steps)
+        while len(_CALLS) > 4 * PLAN_CACHE_SIZE:
+            _CALLS.popitem(last=False)
+
+
+def clear_plans() -> None:
+    """Drop every plan :func:`decode_attention` keeps (and the calls it remembers); the next call plans again."""
+    _PLANS.clear()
+    _CALLS.clear()
 
 
 def _unified_max(q, k_cache, v_cache, cache_seqlens, block_table, scale, num_splits, return_lse):
@@ -196,5 +247,7 @@ def plan_for(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, scale
              clamp_flag=_flag(q.device), kv_dtype=kv and kv.dtype, k_scale=kv and kv.k, v_scale=kv and kv.v)
     _PLANS[key] = p
     while len(_PLANS) > PLAN_CACHE_SIZE:
-        _PLANS.popitem(last=False)
+        _, dropped = _PLANS.popitem(last=False)
+        for call in [c for c, (kept, _) in _CALLS.items() if kept is dropped]:
+            del _CALLS[call]
     return p

@@ -611,21 +611,13 @@ class DecodePlan:
         sizes are the same, so only the pointers are read again. Any other call is checked in full."""
         key = None
         if timeline is None and _launch_mod.FAST_LAUNCH:
-            try:
-                key = (_layout(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse),
-                       quant.layout(k_scale, v_scale))
-            except AttributeError:   # not a tensor: the checks below say what was expected
-                pass
+            key = call_layout(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse, k_scale, v_scale)
             steps = self._replays.get(key)
             if steps is not None:
-                if cache_seqlens is not None and self.device.type == "cpu":   # on the host: checked every call
-                    check_length_values(cache_seqlens, self.L_max)
-                want_lse = return_lse or lse is not None
-                out_t, lse_t = self._outputs(q, out, lse, want_lse)
-                lens = self.workspace.full_lengths if cache_seqlens is None else cache_seqlens
-                if replay(steps, (q, k_cache, v_cache, lens, out_t, lse_t, block_table,
-                                  *quant.tensors(k_scale, v_scale))):
-                    return (out_t, lse_t) if want_lse else out_t
+                got = self.replayed(steps, q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse,
+                                    k_scale, v_scale)
+                if got is not None:
+                    return got
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -683,6 +675,20 @@ class DecodePlan:
                     self._replays.clear()
                 self._replays[key] = steps
         return (out, lse) if want_lse else out
+
+    def replayed(self, steps, q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse, k_scale,
+                 v_scale):
+        """The result of a call laid out like the checked one whose launches ``steps`` are (:attr:`_replays`,
+        keyed by :func:`call_layout`): those launches with this call's addresses; None, having launched nothing,
+        where :func:`~fdlib.kernels.launch.replay` declines (the caller then takes the checked path)."""
+        if cache_seqlens is not None and self.device.type == "cpu":   # on the host: checked every call
+            check_length_values(cache_seqlens, self.L_max)
+        want_lse = return_lse or lse is not None
+        out_t, lse_t = self._outputs(q, out, lse, want_lse)
+        lens = self.workspace.full_lengths if cache_seqlens is None else cache_seqlens
+        if replay(steps, (q, k_cache, v_cache, lens, out_t, lse_t, block_table, *quant.tensors(k_scale, v_scale))):
+            return (out_t, lse_t) if want_lse else out_t
+        return None
 
     def _check_pack(self, name, t):
         """A plan that reads several KV heads as one needs each token's heads side by side in ``t``."""
@@ -897,6 +903,16 @@ class DecodePlan:
         if reset and seen:
             self.workspace.flag.zero_()
         return seen
+
+
+def call_layout(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse, k_scale, v_scale):
+    """The key of a call's recorded launches (:meth:`DecodePlan.run`): :func:`_layout` of its tensors and
+    :func:`fdlib.quant.layout` of its scales; None where an argument is not a tensor (such calls are checked)."""
+    try:
+        return (_layout(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse),
+                quant.layout(k_scale, v_scale))
+    except AttributeError:   # not a tensor: the checks say what was expected
+        return None
 
 
 def _layout(q, k_cache, v_cache, cache_seqlens, out, lse, block_table, return_lse) -> tuple:

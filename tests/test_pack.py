@@ -85,6 +85,7 @@ def test_decode_attention_packs_only_caches_whose_heads_lie_side_by_side(monkeyp
     from fdlib import api
     monkeypatch.setattr(sys.modules["fdlib.plan"], "packs_by_default", lambda *a: True)   # as on a GPU
     monkeypatch.setattr(api, "_PLANS", type(api._PLANS)())
+    monkeypatch.setattr(api, "_CALLS", type(api._CALLS)())
     B, L, H_q, H_kv, D = 2, 40, 4, 2, 64
     q, k, v, lens = make_problem(B, L, H_q, H_kv, D, torch.float32, seed=3, lens=[40, 9])
     # the same values in [B, H_kv, L, D] memory, seen as [B, L, H_kv, D]

@@ -198,7 +198,7 @@ def test_calls_of_changing_layouts_and_fresh_tensors(method, splits):
 
 
 def test_decode_attention_caches_plans_by_shape_never_by_lengths():
-    fdlib.api._PLANS.clear()
+    fdlib.api.clear_plans()
     q, k, v, lens = small()
     for new in ([37, 16, 1], [2, 2, 2], [0, 0, 37]):
         fdlib.decode_attention(q, k, v, torch.tensor(new, dtype=torch.int32, device=DEVICE))

@@ -219,7 +219,7 @@ def test_out_whose_rows_do_not_flatten_and_every_method_in_place():
 
 def test_decode_attention_keeps_a_plan_per_q_len():
     q, k, v, lens = problem(2, 4, 4, 2, 16, 20, [20, 3], seed=10)
-    api._PLANS.clear()
+    api.clear_plans()
     fdlib.decode_attention(q, k, v, lens)
     fdlib.decode_attention(q[:, :2], k, v, lens)
     fdlib.decode_attention(q[:, 0], k, v, lens)

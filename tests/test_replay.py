@@ -185,3 +185,84 @@ def test_record_refuses_pointers_made_for_the_call():
     assert launch.record([(Go(), ((1,), (t[:2],), ()))], (t,), ()) is None
     assert launch.record([(Go(), ((1,), (t,), ()))], (t, t), ()) is None
     assert launch.record([], (t,), ()) is None
+
+
+# ------------------------------------------------------------------- decode_attention: a remembered call
+def test_decode_attention_replays_a_call_laid_out_like_one_that_ran(direct, monkeypatch):
+    """The second call of a layout goes from decode_attention straight to the launches its first call recorded:
+    no plan lookup, no checks (both passed for that layout), the new tensors' addresses."""
+    fdlib.api.clear_plans()
+    q, k, v, lens = problem(0)
+    out, lse = fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=2, return_lse=True)
+    assert_attention_close(out, lse, q, k, v, lens, what="checked call")
+    assert not direct and len(fdlib.api._CALLS) == 1
+    p = next(iter(fdlib.api._PLANS.values()))
+
+    def no_plan(*a, **kw):
+        raise AssertionError("a remembered call looked its plan up")
+    monkeypatch.setattr(fdlib.api, "plan_for", no_plan)
+    for seed in (1, 2):
+        q2, k2, v2, lens2 = problem(seed)
+        out2, lse2 = fdlib.decode_attention(q2, k2, v2, lens2, method="unified", num_splits=2, return_lse=True)
+        assert direct[-1] == expected(p, q2, k2, v2, lens2, out2, lse2)
+    assert len(direct) == 2
+    with pytest.raises(AssertionError, match="looked its plan up"):   # another option: another key
+        fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=2)
+
+
+@pytest.mark.parametrize("bad, error", [
+    (dict(scale=True), "scale"), (dict(return_lse=1), "return_lse"), (dict(batch_invariant=1), "batch_invariant"),
+    (dict(num_splits=2.0), "num_splits"), (dict(validate=True), "validate")])
+def test_a_remembered_call_does_not_let_an_equal_hash_through(direct, bad, error):
+    """True == 1 == 1.0 hash alike: an option a fresh call refuses is refused after a remembered call too."""
+    fdlib.api.clear_plans()
+    q, k, v, lens = problem(0)
+    opts = dict(scale=1, method="unified", num_splits=2, return_lse=True, batch_invariant=False)
+    for _ in range(2):
+        fdlib.decode_attention(q, k, v, lens, **opts)
+    assert len(direct) == 1
+    with pytest.raises((TypeError, ValueError), match=error):
+        fdlib.decode_attention(q, k, v, lens, **{**opts, **bad})
+    assert len(direct) == 1
+
+
+def test_a_remembered_call_still_checks_what_it_is_asked_to(direct):
+    """check_lengths=True reads and checks the lengths even for a layout remembered; on the CPU a tensor of
+    lengths is checked on every call, remembered or not."""
+    fdlib.api.clear_plans()
+    q, k, v, lens = problem(0)
+    for _ in range(2):
+        fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=2)
+    assert len(direct) == 1
+    bad = lens.clone()
+    bad[1] = 41
+    for check in (True, False):
+        with pytest.raises(ValueError, match="cache_seqlens: lengths must be <= the cache's L_max=40"):
+            fdlib.decode_attention(q, k, v, bad, method="unified", num_splits=2, check_lengths=check)
+    assert len(direct) == 1
+
+
+def test_a_dropped_plan_takes_its_remembered_calls_with_it(direct, monkeypatch):
+    monkeypatch.setattr(fdlib.api, "PLAN_CACHE_SIZE", 2)
+    fdlib.api.clear_plans()
+    q, k, v, lens = problem(0)
+    for _ in range(2):
+        fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=2)
+    (first,) = [p for p, _ in fdlib.api._CALLS.values()]
+    for i in range(2):                                    # two newer plans: the first is dropped
+        fdlib.decode_attention(q, k, v, lens, scale=0.1 + i, method="naive")
+    assert first not in fdlib.api._PLANS.values()
+    assert all(p is not first for p, _ in fdlib.api._CALLS.values())
+    n = len(direct)
+    out, lse = fdlib.decode_attention(q, k, v, lens, method="unified", num_splits=2, return_lse=True)
+    assert len(direct) == n                               # planned and checked again
+    assert_attention_close(out, lse, q, k, v, lens, what="after the plan was dropped")
+
+
+def test_host_lengths_are_never_remembered(direct):
+    fdlib.api.clear_plans()
+    q, k, v, lens = problem(0)
+    out, lse = fdlib.decode_attention(q, k, v, lens.tolist(), method="unified", num_splits=2, return_lse=True)
+    assert_attention_close(out, lse, q, k, v, lens, what="host lengths")
+    fdlib.decode_attention(q, k, v, lens.tolist(), method="unified", num_splits=2, return_lse=True)
+    assert not fdlib.api._CALLS

@@ -205,7 +205,7 @@ def test_default_call_reads_nothing_back_and_clamps_bad_lengths(monkeypatch, met
     calls pass no lengths (all L_max) and the kernels' clamp is reached through the plan's launch."""
     args = base()
     q, k, v = args["q"], args["k_cache"], args["v_cache"]
-    fdlib.api._PLANS.clear()
+    fdlib.api.clear_plans()
     trap = _NoHostCopy(monkeypatch)
     bad = torch.tensor([-4, L + 5], dtype=torch.int32, device=DEVICE)
     on_host = bad.device.type == "cpu"
@@ -258,7 +258,7 @@ def test_out_of_memory_is_reported_with_bytes(monkeypatch, method):
     def boom(*a, **k):
         raise oom("CUDA out of memory. Tried to allocate 1.00 GiB")
     monkeypatch.setattr(plan_mod, "Workspace", boom)
-    fdlib.api._PLANS.clear()
+    fdlib.api.clear_plans()
     args = base()
     splits = chunk_for(L, 2, tile_config(D, L).BLOCK_N)[1]   # 2 in the interpreter (16-key tiles), 1 compiled
     with pytest.raises(oom) as info:
