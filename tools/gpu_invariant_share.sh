@@ -19,7 +19,7 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-FILES="test_invariance test_hf_kv8 test_runtime test_hf test_gpu test_unified_max test_paged" \
+FILES="test_invariance test_hf_kv8 test_runtime test_hf test_gpu test_unified_max test_paged test_plan test_validation" \
   bash "$(dirname "$0")/gpu_suite.sh" "$OUT" ${SUITE_S:-90} 14
 start_run "$OUT" share
 invariant_at FDLIB_INVARIANT_SHARE s ${SERVING_AT:-0 1}
