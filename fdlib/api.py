@@ -126,7 +126,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
 
     Every call is :func:`fdlib.plan` (made once per shape, dtype, device, method, splits and max_seqlen,
     and cached; never keyed by length values) followed by :meth:`DecodePlan.run`: no device-to-host copy,
-    no sync, and it can be captured in a CUDA graph as written.
+    no sync, and it can be captured in a CUDA graph as written. A call laid out like one that ran (the same
+    shapes, strides, dtypes and devices, the same options) goes straight to the launches that call recorded:
+    its checks passed for that layout, so only the addresses are read again.
 
     A sequence of length 0 gives out = 0 and lse = -inf. A NaN in a sequence's q, K or V makes that
     sequence's output NaN (for the query heads that read it) and leaves every other sequence untouched.
