@@ -13,7 +13,7 @@
 #    against the unified kernel planned for the equal rows;
 # 4. tools/probe_nan_kv8.py: what an 8-bit cache stores for a token that is not finite.
 # Packs OUTDIR/suite.tgz, then OUTDIR/share.tgz after each stage. A shorter call: SUITE_S (the tests' seconds,
-# default 90), SERVING_AT (the serving batches' shares, default "0 1"), NO_KV8=1 (without stage 3).
+# default 90), SERVING_AT (the serving batches' shares, default "0 1"), NO_KV8=1 (without stage 3), NO_DENSE=1 (without the dense shapes of stage 2).
 #   bash tools/gpu_invariant_share.sh OUTDIR
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
@@ -23,7 +23,7 @@ FILES="test_invariance test_hf_kv8 test_runtime test_hf test_gpu test_unified_ma
   bash "$(dirname "$0")/gpu_suite.sh" "$OUT" ${SUITE_S:-90} 14
 start_run "$OUT" share
 invariant_at FDLIB_INVARIANT_SHARE s ${SERVING_AT:-0 1}
-dense_invariant_at FDLIB_INVARIANT_SHARE s 1,4,16 8192,32768 0 1
+[ -n "${NO_DENSE:-}" ] || dense_invariant_at FDLIB_INVARIANT_SHARE s 1,4,16 8192,32768 0 1
 [ -n "${NO_KV8:-}" ] || timeout 70 python -m fdlib.bench --kv-dtype int8 --kv-scale token --dtype float16,bfloat16 --methods auto,unified \
   --B 8,32 --L 8192,32768 --heads 32:8 --D 128 --warmup 10 --rep 30 --graph-rep 10 --no-plot --no-progress \
   --out "$R" --name kv8-token-fp16 > "$R/kv8-token-fp16.log" 2>&1
