@@ -136,21 +136,21 @@ keys 1.24x → 1.00x / 1.25x → 1.20x; B=128 lognormal 1.37x → 0.95x / 1.51x 
 1.17x → 1.03x; B=256 unchanged (1.01-1.02x); but B=24 28:4 (96 rows on 132 SMs) 1.46x → 1.71x / 2.13x → 2.20x,
 hence the rows-over-SMs condition. The dense shapes of B 16-64 32:8 moved within the run's noise (3%).
 ``FDLIB_INVARIANT_ORDER`` sets it at import, for A/B runs."""
-INVARIANT_SHARE = int(os.environ.get("FDLIB_INVARIANT_SHARE", "0"))
-"""1: a batch-invariant plan of fewer rows than SMs (B·H_kv < SMs, one program kernel, not the
-persistent walk) lets each program choose its row's chunks a program on the device, from the B lengths of each
-call (:func:`fdlib.kernels.invariant.device_share`: a wave of equal shares of the batch's tiles, rounded to
-whole chunks of each row), where the host, without the lengths, gave every row the same programs
-(:data:`INVARIANT_WAVES`): ragged rows then left the longest alone at the end (B=24 28:4 rows of 1..65536 keys,
-96 rows on an H100's 132 SMs: 1.46x the host-lengths plan contiguous, 2.13x over pages,
-``results/h100/invariant-order/``), and two waves, which fixed them, cost equal rows up to 1.07x. The share
-changes who computes which chunks, never a sum, so the bits are the same; the grid is of the shapes alone
-(:func:`fdlib.kernels.invariant.share_programs`), so a captured graph replays it. Not yet run on a GPU, so not
-the default (``tools/gpu_invariant_share.sh`` tests and A/Bs it). The kernel it runs is the general one, partials stored and merged
-by the ticket, never ONE_CHUNK or ALONE (:mod:`fdlib.kernels.invariant`), which the host rule takes for some equal
-rows; 2: the share only where the host rule gives every row one program (SMs/2 < B·H_kv < SMs, the ALONE plans:
-B=24 28:4's 96 rows on 132 SMs), the host rule elsewhere, so a run at 0 and 1 times both choices of every batch.
-0 (the default): the host rule everywhere. ``FDLIB_INVARIANT_SHARE`` sets it at import."""
+INVARIANT_SHARE = int(os.environ.get("FDLIB_INVARIANT_SHARE", "2"))
+"""Where a batch-invariant plan's rows (one program kernel, not the persistent walk) let each program choose its
+row's chunks a program on the device, from the B lengths of each call
+(:func:`fdlib.kernels.invariant.device_share`: a wave of equal shares of the batch's tiles, rounded to whole chunks
+of each row), instead of the host giving every row the same programs without the lengths
+(:data:`INVARIANT_WAVES`). 2 (the default): only where the host rule gives every row one program
+(SMs/2 < B·H_kv < SMs, the ALONE plans), where ragged rows left the longest alone at the end; 1: every plan of
+fewer rows than SMs; 0: never. The share changes who computes which chunks, never a sum, so the bits are the
+same; the grid is of the shapes alone (:func:`fdlib.kernels.invariant.share_programs`), so a captured graph
+replays it. On an H200 (``results/h200/invariant-share/``, bf16, graph µs, invariant time over the host-lengths
+plan, contiguous / pages of 16): B=24 28:4 rows of 1..65536 keys (96 rows on 132 SMs) 2.01x / 2.53x at 0,
+1.51x / 1.91x at 1 and 2; but 1 cost B=8 with one row of 131072 keys 1.30x → 1.33x / 1.47x → 1.70x, B=1
+131072 keys 1.00x → 1.05x / 1.09x → 1.33x, and the dense shapes B 1, 4 and 16 32:8 at L 8192 and 32768 from
+0.98x to 1.12x their time at 0 (``dense-s1.md`` against ``dense-s0.md``), where it replaces the ONE_CHUNK and ALONE
+kernels (:mod:`fdlib.kernels.invariant`) by the general one; at 2 every batch but B=24 ran as at 0. ``FDLIB_INVARIANT_SHARE`` sets it at import."""
 ONE_CHUNK_KEYS = 2048
 """A batch-invariant plan of several programs a row whose chunks have at least this many keys gives each program
 one chunk (the ONE_CHUNK kernel, no chunk-end work in its loop) rather than about one wave of programs. On an
@@ -269,7 +269,13 @@ def device_schedule_suits(B: int, q_len: int = 1) -> bool:
     per head, six ragged batches of 8-128 sequences, contiguous and pages of 16): stream-K without lengths took
     0.98-1.02x the host-lengths plan (0.61x and 0.67x on B=128 rows of about 1024 keys over pages), where the plan
     for L_cap took 0.98-5.30x. One sequence keeps the plan for L_cap (its splits: exact for a full row); several
-    query tokens have not been timed without lengths, and keep it too."""
+    query tokens have not been timed without lengths, and keep it too.
+
+    An 8-bit cache takes stream-K wherever this holds, with host lengths too (:func:`decide`): the unified
+    kernel's programs, one or two an SM where the cost model (calibrated on 16-bit caches) fills the SMs once, read
+    an 8-bit cache at a fraction of stream-K's rate. On an H200 (``results/h200/invariant-share/kv8-token-fp16.md``,
+    int8 with scales per token, equal rows B 8 and 32 32:8, L 8192 and 32768, graph µs) stream-K took 0.41-0.50x
+    the unified kernel's time, float16 and bfloat16; the H100's ragged batches above, 0.61-1.02x the host plan."""
     return bool(DEVICE_SCHEDULE) and 2 <= B <= STREAMK_MAX_BATCH and q_len == 1
 
 
@@ -405,6 +411,8 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     if method == "auto" and num_splits is None:
         if lengths is None and device_schedule and device_schedule_suits(B, q_len):
             kernel, num_splits, basis = "streamk", 1, "device lengths"   # shares made on the device from the lengths
+        elif isinstance(dtype, quant.KVQuant) and device_schedule_suits(B, q_len):
+            kernel, num_splits = "streamk", 1   # an 8-bit cache: stream-K with host lengths too (device_schedule_suits)
         else:
             kernel, num_splits = choose_auto(*batch)
             if kernel == "longest_first" and longest_first is False:

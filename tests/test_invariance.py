@@ -41,7 +41,8 @@ def batch_of(lens, L, dtype, seed):
 
 
 def share_on(monkeypatch):
-    """The device share switched on (fdlib.plan.INVARIANT_SHARE = 1; off by default until a GPU has timed it)."""
+    """The device share for every plan of fewer rows than SMs (fdlib.plan.INVARIANT_SHARE = 1; the default, 2,
+    takes it only where the host rule gives every row one program)."""
     import sys
     monkeypatch.setattr(sys.modules["fdlib.plan"], "INVARIANT_SHARE", 1)
 
@@ -499,9 +500,11 @@ def test_the_documented_device_shares_are_the_models():
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_the_device_share_replays_a_captured_graph_with_ragged_lengths():
+def test_the_device_share_replays_a_captured_graph_with_ragged_lengths(monkeypatch):
     """A batch-invariant plan of fewer rows than SMs (B=8 32:8), captured while every row is L_max and replayed
     after ragged lengths are written into the same tensor, contiguous and over pages of 16: the device share of
-    the new lengths, right against float64 (test_worklist.captured_replays)."""
+    the new lengths, right against float64 (test_worklist.captured_replays). B=8 32:8 has 64 rows, which the
+    default share (2) leaves to the host rule: the share is switched on for every plan of fewer rows than SMs."""
     from test_worklist import captured_replays
+    share_on(monkeypatch)
     assert [p.decision.share > 0 for p, _ in captured_replays(batch_invariant=True)] == [True, True]
