@@ -150,7 +150,9 @@ plan, contiguous / pages of 16): B=24 28:4 rows of 1..65536 keys (96 rows on 132
 1.51x / 1.91x at 1 and 2; but 1 cost B=8 with one row of 131072 keys 1.30x → 1.33x / 1.47x → 1.70x, B=1
 131072 keys 1.00x → 1.05x / 1.09x → 1.33x, and the dense shapes B 1, 4 and 16 32:8 at L 8192 and 32768 from
 0.98x to 1.12x their time at 0 (``dense-s1.md`` against ``dense-s0.md``), where it replaces the ONE_CHUNK and ALONE
-kernels (:mod:`fdlib.kernels.invariant`) by the general one; at 2 every batch but B=24 ran as at 0. ``FDLIB_INVARIANT_SHARE`` sets it at import."""
+kernels (:mod:`fdlib.kernels.invariant`) by the general one. At 2 every serving batch but B=24 ran as at 0; equal
+rows in its range pay that kernel: B=16 32:8 (128 rows, planned alike at 1 and 2) 1.08x (L=8192) and 1.04x
+(L=32768) its time at 0, the price of B=24's 0.75x. ``FDLIB_INVARIANT_SHARE`` sets it at import."""
 ONE_CHUNK_KEYS = 2048
 """A batch-invariant plan of several programs a row whose chunks have at least this many keys gives each program
 one chunk (the ONE_CHUNK kernel, no chunk-end work in its loop) rather than about one wave of programs. On an
@@ -274,7 +276,7 @@ def device_schedule_suits(B: int, q_len: int = 1) -> bool:
     An 8-bit cache takes stream-K wherever this holds, with host lengths too (:func:`decide`): the unified
     kernel's programs, one or two an SM where the cost model (calibrated on 16-bit caches) fills the SMs once, read
     an 8-bit cache at a fraction of stream-K's rate. On an H200 (``results/h200/invariant-share/kv8-token-fp16.md``,
-    int8 with scales per token, equal rows B 8 and 32 32:8, L 8192 and 32768, graph µs) stream-K took 0.41-0.50x
+    int8 with scales per token, equal rows B 8 and 32 32:8, L 8192 and 32768, graph µs) stream-K took 0.40-0.50x
     the unified kernel's time, float16 and bfloat16; the H100's ragged batches above, 0.61-1.02x the host plan."""
     return bool(DEVICE_SCHEDULE) and 2 <= B <= STREAMK_MAX_BATCH and q_len == 1
 
