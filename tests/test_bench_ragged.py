@@ -211,14 +211,15 @@ def test_ab_ragged_stale_order(tmp_path):
 def test_ab_ragged_over_an_8bit_cache(tmp_path):
     """tools/ab_ragged.py --kv-dtype/--kv-scale: every batch over an 8-bit cache, as the --ragged bench's (its
     records say the format and match float64 on the cache it stands for), stream-K planned without the lengths
-    among the methods; --kv-scale alone is refused."""
+    among the methods (auto from host lengths takes stream-K too on an 8-bit cache); --kv-scale alone is
+    refused."""
     import json
     ab = ab_ragged()
     out = tmp_path / "ab.json"
     ab.main([str(out), "--cases", "3:4:2:uniform:40:16", "--methods", "auto,streamk+device", "--kv-dtype", "int8",
              "--kv-scale", "token"])
     recs = json.loads(out.read_text())["records"]
-    assert [(r["kv_dtype"], r["kv_scale"], r["kernel"]) for r in recs] == [("int8", "token", "unified"),
+    assert [(r["kv_dtype"], r["kv_scale"], r["kernel"]) for r in recs] == [("int8", "token", "streamk"),
                                                                            ("int8", "token", "streamk")]
     assert all(r["status"] == "ok" and r["rel_err"] < 2e-2 for r in recs), recs
     with pytest.raises(SystemExit):
