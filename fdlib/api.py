@@ -192,7 +192,8 @@ def _call_key(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, nu
 
 def _remember_call(key, p: DecodePlan) -> None:
     """After a call that ran checked, keep its plan and recorded launches for the next call laid out alike
-    (``_CALLS``, bounded like the plans; a plan dropped from ``_PLANS`` takes its entries with it)."""
+    (``_CALLS``, bounded like the plans; a plan dropped from ``_PLANS`` takes its entries with it). A remembered
+    call does not refresh its plan's place in ``_PLANS``: after PLAN_CACHE_SIZE newer plans it is planned again, once."""
     steps = p._replays.get(key[0])
     if steps is not None:
         _CALLS[key] = (p, steps)
