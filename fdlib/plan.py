@@ -377,8 +377,8 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     ``pack_heads``: read small adjacent KV heads several at a time (:func:`pack_decision`). ``longest_first``:
     the unified kernel launches the sequences longest first (:func:`longest_first_order`): None where ``auto``'s
     rule takes it (:func:`fdlib.splits.longest_first_suits`), True always (``method="unified"`` only), False never.
-    ``device_schedule``: False keeps ``auto`` without lengths from stream-K (:func:`device_schedule_suits`), for
-    a plan of packed heads asked for (:func:`pack_decision`)."""
+    ``device_schedule``: False keeps ``auto`` from the stream-K that :func:`device_schedule_suits` gives a plan
+    without lengths or of an 8-bit cache, for a plan of packed heads asked for (:func:`pack_decision`)."""
     if longest_first and method != "unified":
         raise ValueError(f"longest_first: True orders the unified kernel's sequences; pass method='unified', got "
                          f"method={method!r}")
@@ -411,10 +411,11 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     batch = (B, H_q * q_len, H_kv, D, dtype, L_cap, lengths, paged)   # what the choosers read
     kernel = method
     if method == "auto" and num_splits is None:
-        if lengths is None and device_schedule and device_schedule_suits(B, q_len):
-            kernel, num_splits, basis = "streamk", 1, "device lengths"   # shares made on the device from the lengths
-        elif isinstance(dtype, quant.KVQuant) and device_schedule_suits(B, q_len):
-            kernel, num_splits = "streamk", 1   # an 8-bit cache: stream-K with host lengths too (device_schedule_suits)
+        # stream-K, shares made on the device from the lengths: without host lengths, or on an 8-bit cache
+        if (device_schedule and device_schedule_suits(B, q_len)
+                and (lengths is None or isinstance(dtype, quant.KVQuant))):
+            kernel, num_splits = "streamk", 1
+            basis = "device lengths" if lengths is None else basis
         else:
             kernel, num_splits = choose_auto(*batch)
             if kernel == "longest_first" and longest_first is False:

@@ -109,6 +109,16 @@ def test_pack_heads_false_and_what_never_packs():
         fdlib.plan(2, 16, 2, 64, 64, pack_heads="yes")
 
 
+def test_packed_heads_asked_for_on_an_8bit_cache_stay_packed():
+    """auto on an 8-bit cache of several sequences takes stream-K, host lengths or not, but a pack asked for
+    (pack_heads=True, per-tensor scales) is planned as on a 16-bit cache, not dropped for stream-K."""
+    kv = dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn, k_scale="tensor", v_scale="tensor",
+              lengths=[64, 30, 10, 5])
+    asked = fdlib.plan(4, 8, 4, 64, 64, pack_heads=True, **kv).decision
+    assert (asked.kernel, asked.pack) in (("unified", 2), ("split", 2))
+    assert fdlib.plan(4, 8, 4, 64, 64, **kv).decision.kernel == "streamk"
+
+
 def test_short_caches_take_64_key_tiles_up_to_2048_keys_at_64_rows_and_512_keys_at_128():
     """fdlib.kernels.config.SMALL_BATCH_L: at 65-128 rows one split of 128-key tiles beat two of 64 keys at
     L = 1024 and 2048 on the H200 (results/h200/ab/ab-rows128-tiles.json), 64-key tiles stayed ahead at 512."""
