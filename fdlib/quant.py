@@ -299,14 +299,11 @@ def scale_modes(kv: KVQuant | None) -> tuple:
     return (0, 0) if kv is None else (SCALE_CODES[kv.k], SCALE_CODES[kv.v])
 
 
-_NO_SCALE_LAYOUT = (None, None)
-
-
 def layout(k_scale, v_scale) -> tuple:
     """What a call's launch depends on in its scales besides their addresses (:meth:`~fdlib.plan.DecodePlan.run`'s
     replay key): a float's value (it is a launch argument), a tensor's shape, strides, dtype and device."""
     if k_scale is None and v_scale is None:   # a 16-bit cache: every call of a decode step
-        return _NO_SCALE_LAYOUT
+        return None, None
 
     def one(s):
         if isinstance(s, torch.Tensor):
@@ -326,7 +323,7 @@ def scale_key(s):
 def tensors(k_scale, v_scale) -> tuple:
     """The scale tensors of a call, None for a float or an absent scale (the launch's pointer roles)."""
     if k_scale is None and v_scale is None:
-        return _NO_SCALE_LAYOUT
+        return None, None
     return tuple(s if isinstance(s, torch.Tensor) else None for s in (k_scale, v_scale))
 
 
