@@ -1,0 +1,222 @@
+"""A/B of the chooser's constants on a GPU: does a rule earn its place?
+
+    python tools/ab_constants.py OUT.json --set NAME=VALUE [--set NAME=VALUE ...] [--kinds dense,heads,ragged,...]
+    python tools/ab_constants.py - --set NAME=VALUE --list [--identity H100|H200]     # no GPU: the cases only
+
+For each ``--set`` (one constant of :mod:`fdlib.splits` or :mod:`fdlib.plan` at another value, a Python literal;
+a value that turns its rule off asks whether the rule can go), it finds the benchmarked batches
+(``tools/decision_cases.py``: the dense grid, the heads sweep, the ragged grid, the ab_ragged batches, the serving
+batches with their 8-bit caches; one query token) on which ``auto``'s decision changes, planned from host lengths
+(``host``) or without them (``device``, as ``decode_attention`` with lengths on the device), and times each of
+those batches both ways, one after the other on the same inputs: the default, then the constant at VALUE. Times
+are graph µs of the ragged bench (:func:`fdlib.bench.ragged._measure`: CUDA graphs rotating over copies holding
+>= 4x the L2, checked against float64 rows), with the read ceiling measured in the same run.
+
+On a GPU the decisions are the live chooser's (its own calibration, this GPU's SMs); ``--list`` prints them on
+the CPU for ``--identity`` as ``tools/decision_table.py`` sees that GPU. The JSON carries the device, versions,
+date, command and commit; each record pairs a batch's two times, and the summary gives, per constant, the
+geometric mean and the worst of VALUE's time over the default's.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+KINDS = ("dense", "heads", "ragged", "ab", "serving")
+"""The case families (the first word of a decision-table label) this tool times; ``qlen`` (several query tokens)
+is left out: the ragged bench times one query token."""
+
+
+def parse_set(text: str) -> tuple[str, object]:
+    """(NAME, VALUE) of ``NAME=VALUE``, VALUE a Python literal."""
+    name, eq, value = text.partition("=")
+    if not eq or not name.isidentifier():
+        raise SystemExit(f"--set: expected NAME=VALUE (e.g. TWO_STAGE_SPLITS=1000000), got {text!r}")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise SystemExit(f"--set {name}: expected a Python literal after '=', got {value!r}") from None
+
+
+def holders(name: str) -> list:
+    """Every fdlib module holding ``name`` (a module that imported it by name holds its own copy)."""
+    mods = [m for k, m in list(sys.modules.items()) if k.startswith("fdlib") and hasattr(m, name)]
+    if not mods:
+        raise SystemExit(f"--set: no fdlib module has {name}")
+    return mods
+
+
+class constant:
+    """``with constant(NAME, VALUE):`` NAME at VALUE in every fdlib module holding it, restored on the way out."""
+
+    def __init__(self, name, value):
+        self.mods, self.name, self.value = holders(name), name, value
+        self.kept = [getattr(m, name) for m in self.mods]
+
+    def __enter__(self):
+        for m in self.mods:
+            setattr(m, self.name, self.value)
+
+    def __exit__(self, *exc):
+        for m, v in zip(self.mods, self.kept):
+            setattr(m, self.name, v)
+        from fdlib import api
+        api.clear_plans()   # no plan made under one setting serves the other
+
+
+def decision(case, given: bool):
+    """``auto``'s Decision on a case, planned from host lengths (``given``) or without them."""
+    from fdlib import quant
+    from fdlib.bench import harness
+    from fdlib.plan import decide
+
+    from decision_cases import paged_cap
+    label, B, hq, hk, D, dt, lens, page, q_len, kv = case
+    dtype = harness.DTYPES[dt]
+    fmt = quant.plan_format(*kv, dtype) if kv else None
+    pack = False if fmt is not None and (fmt.k != "tensor" or fmt.v != "tensor") else None
+    return decide(B, hq, hk, D, paged_cap(lens, page), fmt or dtype, lengths=tuple(lens) if given else None,
+                  q_len=q_len, paged=page, pack_heads=pack)
+
+
+def changed(name, value, kinds) -> list[tuple]:
+    """(case, given, default Decision, Decision at VALUE) of every case and planning whose decision differs."""
+    from decision_cases import cases
+    seen, out = set(), []
+    for case in cases():
+        label, page = case[0], case[7]
+        if label.split()[0] not in kinds or (label, page) in seen:
+            continue
+        seen.add((label, page))
+        for given in (True, False):
+            a = decision(case, given)
+            with constant(name, value):
+                b = decision(case, given)
+            if a != b:
+                out.append((case, given, a, b))
+    return out
+
+
+def shape_of(case) -> dict:
+    """The ragged bench's shape dict of a decision-table case."""
+    label, B, hq, hk, D, dt, lens, page, q_len, kv = case
+    shape = dict(dtype=dt, B=B, H_q=hq, H_kv=hk, D=D, dist=label, mean=round(sum(lens) / len(lens)))
+    if kv:
+        shape.update(kv_dtype=str(kv[0]).removeprefix("torch."), kv_scale=kv[1])
+    return shape
+
+
+def short(d) -> str:
+    """A Decision in a few words: kernel, splits, and what else is not at its default."""
+    from dataclasses import fields
+    parts = [d.kernel, f"s={d.splits}"]
+    for f in fields(d)[2:]:
+        v = getattr(d, f.name)
+        if f.name == "tile":
+            parts.append(f"tile={v.BLOCK_N}/{v.num_warps}/{v.num_stages}" if v else "tile=-")
+        elif f.name not in ("basis", "chunk", "L_cap") and v != f.default:
+            parts.append(f"{f.name}={v}")
+    return " ".join(parts)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="the JSON to write ('-' with --list)")
+    ap.add_argument("--set", action="append", required=True, metavar="NAME=VALUE",
+                    help="a chooser constant at another value (Python literal); each --set is its own A/B")
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"case families to time (default {','.join(KINDS)})")
+    ap.add_argument("--list", action="store_true", help="print the cases whose decision changes and stop (no GPU)")
+    ap.add_argument("--identity", default="H100", choices=("H100", "H200", "H200+launched"),
+                    help="with --list on a machine without a GPU: the GPU the chooser plans for")
+    ap.add_argument("--max-cases", type=int, default=40, help="time at most this many changed cases a constant "
+                                                              "(the first found; default 40)")
+    ap.add_argument("--max-kv-gb", type=float, default=20.0, help="skip batches storing more (GB, default 20)")
+    args = ap.parse_args(argv)
+    sets = [parse_set(s) for s in args.set]
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise SystemExit(f"--kinds: expected some of {', '.join(KINDS)}, got {', '.join(bad)}")
+    if args.list:
+        os.environ.update(FDLIB_INTERPRET="1", TRITON_INTERPRET="1", FDLIB_NO_CALIBRATE="1")
+        import decision_table
+        decision_table.become(args.identity)
+        for name, value in sets:
+            found = changed(name, value, kinds)
+            print(f"{name}={value!r}: {len(found)} plannings of auto change ({args.identity})")
+            for case, given, a, b in found:
+                print(f"    {'host' if given else 'device'} | {case[0]} | {'pages of %d' % case[7] if case[7] else 'contiguous'}"
+                      f" | {short(a)} -> {short(b)}")
+        return
+    run(args, sets, kinds, argv)
+
+
+def run(args, sets, kinds, argv) -> None:
+    from fdlib import runtime
+    from fdlib.bench import ragged
+    from fdlib.bench.harness import measure_ceiling_or_none, provenance
+    from fdlib.bench.timing import free_memory
+    gpu = runtime.MODE == "gpu"
+    settings = {"graphs": gpu, "warmup_ms": 10, "rep_ms": 30, "graph_rep_ms": 10, "cpu_runs": 1}
+    ceil = measure_ceiling_or_none(gpu, 4, settings)
+    out = {"schema": "fdlib.bench/1", "kind": "ab-constants", "settings": settings, "ceiling": ceil,
+           "provenance": provenance("python tools/ab_constants.py " + " ".join(argv or sys.argv[1:])),
+           "records": [], "summary": {}, "complete": False}
+    for name, value in sets:
+        found = changed(name, value, kinds)
+        print(f"{name}={value!r}: {len(found)} plannings change; timing {min(len(found), args.max_cases)}", flush=True)
+        ratios = []
+        for i, (case, given, a, b) in enumerate(found[:args.max_cases]):
+            shape, lens, page = shape_of(case), case[6], case[7]
+            base, stored = ragged.case_record(shape, lens, page)
+            rec = dict(constant=name, value=repr(value), case=case[0], page=page, planned="host" if given else "device",
+                       default=short(a), changed=short(b), kv_mb=base["kv_mb"])
+            if stored > args.max_kv_gb * 1e9:
+                out["records"].append(dict(rec, status="skipped", reason=f"{stored / 1e9:.1f} GB stored"))
+                continue
+            copies, ref = ragged.case_inputs(shape, lens, page, i, "shuffled", stored, gpu)
+            kw = {} if given else {"lengths": None}
+            ra = ragged._measure("auto", copies, ref, base, settings, ceil, None, kw)
+            with constant(name, value):
+                rb = ragged._measure("auto", copies, ref, base, settings, ceil, None, kw)
+            del copies, ref
+            free_memory()
+            key = "graph_us" if gpu else "eager_us"
+            ok = ra["status"] == rb["status"] == "ok"
+            rec.update(status="ok" if ok else "failed", us_default=ra.get(key), us_changed=rb.get(key),
+                       kernels=[ra.get("kernel"), rb.get("kernel")],
+                       pct_ceiling=[ra.get("pct_ceiling"), rb.get("pct_ceiling")],
+                       reason=" / ".join(r.get("reason", "") for r in (ra, rb) if r["status"] != "ok") or None)
+            if ok:
+                rec["ratio"] = rb[key] / ra[key]
+                ratios.append(rec["ratio"])
+            out["records"].append(rec)
+            print(f"  {rec['planned']:6s} {case[0]:52s} {'p%d' % page if page else 'c':4s} {short(a):34s} "
+                  f"{rec.get('us_default') or float('nan'):8.1f} -> {short(b):34s} "
+                  f"{rec.get('us_changed') or float('nan'):8.1f} us  x{rec.get('ratio', float('nan')):.3f}",
+                  flush=True)
+            _save(args.out, out)
+        out["summary"][f"{name}={value!r}"] = dict(
+            changed=len(found), timed=len(ratios), gmean=math.exp(sum(map(math.log, ratios)) / len(ratios))
+            if ratios else None, worst=max(ratios, default=None), best=min(ratios, default=None))
+        print(f"{name}={value!r}: {out['summary'][f'{name}={value!r}']}", flush=True)
+        _save(args.out, out)
+    out["complete"] = True
+    _save(args.out, out)
+
+
+def _save(path: str, out: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
