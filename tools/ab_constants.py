@@ -64,12 +64,20 @@ class constant:
     def __enter__(self):
         for m in self.mods:
             setattr(m, self.name, self.value)
+        _forget()
 
     def __exit__(self, *exc):
         for m, v in zip(self.mods, self.kept):
             setattr(m, self.name, v)
-        from fdlib import api
-        api.clear_plans()   # no plan made under one setting serves the other
+        _forget()
+
+
+def _forget() -> None:
+    """Drop what was worked out under one setting: the cost model's cached explanations and the remembered
+    plans and calls (no plan made under one setting serves the other)."""
+    from fdlib import api, costmodel
+    costmodel._explain.cache_clear()
+    api.clear_plans()
 
 
 def decision(case, given: bool):
