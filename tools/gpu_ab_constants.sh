@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One call: the chooser's constants A/B'd on the batches whose auto decision each changes (tools/ab_constants.py),
 # one JSON and log per group, packed after each into OUTDIR/constants.tgz.
-#   bash tools/gpu_ab_constants.sh OUTDIR [MAX_CASES] [SECONDS_PER_GROUP]
+#   bash tools/gpu_ab_constants.sh OUTDIR [MAX_CASES] [SECONDS_PER_GROUP] [GROUPS]   (GROUPS: e.g. "small rules")
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
-OUT=${1:?output folder}; MAX=${2:-10}; SECS=${3:-100}
+OUT=${1:?output folder}; MAX=${2:-10}; SECS=${3:-100}; GROUPS=" ${4:-small rules more} "
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 start_run "$OUT" constants
 group() {   # group NAME --set A=B ...
   local name=$1; shift
+  [[ $GROUPS == *" $name "* ]] || return 0
   timeout "$SECS" python tools/ab_constants.py "$R/$name.json" --max-cases "$MAX" "$@" > "$R/$name.log" 2>&1
   echo "rc=$?" >> "$R/$name.log"; grep -E "^[A-Z_]+=.*\{" "$R/$name.log"; pack
 }
@@ -16,3 +17,4 @@ group small --set TWO_STAGE_SPLITS=1000000 --set STREAMK_MIN_BATCH=2 --set "PERS
   --set PACK_MIN_BYTES=0 --set ONE_WAVE_MAX_KEYS=0
 group rules --set LONGEST_FIRST_IMBALANCE=0.0 --set STREAMK_MAX_MEAN=1000000000000 --set PAGED_EPILOGUE_WORK=10000
 group more --set EPILOGUE_WORK=1000000000000 --set STREAMK_PAGED_MIN_TILES=0 --set PACK_MIN_ROWS=1000000
+group cost --set SECOND_PROGRAM=0.0 --set SECOND_PROGRAM=1.0
