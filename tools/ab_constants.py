@@ -113,6 +113,15 @@ def changed(name, value, kinds) -> list[tuple]:
     return out
 
 
+def spread(found: list, n: int) -> list:
+    """At most ``n`` of ``found``, evenly spread over it (first and last included), in its order."""
+    if len(found) <= n:
+        return list(found)
+    if n <= 1:
+        return found[:max(n, 0)]
+    return [found[round(i * (len(found) - 1) / (n - 1))] for i in range(n)]
+
+
 def shape_of(case) -> dict:
     """The ragged bench's shape dict of a decision-table case."""
     label, B, hq, hk, D, dt, lens, page, q_len, kv = case
@@ -145,7 +154,7 @@ def main(argv=None) -> None:
     ap.add_argument("--identity", default="H100", choices=("H100", "H200", "H200+launched"),
                     help="with --list on a machine without a GPU: the GPU the chooser plans for")
     ap.add_argument("--max-cases", type=int, default=40, help="time at most this many changed cases a constant "
-                                                              "(the first found; default 40)")
+                                                              "(evenly spread over those found; default 40)")
     ap.add_argument("--max-kv-gb", type=float, default=20.0, help="skip batches storing more (GB, default 20)")
     args = ap.parse_args(argv)
     sets = [parse_set(s) for s in args.set]
@@ -180,9 +189,10 @@ def run(args, sets, kinds, argv) -> None:
            "records": [], "summary": {}, "complete": False}
     for name, value in sets:
         found = changed(name, value, kinds)
-        print(f"{name}={value!r}: {len(found)} plannings change; timing {min(len(found), args.max_cases)}", flush=True)
+        picked = spread(found, args.max_cases)
+        print(f"{name}={value!r}: {len(found)} plannings change; timing {len(picked)}", flush=True)
         ratios = []
-        for i, (case, given, a, b) in enumerate(found[:args.max_cases]):
+        for i, (case, given, a, b) in enumerate(picked):
             shape, lens, page = shape_of(case), case[6], case[7]
             base, stored = ragged.case_record(shape, lens, page)
             rec = dict(constant=name, value=repr(value), case=case[0], page=page, planned="host" if given else "device",
