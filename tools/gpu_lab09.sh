@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One call of about 5 minutes: the runs notebook 09 reads (results/notes/09_fewer_bytes.md, "What notebook 09
+# reads"), on one machine in one call: auto over a bf16 cache and over e4m3 and int8 caches with scales per tensor,
+# per head and per token, B 1/8/32, L 4096-131072, 32:8, D 128, bf16 queries; each bench measures its read ceiling.
+# Files in OUTDIR/lab09/ (packed into OUTDIR/lab09.tgz after each run).
+#   bash tools/gpu_lab09.sh OUTDIR
+set -uo pipefail
+source "$(dirname "$0")/gpu_common.sh"
+OUT=${1:?output folder}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+start_run "$OUT" lab09
+G="--dtype bfloat16 --methods auto --B 1,8,32 --L 4096,8192,16384,32768,65536,131072 --heads 32:8 --D 128
+   --max-kv-gb 40 --warmup 10 --rep 30 --graph-rep 10 --no-plot --no-progress --out $R"
+timeout 60 python -m fdlib.bench $G --name kv16-bf16 > "$R/kv16-bf16.log" 2>&1; pack
+for kv in float8_e4m3fn int8; do for s in tensor head token; do
+  timeout 50 python -m fdlib.bench $G --kv-dtype $kv --kv-scale $s --name kv8-$kv-$s > "$R/kv8-$kv-$s.log" 2>&1
+  grep -h -A4 "^Time, µs" "$R/kv8-$kv-$s.md" 2>/dev/null | head -5; pack
+done; done
