@@ -162,6 +162,25 @@ against 471.2, and shorter chunks lose (B=4 32:8 L=8192, chunks of 512 keys: 45.
 pattern was measured on another H200 the day before (``ab/ab-inv-schedule.md``). Not explained: both layouts
 have 32 rows of the same bytes and the same program counts; they differ in the KV heads a key position holds
 (8 against 32, so 2 against 8 KB between a row's consecutive keys)."""
+INVARIANT_BLOCK_N = int(os.environ.get("FDLIB_INVARIANT_BLOCK_N", "0"))
+"""Keys a tile of the batch-invariant plans on a GPU (:func:`invariant_tile`): 0 (the default) the tiles of a long
+cache of a large batch (:func:`~fdlib.kernels.config.tile_config_for`: 128 keys at D <= 128 in 16 bits), over a
+contiguous cache and over pages alike, so the two give the same bits; another value sets the keys of both (for
+A/B runs: the stream-K and unified kernels read pages in 64-key tiles). ``FDLIB_INVARIANT_BLOCK_N`` sets it at
+import."""
+
+
+def invariant_tile(D: int, dtype, q_rows: int = 1) -> TileConfig:
+    """The tiles of every batch-invariant plan (:func:`invariant_decision`, :func:`worklist_decision` with
+    ``invariant``): fixed by D, the dtype and the query rows, never by the batch or the cache's layout."""
+    compiled = not runtime.INTERPRET
+    tile = tile_config_for(D, 1 << 30, compiled_mode=compiled, elem_bytes=dtype.itemsize, rows=1 << 30,
+                           q_rows=q_rows)
+    if compiled and INVARIANT_BLOCK_N:
+        tile = TileConfig(min(INVARIANT_BLOCK_N, tile.BLOCK_N), tile.num_warps, tile.num_stages)
+    return tile
+
+
 WALK_L, WALK_ROWS, INVARIANT_PER_SM = 512, 2, 2
 """The batch-invariant plan's persistent walk (:func:`invariant_decision`): rows of at most WALK_L keys, at most
 WALK_ROWS rows a program, INVARIANT_PER_SM programs an SM (its 128-key tiles at FEW_STAGES stages hold 72 KB
@@ -214,8 +233,7 @@ def invariant_decision(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, q
     ``q_rows``: group × q_len for several query tokens (1 for one; see :func:`tile_config_for`): q_len is the
     plan's, so a sequence's results are invariant among calls of the same q_len."""
     compiled = not runtime.INTERPRET
-    tile = tile_config_for(D, 1 << 30, compiled_mode=compiled, elem_bytes=dtype.itemsize, rows=1 << 30,
-                           q_rows=q_rows)
+    tile = invariant_tile(D, dtype, q_rows)
     L_cap = max(L_max if L_cap is None else min(L_cap, L_max), 1)
     chunk, n_max = row_chunks(max(L_max, 1), tile.BLOCK_N)[0], max_chunks(L_max, tile.BLOCK_N)
     chunk_cap, n_cap = row_chunks(L_cap, tile.BLOCK_N)
@@ -306,8 +324,9 @@ def worklist_decision(B: int, H_kv: int, D: int, L_max: int, dtype, q_rows: int 
     the layout. Batches of at most INLINE_BATCH sequences are listed in the attention kernel's registers
     (``inline``), with no schedule launch."""
     S = WORK_SPLITS if num_splits is None else min(int(num_splits), MAX_SPLITS)
-    tile = tile_config_for(D, 1 << 30, compiled_mode=not runtime.INTERPRET, elem_bytes=dtype.itemsize,
-                           rows=1 << 30, q_rows=q_rows, paged=0 if invariant else paged)
+    tile = (invariant_tile(D, dtype, q_rows) if invariant else
+            tile_config_for(D, 1 << 30, compiled_mode=not runtime.INTERPRET, elem_bytes=dtype.itemsize,
+                            rows=1 << 30, q_rows=q_rows, paged=paged))
     L_cap = max(L_max if L_cap is None else L_cap, 1)
     sms = sm_count()
     return Decision("worklist", S, WORK_CHUNK_TILES * tile.BLOCK_N, tile, L_cap,
