@@ -232,8 +232,35 @@ def run(args, sets, kinds, argv) -> None:
 
 
 def _save(path: str, out: dict) -> None:
+    """The JSON, and beside it (``.md``) its table: one row a batch, then the summary."""
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
+    if path.endswith(".json"):
+        with open(path[:-5] + ".md", "w") as f:
+            f.write(markdown(out))
+
+
+def markdown(out: dict) -> str:
+    """The records as a table (µs: graph, else eager in the interpreter), the summary after it."""
+    prov = out["provenance"]
+    ceil = (out.get("ceiling") or {}).get("tbs")
+    lines = [f"# Chooser constants A/B ({prov.get('device')}, {prov.get('date_utc')})", "",
+             f"`{prov.get('command')}`; torch {prov.get('torch')}, triton {prov.get('triton')}, commit "
+             f"{prov.get('git_commit')}; read ceiling {ceil:.2f} TB/s" if ceil else f"`{prov.get('command')}`", "",
+             "| constant | batch | cache | planned | default | µs | changed | µs | changed / default |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in out["records"]:
+        fmt = (lambda v: f"{v:.1f}" if isinstance(v, (int, float)) else "-")
+        lines.append(f"| {r['constant']}={r['value']} | {r['case']} | {'pages of %d' % r['page'] if r['page'] else 'contiguous'} "
+                     f"| {r['planned']} | {r['default']} | {fmt(r.get('us_default'))} | {r['changed']} | "
+                     f"{fmt(r.get('us_changed'))} | {r['ratio']:.3f} |" if "ratio" in r else
+                     f"| {r['constant']}={r['value']} | {r['case']} | {r['page']} | {r['planned']} | {r['default']} | - "
+                     f"| {r['changed']} | - | {r['status']}: {r.get('reason')} |")
+    lines += ["", "| setting | plannings changed | timed | geometric mean | best | worst |", "|---|---|---|---|---|---|"]
+    for k, v in out["summary"].items():
+        fmt = (lambda x: f"{x:.3f}" if x is not None else "-")
+        lines.append(f"| {k} | {v['changed']} | {v['timed']} | {fmt(v['gmean'])} | {fmt(v['best'])} | {fmt(v['worst'])} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
