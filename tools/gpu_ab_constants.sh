@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # One call: the chooser's constants A/B'd on the batches whose auto decision each changes (tools/ab_constants.py),
 # one JSON and log per group, packed after each into OUTDIR/constants.tgz.
-#   bash tools/gpu_ab_constants.sh OUTDIR [MAX_CASES] [SECONDS_PER_GROUP] [GROUPS]   (GROUPS: e.g. "small rules")
+#   bash tools/gpu_ab_constants.sh OUTDIR [MAX_CASES] [SECONDS_PER_GROUP] [GROUPS]   (groups: e.g. "small rules")
 set -uo pipefail
 source "$(dirname "$0")/gpu_common.sh"
-OUT=${1:?output folder}; MAX=${2:-10}; SECS=${3:-100}; GROUPS=" ${4:-small rules more} "
+OUT=${1:?output folder}; MAX=${2:-10}; SECS=${3:-100}; WANT=" ${4:-small rules more} "
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 start_run "$OUT" constants
 group() {   # group NAME --set A=B ...
   local name=$1; shift
-  [[ $GROUPS == *" $name "* ]] || return 0
+  [[ $WANT == *" $name "* ]] || return 0
   timeout "$SECS" python tools/ab_constants.py "$R/$name.json" --max-cases "$MAX" "$@" > "$R/$name.log" 2>&1
   echo "rc=$?" >> "$R/$name.log"; grep -E "^[A-Z_]+=.*\{" "$R/$name.log"; pack
 }
