@@ -74,7 +74,7 @@ from .kernels.tile import TABLE_AHEAD_PAGE, TABLE_REGS_LIMIT
 from .reference import naive_attention
 from .schedule import choose_balanced
 from .splits import (PERSISTENT_MIN_WAVES, choose_auto, choose_kernel, choose_splits, one_wave_suits, order_hint,
-                     persistent_per_sm, sm_count)
+                     persistent_per_sm, sm_count, streamk_batch)
 from .validate import (DTYPES, MAX_HEAD_DIM, check_block_table, check_bool, check_lengths_type, check_max_seqlen,
                        check_method, check_num_splits, check_page_size, check_page_strides, check_pool, check_q_len,
                        check_scale, shape_str)
@@ -162,23 +162,15 @@ against 471.2, and shorter chunks lose (B=4 32:8 L=8192, chunks of 512 keys: 45.
 pattern was measured on another H200 the day before (``ab/ab-inv-schedule.md``). Not explained: both layouts
 have 32 rows of the same bytes and the same program counts; they differ in the KV heads a key position holds
 (8 against 32, so 2 against 8 KB between a row's consecutive keys)."""
-INVARIANT_BLOCK_N = int(os.environ.get("FDLIB_INVARIANT_BLOCK_N", "0"))
-"""Keys a tile of the batch-invariant plans on a GPU (:func:`invariant_tile`): 0 (the default) the tiles of a long
-cache of a large batch (:func:`~fdlib.kernels.config.tile_config_for`: 128 keys at D <= 128 in 16 bits), over a
-contiguous cache and over pages alike, so the two give the same bits; another value sets the keys of both (for
-A/B runs: the stream-K and unified kernels read pages in 64-key tiles). ``FDLIB_INVARIANT_BLOCK_N`` sets it at
-import."""
-
-
 def invariant_tile(D: int, dtype, q_rows: int = 1) -> TileConfig:
     """The tiles of every batch-invariant plan (:func:`invariant_decision`, :func:`worklist_decision` with
-    ``invariant``): fixed by D, the dtype and the query rows, never by the batch or the cache's layout."""
-    compiled = not runtime.INTERPRET
-    tile = tile_config_for(D, 1 << 30, compiled_mode=compiled, elem_bytes=dtype.itemsize, rows=1 << 30,
-                           q_rows=q_rows)
-    if compiled and INVARIANT_BLOCK_N:
-        tile = TileConfig(min(INVARIANT_BLOCK_N, tile.BLOCK_N), tile.num_warps, tile.num_stages)
-    return tile
+    ``invariant``): those of a long cache of a large batch, fixed by D, the dtype and the query rows, never by the
+    batch or the cache's layout, so contiguous and paged caches give the same bits (128 keys at D <= 128 in 16
+    bits on a GPU). The 64-key tiles the stream-K kernel reads pages in were slower here, on both layouts: on an
+    H100 (``results/h100/chooser-ab/invariant-tile/``, the serving batches, graph µs over the host-lengths plan)
+    B=32 32:8 rows of 1..32768 keys 1.01x -> 1.26x over pages, B=128 lognormal 1.00x -> 1.46x."""
+    return tile_config_for(D, 1 << 30, compiled_mode=not runtime.INTERPRET, elem_bytes=dtype.itemsize,
+                           rows=1 << 30, q_rows=q_rows)
 
 
 WALK_L, WALK_ROWS, INVARIANT_PER_SM = 512, 2, 2
@@ -296,7 +288,7 @@ def device_schedule_suits(B: int, q_len: int = 1) -> bool:
     an 8-bit cache at a fraction of stream-K's rate. On an H200 (``results/h200/invariant-share/kv8-token-fp16.md``,
     int8 with scales per token, equal rows B 8 and 32 32:8, L 8192 and 32768, graph µs) stream-K took 0.40-0.50x
     the unified kernel's time, float16 and bfloat16; the H100's ragged batches above, 0.61-1.02x the host plan."""
-    return bool(DEVICE_SCHEDULE) and 2 <= B <= STREAMK_MAX_BATCH and q_len == 1
+    return bool(DEVICE_SCHEDULE) and streamk_batch(B) and q_len == 1
 
 
 WORK_SPLITS, WORK_CHUNK_TILES, WORK_WAVES = 32, 4, 2

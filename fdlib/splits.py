@@ -36,8 +36,6 @@ PAGED_EPILOGUE_WORK = 24_768
 """Over pages the two-stage path was never more than 1.4% faster up to 48·4·129 merged values (H200): the unified
 kernel up to there, whatever the model predicts."""
 
-STREAMK_MIN_BATCH = 8
-"""Stream-K needs this many sequences: nothing smaller was measured."""
 STREAMK_MAX_MEAN = 2048
 """On a contiguous cache stream-K took ragged rows averaging more than this many keys, and shorter rows where there
 is a row (b, h_kv) per SM (H200)."""
@@ -147,18 +145,27 @@ def order_hint(B: int, L_max: int, lengths=None) -> list[int]:
 
 
 def streamk_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int = 0) -> bool:
-    """Whether auto takes the stream-K kernel for host ``lengths``: STREAMK_MIN_BATCH to MAX_BATCH sequences, and
+    """Whether auto takes the stream-K kernel for host ``lengths``: the sequences it takes without them (2 to
+    MAX_BATCH, :func:`streamk_batch`), and
     on a contiguous cache ragged rows averaging more than STREAMK_MAX_MEAN keys or at least a row (b, h_kv) per SM;
     over pages, programs that stream at least STREAMK_PAGED_MIN_TILES tiles each (ragged rows) or
     STREAMK_PAGED_DENSE_TILES (equal rows; :func:`streamk_tiles_per_program`)."""
-    from .kernels.streamk import MAX_BATCH
-    if not STREAMK_MIN_BATCH <= B <= MAX_BATCH:
+    if not streamk_batch(B):
         return False
     ragged = len(set(lengths)) > 1
     if paged:
         need = STREAMK_PAGED_MIN_TILES if ragged else STREAMK_PAGED_DENSE_TILES
         return streamk_tiles_per_program(H_kv, D, dtype, lengths, paged) >= need
     return ragged and (sum(lengths) > STREAMK_MAX_MEAN * len(lengths) or B * H_kv >= sm_count())
+
+
+def streamk_batch(B: int) -> bool:
+    """Whether stream-K takes a batch of B sequences: 2 to :data:`fdlib.kernels.streamk.MAX_BATCH` (it balances the
+    tiles of several sequences, and keeps their lengths in registers), with host lengths (:func:`streamk_suits`)
+    or without (:func:`fdlib.plan.device_schedule_suits`). The host rule asked for 8 until an H100 run found the
+    unified plan no faster on the batches of 2-7 sequences it kept (results/notes/chooser.md)."""
+    from .kernels.streamk import MAX_BATCH
+    return 2 <= B <= MAX_BATCH
 
 
 def streamk_tiles_per_program(H_kv: int, D: int, dtype, lengths, paged: int) -> float:

@@ -92,7 +92,7 @@ def test_balanced_method_picks_its_budget_from_the_model(monkeypatch):
 
 
 def test_streamk_suits_ragged_batches_of_long_rows_or_a_row_per_sm(monkeypatch):
-    """auto's stream-K rule on a contiguous cache: ragged host lengths of at least STREAMK_MIN_BATCH sequences, with
+    """auto's stream-K rule on a contiguous cache: ragged host lengths of 2 or more sequences (as without lengths), with
     rows averaging more than STREAMK_MAX_MEAN keys or at least one row (b, h_kv) per SM (the measured cases named in
     results/notes/chooser.md); equal rows never."""
     monkeypatch.setattr(splits, "sm_count", lambda: 132)
@@ -108,7 +108,8 @@ def test_streamk_suits_ragged_batches_of_long_rows_or_a_row_per_sm(monkeypatch):
     assert suits(128, 8, long)
     assert suits(8, 32, [4096 + 1000 * i for i in range(8)])        # 8 long rows
     assert suits(8, 8, [4096 + 1000 * i for i in range(8)])
-    assert not suits(4, 8, [4096 + 1000 * i for i in range(4)])     # fewer: not measured
+    assert suits(4, 8, [4096 + 1000 * i for i in range(4)])         # fewer sequences too (as without lengths)
+    assert suits(2, 8, [4096, 9000]) and not suits(1, 8, [9000])    # one sequence: its splits
     assert not suits(16, 8, short[:16])                          # short rows: 128 rows on 132 SMs
     assert suits(17, 8, short[:17])                              # 136 rows
     assert not suits(32, 4, short[:32])                          # many sequences, but short rows on 128 rows

@@ -13,7 +13,7 @@ group() {   # group NAME --set A=B ...
   timeout "$SECS" python tools/ab_constants.py "$R/$name.json" --max-cases "$MAX" "$@" > "$R/$name.log" 2>&1
   echo "rc=$?" >> "$R/$name.log"; grep -E "^[A-Z_]+=.*\{" "$R/$name.log"; pack
 }
-group small --set TWO_STAGE_SPLITS=1000000 --set STREAMK_MIN_BATCH=2 --set "PERSISTENT_MAX_KEYS={'H200': 0, 'H100': 0}" \
+group small --set TWO_STAGE_SPLITS=1000000 --set "PERSISTENT_MAX_KEYS={'H200': 0, 'H100': 0}" \
   --set PACK_MIN_BYTES=0 --set ONE_WAVE_MAX_KEYS=0
 group rules --set LONGEST_FIRST_IMBALANCE=0.0 --set STREAMK_MAX_MEAN=1000000000000 --set PAGED_EPILOGUE_WORK=10000
 group more --set EPILOGUE_WORK=1000000000000 --set STREAMK_PAGED_MIN_TILES=0 --set PACK_MIN_ROWS=1000000
