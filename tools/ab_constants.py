@@ -200,6 +200,8 @@ def run(args, sets, kinds, argv) -> None:
             if stored > args.max_kv_gb * 1e9:
                 out["records"].append(dict(rec, status="skipped", reason=f"{stored / 1e9:.1f} GB stored"))
                 continue
+            print(f"  ... {rec['planned']} {case[0]} {'p%d' % page if page else 'c'}: {short(a)} / {short(b)}",
+                  flush=True)   # named before it runs: a kernel that faults takes the process with it
             copies, ref = ragged.case_inputs(shape, lens, page, i, "shuffled", stored, gpu)
             kw = {} if given else {"lengths": None}
             ra = ragged._measure("auto", copies, ref, base, settings, ceil, None, kw)

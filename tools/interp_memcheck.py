@@ -8,7 +8,8 @@ past a tensor's end reads whatever lies there (or writes over it); compute-sanit
 Runs ``fdlib.plan(..., method=M, num_splits=S).run`` on one batch in the interpreter, with the plan's tiles set to
 BLOCK_N = ``--block-n`` keys (a GPU's tiles: 32 keys at D = 256; the interpreter's own are 16), checks every
 masked and unmasked load and store, and the result against float64. Prints each out-of-bounds access (kernel
-line, address, the nearest storage) and exits 1 if any.
+line, address) and exits 1 if any. ``--gpu``: the same batch on the GPU with the plan's own tiles and no check of
+its own (run it under ``compute-sanitizer --tool memcheck``).
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import gc
 import os
 import sys
 
-os.environ.setdefault("FDLIB_INTERPRET", "1")
-os.environ.setdefault("TRITON_INTERPRET", "1")
+GPU = "--gpu" in sys.argv[1:]
+if not GPU:
+    os.environ.setdefault("FDLIB_INTERPRET", "1")
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
@@ -55,6 +58,8 @@ class Storages:
         addrs = np.unique(addrs.astype(np.uint64))
 
         def miss(a):
+            if not len(self.ranges):
+                return a
             i = np.searchsorted(self.ranges[:, 0], a, side="right") - 1
             ok = (i >= 0) & (a + np.uint64(nbytes) <= self.ranges[np.maximum(i, 0), 1])
             return a[~ok]
@@ -75,7 +80,8 @@ def kernel_line() -> str:
 
 
 def install(report: list) -> Storages:
-    """Wrap the interpreter's loads and stores; each access outside every storage goes to ``report``."""
+    """Wrap the interpreter's loads and stores; each access outside every storage goes to ``report``.
+    ``uninstall(st)`` puts them back."""
     from triton.runtime.interpreter import InterpreterBuilder
     st = Storages()
     B = InterpreterBuilder
@@ -109,8 +115,14 @@ def install(report: list) -> Storages:
     def _mstore(self, ptrs, value, mask, *a, **k):
         check("masked store", ptrs, mask)
         return mstore(self, ptrs, value, mask, *a, **k)
+    st.saved = (load, store, mload, mstore)
     B.create_load, B.create_store, B.create_masked_load, B.create_masked_store = _load, _store, _mload, _mstore
     return st
+
+
+def uninstall(st: Storages) -> None:
+    from triton.runtime.interpreter import InterpreterBuilder as B
+    B.create_load, B.create_store, B.create_masked_load, B.create_masked_store = st.saved
 
 
 def main(argv=None) -> int:
@@ -125,17 +137,19 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="unified,split")
     ap.add_argument("--block-n", type=int, default=32)
     ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--gpu", action="store_true", help="on the GPU, the plan's own tiles, no check of its own")
     args = ap.parse_args(argv)
     from fdlib.bench.ragged import _inputs
-    plan_module = sys.modules["fdlib.plan"]
-    tile = TileConfig(args.block_n, 4, 3)
-    plan_module.tile_config = lambda *a, **k: tile
+    if not args.gpu:
+        tile = TileConfig(args.block_n, 4, 3)
+        sys.modules["fdlib.plan"].tile_config = lambda *a, **k: tile
     hq, hk = (int(x) for x in args.heads.split(":"))
     lens = [max(1, args.L - i) for i in range(args.B)] if args.ragged else [args.L] * args.B
     shape = dict(dtype=args.dtype, B=args.B, H_q=hq, H_kv=hk, D=args.D)
     q, k, v, lens_t, bt = _inputs(shape, lens, args.page, 0)
     report: list[str] = []
-    st = install(report)
+    st = install(report) if not args.gpu else Storages.__new__(Storages)
+    st.checked = 0
     bad = 0
     for method in args.methods.split(","):
         report.clear()
@@ -143,6 +157,8 @@ def main(argv=None) -> int:
         p = fdlib.plan(args.B, hq, hk, args.D, L_max, dtype=q.dtype, lengths=lens, method=method,
                        num_splits=args.splits, page_size=args.page or None)
         out = p.run(q, k, v, lens_t, block_table=bt)
+        if args.gpu:
+            torch.cuda.synchronize()
         ref = ref_out(q, k, v, lens, bt, args.page)
         err = float((out.double() - ref).norm() / ref.norm())
         d = p.decision
@@ -170,7 +186,7 @@ def ref_out(q, k, v, lens, bt, page):
         vb = vb.double().repeat_interleave(Hq // Hk, dim=1)
         s = torch.einsum("hd,lhd->hl", q[b].double(), kb) / D ** 0.5
         outs.append(torch.einsum("hl,lhd->hd", s.softmax(-1), vb))
-    return torch.stack(outs)
+    return torch.stack(outs).to(q.device)
 
 
 if __name__ == "__main__":
