@@ -56,6 +56,8 @@ def test_changed_finds_the_plannings_a_constant_decides(tiny):
     assert all(a.kernel == "streamk" and b.kernel != "streamk" for _, _, a, b in found)
     assert plan_module.DEVICE_SCHEDULE == 1   # restored
     assert ab_constants.changed("DEVICE_SCHEDULE", 1, ab_constants.KINDS) == []
+    only = ab_constants.changed("DEVICE_SCHEDULE", 0, ab_constants.KINDS, match="int8")   # --match: by label
+    assert [(c[0], given) for c, given, _, _ in only] == [(TINY[1][0], True), (TINY[1][0], False)]
 
 
 def test_the_ab_times_both_settings_and_restores_them(tiny, tmp_path):

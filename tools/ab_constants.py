@@ -95,13 +95,14 @@ def decision(case, given: bool):
                   q_len=q_len, paged=page, pack_heads=pack)
 
 
-def changed(name, value, kinds) -> list[tuple]:
-    """(case, given, default Decision, Decision at VALUE) of every case and planning whose decision differs."""
+def changed(name, value, kinds, match: str = "") -> list[tuple]:
+    """(case, given, default Decision, Decision at VALUE) of every case and planning whose decision differs
+    (cases of the ``kinds`` families whose label holds ``match``)."""
     from decision_cases import cases
     seen, out = set(), []
     for case in cases():
         label, page = case[0], case[7]
-        if label.split()[0] not in kinds or (label, page) in seen:
+        if label.split()[0] not in kinds or match not in label or (label, page) in seen:
             continue
         seen.add((label, page))
         for given in (True, False):
@@ -150,6 +151,7 @@ def main(argv=None) -> None:
     ap.add_argument("--set", action="append", required=True, metavar="NAME=VALUE",
                     help="a chooser constant at another value (Python literal); each --set is its own A/B")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"case families to time (default {','.join(KINDS)})")
+    ap.add_argument("--match", default="", help="only the batches whose label holds this text (e.g. 'D=256')")
     ap.add_argument("--list", action="store_true", help="print the cases whose decision changes and stop (no GPU)")
     ap.add_argument("--identity", default="H100", choices=("H100", "H200", "H200+launched"),
                     help="with --list on a machine without a GPU: the GPU the chooser plans for")
@@ -167,7 +169,7 @@ def main(argv=None) -> None:
         import decision_table
         decision_table.become(args.identity)
         for name, value in sets:
-            found = changed(name, value, kinds)
+            found = changed(name, value, kinds, args.match)
             print(f"{name}={value!r}: {len(found)} plannings of auto change ({args.identity})")
             for case, given, a, b in found:
                 print(f"    {'host' if given else 'device'} | {case[0]} | {'pages of %d' % case[7] if case[7] else 'contiguous'}"
@@ -188,7 +190,7 @@ def run(args, sets, kinds, argv) -> None:
            "provenance": provenance("python tools/ab_constants.py " + " ".join(argv or sys.argv[1:])),
            "records": [], "summary": {}, "complete": False}
     for name, value in sets:
-        found = changed(name, value, kinds)
+        found = changed(name, value, kinds, args.match)
         picked = spread(found, args.max_cases)
         print(f"{name}={value!r}: {len(found)} plannings change; timing {len(picked)}", flush=True)
         ratios = []

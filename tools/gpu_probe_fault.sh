@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call of about 4 minutes: the illegal memory access two A/Bs of tools/ab_constants.py met on an H100
+# One call of about 8 minutes: the illegal memory access two A/Bs of tools/ab_constants.py met on an H100
 # (results/h100/chooser-ab/constants/rules.log, rules2.log, cost.log): the same A/Bs with each case named before it
 # runs and CUDA_LAUNCH_BLOCKING=1, so the log's last case is the one that faulted; then compute-sanitizer memcheck
 # on the D=256 batches over pages and the two-stage ones (tools/interp_memcheck.py's suspects) one process each.
@@ -10,10 +10,13 @@ source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 start_run "$OUT" fault
-for s in PAGED_EPILOGUE_WORK=10000 SECOND_PROGRAM=0.0; do
-  CUDA_LAUNCH_BLOCKING=1 timeout 100 python tools/ab_constants.py "$R/${s%%=*}.json" --max-cases 40 --kinds heads \
-    --set "$s" > "$R/${s%%=*}.log" 2>&1; echo "rc=$?" >> "$R/${s%%=*}.log"; grep -B1 -A2 "rror" "$R/${s%%=*}.log" | head; pack
-done
+ab() {   # ab NAME ARGS...: one A/B, each batch named before it runs
+  local name=$1; shift
+  CUDA_LAUNCH_BLOCKING=1 timeout 150 python tools/ab_constants.py "$R/$name.json" --max-cases 40 --kinds heads "$@" \
+    > "$R/$name.log" 2>&1; echo "rc=$?" >> "$R/$name.log"; grep -B1 -A2 "rror" "$R/$name.log" | head; pack
+}
+ab paged --set PAGED_EPILOGUE_WORK=10000                  # all its 22 batches: the fault was at the last
+ab second --set SECOND_PROGRAM=0.0 --match D=256          # the fault was among these, by its place in the list
 command -v compute-sanitizer >/dev/null && for c in "--D 256 --page 16 --B 8 --heads 16:2 --L 8192 --splits 8" \
     "--D 256 --page 16 --B 8 --heads 16:4 --L 8192 --splits 5" "--D 256 --page 0 --B 1 --heads 16:2 --L 65536 --splits 80"; do
   timeout 60 compute-sanitizer --tool memcheck python tools/interp_memcheck.py --gpu $c >> "$R/memcheck.txt" 2>&1
