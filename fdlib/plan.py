@@ -162,13 +162,16 @@ against 471.2, and shorter chunks lose (B=4 32:8 L=8192, chunks of 512 keys: 45.
 pattern was measured on another H200 the day before (``ab/ab-inv-schedule.md``). Not explained: both layouts
 have 32 rows of the same bytes and the same program counts; they differ in the KV heads a key position holds
 (8 against 32, so 2 against 8 KB between a row's consecutive keys)."""
+
+
 def invariant_tile(D: int, dtype, q_rows: int = 1) -> TileConfig:
     """The tiles of every batch-invariant plan (:func:`invariant_decision`, :func:`worklist_decision` with
     ``invariant``): those of a long cache of a large batch, fixed by D, the dtype and the query rows, never by the
     batch or the cache's layout, so contiguous and paged caches give the same bits (128 keys at D <= 128 in 16
-    bits on a GPU). The 64-key tiles the stream-K kernel reads pages in were slower here, on both layouts: on an
-    H100 (``results/h100/chooser-ab/invariant-tile/``, the serving batches, graph µs over the host-lengths plan)
-    B=32 32:8 rows of 1..32768 keys 1.01x -> 1.26x over pages, B=128 lognormal 1.00x -> 1.46x."""
+    bits on a GPU). The 64-key tiles the stream-K kernel reads pages in were slower on most batches, both layouts:
+    on an H100 (``results/h100/chooser-ab/invariant-tile/``, the serving batches, graph µs over the host-lengths
+    plan) B=32 32:8 rows of 1..32768 keys 1.01x -> 1.26x over pages, B=128 lognormal 1.00x -> 1.46x; faster only
+    where the plan misses most, and not by enough (B=24 28:4 1.43x -> 1.35x over pages)."""
     return tile_config_for(D, 1 << 30, compiled_mode=not runtime.INTERPRET, elem_bytes=dtype.itemsize,
                            rows=1 << 30, q_rows=q_rows)
 

@@ -162,8 +162,9 @@ def streamk_suits(B: int, H_kv: int, D: int, dtype, lengths, paged: int = 0) -> 
 def streamk_batch(B: int) -> bool:
     """Whether stream-K takes a batch of B sequences: 2 to :data:`fdlib.kernels.streamk.MAX_BATCH` (it balances the
     tiles of several sequences, and keeps their lengths in registers), with host lengths (:func:`streamk_suits`)
-    or without (:func:`fdlib.plan.device_schedule_suits`). The host rule asked for 8 until an H100 run found the
-    unified plan no faster on the batches of 2-7 sequences it kept (results/notes/chooser.md)."""
+    or without (:func:`fdlib.plan.device_schedule_suits`). The host rule asked for 8 until an H100 run found it
+    won under 1% on the only benchmarked batches it decided (B=4 32:32 L=131072 over pages, equal rows:
+    ``results/notes/chooser.md``)."""
     from .kernels.streamk import MAX_BATCH
     return 2 <= B <= MAX_BATCH
 

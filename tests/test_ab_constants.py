@@ -67,6 +67,7 @@ def test_the_ab_times_both_settings_and_restores_them(tiny, tmp_path):
     assert res["complete"] and res["kind"] == "ab-constants" and "provenance" in res
     (rec,) = res["records"]
     assert rec["status"] == "ok" and rec["planned"] == "device" and rec["kernels"] == ["streamk", "unified"]
+    assert rec["order"] == "default first"
     assert rec["ratio"] == pytest.approx(rec["us_changed"] / rec["us_default"])
     assert res["summary"]["DEVICE_SCHEDULE=0"]["timed"] == 1
     assert plan_module.DEVICE_SCHEDULE == 1
@@ -83,3 +84,18 @@ def test_list_shows_what_a_gpu_would_time():
     assert lines[0] == "TWO_STAGE_SPLITS=1000000: 2 plannings of auto change (H100)"
     assert all("heads D=64 B=1 16:4 L=262144" in x and "split s=32" in x and "-> unified s=32" in x
                for x in lines[1:3])
+
+
+def test_a_timed_plan_that_is_not_the_decided_one_is_flagged(tiny, tmp_path, monkeypatch):
+    from fdlib.bench import ragged
+    monkeypatch.setattr(ragged, "_measure", lambda name, *a, **k: dict(status="ok", kernel="unified", splits=1,
+                                                                        eager_us=1.0, graph_us=1.0))
+    out = tmp_path / "ab.json"
+    ab_constants.main([str(out), "--set", "DEVICE_SCHEDULE=0", "--kinds", "ragged"])
+    (rec,) = json.loads(out.read_text())["records"]
+    assert rec["status"] == "mismatch" and "decided" in rec["reason"] and "ratio" not in rec
+
+
+def test_max_cases_must_be_a_count(tiny):
+    with pytest.raises(SystemExit, match="--max-cases: expected a count >= 1, got 0"):
+        ab_constants.main(["-", "--set", "DEVICE_SCHEDULE=0", "--max-cases", "0"])

@@ -8,8 +8,9 @@ a value that turns its rule off asks whether the rule can go), it finds the benc
 (``tools/decision_cases.py``: the dense grid, the heads sweep, the ragged grid, the ab_ragged batches, the serving
 batches with their 8-bit caches; one query token) on which ``auto``'s decision changes, planned from host lengths
 (``host``) or without them (``device``, as ``decode_attention`` with lengths on the device), and times each of
-those batches both ways, one after the other on the same inputs: the default, then the constant at VALUE. Times
-are graph µs of the ragged bench (:func:`fdlib.bench.ragged._measure`: CUDA graphs rotating over copies holding
+those batches both ways, one after the other on the same inputs (the default first on every other batch, the
+constant at VALUE first on the others), and checks that the kernel and splits timed are those decided. Times are
+graph µs of the ragged bench (:func:`fdlib.bench.ragged._measure`: CUDA graphs rotating over copies holding
 >= 4x the L2, checked against float64 rows), with the read ceiling measured in the same run.
 
 On a GPU the decisions are the live chooser's (its own calibration, this GPU's SMs); ``--list`` prints them on
@@ -159,6 +160,8 @@ def main(argv=None) -> None:
                                                               "(evenly spread over those found; default 40)")
     ap.add_argument("--max-kv-gb", type=float, default=20.0, help="skip batches storing more (GB, default 20)")
     args = ap.parse_args(argv)
+    if args.max_cases < 1:
+        raise SystemExit(f"--max-cases: expected a count >= 1, got {args.max_cases}")
     sets = [parse_set(s) for s in args.set]
     kinds = tuple(k for k in args.kinds.split(",") if k)
     bad = [k for k in kinds if k not in KINDS]
@@ -172,8 +175,8 @@ def main(argv=None) -> None:
             found = changed(name, value, kinds, args.match)
             print(f"{name}={value!r}: {len(found)} plannings of auto change ({args.identity})")
             for case, given, a, b in found:
-                print(f"    {'host' if given else 'device'} | {case[0]} | {'pages of %d' % case[7] if case[7] else 'contiguous'}"
-                      f" | {short(a)} -> {short(b)}")
+                print(f"    {'host' if given else 'device'} | {case[0]} | {where(case[7])} | {short(a)} -> "
+                      f"{short(b)}")
         return
     run(args, sets, kinds, argv)
 
@@ -206,14 +209,30 @@ def run(args, sets, kinds, argv) -> None:
                   flush=True)   # named before it runs: a kernel that faults takes the process with it
             copies, ref = ragged.case_inputs(shape, lens, page, i, "shuffled", stored, gpu)
             kw = {} if given else {"lengths": None}
-            ra = ragged._measure("auto", copies, ref, base, settings, ceil, None, kw)
-            with constant(name, value):
-                rb = ragged._measure("auto", copies, ref, base, settings, ceil, None, kw)
+
+            def default():
+                return ragged._measure("auto", copies, ref, base, settings, ceil, None, kw)
+
+            def at_value():
+                with constant(name, value):
+                    return ragged._measure("auto", copies, ref, base, settings, ceil, None, kw)
+            if i % 2:   # every other batch the other way round, so that neither setting always runs first
+                rb, ra = at_value(), default()
+            else:
+                ra, rb = default(), at_value()
             del copies, ref
             free_memory()
             key = "graph_us" if gpu else "eager_us"
             ok = ra["status"] == rb["status"] == "ok"
-            rec.update(status="ok" if ok else "failed", us_default=ra.get(key), us_changed=rb.get(key),
+            # the plans timed are the ones decided (kernel and splits; the tiles are not in the record)
+            ran = [(r.get("kernel"), r.get("splits")) for r in (ra, rb)]
+            if ok and ran != [(a.kernel, a.splits), (b.kernel, b.splits)]:
+                ok = False
+                decided = [(a.kernel, a.splits), (b.kernel, b.splits)]
+                ra = dict(ra, status="mismatch", reason=f"timed {ran}, decided {decided}")
+            rec.update(status="ok" if ok else ("mismatch" if "mismatch" in (ra["status"], rb["status"]) else "failed"),
+                       order="default first" if i % 2 == 0 else "changed first",
+                       us_default=ra.get(key), us_changed=rb.get(key),
                        kernels=[ra.get("kernel"), rb.get("kernel")],
                        pct_ceiling=[ra.get("pct_ceiling"), rb.get("pct_ceiling")],
                        reason=" / ".join(r.get("reason", "") for r in (ra, rb) if r["status"] != "ok") or None)
@@ -244,26 +263,33 @@ def _save(path: str, out: dict) -> None:
             f.write(markdown(out))
 
 
+def where(page: int) -> str:
+    """A batch's cache in words."""
+    return f"pages of {page}" if page else "contiguous"
+
+
 def markdown(out: dict) -> str:
     """The records as a table (µs: graph, else eager in the interpreter), the summary after it."""
     prov = out["provenance"]
     ceil = (out.get("ceiling") or {}).get("tbs")
+
+    def num(v, fmt=".1f"):
+        return format(v, fmt) if isinstance(v, (int, float)) else "-"
     lines = [f"# Chooser constants A/B ({prov.get('device')}, {prov.get('date_utc')})", "",
              f"`{prov.get('command')}`; torch {prov.get('torch')}, triton {prov.get('triton')}, commit "
-             f"{prov.get('git_commit')}; read ceiling {ceil:.2f} TB/s" if ceil else f"`{prov.get('command')}`", "",
+             f"{prov.get('git_commit')}" + (f"; read ceiling {ceil:.2f} TB/s" if ceil else ""), "",
              "| constant | batch | cache | planned | default | µs | changed | µs | changed / default |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in out["records"]:
-        fmt = (lambda v: f"{v:.1f}" if isinstance(v, (int, float)) else "-")
-        lines.append(f"| {r['constant']}={r['value']} | {r['case']} | {'pages of %d' % r['page'] if r['page'] else 'contiguous'} "
-                     f"| {r['planned']} | {r['default']} | {fmt(r.get('us_default'))} | {r['changed']} | "
-                     f"{fmt(r.get('us_changed'))} | {r['ratio']:.3f} |" if "ratio" in r else
-                     f"| {r['constant']}={r['value']} | {r['case']} | {r['page']} | {r['planned']} | {r['default']} | - "
-                     f"| {r['changed']} | - | {r['status']}: {r.get('reason')} |")
-    lines += ["", "| setting | plannings changed | timed | geometric mean | best | worst |", "|---|---|---|---|---|---|"]
+        last = num(r["ratio"], ".3f") if "ratio" in r else f"{r['status']}: {r.get('reason')}"
+        lines.append(f"| {r['constant']}={r['value']} | {r['case']} | {where(r['page'])} | {r['planned']} | "
+                     f"{r['default']} | {num(r.get('us_default'))} | {r['changed']} | {num(r.get('us_changed'))} | "
+                     f"{last} |")
+    lines += ["", "| setting | plannings changed | timed | geometric mean | best | worst |",
+              "|---|---|---|---|---|---|"]
     for k, v in out["summary"].items():
-        fmt = (lambda x: f"{x:.3f}" if x is not None else "-")
-        lines.append(f"| {k} | {v['changed']} | {v['timed']} | {fmt(v['gmean'])} | {fmt(v['best'])} | {fmt(v['worst'])} |")
+        lines.append(f"| {k} | {v['changed']} | {v['timed']} | {num(v['gmean'], '.3f')} | {num(v['best'], '.3f')} | "
+                     f"{num(v['worst'], '.3f')} |")
     return "\n".join(lines) + "\n"
 
 

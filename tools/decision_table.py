@@ -185,11 +185,13 @@ def sweep(base: list[str]) -> list[str]:
         for value in values:
             for m in mods:
                 setattr(m, name, value)
+            costmodel._explain.cache_clear()   # explanations cached under the value before
             changed = [" | ".join(b.split(" | ")[:3]) for a, b in zip(base, table()) if a != b]
             out.append(f"{name}={value!r} (now {kept!r}): {len(changed)} of {len(base)} lines differ")
             out += [f"    {c}" for c in changed]
         for m in mods:
             setattr(m, name, kept)
+        costmodel._explain.cache_clear()
     return out
 
 

@@ -18,8 +18,7 @@ import gc
 import os
 import sys
 
-GPU = "--gpu" in sys.argv[1:]
-if not GPU:
+if __name__ == "__main__" and "--gpu" not in sys.argv[1:]:   # run as a script: the interpreter, unless --gpu
     os.environ.setdefault("FDLIB_INTERPRET", "1")
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -92,13 +91,14 @@ def install(report: list) -> Storages:
         if mask is not None:
             data = np.broadcast_to(data, np.shape(mask.data))[np.asarray(mask.data).astype(bool)]
         try:
-            nbytes = max(1, ptrs.dtype.element_ty.primitive_bitwidth // 8)
+            nbytes = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
         except AttributeError:
             nbytes = 1
         st.checked += data.size
         bad = st.outside(data.ravel(), nbytes)
         if len(bad):
-            report.append(f"{what} at {kernel_line()}: {len(bad)} addresses outside every tensor, e.g. {int(bad[0]):#x}")
+            report.append(f"{what} at {kernel_line()}: {len(bad)} addresses outside every tensor, "
+                          f"e.g. {int(bad[0]):#x}")
 
     def _load(self, ptr, *a, **k):
         check("load", ptr)
@@ -115,14 +115,31 @@ def install(report: list) -> Storages:
     def _mstore(self, ptrs, value, mask, *a, **k):
         check("masked store", ptrs, mask)
         return mstore(self, ptrs, value, mask, *a, **k)
-    st.saved = (load, store, mload, mstore)
-    B.create_load, B.create_store, B.create_masked_load, B.create_masked_store = _load, _store, _mload, _mstore
+    cas, rmw = B.create_atomic_cas, B.create_atomic_rmw
+
+    def _cas(self, ptr, cmp, val, *a, **k):
+        check("atomic cas", ptr)
+        return cas(self, ptr, cmp, val, *a, **k)
+
+    def _rmw(self, op, ptr, val, mask, *a, **k):
+        check("atomic", ptr, mask)
+        return rmw(self, op, ptr, val, mask, *a, **k)
+    st.saved = {name: getattr(B, name) for name in WRAPPED}
+    for name, fn in zip(WRAPPED, (_load, _store, _mload, _mstore, _cas, _rmw)):
+        setattr(B, name, fn)
     return st
+
+
+WRAPPED = ("create_load", "create_store", "create_masked_load", "create_masked_store", "create_atomic_cas",
+           "create_atomic_rmw")
+"""The interpreter's memory operations checked (block pointers and tensor descriptors are not: fdlib's kernels use
+neither)."""
 
 
 def uninstall(st: Storages) -> None:
     from triton.runtime.interpreter import InterpreterBuilder as B
-    B.create_load, B.create_store, B.create_masked_load, B.create_masked_store = st.saved
+    for name, fn in st.saved.items():
+        setattr(B, name, fn)
 
 
 def main(argv=None) -> int:
@@ -139,34 +156,51 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--gpu", action="store_true", help="on the GPU, the plan's own tiles, no check of its own")
     args = ap.parse_args(argv)
-    from fdlib.bench.ragged import _inputs
+    plan_module = sys.modules["fdlib.plan"]
+    kept = plan_module.tile_config
     if not args.gpu:
         tile = TileConfig(args.block_n, 4, 3)
-        sys.modules["fdlib.plan"].tile_config = lambda *a, **k: tile
-    hq, hk = (int(x) for x in args.heads.split(":"))
+        plan_module.tile_config = lambda *a, **k: tile
+    try:
+        return _run(args)
+    finally:
+        plan_module.tile_config = kept
+
+
+def _run(args) -> int:
+    from fdlib.bench.ragged import _inputs
+    try:
+        hq, hk = (int(x) for x in args.heads.split(":"))
+    except ValueError:
+        raise SystemExit(f"--heads: expected H_q:H_kv (e.g. 16:2), got {args.heads!r}") from None
     lens = [max(1, args.L - i) for i in range(args.B)] if args.ragged else [args.L] * args.B
     shape = dict(dtype=args.dtype, B=args.B, H_q=hq, H_kv=hk, D=args.D)
     q, k, v, lens_t, bt = _inputs(shape, lens, args.page, 0)
     report: list[str] = []
-    st = install(report) if not args.gpu else Storages.__new__(Storages)
-    st.checked = 0
+    st = install(report) if not args.gpu else None
     bad = 0
-    for method in args.methods.split(","):
-        report.clear()
-        L_max = k.shape[1] * (bt.shape[1] if bt is not None else 1)
-        p = fdlib.plan(args.B, hq, hk, args.D, L_max, dtype=q.dtype, lengths=lens, method=method,
-                       num_splits=args.splits, page_size=args.page or None)
-        out = p.run(q, k, v, lens_t, block_table=bt)
-        if args.gpu:
-            torch.cuda.synchronize()
-        ref = ref_out(q, k, v, lens, bt, args.page)
-        err = float((out.double() - ref).norm() / ref.norm())
-        d = p.decision
-        print(f"{method}: {d.kernel} splits={d.splits} chunk={d.chunk} tile={d.tile} table_regs={d.table_regs} "
-              f"rel err {err:.2e}; {st.checked} addresses checked, {len(report)} accesses out of bounds")
-        for r in sorted(set(report))[:20]:
-            print("   ", r)
-        bad += bool(report) or not err < 1e-2
+    try:
+        for method in args.methods.split(","):
+            report.clear()
+            checked = st.checked if st else 0
+            L_max = k.shape[1] * (bt.shape[1] if bt is not None else 1)
+            p = fdlib.plan(args.B, hq, hk, args.D, L_max, dtype=q.dtype, lengths=lens, method=method,
+                           num_splits=args.splits, page_size=args.page or None)
+            out = p.run(q, k, v, lens_t, block_table=bt)
+            if args.gpu:
+                torch.cuda.synchronize()
+            ref = ref_out(q, k, v, lens, bt, args.page)
+            err = float((out.double() - ref).norm() / ref.norm())
+            d = p.decision
+            print(f"{method}: {d.kernel} splits={d.splits} chunk={d.chunk} tile={d.tile} table_regs={d.table_regs} "
+                  f"rel err {err:.2e}; {(st.checked if st else 0) - checked} addresses checked, {len(report)} "
+                  f"accesses out of bounds")
+            for r in sorted(set(report))[:20]:
+                print("   ", r)
+            bad += bool(report) or not err < 1e-2
+    finally:
+        if st is not None:
+            uninstall(st)
     return 1 if bad else 0
 
 
