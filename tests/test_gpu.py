@@ -395,6 +395,35 @@ def test_paged_ragged_large(page, method):
     assert counters_zero()
 
 
+D256 = [  # B, L, H_kv, group, page, splits: the heads-sweep batches of D = 256 near which an H100 A/B of the chooser's
+    (8, 8192, 2, 8, 16, 8),      # constants met an illegal memory access (results/h100/chooser-ab/README.md)
+    (8, 8192, 4, 4, 16, 5),
+    (1, 8192, 4, 4, 16, 20),
+    (1, 65536, 2, 8, 0, 80),
+    (8, 65536, 2, 8, 0, 10),
+    (8, 65536, 2, 8, 16, 14),
+]
+
+
+@pytest.mark.parametrize("B,L,H_kv,group,page,splits", D256, ids=lambda x: str(x))
+@pytest.mark.parametrize("method", ("unified", "split", "auto"))
+def test_head_dim_256_batches(B, L, H_kv, group, page, splits, method):
+    """D = 256 (32-key tiles), over pages of 16 and contiguous, at the split counts the chooser's A/Bs planned (auto:
+    its own), against float64."""
+    D, dtype = 256, torch.float16
+    if page:
+        q, kp, vp, bt, k, v, lens = paged_gpu(B, L, H_kv, group, D, page, dtype, seed=L + B, lens=[L] * B)
+    else:
+        q, kp, vp, lens = problem(B, L, H_kv, group, D, dtype, seed=L + B, lens=[L] * B)
+        bt, k, v = None, kp, vp
+    out, lse = fdlib.decode_attention(q, kp, vp, lens, block_table=bt, method=method, return_lse=True,
+                                      num_splits=None if method == "auto" else splits)
+    torch.cuda.synchronize()
+    assert_attention_close(out, lse, q, k, v, lens, ref=gpu_reference(q, k, v, lens),
+                           what=f"{method} D=256 B={B} L={L} {H_kv * group}:{H_kv} page={page} splits={splits}")
+    assert counters_zero()
+
+
 @pytest.mark.parametrize("method", METHODS + ("balanced", "streamk"))
 def test_captured_paged_plan_replayed_with_new_lengths_and_tables(method):
     """A paged plan captured once; replays with lengths and block tables rewritten in place stay exact."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call of about 8 minutes: the illegal memory access two A/Bs of tools/ab_constants.py met on an H100
+# One call of about 9 minutes (at most 10): the illegal memory access two A/Bs of tools/ab_constants.py met on an H100
 # (results/h100/chooser-ab/constants/rules.log, rules2.log, cost.log): the same A/Bs with each case named before it
 # runs and CUDA_LAUNCH_BLOCKING=1, so the log's last case is the one that faulted; then compute-sanitizer memcheck
 # on the D=256 batches over pages and the two-stage ones (tools/interp_memcheck.py's suspects) one process each.
@@ -10,6 +10,9 @@ source "$(dirname "$0")/gpu_common.sh"
 OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 start_run "$OUT" fault
+# the D=256 batches as GPU tests against float64 (-v: each test named before it runs; a fault ends the process)
+CUDA_LAUNCH_BLOCKING=1 timeout 150 python -m pytest tests/test_gpu.py -k head_dim_256 -v -p no:cacheprovider \
+  > "$R/tests-d256.txt" 2>&1; echo "rc=$?" >> "$R/tests-d256.txt"; tail -4 "$R/tests-d256.txt"; pack
 ab() {   # ab NAME ARGS...: one A/B, each batch named before it runs
   local name=$1; shift
   CUDA_LAUNCH_BLOCKING=1 timeout 150 python tools/ab_constants.py "$R/$name.json" --max-cases 40 --kinds heads "$@" \
