@@ -41,10 +41,14 @@ class Storages:
         self.refresh()
 
     def refresh(self):
+        try:   # torch.compile's fake tensors hold no memory (and warn when asked for an address)
+            from torch._subclasses.fake_tensor import FakeTensor
+        except ImportError:
+            FakeTensor = ()
         spans = set()
         for obj in gc.get_objects():
             try:
-                if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+                if isinstance(obj, torch.Tensor) and not isinstance(obj, FakeTensor) and obj.device.type == "cpu":
                     s = obj.untyped_storage()
                     if s.nbytes():
                         spans.add((s.data_ptr(), s.data_ptr() + s.nbytes()))
