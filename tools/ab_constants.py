@@ -31,54 +31,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+from decision_cases import constant, parse_set  # noqa: E402
+
 KINDS = ("dense", "heads", "ragged", "ab", "serving")
 """The case families (the first word of a decision-table label) this tool times; ``qlen`` (several query tokens)
 is left out: the ragged bench times one query token."""
-
-
-def parse_set(text: str) -> tuple[str, object]:
-    """(NAME, VALUE) of ``NAME=VALUE``, VALUE a Python literal."""
-    name, eq, value = text.partition("=")
-    if not eq or not name.isidentifier():
-        raise SystemExit(f"--set: expected NAME=VALUE (e.g. TWO_STAGE_SPLITS=1000000), got {text!r}")
-    try:
-        return name, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        raise SystemExit(f"--set {name}: expected a Python literal after '=', got {value!r}") from None
-
-
-def holders(name: str) -> list:
-    """Every fdlib module holding ``name`` (a module that imported it by name holds its own copy)."""
-    mods = [m for k, m in list(sys.modules.items()) if k.startswith("fdlib") and hasattr(m, name)]
-    if not mods:
-        raise SystemExit(f"--set: no fdlib module has {name}")
-    return mods
-
-
-class constant:
-    """``with constant(NAME, VALUE):`` NAME at VALUE in every fdlib module holding it, restored on the way out."""
-
-    def __init__(self, name, value):
-        self.mods, self.name, self.value = holders(name), name, value
-        self.kept = [getattr(m, name) for m in self.mods]
-
-    def __enter__(self):
-        for m in self.mods:
-            setattr(m, self.name, self.value)
-        _forget()
-
-    def __exit__(self, *exc):
-        for m, v in zip(self.mods, self.kept):
-            setattr(m, self.name, v)
-        _forget()
-
-
-def _forget() -> None:
-    """Drop what was worked out under one setting: the cost model's cached explanations and the remembered
-    plans and calls (no plan made under one setting serves the other)."""
-    from fdlib import api, costmodel
-    costmodel._explain.cache_clear()
-    api.clear_plans()
 
 
 def decision(case, given: bool):
@@ -100,19 +57,16 @@ def changed(name, value, kinds, match: str = "") -> list[tuple]:
     """(case, given, default Decision, Decision at VALUE) of every case and planning whose decision differs
     (cases of the ``kinds`` families whose label holds ``match``)."""
     from decision_cases import cases
-    seen, out = set(), []
+    seen, runs = set(), []
     for case in cases():
         label, page = case[0], case[7]
-        if label.split()[0] not in kinds or match not in label or (label, page) in seen:
-            continue
-        seen.add((label, page))
-        for given in (True, False):
-            a = decision(case, given)
-            with constant(name, value):
-                b = decision(case, given)
-            if a != b:
-                out.append((case, given, a, b))
-    return out
+        if label.split()[0] in kinds and match in label and (label, page) not in seen:
+            seen.add((label, page))
+            runs += [(case, given) for given in (True, False)]
+    base = [decision(case, given) for case, given in runs]
+    with constant(name, value):
+        other = [decision(case, given) for case, given in runs]
+    return [(case, given, a, b) for (case, given), a, b in zip(runs, base, other) if a != b]
 
 
 def spread(found: list, n: int) -> list:

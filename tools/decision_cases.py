@@ -1,7 +1,10 @@
-"""The batches :mod:`decision_table` (the chooser's decisions, no GPU) and :mod:`ab_constants` (a chooser constant's
-A/B on a GPU) go through: every benchmark's grid, one tuple a batch. Importing it sets nothing: the GPU and the
-interpreter both use it."""
+"""What :mod:`decision_table` (the chooser's decisions, no GPU) and :mod:`ab_constants` (a chooser constant's A/B on
+a GPU) share: the batches they go through (every benchmark's grid, one tuple a batch) and a chooser constant set to
+another value. Importing it sets nothing: the GPU and the interpreter both use it."""
 from __future__ import annotations
+
+import ast
+import sys
 
 import torch
 
@@ -75,3 +78,48 @@ def ab_ragged_cases() -> list[str]:
         "32:32:8:constant:8192:0,1:32:8:constant:8192:0",
         lmax,
     ]
+
+
+def parse_set(text: str) -> tuple[str, object]:
+    """(NAME, VALUE) of ``NAME=VALUE``, VALUE a Python literal."""
+    name, eq, value = text.partition("=")
+    if not eq or not name.isidentifier():
+        raise SystemExit(f"--set: expected NAME=VALUE (e.g. TWO_STAGE_SPLITS=1000000), got {text!r}")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise SystemExit(f"--set {name}: expected a Python literal after '=', got {value!r}") from None
+
+
+def holders(name: str) -> list:
+    """Every fdlib module holding ``name`` (a module that imported it by name holds its own copy)."""
+    mods = [m for k, m in list(sys.modules.items()) if k.startswith("fdlib") and hasattr(m, name)]
+    if not mods:
+        raise SystemExit(f"--set: no fdlib module has {name}")
+    return mods
+
+
+class constant:
+    """``with constant(NAME, VALUE):`` NAME at VALUE in every fdlib module holding it, restored on the way out."""
+
+    def __init__(self, name, value):
+        self.mods, self.name, self.value = holders(name), name, value
+        self.kept = [getattr(m, name) for m in self.mods]
+
+    def __enter__(self):
+        for m in self.mods:
+            setattr(m, self.name, self.value)
+        _forget()
+
+    def __exit__(self, *exc):
+        for m, v in zip(self.mods, self.kept):
+            setattr(m, self.name, v)
+        _forget()
+
+
+def _forget() -> None:
+    """Drop what was worked out under one setting: the cost model's cached explanations and the remembered
+    plans and calls (no plan made under one setting serves the other)."""
+    from fdlib import api, costmodel
+    costmodel._explain.cache_clear()
+    api.clear_plans()

@@ -41,7 +41,7 @@ from fdlib import calibration, costmodel, gpus, quant, runtime  # noqa: E402
 from fdlib.bench import harness  # noqa: E402
 from fdlib.plan import decide  # noqa: E402
 
-from decision_cases import cases, paged_cap  # noqa: E402  (tools/, beside this file)
+from decision_cases import cases, constant, holders, paged_cap, parse_set  # noqa: E402  (tools/, beside it)
 
 # The calibrations measured on each GPU (results/h100/default-landed/calibrate.txt, results/h200/calibration.json),
 # fixed here so that the table does not move when a newer run is committed.
@@ -149,14 +149,9 @@ def table() -> list[str]:
 
 def set_constant(text: str) -> None:
     """``NAME=VALUE`` (a Python literal): NAME set to VALUE in every fdlib module that has it (a module that
-    imported it by name holds its own copy)."""
-    import ast
-    name, _, value = text.partition("=")
-    value = ast.literal_eval(value)
-    hit = [m for k, m in sys.modules.items() if k.startswith("fdlib") and hasattr(m, name)]
-    if not hit:
-        raise SystemExit(f"--set: no fdlib module has {name}")
-    for m in hit:
+    imported it by name holds its own copy), for the whole run."""
+    name, value = parse_set(text)
+    for m in holders(name):
         setattr(m, name, value)
 
 
@@ -180,18 +175,12 @@ def sweep(base: list[str]) -> list[str]:
     ``base``."""
     out = []
     for name, values in SWEEP:
-        mods = [m for k, m in sys.modules.items() if k.startswith("fdlib") and hasattr(m, name)]
-        kept = getattr(mods[0], name)
         for value in values:
-            for m in mods:
-                setattr(m, name, value)
-            costmodel._explain.cache_clear()   # explanations cached under the value before
-            changed = [" | ".join(b.split(" | ")[:3]) for a, b in zip(base, table()) if a != b]
-            out.append(f"{name}={value!r} (now {kept!r}): {len(changed)} of {len(base)} lines differ")
+            setting = constant(name, value)
+            with setting:
+                changed = [" | ".join(b.split(" | ")[:3]) for a, b in zip(base, table()) if a != b]
+            out.append(f"{name}={value!r} (now {setting.kept[0]!r}): {len(changed)} of {len(base)} lines differ")
             out += [f"    {c}" for c in changed]
-        for m in mods:
-            setattr(m, name, kept)
-        costmodel._explain.cache_clear()
     return out
 
 

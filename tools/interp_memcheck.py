@@ -7,7 +7,7 @@ past a tensor's end reads whatever lies there (or writes over it); compute-sanit
 
 Runs ``fdlib.plan(..., method=M, num_splits=S).run`` on one batch in the interpreter, with the plan's tiles set to
 BLOCK_N = ``--block-n`` keys (a GPU's tiles: 32 keys at D = 256; the interpreter's own are 16), checks every
-masked and unmasked load and store, and the result against float64. Prints each out-of-bounds access (kernel
+masked and unmasked load and store and every atomic, and the result against float64. Prints each out-of-bounds access (kernel
 line, address) and exits 1 if any. ``--gpu``: the same batch on the GPU with the plan's own tiles and no check of
 its own (run it under ``compute-sanitizer --tool memcheck``).
 """
@@ -85,10 +85,8 @@ def kernel_line() -> str:
 def install(report: list) -> Storages:
     """Wrap the interpreter's loads and stores; each access outside every storage goes to ``report``.
     ``uninstall(st)`` puts them back."""
-    from triton.runtime.interpreter import InterpreterBuilder
+    from triton.runtime.interpreter import InterpreterBuilder as B
     st = Storages()
-    B = InterpreterBuilder
-    load, store, mload, mstore = B.create_load, B.create_store, B.create_masked_load, B.create_masked_store
 
     def check(what, ptrs, mask=None):
         data = np.asarray(ptrs.data).astype(np.uint64)
@@ -104,40 +102,22 @@ def install(report: list) -> Storages:
             report.append(f"{what} at {kernel_line()}: {len(bad)} addresses outside every tensor, "
                           f"e.g. {int(bad[0]):#x}")
 
-    def _load(self, ptr, *a, **k):
-        check("load", ptr)
-        return load(self, ptr, *a, **k)
-
-    def _store(self, ptr, val, *a, **k):
-        check("store", ptr)
-        return store(self, ptr, val, *a, **k)
-
-    def _mload(self, ptrs, mask, *a, **k):
-        check("masked load", ptrs, mask)
-        return mload(self, ptrs, mask, *a, **k)
-
-    def _mstore(self, ptrs, value, mask, *a, **k):
-        check("masked store", ptrs, mask)
-        return mstore(self, ptrs, value, mask, *a, **k)
-    cas, rmw = B.create_atomic_cas, B.create_atomic_rmw
-
-    def _cas(self, ptr, cmp, val, *a, **k):
-        check("atomic cas", ptr)
-        return cas(self, ptr, cmp, val, *a, **k)
-
-    def _rmw(self, op, ptr, val, mask, *a, **k):
-        check("atomic", ptr, mask)
-        return rmw(self, op, ptr, val, mask, *a, **k)
+    def wrapped(original, what, at_ptr, at_mask):
+        def op(self, *args, **kw):
+            check(what, args[at_ptr], None if at_mask is None else args[at_mask])
+            return original(self, *args, **kw)
+        return op
     st.saved = {name: getattr(B, name) for name in WRAPPED}
-    for name, fn in zip(WRAPPED, (_load, _store, _mload, _mstore, _cas, _rmw)):
-        setattr(B, name, fn)
+    for name, (what, at_ptr, at_mask) in WRAPPED.items():
+        setattr(B, name, wrapped(st.saved[name], what, at_ptr, at_mask))
     return st
 
 
-WRAPPED = ("create_load", "create_store", "create_masked_load", "create_masked_store", "create_atomic_cas",
-           "create_atomic_rmw")
-"""The interpreter's memory operations checked (block pointers and tensor descriptors are not: fdlib's kernels use
-neither)."""
+WRAPPED = {"create_masked_load": ("load", 0, 1), "create_masked_store": ("store", 0, 2),
+           "create_atomic_cas": ("atomic cas", 0, None), "create_atomic_rmw": ("atomic", 1, 3)}
+"""The interpreter's memory operations checked, (what, the pointers' argument, the mask's or None) of each: its
+unmasked loads and stores are masked ones with every lane on (``create_load``, ``create_store``), so they pass
+here too; block pointers and tensor descriptors are not checked (fdlib's kernels use neither)."""
 
 
 def uninstall(st: Storages) -> None:
