@@ -7,8 +7,8 @@ past a tensor's end reads whatever lies there (or writes over it); compute-sanit
 
 Runs ``fdlib.plan(..., method=M, num_splits=S).run`` on one batch in the interpreter, with the plan's tiles set to
 BLOCK_N = ``--block-n`` keys (a GPU's tiles: 32 keys at D = 256; the interpreter's own are 16), checks every
-masked and unmasked load and store and every atomic, and the result against float64. Prints each out-of-bounds access (kernel
-line, address) and exits 1 if any. ``--gpu``: the same batch on the GPU with the plan's own tiles and no check of
+masked and unmasked load and store and every atomic, and the result against float64. Prints each out-of-bounds
+access (kernel line, address) and exits 1 if any. ``--gpu``: the same batch on the GPU with the plan's own tiles and no check of
 its own (run it under ``compute-sanitizer --tool memcheck``).
 """
 from __future__ import annotations
