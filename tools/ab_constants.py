@@ -177,20 +177,17 @@ def run(args, sets, kinds, argv) -> None:
             del copies, ref
             free_memory()
             key = "graph_us" if gpu else "eager_us"
-            ok = ra["status"] == rb["status"] == "ok"
+            status = "ok" if ra["status"] == rb["status"] == "ok" else "failed"
+            reason = " / ".join(r.get("reason", "") for r in (ra, rb) if r["status"] != "ok") or None
             # the plans timed are the ones decided (kernel and splits; the tiles are not in the record)
             ran = [(r.get("kernel"), r.get("splits")) for r in (ra, rb)]
-            if ok and ran != [(a.kernel, a.splits), (b.kernel, b.splits)]:
-                ok = False
-                decided = [(a.kernel, a.splits), (b.kernel, b.splits)]
-                ra = dict(ra, status="mismatch", reason=f"timed {ran}, decided {decided}")
-            rec.update(status="ok" if ok else ("mismatch" if "mismatch" in (ra["status"], rb["status"]) else "failed"),
-                       order="default first" if i % 2 == 0 else "changed first",
-                       us_default=ra.get(key), us_changed=rb.get(key),
-                       kernels=[ra.get("kernel"), rb.get("kernel")],
-                       pct_ceiling=[ra.get("pct_ceiling"), rb.get("pct_ceiling")],
-                       reason=" / ".join(r.get("reason", "") for r in (ra, rb) if r["status"] != "ok") or None)
-            if ok:
+            decided = [(a.kernel, a.splits), (b.kernel, b.splits)]
+            if status == "ok" and ran != decided:
+                status, reason = "mismatch", f"timed {ran}, decided {decided}"
+            rec.update(status=status, reason=reason, order="default first" if i % 2 == 0 else "changed first",
+                       us_default=ra.get(key), us_changed=rb.get(key), kernels=[k for k, _ in ran],
+                       pct_ceiling=[ra.get("pct_ceiling"), rb.get("pct_ceiling")])
+            if status == "ok":
                 rec["ratio"] = rb[key] / ra[key]
                 ratios.append(rec["ratio"])
             out["records"].append(rec)
