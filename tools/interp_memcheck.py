@@ -3,7 +3,7 @@ live tensor's storage. The interpreter reads host memory through raw pointers an
 past a tensor's end reads whatever lies there (or writes over it); compute-sanitizer does this on a GPU.
 
     python tools/interp_memcheck.py [--D 256] [--page 16] [--B 2] [--heads 16:2] [--L 1024] [--splits 8]
-                                    [--methods unified,split] [--block-n 32]
+                                    [--methods unified,split] [--block-n 32] [--table-regs N] [--repeat N]
 
 Runs ``fdlib.plan(..., method=M, num_splits=S).run`` on one batch in the interpreter, with the plan's tiles set to
 BLOCK_N = ``--block-n`` keys (a GPU's tiles: 32 keys at D = 256; the interpreter's own are 16), checks every
@@ -139,16 +139,22 @@ def main(argv=None) -> int:
     ap.add_argument("--block-n", type=int, default=32)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--gpu", action="store_true", help="on the GPU, the plan's own tiles, no check of its own")
+    ap.add_argument("--table-regs", type=int, default=None,
+                    help="the unified plan's TABLE_REGS (block-table entries in registers; 0: none) instead of its own")
+    ap.add_argument("--repeat", type=int, default=1, help="run each plan this many times (a fault that comes "
+                    "now and then)")
     args = ap.parse_args(argv)
     plan_module = sys.modules["fdlib.plan"]
-    kept = plan_module.tile_config
+    kept = plan_module.tile_config, plan_module.table_regs_for
     if not args.gpu:
         tile = TileConfig(args.block_n, 4, 3)
         plan_module.tile_config = lambda *a, **k: tile
+    if args.table_regs is not None:
+        plan_module.table_regs_for = lambda chunk, page: args.table_regs
     try:
         return _run(args)
     finally:
-        plan_module.tile_config = kept
+        plan_module.tile_config, plan_module.table_regs_for = kept
 
 
 def _run(args) -> int:
@@ -170,7 +176,8 @@ def _run(args) -> int:
             L_max = k.shape[1] * (bt.shape[1] if bt is not None else 1)
             p = fdlib.plan(args.B, hq, hk, args.D, L_max, dtype=q.dtype, lengths=lens, method=method,
                            num_splits=args.splits, page_size=args.page or None)
-            out = p.run(q, k, v, lens_t, block_table=bt)
+            for _ in range(args.repeat):
+                out = p.run(q, k, v, lens_t, block_table=bt)
             if args.gpu:
                 torch.cuda.synchronize()
             ref = ref_out(q, k, v, lens, bt, args.page)
