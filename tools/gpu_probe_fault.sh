@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One call of about 9 minutes (at most 10): the illegal memory access two A/Bs of tools/ab_constants.py met on an H100
+# One call of about 7 minutes (9 with PROBE_AB=1): the illegal memory access two A/Bs of tools/ab_constants.py met on an H100
 # (results/h100/chooser-ab/constants/rules.log, rules2.log, cost.log), most likely on a batch of D = 256 over pages
 # of 16: the D=256 GPU tests; each suspect 100 times a plan (unified with and without its block-table entries in
-# registers, split); compute-sanitizer memcheck on two suspects (tools/interp_memcheck.py --gpu); the A/B that
-# faulted at its last batch, each batch named before it runs, with CUDA_LAUNCH_BLOCKING=1.
+# registers, split); compute-sanitizer memcheck on two suspects (tools/interp_memcheck.py --gpu); with PROBE_AB=1 the
+# A/B that faulted at its last batch, each batch named before it runs, with CUDA_LAUNCH_BLOCKING=1.
 # Files in OUTDIR/fault/ (packed into OUTDIR/fault.tgz after each stage).
 #   bash tools/gpu_probe_fault.sh OUTDIR
 set -uo pipefail
@@ -12,7 +12,7 @@ OUT=${1:?output folder}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 start_run "$OUT" fault
 # the D=256 batches as GPU tests against float64 (-v: each test named before it runs; a fault ends the process)
-CUDA_LAUNCH_BLOCKING=1 timeout 120 python -m pytest tests/test_gpu.py -k head_dim_256 -v -p no:cacheprovider \
+CUDA_LAUNCH_BLOCKING=1 timeout 100 python -m pytest tests/test_gpu.py -k head_dim_256 -v -p no:cacheprovider \
   > "$R/tests-d256.txt" 2>&1; echo "rc=$?" >> "$R/tests-d256.txt"; tail -4 "$R/tests-d256.txt"; pack
 # each suspect 100 times a plan, without a sanitizer: unified with its own table entries in registers, with none,
 # and split (a fault ends only that process)
@@ -28,9 +28,8 @@ command -v compute-sanitizer >/dev/null && for c in "--D 256 --page 16 --B 8 --h
   timeout 80 compute-sanitizer --tool memcheck python tools/interp_memcheck.py --gpu $c >> "$R/memcheck.txt" 2>&1
   echo "rc=$? for $c" >> "$R/memcheck.txt"; tail -3 "$R/memcheck.txt"; pack
 done
-ab() {   # ab NAME ARGS...: one A/B, each batch named before it runs
-  local name=$1; shift
-  CUDA_LAUNCH_BLOCKING=1 timeout 110 python tools/ab_constants.py "$R/$name.json" --max-cases 40 --kinds heads "$@" \
-    > "$R/$name.log" 2>&1; echo "rc=$?" >> "$R/$name.log"; grep -B1 -A2 "rror" "$R/$name.log" | head; pack
-}
-ab paged --set PAGED_EPILOGUE_WORK=10000                  # all its 22 batches: the fault was at the last
+if [ "${PROBE_AB:-0}" = 1 ]; then   # PROBE_AB=1: then the A/B that faulted at its last batch, each batch named first
+  CUDA_LAUNCH_BLOCKING=1 timeout 110 python tools/ab_constants.py "$R/paged.json" --max-cases 40 --kinds heads \
+    --set PAGED_EPILOGUE_WORK=10000 > "$R/paged.log" 2>&1; echo "rc=$?" >> "$R/paged.log"
+  grep -B1 -A2 "rror" "$R/paged.log" | head; pack
+fi
