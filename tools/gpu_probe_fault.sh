@@ -19,7 +19,7 @@ CUDA_LAUNCH_BLOCKING=1 timeout 100 python -m pytest tests/test_gpu.py -k head_di
 for c in "--D 256 --page 16 --B 8 --heads 16:4 --L 8192 --splits 5" "--D 256 --page 16 --B 8 --heads 16:2 --L 8192 --splits 8"; do
   for m in "--methods unified" "--methods unified --table-regs 0" "--methods split"; do
     CUDA_LAUNCH_BLOCKING=1 timeout 30 python tools/interp_memcheck.py --gpu --repeat 100 $c $m > "$R/q.txt" 2>&1
-    cat "$R/q.txt" >> "$R/repeat-full.txt"; echo "rc=$? for $c $m: $(grep -E '^(unified|split):|rror' "$R/q.txt" | head -2 | tr '\n' ' ')" >> "$R/repeat.txt"
+    rc=$?; cat "$R/q.txt" >> "$R/repeat-full.txt"; echo "rc=$rc for $c $m: $(grep -E '^(unified|split):|rror' "$R/q.txt" | head -2 | tr '\n' ' ')" >> "$R/repeat.txt"
   done
 done; cat "$R/repeat.txt"; pack
 command -v compute-sanitizer >/dev/null && for c in "--D 256 --page 16 --B 8 --heads 16:4 --L 8192 --splits 5"; do
