@@ -119,12 +119,16 @@ def check_num_splits(num_splits, method) -> None:
 FLOAT32_MAX = torch.finfo(torch.float32).max
 """float32's largest finite value: a float the kernels take (the softmax scale, a per-tensor scale of an 8-bit
 cache) is a float32 there, so a larger Python float would be infinite (Triton even types it float64)."""
+FLOAT32_MAX_INT = int(FLOAT32_MAX)
 
 
 def fits_float32(x) -> bool:
     """``x`` (an int or a float) is finite and no larger in magnitude than float32's largest value (an int of
-    any size compares exactly; none is converted to float, where a huge one would overflow)."""
-    return (isinstance(x, int) or math.isfinite(x)) and abs(x) <= FLOAT32_MAX
+    any size compares exactly, with the int of that value: none is converted to float, where a huge one would
+    overflow, also in a ``torch.compile`` trace that holds the int symbolically)."""
+    if isinstance(x, int):
+        return abs(x) <= FLOAT32_MAX_INT
+    return math.isfinite(x) and abs(x) <= FLOAT32_MAX
 
 
 def beyond_float32(x) -> str:

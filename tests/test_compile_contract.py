@@ -115,6 +115,29 @@ def test_one_compiled_step_takes_new_lengths_in_a_list_and_new_scales(problem):
         assert_same_error(raised(compiled, q, k, v, *args), raised(step, q, k, v, *args))
 
 
+@pytest.mark.parametrize("fullgraph", (False, True))
+def test_int_options_that_change_then_go_bad_raise_the_eager_error(problem, fullgraph):
+    """num_splits, max_seqlen and an int scale that change from call to call (dynamo makes an int symbolic after
+    the first change, and the checks' messages write the value out): good values give the eager bits, then a bad
+    value raises the eager error, not dynamo's."""
+    q, k, v, lens = problem
+    runs = {"num_splits": ((2, 4, 8), (0, 300)), "max_seqlen": ((8, 16, 32), (99, -1)), "scale": ((1, 2), (10 ** 400,)),
+            ("method", "persistent", "num_splits"): ((1, 1), (2, 3))}
+    for name, (good, bad) in runs.items():
+        kw = {name[0]: name[1]} if isinstance(name, tuple) else {}
+        arg = name[2] if isinstance(name, tuple) else name
+
+        def step(q, k, v, lens, x, kw=kw, arg=arg):
+            return fdlib.decode_attention(q, k, v, lens, **kw, **{arg: x})
+
+        torch._dynamo.reset()
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=fullgraph)
+        for x in good:
+            assert torch.equal(compiled(q, k, v, lens, x), step(q, k, v, lens, x)), (arg, x)
+        for x in bad:
+            assert_same_error(raised(compiled, q, k, v, lens, x), raised(step, q, k, v, lens, x))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_inputs_that_require_grad_compile_as_they_run_eagerly(problem, backend):
     """A q (or a per-head scale) that requires grad, as in a model outside no_grad: the eager call gives out and
