@@ -374,6 +374,28 @@ def test_bad_input_gets_clear_errors(model):
             model(input_ids=ids[:1], use_cache=True, **{key: DecodeCache(cfg, 1, 32, dtype=torch.float32)})
 
 
+def test_decode_step_takes_a_query_strided_in_its_head_dim():
+    """A decode step's query whose head dim is not at stride 1 (a view HF never makes, but SDPA takes) attends as
+    its contiguous copy does: the step, having begun, must not refuse it with the lengths moved and K/V written."""
+    from fdlib.hf.attention import fdlib_attention_forward
+    cfg = tiny_config(num_attention_heads=4, num_key_value_heads=2, hidden_size=128, head_dim=32)
+    outs = []
+    for strided in (False, True):
+        cache = DecodeCache(cfg, max_batch_size=2, max_cache_len=16, device="cpu", dtype=torch.float32)
+        cache.set_lengths([3, 5])
+        g = torch.Generator().manual_seed(11)
+        for layer in cache.layers:   # keys and values for the cached positions
+            layer.keys.normal_(generator=g)
+            layer.values.normal_(generator=g)
+        k, v = torch.randn(2, 2, 1, 32, generator=g), torch.randn(2, 2, 1, 32, generator=g)
+        wide = torch.randn(2, 4, 1, 64, generator=g)
+        q = wide[..., ::2] if strided else wide[..., ::2].contiguous()
+        cache.update(k, v, 0)
+        outs.append(fdlib_attention_forward(None, q, k, v, None)[0])
+        assert cache.lengths.tolist() == [4, 6]
+    assert torch.equal(outs[0], outs[1])
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 gpu = pytest.mark.skipif(not (torch.cuda.is_available() and runtime.MODE == "gpu"), reason="needs a CUDA GPU")
 

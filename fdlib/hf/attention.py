@@ -122,6 +122,8 @@ def decode(cache, layer_idx: int, query: torch.Tensor, scaling=None) -> torch.Te
     already written), with the cache's device lengths; ``[B, T, H_q, D]``."""
     B, _, T, _ = query.shape
     q = query.transpose(1, 2)
+    if q.shape[-1] > 1 and q.stride(-1) != 1:   # the kernels read a head's D values at stride 1 (SDPA takes any)
+        q = q.contiguous()
     layer = cache.layers[layer_idx]
     if cache.page_size is None:
         k, v, table = layer.keys[:B], layer.values[:B], None
