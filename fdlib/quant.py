@@ -138,7 +138,10 @@ def _group_max(x: torch.Tensor, granularity: str) -> torch.Tensor:
 
 def dequantize_kv(stored: torch.Tensor, scale, dtype=torch.float32) -> torch.Tensor:
     """``stored.float() * scale``, the scale broadcast over D (and over tokens, for a per-head scale ``[H_kv]``): the
-    cache an 8-bit cache stands for, in ``dtype`` (float32; float64 gives the exact products, for references)."""
+    cache an 8-bit cache stands for, in ``dtype`` (float32; float64 gives the exact products, for references).
+    ``stored`` ``[..., H_kv, D]`` of an 8-bit dtype; ``scale`` as :func:`quantize_kv` returns it: a finite positive
+    float, a float32 tensor ``[H_kv]`` or ``stored.shape[:-1]``, on stored's device (its values are not read)."""
+    check_dequantize(stored, scale, dtype)
     s = scale
     if isinstance(s, torch.Tensor):
         s = (s[:, None] if s.dim() == 1 else s[..., None]).to(dtype)
@@ -146,6 +149,32 @@ def dequantize_kv(stored: torch.Tensor, scale, dtype=torch.float32) -> torch.Ten
 
 
 # ------------------------------------------------------------------------------------------------ checking
+def check_dequantize(stored, scale, dtype) -> None:
+    """:func:`dequantize_kv`'s arguments (metadata, and a float scale's value), each error naming the argument."""
+    if not isinstance(stored, torch.Tensor):
+        raise TypeError(f"stored: expected a torch.Tensor, got {type(stored).__name__}")
+    if stored.dtype not in KV_DTYPES:
+        raise TypeError(f"stored: expected an 8-bit cache (torch.float8_e4m3fn or torch.int8), got {stored.dtype}")
+    if stored.dim() < 2:
+        raise ValueError(f"stored: expected [..., H_kv, D], got shape {list(stored.shape)}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype in KV_DTYPES:
+        raise TypeError(f"dtype: expected a float dtype (torch.float32, or torch.float64 for references), got {dtype}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor)):
+        raise TypeError(f"scale: expected {SCALE_FORMS}, got {type(scale).__name__}")
+    if not isinstance(scale, torch.Tensor):
+        if not fits_float32(scale) or scale <= 0:
+            raise ValueError(f"scale: expected a finite positive float, got {scale}" + beyond_float32(scale))
+        return
+    H_kv = stored.shape[-2]
+    if list(scale.shape) not in ([H_kv], list(stored.shape[:-1])):
+        raise ValueError(f"scale: expected a float, a tensor [H_kv] = [{H_kv}] (per KV head) or stored's shape "
+                         f"without D, {list(stored.shape[:-1])} (per token), got shape {list(scale.shape)}")
+    if scale.dtype != torch.float32:
+        raise TypeError(f"scale: dtype must be torch.float32, got {scale.dtype}")
+    if scale.device != stored.device:
+        raise ValueError(f"scale: must be on stored's device ({stored.device}), got a tensor on {scale.device}")
+
+
 def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False, read: bool = True) -> str:
     """``"tensor"``, ``"head"`` or ``"token"`` for a scale of ``cache`` [.., .., H_kv, D] (checked: type, dtype,
     device, shape; a float's value, finite and positive as the float32 the kernels take; a per-head tensor's

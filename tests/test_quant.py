@@ -537,3 +537,26 @@ def test_replayed_8bit_calls_take_the_new_tensors_and_scales(direct):   # noqa: 
                       what="new per-tensor V scale")
     out, lse = p.run(q, k8, v8, lens, k_scale=ks, v_scale=vs * 2, return_lse=True)
     assert len(direct) == 3 and direct[-1] == expected(q, k8, v8, ks, vs * 2, lens, out, lse)
+
+
+def test_dequantize_kv_names_each_bad_argument():
+    """dequantize_kv checks what it is given, as quantize_kv does: a bad stored tensor, dtype or scale is refused
+    with the argument named, where it would have returned zeros (an int dtype) or broadcast silently."""
+    stored, head = quant.quantize_kv(torch.randn(2, 8, 2, 16), torch.int8, "head")
+    _, token = quant.quantize_kv(torch.randn(2, 8, 2, 16), torch.int8, "token")
+    assert torch.equal(quant.dequantize_kv(stored, head), stored.float() * head[:, None])
+    assert torch.equal(quant.dequantize_kv(stored, token), stored.float() * token[..., None])
+    assert torch.equal(quant.dequantize_kv(stored, 0.5, torch.float64), stored.double() * 0.5)
+    bad = [((stored, head, torch.int32), TypeError, "dtype: expected a float dtype"),
+           ((stored, head, torch.int8), TypeError, "dtype"),
+           ((stored.float(), head), TypeError, "stored: expected an 8-bit cache"),
+           ((torch.ones(16, dtype=torch.int8), torch.ones(2)), ValueError, r"stored: expected \[..., H_kv, D\]"),
+           ((stored, torch.ones(3)), ValueError, r"scale: expected .* got shape \[3\]"),
+           ((stored, head.double()), TypeError, "scale: dtype must be torch.float32"),
+           ((stored, [1.0, 2.0]), TypeError, "scale: expected a float"),
+           ((stored, True), TypeError, "scale"),
+           ((stored, 0.0), ValueError, "scale: expected a finite positive float, got 0.0"),
+           ((stored, float("nan")), ValueError, "scale: expected a finite positive float")]
+    for args, kind, match in bad:
+        with pytest.raises(kind, match=match):
+            quant.dequantize_kv(*args)
