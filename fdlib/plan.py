@@ -415,8 +415,8 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
     if batch_invariant:
         if method not in ("auto", "unified") or num_splits is not None:
             raise ValueError(f"batch_invariant: runs its own kernel, at chunks fixed by each row's length; pass "
-                             f"method='auto' or 'unified' and num_splits=None, got method={method!r}, "
-                             f"num_splits={num_splits!r}")
+                             f"method='auto' or 'unified' and num_splits=None (or method='worklist'), got "
+                             f"method={method!r}, num_splits={num_splits!r}")
         return invariant_decision(B, H_q * q_len, H_kv, D, L_max, dtype, q_rows, given)
     L_cap, basis = ((max(max(lengths, default=0), 1), "host lengths") if lengths is not None else
                     (max(int(max_seqlen), 1), "max_seqlen") if max_seqlen is not None else (max(L_max, 1), "capacity"))

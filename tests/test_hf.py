@@ -343,6 +343,9 @@ def test_bad_input_gets_clear_errors(model):
                          (dict(max_batch_size=1, max_cache_len=8, dtype=torch.int8), "dtype")]:
         with pytest.raises((ValueError, TypeError), match=what):
             DecodeCache(cfg, **kwargs)
+    if not torch.cuda.is_available():   # a GPU asked where none is: the plan's words, before anything is made
+        with pytest.raises(ValueError, match="device: 'cuda' asked, but no CUDA GPU is visible"):
+            DecodeCache(cfg, 1, 8, device="cuda")
     with pytest.raises(NotImplementedError, match="sliding"):
         DecodeCache(tiny_config(layer_types=["full_attention", "sliding_attention"], sliding_window=4), 1, 8)
     model.set_attn_implementation("fdlib")

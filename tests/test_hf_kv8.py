@@ -191,7 +191,9 @@ def test_reset_calibrates_again_and_bad_arguments_are_named():
                           (dict(kv_dtype=torch.int8, granularity="head", k_scale=[0.1, 0.1, 0.1], v_scale=0.1),
                            ValueError, "one a layer"),
                           (dict(kv_dtype=torch.int8, granularity="head", k_scale=0.1, v_scale=10 ** 400), ValueError,
-                           "^v_scale: scales must be finite and positive")]:
+                           "^v_scale: scales must be finite and positive"),
+                          (dict(kv_dtype=torch.int8, granularity="head", k_scale=1e-50, v_scale=0.1), ValueError,
+                           r"got \[0.0\] \(as float32: a positive value below its smallest")]:
         with pytest.raises(err, match=what):
             DecodeCache(cfg, 1, 16, dtype=torch.float16, **kw)
     with pytest.raises(TypeError, match="float16 or bfloat16 model"):

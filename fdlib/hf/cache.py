@@ -40,9 +40,8 @@ import weakref
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .. import runtime
 from ..compiled import refuse
-from ..plan import plan as make_plan
+from ..plan import check_device, plan as make_plan
 from ..validate import DTYPES, MAX_Q_LEN, check_page_size
 from .append import append_kv8
 from .write import write_kv
@@ -204,9 +203,7 @@ class DecodeCache(Cache):
         self.D = int(getattr(text, "head_dim", None) or text.hidden_size // self.H_q)
         self.scale = self.D ** -0.5   # HF's attention scaling (module.scaling): the plan made below is the one used
         self.dtype = _dtype_of(text, dtype)
-        self.device = torch.device(runtime.DEVICE if device is None else device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = check_device(device)   # fdlib's for None; "cuda": the current one (ValueError where none)
         if page_size is not None:
             check_page_size(page_size)
             if self.max_cache_len % page_size:

@@ -168,7 +168,9 @@ def _per_layer(name, s, granularity, n_layers, H_kv) -> list:
             want = "a float" if granularity == "tensor" else f"a float or a float32 tensor [H_kv] = [{H_kv}]"
             raise ValueError(f"{name}: expected {want} (granularity={granularity!r}), got {x!r}")
         if not bool((torch.isfinite(t) & (t > 0)).all()):
-            raise ValueError(f"{name}: scales must be finite and positive, got {t.tolist()}")
+            tiny = (" (as float32: a positive value below its smallest, about 1.4e-45, rounds to 0)"
+                    if isinstance(x, (int, float)) and x > 0 and bool((t == 0).any()) else "")
+            raise ValueError(f"{name}: scales must be finite and positive, got {t.tolist()}{tiny}")
         out.append(t)
     return out
 
