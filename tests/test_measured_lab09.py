@@ -189,17 +189,18 @@ def _recorded_speed():
 
 
 def test_what_the_lesson_says_of_the_recorded_speed_holds():
-    """'the 8-bit caches are slower than bf16 at every shape that was run, e4m3 more so than int8, so there is no
-    break-even to read from this run'; 'the bf16 runs reach most of the read ceiling, the 8-bit ones less than half
-    of it'."""
+    """'both 8-bit caches are faster than bf16 at every shape that was run, e4m3 with scales per head more so than
+    int8 with scales per token, so 8 bits pay from the shortest L run. auto runs them on stream-K'; 'neither
+    comes near the 2x the bytes allow'; 'the bf16 runs read above 90% of the read ceiling, the 8-bit ones three
+    fifths to three quarters of it'."""
     sp, _ = _recorded_speed()
-    assert not sp["ever_faster"]
-    assert set(sp["x"]) == {"float8_e4m3fn", "int8"}
-    assert all(hi < 1 for _, hi in sp["x"].values())
+    assert sp["ever_faster"] and sp["timing"] == "graph"
+    assert sp["formats"] == ["e4m3, per head", "int8, per token"]
+    assert all(lo > 1 and hi < 1.8 for lo, hi in sp["x"].values())
     e4m3, int8 = sp["x"]["float8_e4m3fn"], sp["x"]["int8"]
-    assert e4m3[0] < int8[0] and e4m3[1] < int8[1]
-    assert sp["pct16"][0] > 50 and all(hi < 50 for _, hi in sp["pct8"].values())
-    assert sp["timing"] == "graph"
+    assert e4m3[0] > int8[0] and e4m3[1] > int8[1]
+    assert sp["kernels8"] == ["streamk"]
+    assert sp["pct16"][0] > 90 and all(60 <= lo and hi <= 75 for lo, hi in sp["pct8"].values())
 
 
 def test_what_the_lesson_says_of_the_probe_holds():

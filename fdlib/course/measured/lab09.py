@@ -318,6 +318,7 @@ def speed_findings(results_dir: Path | None = None) -> dict:
     * ``x``: {dtype: (slowest, fastest) speed-up over bf16 over every format of that dtype, B and L};
     * ``pct8``: {dtype: (lowest, highest) % of the read ceiling}; ``pct16``: the same of the bf16 cache;
     * ``ever_faster``: whether any 8-bit run beat bf16 at any shape (a break-even exists only then);
+    * ``kernels8``: the kernels ``auto`` ran over the 8-bit caches (sorted);
     * ``timing``: 'graph' or 'eager'.
     """
     folder = find_run(RESULTS if results_dir is None else results_dir)
@@ -335,6 +336,7 @@ def speed_findings(results_dir: Path | None = None) -> dict:
         "pct8": {d: span([r["pct8"] for r in rows if r["format"][0] == d]) for d in dtypes},
         "pct16": span([r["pct16"] for r in rows]),
         "ever_faster": any(r["x"] > 1 for r in rows),
+        "kernels8": sorted({r.get("kernel", "?") for res in runs.values() for r in times(res, tk).values()}),
         "timing": tk,
     }
 
