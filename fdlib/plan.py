@@ -460,7 +460,8 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
                         programs, 0 if kernel == "streamk" else rows_for(B * H_kv, programs))
     order = longest_first_order(B) if kernel == "longest_first" or longest_first else 0   # auto's rule, or asked for
     return Decision("unified" if kernel == "longest_first" else kernel, splits, chunk, tile, L_cap, basis,
-                    order=order, table_regs=table_regs_for(chunk, paged) if kernel != "split" else 0)
+                    order=order, table_regs=table_regs_for(chunk, paged) if kernel != "split" and D <= TABLE_REGS_MAX_D
+                    else 0)
 
 TABLE_REGS_MAX = TABLE_REGS_LIMIT.value
 """The most block-table entries a split holds in registers: splits of up to 4096 keys at pages of 16. Timed on the
@@ -470,6 +471,14 @@ tile's entries a tile ahead; the sm_90 loop is the same size at 64, 128 and 256)
 block of TABLE_REGS_MAX entries at a time, reloading at each block's start (run 82: 0.3-0.4% faster than reading
 a tile ahead on the four paged shapes it changed, none slower). It is the kernel's own limit,
 :data:`fdlib.kernels.tile.TABLE_REGS_LIMIT` (512 faulted on the H200)."""
+
+
+TABLE_REGS_MAX_D = 128
+"""The largest head dim whose unified plans hold block-table entries in registers (:func:`table_regs_for`); above
+it (D = 256: 32-key tiles) they read each tile's entries a tile ahead, as the split kernel does. A precaution:
+two A/Bs on an H100 met an illegal memory access on D = 256 batches over pages whose unified plans held 64 and
+128 entries, where 32 entries, and the split kernel's reading ahead, ran; the interpreter finds every address in
+bounds there (``results/notes/fault-d256.md``, which names the GPU call that settles it)."""
 
 
 def table_regs_for(chunk: int, page: int) -> int:

@@ -14,15 +14,19 @@ start_run "$OUT" fault
 # the D=256 batches as GPU tests against float64 (-v: each test named before it runs; a fault ends the process)
 CUDA_LAUNCH_BLOCKING=1 timeout 100 python -m pytest tests/test_gpu.py -k head_dim_256 -v -p no:cacheprovider \
   > "$R/tests-d256.txt" 2>&1; echo "rc=$?" >> "$R/tests-d256.txt"; tail -4 "$R/tests-d256.txt"; pack
-# each suspect 100 times a plan, without a sanitizer: unified with its own table entries in registers, with none,
-# and split (a fault ends only that process)
-for c in "--D 256 --page 16 --B 8 --heads 16:4 --L 8192 --splits 5" "--D 256 --page 16 --B 8 --heads 16:2 --L 8192 --splits 8"; do
-  for m in "--methods unified" "--methods unified --table-regs 0" "--methods split"; do
+# each suspect 100 times a plan, without a sanitizer: unified with the table entries in registers its plan held
+# before TABLE_REGS_MAX_D (128 and 64), with none (today's plan), and split (a fault ends only that process)
+for c in "--D 256 --page 16 --B 8 --heads 16:4 --L 8192 --splits 5 --regs 128" \
+    "--D 256 --page 16 --B 8 --heads 16:2 --L 8192 --splits 8 --regs 64"; do
+  regs=${c##* }; c=${c% --regs *}
+  for m in "--methods unified --table-regs $regs" "--methods unified" "--methods split"; do
     CUDA_LAUNCH_BLOCKING=1 timeout 30 python tools/interp_memcheck.py --gpu --repeat 100 $c $m > "$R/q.txt" 2>&1
-    rc=$?; cat "$R/q.txt" >> "$R/repeat-full.txt"; echo "rc=$rc for $c $m: $(grep -E '^(unified|split):|rror' "$R/q.txt" | head -2 | tr '\n' ' ')" >> "$R/repeat.txt"
+    rc=$?; cat "$R/q.txt" >> "$R/repeat-full.txt"
+    echo "rc=$rc for $c $m: $(grep -E '^(unified|split):|rror' "$R/q.txt" | head -2 | tr '\n' ' ')" >> "$R/repeat.txt"
   done
 done; cat "$R/repeat.txt"; pack
-command -v compute-sanitizer >/dev/null && for c in "--D 256 --page 16 --B 8 --heads 16:4 --L 8192 --splits 5"; do
+command -v compute-sanitizer >/dev/null && \
+  for c in "--D 256 --page 16 --B 8 --heads 16:4 --L 8192 --splits 5 --table-regs 128"; do
   timeout 80 compute-sanitizer --tool memcheck python tools/interp_memcheck.py --gpu $c >> "$R/memcheck.txt" 2>&1
   echo "rc=$? for $c" >> "$R/memcheck.txt"; tail -3 "$R/memcheck.txt"; pack
 done

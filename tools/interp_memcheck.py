@@ -140,21 +140,23 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--gpu", action="store_true", help="on the GPU, the plan's own tiles, no check of its own")
     ap.add_argument("--table-regs", type=int, default=None,
-                    help="the unified plan's TABLE_REGS (block-table entries in registers; 0: none) instead of its own")
+                    help="the unified plan's TABLE_REGS (block-table entries in registers; 0: none) instead of "
+                    "its own, at any head dim")
     ap.add_argument("--repeat", type=int, default=1, help="run each plan this many times (a fault that comes "
                     "now and then)")
     args = ap.parse_args(argv)
     plan_module = sys.modules["fdlib.plan"]
-    kept = plan_module.tile_config, plan_module.table_regs_for
+    kept = plan_module.tile_config, plan_module.table_regs_for, plan_module.TABLE_REGS_MAX_D
     if not args.gpu:
         tile = TileConfig(args.block_n, 4, 3)
         plan_module.tile_config = lambda *a, **k: tile
-    if args.table_regs is not None:
+    if args.table_regs is not None:   # at every head dim (the plan holds none above TABLE_REGS_MAX_D)
         plan_module.table_regs_for = lambda chunk, page: args.table_regs
+        plan_module.TABLE_REGS_MAX_D = 1 << 30
     try:
         return _run(args)
     finally:
-        plan_module.tile_config, plan_module.table_regs_for = kept
+        plan_module.tile_config, plan_module.table_regs_for, plan_module.TABLE_REGS_MAX_D = kept
 
 
 def _run(args) -> int:
