@@ -107,7 +107,6 @@ def traced_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, 
     (:func:`check_options`), then the decode op, or the refuse op with the error the checks found."""
     (scale, k_scale, v_scale, num_splits, max_seqlen, return_lse, check_lengths, batch_invariant), floats = \
         host_options(scale, k_scale, v_scale, num_splits, max_seqlen, return_lse, check_lengths, batch_invariant)
-    scale, k_scale, v_scale, num_splits, max_seqlen = map(fixed, (scale, k_scale, v_scale, num_splits, max_seqlen))
     try:
         scale, lengths, host, scales = check_options(q, k_cache, v_cache, cache_seqlens, block_table, scale, method,
                                                      num_splits, return_lse, max_seqlen, check_lengths,
@@ -125,13 +124,6 @@ def traced_call(q, k_cache, v_cache, cache_seqlens, block_table, scale, method, 
                                                     max_seqlen, block_table, batch_invariant, check_lengths,
                                                     *scales, host, *floats)
     return (out, lse) if return_lse else out
-
-
-def fixed(x):
-    """An int option as a constant of the trace. Dynamo makes an int argument symbolic once it changes between
-    calls; the checks' messages, which write the value out, then stop the trace with dynamo's own error in place
-    of the check's. ``int`` of it specializes the trace on the value (a guard: another value traces again)."""
-    return int(x) if isinstance(x, int) and not isinstance(x, bool) else x
 
 
 class _Named:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .validate import FLOAT32_MAX, beyond_float32, fits_float32
+from .validate import FLOAT32_MAX, beyond_float32, fits_float32, shown
 
 KV_DTYPES = (torch.float8_e4m3fn, torch.int8)
 """The 8-bit cache dtypes the kernels read."""
@@ -163,7 +163,7 @@ def check_dequantize(stored, scale, dtype) -> None:
         raise TypeError(f"scale: expected {SCALE_FORMS}, got {type(scale).__name__}")
     if not isinstance(scale, torch.Tensor):
         if not fits_float32(scale) or scale <= 0:
-            raise ValueError(f"scale: expected a finite positive float, got {scale}" + beyond_float32(scale))
+            raise ValueError(f"scale: expected a finite positive float, got {shown(scale)}" + beyond_float32(scale))
         return
     H_kv = stored.shape[-2]
     if list(scale.shape) not in ([H_kv], list(stored.shape[:-1])):
@@ -185,7 +185,7 @@ def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False, r
                         f"{type(scale).__name__}")
     if not isinstance(scale, torch.Tensor):
         if not fits_float32(scale) or scale <= 0:
-            raise ValueError(f"{name}: expected a finite positive float, got {scale}" + beyond_float32(scale))
+            raise ValueError(f"{name}: expected a finite positive float, got {shown(scale)}" + beyond_float32(scale))
         return "tensor"
     H_kv = cache.shape[2]
     token_shape = tuple(cache.shape[:3])

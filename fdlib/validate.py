@@ -55,6 +55,13 @@ def check_removed(validate) -> None:
                         "to choose splits for a known bound")
 
 
+def shown(x):
+    """``x`` as an error message writes it: an int as a plain int. Under ``torch.compile`` an int option that
+    changed between calls is symbolic, and a message cannot write it out; ``int`` makes it concrete (a guard on
+    that value), which only the error's path pays, so valid values that change keep one trace."""
+    return int(x) if isinstance(x, int) and not isinstance(x, bool) else x
+
+
 def check_max_seqlen(max_seqlen, L_max: int | None = None) -> None:
     """``max_seqlen``: None or an int (not a bool), in 0..L_max where L_max is given."""
     if max_seqlen is None:
@@ -62,7 +69,7 @@ def check_max_seqlen(max_seqlen, L_max: int | None = None) -> None:
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
         raise TypeError(f"max_seqlen: expected an int or None, got {type(max_seqlen).__name__}")
     if L_max is not None and not 0 <= max_seqlen <= L_max:
-        raise ValueError(f"max_seqlen: expected an int in 0..L_max={L_max}, got {max_seqlen!r}")
+        raise ValueError(f"max_seqlen: expected an int in 0..L_max={L_max}, got {shown(max_seqlen)!r}")
 
 
 def check_lengths_type(cache_seqlens, name: str = "cache_seqlens", optional: bool = True) -> None:
@@ -85,7 +92,7 @@ def check_unified_max(k_cache, k_scale, v_scale, batch_invariant, max_seqlen, ch
     for name, value, default in (("batch_invariant", batch_invariant, False), ("max_seqlen", max_seqlen, None),
                                  ("check_lengths", check_lengths, False)):
         if value is not default:
-            raise ValueError(f"{name}: method='unified_max' takes the default ({default!r}), got {value!r}")
+            raise ValueError(f"{name}: method='unified_max' takes the default ({default!r}), got {shown(value)!r}")
 
 
 def check_method(method) -> None:
@@ -105,15 +112,15 @@ def check_num_splits(num_splits, method) -> None:
     if isinstance(num_splits, bool) or not isinstance(num_splits, int):
         raise TypeError(f"num_splits: expected an int or None, got {type(num_splits).__name__}")
     if not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits: expected 1 <= num_splits <= {MAX_SPLITS}, got {num_splits}")
+        raise ValueError(f"num_splits: expected 1 <= num_splits <= {MAX_SPLITS}, got {shown(num_splits)}")
     if method == "naive":
         raise ValueError("num_splits: method='naive' does not split the sequence; pass num_splits=None")
     if method == "persistent" and num_splits != 1:
         raise ValueError(f"num_splits: method='persistent' runs each row whole (one split); pass num_splits=None "
-                         f"or 1, got {num_splits}")
+                         f"or 1, got {shown(num_splits)}")
     if method == "streamk" and num_splits != 1:
         raise ValueError(f"num_splits: method='streamk' cuts each KV head's tiles into equal shares, not rows into "
-                         f"splits; pass num_splits=None or 1, got {num_splits}")
+                         f"splits; pass num_splits=None or 1, got {shown(num_splits)}")
 
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -146,7 +153,7 @@ def check_scale(scale, D: int, value: bool = True) -> float:
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
     if value and not fits_float32(scale):
-        raise ValueError(f"scale: expected a finite number, got {scale}" + beyond_float32(scale))
+        raise ValueError(f"scale: expected a finite number, got {shown(scale)}" + beyond_float32(scale))
     return float(scale)
 
 

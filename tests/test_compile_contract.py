@@ -118,8 +118,8 @@ def test_one_compiled_step_takes_new_lengths_in_a_list_and_new_scales(problem):
 @pytest.mark.parametrize("fullgraph", (False, True))
 def test_int_options_that_change_then_go_bad_raise_the_eager_error(problem, fullgraph):
     """num_splits, max_seqlen and an int scale that change from call to call (dynamo makes an int symbolic after
-    the first change, and the checks' messages write the value out): good values give the eager bits, then a bad
-    value raises the eager error, not dynamo's."""
+    the first change, and the checks' messages write the value out): good values give the eager bits in one
+    trace after the first change (no trace a value), then a bad value raises the eager error, not dynamo's."""
     q, k, v, lens = problem
     runs = {"num_splits": ((2, 4, 8), (0, 300)), "max_seqlen": ((8, 16, 32), (99, -1)), "scale": ((1, 2), (10 ** 400,)),
             ("method", "persistent", "num_splits"): ((1, 1), (2, 3))}
@@ -130,10 +130,17 @@ def test_int_options_that_change_then_go_bad_raise_the_eager_error(problem, full
         def step(q, k, v, lens, x, kw=kw, arg=arg):
             return fdlib.decode_attention(q, k, v, lens, **kw, **{arg: x})
 
+        traces = []
+
+        def backend(gm, example_inputs):
+            traces.append(gm)
+            return gm.forward
+
         torch._dynamo.reset()
-        compiled = torch.compile(step, backend="aot_eager", fullgraph=fullgraph)
+        compiled = torch.compile(step, backend=backend, fullgraph=fullgraph)
         for x in good:
             assert torch.equal(compiled(q, k, v, lens, x), step(q, k, v, lens, x)), (arg, x)
+        assert len(traces) <= 2, (arg, len(traces))   # the first value, then one symbolic trace for the rest
         for x in bad:
             assert_same_error(raised(compiled, q, k, v, lens, x), raised(step, q, k, v, lens, x))
 
