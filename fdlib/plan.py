@@ -460,8 +460,7 @@ def decide(B: int, H_q: int, H_kv: int, D: int, L_max: int, dtype, *, lengths=No
                         programs, 0 if kernel == "streamk" else rows_for(B * H_kv, programs))
     order = longest_first_order(B) if kernel == "longest_first" or longest_first else 0   # auto's rule, or asked for
     return Decision("unified" if kernel == "longest_first" else kernel, splits, chunk, tile, L_cap, basis,
-                    order=order, table_regs=table_regs_for(chunk, paged) if kernel != "split" and D <= TABLE_REGS_MAX_D
-                    else 0)
+                    order=order, table_regs=table_regs_for(chunk, paged, D) if kernel != "split" else 0)
 
 TABLE_REGS_MAX = TABLE_REGS_LIMIT.value
 """The most block-table entries a split holds in registers: splits of up to 4096 keys at pages of 16. Timed on the
@@ -481,13 +480,13 @@ two A/Bs on an H100 met an illegal memory access on D = 256 batches over pages w
 bounds there (``results/notes/fault-d256.md``, which names the GPU call that settles it)."""
 
 
-def table_regs_for(chunk: int, page: int) -> int:
+def table_regs_for(chunk: int, page: int, D: int) -> int:
     """TABLE_REGS of a unified plan over pages of at least TABLE_AHEAD_PAGE keys: the block-table entries one split of
     ``chunk`` keys touches (one more where a split may start inside a page), rounded up to a power of two, at most
     TABLE_REGS_MAX (a longer split reloads its entries a block at a time); 0 on pages smaller than
-    TABLE_AHEAD_PAGE. A split loads its first block with its row's length and gathers each tile's pages from
-    registers (:func:`fdlib.kernels.tile.attend_slice`)."""
-    if page < TABLE_AHEAD_PAGE.value:
+    TABLE_AHEAD_PAGE and at head dims above TABLE_REGS_MAX_D. A split loads its first block with its row's length
+    and gathers each tile's pages from registers (:func:`fdlib.kernels.tile.attend_slice`)."""
+    if page < TABLE_AHEAD_PAGE.value or D > TABLE_REGS_MAX_D:
         return 0
     entries = chunk // page if chunk % page == 0 else -(-chunk // page) + 1
     regs = 1 << max(entries - 1, 0).bit_length()

@@ -159,15 +159,16 @@ def test_pools_whose_strides_pass_32_bit_offsets_are_refused(dim):
 def test_table_regs_hold_one_splits_entries_up_to_table_regs_max():
     """table_regs_for: the block-table entries a split of ``chunk`` keys touches (one more where a split may
     start inside a page), a power of two, at most TABLE_REGS_MAX = 256 (a longer split reloads them a block at a
-    time); 0 on small pages."""
-    from fdlib.plan import TABLE_REGS_MAX, decide, table_regs_for
-    assert TABLE_REGS_MAX == 256
-    assert ([table_regs_for(c, 16) for c in (16, 64, 512, 1024, 1040, 2048, 4096, 4112, 32768)]
+    time); 0 on small pages and above TABLE_REGS_MAX_D = 128."""
+    from fdlib.plan import TABLE_REGS_MAX, TABLE_REGS_MAX_D, decide, table_regs_for
+    assert TABLE_REGS_MAX == 256 and TABLE_REGS_MAX_D == 128
+    assert ([table_regs_for(c, 16, 128) for c in (16, 64, 512, 1024, 1040, 2048, 4096, 4112, 32768)]
             == [1, 4, 32, 64, 128, 128, 256, 256, 256])
-    assert table_regs_for(64, 128) == 2 and table_regs_for(128, 256) == 2   # a split may start inside a page
-    assert table_regs_for(1024, 4) == 0 and table_regs_for(64, 0) == 0
+    assert table_regs_for(64, 128, 128) == 2 and table_regs_for(128, 256, 128) == 2   # a split may start in a page
+    assert table_regs_for(1024, 4, 128) == 0 and table_regs_for(64, 0, 128) == 0
+    assert table_regs_for(1024, 16, 256) == 0
     d = decide(3, 8, 2, 32, 96, torch.float32, lengths=[96, 20, 0], method="unified", paged=16)
-    assert d.table_regs == table_regs_for(d.chunk, 16) > 0
+    assert d.table_regs == table_regs_for(d.chunk, 16, 32) > 0
     assert decide(3, 8, 2, 32, 96, torch.float32, lengths=[96, 20, 0], method="unified").table_regs == 0
 
 
@@ -180,7 +181,7 @@ def test_a_split_longer_than_its_table_registers_reloads_them():
                    method="unified", num_splits=1)
     from fdlib.plan import table_regs_for
     d = p.decision   # 16-key splits in the interpreter, 64-key ones on a GPU: 1 or 4 entries, both under 190 keys
-    assert d.splits == 1 and d.table_regs == table_regs_for(d.chunk, 16) and 0 < d.table_regs * 16 < 190, str(p)
+    assert d.splits == 1 and d.table_regs == table_regs_for(d.chunk, 16, 32) and 0 < d.table_regs * 16 < 190, str(p)
     assert_attention_close(p.run(q, kp, vp, lens, block_table=bt), None, q, k, v, lens, what="grown lengths")
 
 

@@ -146,17 +146,16 @@ def main(argv=None) -> int:
                     "now and then)")
     args = ap.parse_args(argv)
     plan_module = sys.modules["fdlib.plan"]
-    kept = plan_module.tile_config, plan_module.table_regs_for, plan_module.TABLE_REGS_MAX_D
+    kept = plan_module.tile_config, plan_module.table_regs_for
     if not args.gpu:
         tile = TileConfig(args.block_n, 4, 3)
         plan_module.tile_config = lambda *a, **k: tile
-    if args.table_regs is not None:   # at every head dim (the plan holds none above TABLE_REGS_MAX_D)
-        plan_module.table_regs_for = lambda chunk, page: args.table_regs
-        plan_module.TABLE_REGS_MAX_D = 1 << 30
+    if args.table_regs is not None:   # at every head dim (the plan's own holds none above TABLE_REGS_MAX_D)
+        plan_module.table_regs_for = lambda chunk, page, D: args.table_regs
     try:
         return _run(args)
     finally:
-        plan_module.tile_config, plan_module.table_regs_for, plan_module.TABLE_REGS_MAX_D = kept
+        plan_module.tile_config, plan_module.table_regs_for = kept
 
 
 def _run(args) -> int:
