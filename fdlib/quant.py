@@ -159,24 +159,11 @@ def check_dequantize(stored, scale, dtype) -> None:
         raise ValueError(f"stored: expected [..., H_kv, D], got shape {list(stored.shape)}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype in KV_DTYPES:
         raise TypeError(f"dtype: expected a float dtype (torch.float32, or torch.float64 for references), got {dtype}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, torch.Tensor)):
-        raise TypeError(f"scale: expected {SCALE_FORMS}, got {type(scale).__name__}")
-    if not isinstance(scale, torch.Tensor):
-        if not fits_float32(scale) or scale <= 0:
-            raise ValueError(f"scale: expected a finite positive float, got {shown(scale)}" + beyond_float32(scale))
-        return
-    H_kv = stored.shape[-2]
-    if list(scale.shape) not in ([H_kv], list(stored.shape[:-1])):
-        raise ValueError(f"scale: expected a float, a tensor [H_kv] = [{H_kv}] (per KV head) or stored's shape "
-                         f"without D, {list(stored.shape[:-1])} (per token), got shape {list(scale.shape)}")
-    if scale.dtype != torch.float32:
-        raise TypeError(f"scale: dtype must be torch.float32, got {scale.dtype}")
-    if scale.device != stored.device:
-        raise ValueError(f"scale: must be on stored's device ({stored.device}), got a tensor on {scale.device}")
+    granularity_of("scale", scale, stored, read=False)
 
 
 def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False, read: bool = True) -> str:
-    """``"tensor"``, ``"head"`` or ``"token"`` for a scale of ``cache`` [.., .., H_kv, D] (checked: type, dtype,
+    """``"tensor"``, ``"head"`` or ``"token"`` for a scale of ``cache`` [..., H_kv, D] (checked: type, dtype,
     device, shape; a float's value, finite and positive as the float32 the kernels take; a per-head tensor's
     values where it is on the host and ``read``). ``name``: the argument, for the error; ``paged``: the cache is a
     page pool."""
@@ -187,16 +174,16 @@ def granularity_of(name: str, scale, cache: torch.Tensor, paged: bool = False, r
         if not fits_float32(scale) or scale <= 0:
             raise ValueError(f"{name}: expected a finite positive float, got {shown(scale)}" + beyond_float32(scale))
         return "tensor"
-    H_kv = cache.shape[2]
-    token_shape = tuple(cache.shape[:3])
+    H_kv = cache.shape[-2]
+    token_shape = tuple(cache.shape[:-1])
     if scale.dim() == 1 and scale.shape[0] == H_kv:
         kind = "head"
     elif tuple(scale.shape) == token_shape:
         kind = "token"
     else:
-        lead = "[n_pages, page_size, H_kv]" if paged else "[B, L_max, H_kv]"
+        lead = ("[n_pages, page_size, H_kv] = " if paged else "[B, L_max, H_kv] = ") if cache.dim() == 4 else ""
         raise ValueError(f"{name}: expected a float (per tensor), a float32 tensor [H_kv] = [{H_kv}] (per KV head) or "
-                         f"{lead} = {list(token_shape)} (per token and KV head: the cache's shape without D), got "
+                         f"{lead}{list(token_shape)} (per token and KV head: the cache's shape without D), got "
                          f"shape {list(scale.shape)}")
     if scale.dtype != torch.float32:
         raise TypeError(f"{name}: dtype must be torch.float32, got {scale.dtype}")
